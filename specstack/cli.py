@@ -1,0 +1,64 @@
+"""``specstack`` command line: one subcommand module per command under ``specstack.commands``.
+
+Each module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to a callable taking the parsed args and returning an exit status.
+User errors (``SpecstackError``) print one clear line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import SpecstackError
+
+# Order here is the order in --help.
+COMMAND_MODULES = [
+    "generate",
+    "demo",
+    "bench",
+    "check",
+    "models",
+    "doctor",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specstack",
+        description="Lossless speculative decoding on llama.cpp for CPUs. "
+        "Every command defaults to the bundled pycoder pair, so none needs a model argument.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f".commands.{name}", __package__)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith(f"commands.{name}"):
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpecstackError as exc:
+        print(f"specstack {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Draft sources, one module each, registered by kebab-case name.
+
+Importing this package registers every built-in drafter.
+"""
+
+from . import none, prompt_lookup  # noqa: F401  (registration side effects)
+from .base import BuildContext, Drafter, available, create, register
+
+__all__ = ["BuildContext", "Drafter", "available", "create", "register"]

@@ -1,0 +1,92 @@
+"""Turn target logits into the distribution p that both decoding paths sample from.
+
+Plain and speculative decoding call the same function, so temperature, top-k,
+top-p, min-p and the seed shape p identically in both (the precondition for
+rejection sampling to be lossless).  The filter order follows llama.cpp's
+default chain: top-k, then top-p, then min-p on the untempered softmax, then
+temperature over the surviving tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidParameterError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings.  ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    min_p: float = 0.0  # 0.0 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise InvalidParameterError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
+        if self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be >= 0 (got {self.top_k}); use 0 to disable it")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidParameterError(f"top_p must be in (0, 1] (got {self.top_p}); use 1.0 to disable it")
+        if not 0.0 <= self.min_p < 1.0:
+            raise InvalidParameterError(f"min_p must be in [0, 1) (got {self.min_p}); use 0 to disable it")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise softmax in float64 of ``logits / temperature``.  [n, V] -> [n, V]."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
+
+
+def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """p for each row of ``logits`` [n, V] under ``params`` (temperature > 0)."""
+    logits = np.atleast_2d(logits)
+    if params.top_k == 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
+        return softmax(logits, params.temperature)
+    return np.stack([_filtered_row(row, params) for row in logits])
+
+
+def _filtered_row(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Apply top-k, top-p, min-p to one row, then temperature over the survivors."""
+    n_vocab = logits.shape[0]
+    if 0 < params.top_k < n_vocab:
+        keep = np.argpartition(logits, -params.top_k)[-params.top_k :]
+    else:
+        keep = np.arange(n_vocab)
+    keep = keep[np.argsort(-logits[keep], kind="stable")]  # descending by logit
+    base = softmax(logits[keep][None, :])[0]
+    if params.top_p < 1.0:
+        # Smallest prefix whose mass reaches top_p (always at least one token).
+        cut = int(np.searchsorted(np.cumsum(base), params.top_p)) + 1
+        keep, base = keep[:cut], base[:cut]
+    if params.min_p > 0.0:
+        mask = base >= params.min_p * base[0]
+        keep = keep[mask]
+    out = np.zeros(n_vocab, dtype=np.float64)
+    out[keep] = softmax(logits[keep][None, :], params.temperature)[0]
+    return out
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a (not necessarily normalised) non-negative vector."""
+    cdf = np.cumsum(probs)
+    total = cdf[-1]
+    if not total > 0.0:
+        raise ValueError("cannot sample from an all-zero distribution")
+    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    return min(idx, probs.shape[0] - 1)

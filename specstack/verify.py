@@ -1,0 +1,102 @@
+"""Verification of a draft against the target: greedy matching and rejection sampling.
+
+Notation (Leviathan et al. 2023, "Fast Inference from Transformers via
+Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with
+Speculative Sampling"): ``p`` is the target distribution, ``q`` the draft
+distribution.  Draft token x_i is *accepted* with probability
+min(1, p_i(x_i) / q_i(x_i)).  At the first rejection a *recovered* token is
+drawn from normalize(max(0, p_i - q_i)); if every token is accepted, a *bonus*
+token is drawn from p_k.  The committed sequence is then distributed exactly
+as k+1 tokens of plain sampling from p.
+
+These are pure functions of arrays and an rng, so losslessness can be tested
+without a model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .sampling import sample
+from .types import VerifyResult
+
+
+def verify_greedy(draft_ids: Sequence[int], target_argmax: Sequence[int]) -> VerifyResult:
+    """Accept the longest draft prefix equal to the target's argmax, then add its next token.
+
+    ``target_argmax[i]`` is the target's choice after the context plus
+    ``draft_ids[:i]``; it has ``len(draft_ids) + 1`` entries.
+
+    >>> verify_greedy([5, 6, 7], [5, 6, 9, 1]).token_ids
+    (5, 6, 9)
+    """
+    n = 0
+    for d, t in zip(draft_ids, target_argmax):
+        if d != t:
+            break
+        n += 1
+    return VerifyResult(token_ids=tuple(int(x) for x in draft_ids[:n]) + (int(target_argmax[n]),), num_accepted=n)
+
+
+def verify_sampling(
+    draft_ids: Sequence[int],
+    q: np.ndarray | None,
+    p: np.ndarray,
+    rng: np.random.Generator,
+) -> VerifyResult:
+    """Rejection-sample a draft against the target distributions.
+
+    p: [k+1, V] target probabilities (row i conditions on draft_ids[:i]).
+    q: [k, V] draft probabilities, or None for a deterministic draft (each
+       token is a point mass, so acceptance is p(x) and the residual is p
+       with x removed).
+    """
+    k = len(draft_ids)
+    if p.shape[0] != k + 1:
+        raise ValueError(f"need {k + 1} target rows for a draft of {k} tokens, got {p.shape[0]}")
+    if q is not None and q.shape[0] < k:
+        raise ValueError(f"need {k} draft rows, got {q.shape[0]}")
+    accepted: list[int] = []
+    for i, x in enumerate(draft_ids):
+        x = int(x)
+        px = float(p[i, x])
+        qx = 1.0 if q is None else float(q[i, x])
+        if _accept(px, qx, rng):
+            accepted.append(x)
+            continue
+        recovered = sample(_residual(p[i], None if q is None else q[i], x), rng)
+        return VerifyResult(token_ids=tuple(accepted) + (recovered,), num_accepted=i)
+    bonus = sample(p[k], rng)
+    return VerifyResult(token_ids=tuple(accepted) + (bonus,), num_accepted=k)
+
+
+def _accept(px: float, qx: float, rng: np.random.Generator) -> bool:
+    """Accept with probability min(1, px/qx).
+
+    qx == 0 means the draft proposed a token it gave no mass (only possible
+    with a buggy or foreign drafter); it is accepted iff the target allows it,
+    which is the limit of the ratio and keeps the output inside p's support.
+    """
+    if px <= 0.0:
+        return False
+    if qx <= 0.0 or px >= qx:
+        return True
+    return rng.random() < px / qx
+
+
+def _residual(p_row: np.ndarray, q_row: np.ndarray | None, x: int) -> np.ndarray:
+    """normalize(max(0, p - q)), with q a point mass at x when q_row is None.
+
+    When p == q exactly the residual is empty; the rejection then had
+    probability zero, so any choice is measure-zero.  We fall back to p.
+    """
+    if q_row is None:
+        residual = p_row.copy()
+        residual[x] = 0.0
+    else:
+        residual = np.maximum(p_row - q_row, 0.0)
+    if not residual.sum() > 0.0:
+        return p_row
+    return residual
