@@ -21,6 +21,9 @@ COMMAND_MODULES = [
     "check",
     "models",
     "doctor",
+    "datastore",
+    "tune",
+    "serve",
 ]
 
 
