@@ -1,0 +1,329 @@
+"""Draft/target vocabulary compatibility: the verdict behind ``specstack check``.
+
+A draft model proposes token *ids* that the target verifies, so the two
+vocabularies must give every id the same meaning. ``check_pair`` compares the
+tokenizer metadata of two GGUF files (never their weights) and returns a
+``CompatReport`` with one of three verdicts:
+
+- ``identical``: same tokenizer model, pre-tokenizer, tokens, token types,
+  merges/scores and special tokens.
+- ``compatible``: every id the two share means the same thing, and the
+  tokenization of ordinary text is the same. That covers a vocabulary that
+  extends the other with tokens plain text never produces (control, unused,
+  user-defined), a different pre-tokenizer *label* with identical tokens and
+  merges, and different special-token settings (BOS/EOS/EOT/PAD ids, add_bos).
+- ``incompatible``: a shared id means different text, the tokenizer models
+  differ, the merges (or SentencePiece scores) differ so the same text
+  tokenizes differently, or the extra ids are ordinary tokens.
+
+``require_draftable`` is what the draft-model drafter calls: it raises
+``VocabMismatchError`` on an incompatible pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import VocabMismatchError
+from .gguf_meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
+
+IDENTICAL = "identical"
+COMPATIBLE = "compatible"
+INCOMPATIBLE = "incompatible"
+EXIT_CODES = {IDENTICAL: 0, COMPATIBLE: 1, INCOMPATIBLE: 2}
+
+N_EXAMPLES = 5
+SPECIAL_NAMES = ("bos", "eos", "eot", "pad", "add_bos", "add_eos")
+# token types that ordinary text never tokenizes to (llama.cpp matches user-defined
+# tokens in text, but only their literal spelling, which a draft never needs)
+_NEVER_FROM_TEXT = {0, 2, 3, 4, 5}
+_TOKT_NORMAL = 1
+_OPTION_KEYS = ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces")
+
+
+def _side(info: GGUFInfo) -> dict[str, Any]:
+    return {
+        "path": str(info.path),
+        "architecture": info.architecture,
+        "n_vocab": info.n_vocab,
+        "tokenizer_model": info.tokenizer_model,
+        "pre": info.pre,
+        "n_merges": len(info.merges),
+        "special_tokens": info.special_tokens(),
+        "vocab_fingerprint": info.vocab_fingerprint,
+        "warnings": list(info.warnings),
+    }
+
+
+def _text(info: GGUFInfo, i: int | None) -> str | None:
+    if i is None or not (0 <= i < info.n_vocab):
+        return None
+    return info.tokens[i]
+
+
+@dataclass
+class CompatReport:
+    target: dict[str, Any]
+    draft: dict[str, Any]
+    verdict: str
+    reasons: list[str] = field(default_factory=list)        # why not identical / why incompatible
+    notes: list[str] = field(default_factory=list)          # what the engine must take care of
+    n_common: int = 0
+    n_differing: int = 0                                     # ids < n_common whose text differs
+    first_differences: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] | None = None                      # ids only one side has
+    special_differences: dict[str, dict[str, Any]] = field(default_factory=dict)
+    token_type_differences: dict[str, Any] = field(default_factory=dict)
+    merges: dict[str, Any] = field(default_factory=dict)
+    scores: dict[str, Any] = field(default_factory=dict)
+    option_differences: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict != INCOMPATIBLE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "target": self.target,
+            "draft": self.draft,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "tokens": {
+                "n_common": self.n_common,
+                "n_differing": self.n_differing,
+                "first_differences": self.first_differences,
+            },
+            "extra": self.extra,
+            "special_differences": self.special_differences,
+            "token_type_differences": self.token_type_differences,
+            "merges": self.merges,
+            "scores": self.scores,
+            "option_differences": self.option_differences,
+        }
+
+    def explain(self) -> str:
+        t, d = self.target, self.draft
+        lines = [
+            f"vocabulary check: {self.verdict}",
+            f"  target {t['path']}: {t['n_vocab']} tokens, {t['tokenizer_model']}/{t['pre'] or '-'}",
+            f"  draft  {d['path']}: {d['n_vocab']} tokens, {d['tokenizer_model']}/{d['pre'] or '-'}",
+        ]
+        for r in self.reasons:
+            lines.append(f"  - {r}")
+        if self.n_differing:
+            first = self.first_differences[0]
+            lines.append(
+                f"  first differing id {first['id']}: target {_show(first['target'])} "
+                f"vs draft {_show(first['draft'])} ({self.n_differing} of {self.n_common} shared ids differ)")
+        elif self.n_common:
+            lines.append(f"  all {self.n_common} shared ids have the same text")
+        if self.special_differences:
+            for name, sd in self.special_differences.items():
+                if name.startswith("add_"):
+                    lines.append(f"  special {name}: target {sd['target']} vs draft {sd['draft']}")
+                else:
+                    lines.append(
+                        f"  special {name}: target {_fmt_id(sd['target'], sd.get('target_text'))} "
+                        f"vs draft {_fmt_id(sd['draft'], sd.get('draft_text'))}")
+        else:
+            lines.append("  special tokens: same")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+
+def _show(s: str | None) -> str:
+    return "(none)" if s is None else repr(s)
+
+
+def _fmt_id(i: int | None, text: str | None) -> str:
+    if i is None:
+        return "unset"
+    return f"{i} {_show(text)}" if text is not None else f"{i} (out of range)"
+
+
+def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
+    """Compare two already-read GGUF infos (see ``check_pair``)."""
+    rep = CompatReport(target=_side(target), draft=_side(draft), verdict=IDENTICAL)
+    fatal: list[str] = []   # -> incompatible
+    soft: list[str] = []    # -> at most compatible
+
+    tt, dt = target.tokens, draft.tokens
+    if not tt or not dt:
+        missing = [n for n, i in (("target", target), ("draft", draft)) if not i.tokens]
+        fatal.append(f"no vocabulary (tokenizer.ggml.tokens) in the {' and '.join(missing)}")
+    if target.tokenizer_model != draft.tokenizer_model:
+        fatal.append(f"tokenizer models differ: target {target.tokenizer_model!r} vs draft "
+                     f"{draft.tokenizer_model!r}")
+
+    # --- token texts, id by id -------------------------------------------------
+    n = min(len(tt), len(dt))
+    rep.n_common = n
+    if tt[:n] != dt[:n]:
+        diff = [i for i in range(n) if tt[i] != dt[i]]
+        rep.n_differing = len(diff)
+        rep.first_differences = [{"id": i, "target": tt[i], "draft": dt[i]}
+                                 for i in diff[:N_EXAMPLES]]
+        fatal.append(f"{len(diff)} of {n} shared token ids have different text")
+
+    # --- extra ids -------------------------------------------------------------
+    if len(tt) != len(dt) and n:
+        bigger, side = (target, "target") if len(tt) > len(dt) else (draft, "draft")
+        types = bigger.token_types
+        ext_types = types[n:] if types is not None and len(types) == bigger.n_vocab else None
+        counts: dict[str, int] = {}
+        if ext_types is not None:
+            vals, cnts = np.unique(ext_types, return_counts=True)
+            counts = {TOKEN_TYPE_NAMES.get(int(v), str(int(v))): int(c) for v, c in zip(vals, cnts)}
+        rep.extra = {
+            "side": side,
+            "count": bigger.n_vocab - n,
+            "types": counts,
+            "first": [{"id": i, "text": bigger.tokens[i],
+                       "type": TOKEN_TYPE_NAMES.get(int(ext_types[i - n]), "?") if ext_types is not None else None}
+                      for i in range(n, min(n + N_EXAMPLES, bigger.n_vocab))],
+        }
+        other = "draft" if side == "target" else "target"
+        if ext_types is None:
+            textual = bigger.n_vocab - n
+        else:
+            textual = int(np.count_nonzero(~np.isin(ext_types, list(_NEVER_FROM_TEXT))))
+        rep.extra["ordinary"] = textual
+        if textual:
+            fatal.append(f"the {side} has {bigger.n_vocab - n} extra ids, {textual} of them ordinary "
+                         f"tokens that plain text tokenizes to (the {other} cannot represent them)")
+        else:
+            soft.append(f"the {side} extends the {other} with {bigger.n_vocab - n} special ids "
+                        f"({', '.join(f'{c} {k}' for k, c in counts.items())}) outside ordinary "
+                        f"tokenization")
+            if counts.get("user_defined"):
+                rep.notes.append(f"{counts['user_defined']} extra {side} ids are user-defined tokens, "
+                                 f"matched literally in text; text containing them cannot be drafted")
+            if side == "draft":
+                rep.notes.append(f"mask draft ids >= {n} (the target has only {n} tokens)")
+            else:
+                rep.notes.append(f"target ids >= {n} (special tokens) cannot be fed to the draft; "
+                                 f"map or stop on them")
+
+    # --- pre-tokenizer ---------------------------------------------------------
+    if target.pre != draft.pre:
+        soft.append(f"pre-tokenizer labels differ: target {target.pre or '(none)'!r} vs draft "
+                    f"{draft.pre or '(none)'!r}")
+
+    # --- merges (BPE) ------------------------------------------------------------
+    tm, dm = target.merges, draft.merges
+    rep.merges = {"target": len(tm), "draft": len(dm), "identical": tm == dm}
+    if tm != dm:
+        m = min(len(tm), len(dm))
+        first = next((i for i in range(m) if tm[i] != dm[i]), None)
+        if first is not None:
+            rep.merges["first_difference"] = {"index": first, "target": tm[first], "draft": dm[first]}
+            rep.merges["n_differing"] = sum(1 for i in range(m) if tm[i] != dm[i])
+            fatal.append(f"merges differ ({rep.merges['n_differing']} of {m} shared merges, first at "
+                         f"#{first}): the same text tokenizes differently")
+        else:
+            # one list extends the other: the extra merges build extra tokens
+            longer = "target" if len(tm) > len(dm) else "draft"
+            rep.merges["extends"] = longer
+            if not (rep.extra and rep.extra["side"] == longer and rep.extra["ordinary"]):
+                if not tm or not dm:
+                    fatal.append(f"only the {longer} has BPE merges")
+                else:
+                    soft.append(f"the {longer}'s merges extend the other's by {abs(len(tm) - len(dm))}")
+
+    # --- SentencePiece scores (they act as merge priorities) ---------------------
+    ts, ds = target.scores, draft.scores
+    if ts is not None and ds is not None and n:
+        m = min(n, len(ts), len(ds))
+        neq = np.nonzero(ts[:m] != ds[:m])[0]
+        if len(neq):
+            types = target.token_types
+            if types is not None and len(types) >= m:
+                normal = neq[types[neq] == _TOKT_NORMAL]
+            else:
+                normal = neq
+            rep.scores = {"n_differing": int(len(neq)), "n_differing_normal": int(len(normal)),
+                          "first": [int(i) for i in neq[:N_EXAMPLES]]}
+            if len(normal) and target.tokenizer_model in ("llama", "t5", "ugm", None):
+                fatal.append(f"scores of {len(normal)} ordinary tokens differ (first id {int(normal[0])}): "
+                             f"the same text tokenizes differently")
+            else:
+                soft.append(f"scores differ on {len(neq)} special ids")
+
+    # --- token types in the shared range ------------------------------------------
+    ttypes, dtypes = target.token_types, draft.token_types
+    if ttypes is not None and dtypes is not None and n:
+        m = min(n, len(ttypes), len(dtypes))
+        neq = np.nonzero(ttypes[:m] != dtypes[:m])[0]
+        if len(neq):
+            rep.token_type_differences = {
+                "count": int(len(neq)),
+                "first": [{"id": int(i), "text": tt[i] if i < len(tt) else None,
+                           "target": TOKEN_TYPE_NAMES.get(int(ttypes[i]), str(int(ttypes[i]))),
+                           "draft": TOKEN_TYPE_NAMES.get(int(dtypes[i]), str(int(dtypes[i])))}
+                          for i in neq[:N_EXAMPLES]],
+            }
+            if not rep.n_differing:
+                soft.append(f"token types differ on {len(neq)} ids")
+    elif (ttypes is None) != (dtypes is None):
+        soft.append("only one file has token types")
+
+    # --- special tokens --------------------------------------------------------------
+    tsp, dsp = target.special_tokens(), draft.special_tokens()
+    for name in SPECIAL_NAMES:
+        if tsp[name] != dsp[name]:
+            entry: dict[str, Any] = {"target": tsp[name], "draft": dsp[name]}
+            if not name.startswith("add_"):
+                entry["target_text"] = _text(target, tsp[name])
+                entry["draft_text"] = _text(draft, dsp[name])
+            rep.special_differences[name] = entry
+    if rep.special_differences:
+        soft.append("special tokens differ: " + ", ".join(rep.special_differences))
+        if "eos" in rep.special_differences or "eot" in rep.special_differences:
+            rep.notes.append("stop on the target's EOS/EOT; the draft's own end token means nothing "
+                             "to the target")
+
+    for key in _OPTION_KEYS:
+        a, b = target.get(key), draft.get(key)
+        if a != b:
+            rep.option_differences[key.rsplit(".", 1)[1]] = {"target": a, "draft": b}
+    if rep.option_differences:
+        soft.append("tokenizer options differ: " + ", ".join(rep.option_differences))
+
+    if fatal:
+        rep.verdict = INCOMPATIBLE
+        rep.reasons = fatal + soft
+        rep.notes = ["draft token ids would mean different text to the target; use a draft with "
+                     "the target's tokenizer, or a drafter that translates through text"]
+    elif soft:
+        rep.verdict = COMPATIBLE
+        rep.reasons = soft
+    return rep
+
+
+def check_pair(target_path: str | Path, draft_path: str | Path) -> CompatReport:
+    """Compare the vocabularies of two GGUF files without loading weights.
+
+    Raises ``ModelLoadError`` if either file is missing or not a readable GGUF.
+    """
+    target = read_gguf(target_path, tensors=False)
+    draft = read_gguf(draft_path, tensors=False)
+    return compare(target, draft)
+
+
+def require_draftable(target_path: str | Path, draft_path: str | Path) -> CompatReport:
+    """Return the report, or raise ``VocabMismatchError`` if the pair is incompatible."""
+    report = check_pair(target_path, draft_path)
+    if report.verdict == INCOMPATIBLE:
+        raise VocabMismatchError(report.explain() + "\nrun `specstack check TARGET DRAFT` for the full report")
+    return report

@@ -1,0 +1,572 @@
+"""A small, tolerant GGUF *metadata* reader.
+
+Reads the header, the key/value section and the tensor infos of a GGUF file
+(v2, v3; little- or big-endian) without ever touching tensor data, so it is
+fast even on multi-gigabyte models and on 100k-token vocabularies.
+
+Unlike ``gguf.GGUFReader`` it tolerates duplicated keys (the last value wins and
+a warning is recorded), and every problem with the file becomes a
+``ModelLoadError`` that names the file, what was wrong and what to do.
+
+    info = read_gguf("model.gguf")
+    info.architecture, info.tokens, info.eos_id, info.n_params, info.file_type_name
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelLoadError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF value types
+T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL = range(8)
+T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(8, 13)
+
+_SCALAR_FMT = {
+    T_UINT8: "B", T_INT8: "b", T_UINT16: "H", T_INT16: "h", T_UINT32: "I", T_INT32: "i",
+    T_FLOAT32: "f", T_BOOL: "?", T_UINT64: "Q", T_INT64: "q", T_FLOAT64: "d",
+}
+_NP_DTYPE = {
+    T_UINT8: "u1", T_INT8: "i1", T_UINT16: "u2", T_INT16: "i2", T_UINT32: "u4", T_INT32: "i4",
+    T_FLOAT32: "f4", T_BOOL: "u1", T_UINT64: "u8", T_INT64: "i8", T_FLOAT64: "f8",
+}
+VALUE_TYPE_NAMES = {
+    T_UINT8: "uint8", T_INT8: "int8", T_UINT16: "uint16", T_INT16: "int16", T_UINT32: "uint32",
+    T_INT32: "int32", T_FLOAT32: "float32", T_BOOL: "bool", T_STRING: "string", T_ARRAY: "array",
+    T_UINT64: "uint64", T_INT64: "int64", T_FLOAT64: "float64",
+}
+
+# ggml tensor types: id -> (name, elements per block, bytes per block)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+}
+
+# llama_ftype (general.file_type) -> name
+FILE_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 5: "Q4_2", 6: "Q4_3",
+    7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L",
+    14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS",
+    20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+    36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
+}
+
+# Architecture names (general.architecture) whose models carry recurrent state.
+RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
+HYBRID_ARCHS = (
+    "jamba", "falcon-h1", "granitehybrid", "lfm2", "plamo2", "nemotron_h", "qwen3next",
+    "zamba", "bamba",
+)
+
+# llama token types
+TOKEN_TYPE_NAMES = {0: "undefined", 1: "normal", 2: "unknown", 3: "control",
+                    4: "user_defined", 5: "unused", 6: "byte"}
+
+_FIX_HINT = "re-download or re-convert the model (e.g. with llama.cpp's convert_hf_to_gguf.py)"
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.ggml_type, (f"type{self.ggml_type}", 0, 0))[0]
+
+    @property
+    def n_bytes(self) -> int | None:
+        t = GGML_TYPES.get(self.ggml_type)
+        if t is None:
+            return None
+        _, block, size = t
+        return (self.n_elements + block - 1) // block * size
+
+
+@dataclass
+class GGUFInfo:
+    """Everything in a GGUF file except the tensor data."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    tensor_count: int = 0
+    n_params: int = 0
+    tensor_bytes: int = 0
+    file_size: int = 0
+    byte_order: str = "little"
+    tensors: list[TensorInfo] = field(default_factory=list, repr=False)
+    value_types: dict[str, str] = field(default_factory=dict, repr=False)
+
+    # ---- generic access -------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def _arch_key(self, suffix: str, default: Any = None) -> Any:
+        arch = self.architecture
+        if arch and f"{arch}.{suffix}" in self.metadata:
+            return self.metadata[f"{arch}.{suffix}"]
+        return default
+
+    # ---- model ----------------------------------------------------------
+    @property
+    def architecture(self) -> str | None:
+        a = self.metadata.get("general.architecture")
+        return a if isinstance(a, str) else None
+
+    @property
+    def name(self) -> str | None:
+        n = self.metadata.get("general.name")
+        return n if isinstance(n, str) else None
+
+    @property
+    def context_length(self) -> int | None:
+        v = self._arch_key("context_length")
+        return int(v) if isinstance(v, (int, np.integer)) else None
+
+    @property
+    def file_type(self) -> int | None:
+        v = self.metadata.get("general.file_type")
+        return int(v) if isinstance(v, (int, np.integer)) else None
+
+    @property
+    def file_type_name(self) -> str | None:
+        """Quantization name: from general.file_type, else the dominant tensor type."""
+        ft = self.file_type
+        if ft is not None:
+            return FILE_TYPES.get(ft, f"ftype{ft}")
+        if not self.tensors:
+            return None
+        by_type: dict[str, int] = {}
+        for t in self.tensors:
+            if len(t.shape) >= 2:
+                by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_elements
+        if not by_type:
+            return None
+        return max(by_type.items(), key=lambda kv: kv[1])[0] + " (guessed)"
+
+    @property
+    def expert_count(self) -> int | None:
+        v = self._arch_key("expert_count")
+        return int(v) if isinstance(v, (int, np.integer)) else None
+
+    @property
+    def expert_used_count(self) -> int | None:
+        v = self._arch_key("expert_used_count")
+        return int(v) if isinstance(v, (int, np.integer)) else None
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Purely recurrent (state-space / RWKV): cannot roll back the KV cache by position."""
+        a = (self.architecture or "").lower()
+        return any(a == r or a.startswith(r) for r in RECURRENT_ARCHS)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Attention + recurrent layers: also needs state checkpoints for rollback."""
+        a = (self.architecture or "").lower()
+        return a in HYBRID_ARCHS
+
+    @property
+    def recurrence(self) -> str:
+        return "recurrent" if self.is_recurrent else "hybrid" if self.is_hybrid else "none"
+
+    # ---- tokenizer ------------------------------------------------------
+    @property
+    def tokenizer_model(self) -> str | None:
+        v = self.metadata.get("tokenizer.ggml.model")
+        return v if isinstance(v, str) else None
+
+    @property
+    def pre(self) -> str | None:
+        v = self.metadata.get("tokenizer.ggml.pre")
+        return v if isinstance(v, str) else None
+
+    @property
+    def tokens(self) -> list[str]:
+        v = self.metadata.get("tokenizer.ggml.tokens")
+        return v if isinstance(v, list) else []
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def token_types(self) -> np.ndarray | None:
+        v = self.metadata.get("tokenizer.ggml.token_type")
+        return v if isinstance(v, np.ndarray) else None
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        v = self.metadata.get("tokenizer.ggml.scores")
+        return v if isinstance(v, np.ndarray) else None
+
+    @property
+    def merges(self) -> list[str]:
+        v = self.metadata.get("tokenizer.ggml.merges")
+        return v if isinstance(v, list) else []
+
+    def _id(self, what: str) -> int | None:
+        v = self.metadata.get(f"tokenizer.ggml.{what}_token_id")
+        return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._id("bos")
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._id("eos")
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._id("eot")
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._id("padding")
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._id("unknown")
+
+    @property
+    def add_bos(self) -> bool | None:
+        v = self.metadata.get("tokenizer.ggml.add_bos_token")
+        return bool(v) if v is not None else None
+
+    @property
+    def add_eos(self) -> bool | None:
+        v = self.metadata.get("tokenizer.ggml.add_eos_token")
+        return bool(v) if v is not None else None
+
+    def special_tokens(self) -> dict[str, Any]:
+        return {"bos": self.bos_id, "eos": self.eos_id, "eot": self.eot_id, "pad": self.pad_id,
+                "add_bos": self.add_bos, "add_eos": self.add_eos}
+
+    @property
+    def vocab_fingerprint(self) -> str | None:
+        """sha256 over the token texts and the special ids (None without a vocabulary)."""
+        toks = self.tokens
+        if not toks:
+            return None
+        h = hashlib.sha256()
+        for t in toks:
+            b = t.encode("utf-8", "surrogateescape")
+            h.update(len(b).to_bytes(4, "little"))
+            h.update(b)
+        sp = self.special_tokens()
+        h.update(repr(sorted(sp.items())).encode())
+        return h.hexdigest()
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly digest (no token arrays)."""
+        return {
+            "path": str(self.path),
+            "gguf_version": self.version,
+            "architecture": self.architecture,
+            "name": self.name,
+            "n_params": self.n_params,
+            "tensor_count": self.tensor_count,
+            "tensor_bytes": self.tensor_bytes,
+            "file_size": self.file_size,
+            "file_type": self.file_type_name,
+            "context_length": self.context_length,
+            "n_vocab": self.n_vocab,
+            "tokenizer_model": self.tokenizer_model,
+            "pre": self.pre,
+            "special_tokens": self.special_tokens(),
+            "vocab_fingerprint": self.vocab_fingerprint,
+            "expert_count": self.expert_count,
+            "expert_used_count": self.expert_used_count,
+            "recurrence": self.recurrence,
+            "warnings": list(self.warnings),
+        }
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Parser:
+    def __init__(self, buf, size: int, endian: str):
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+        self.e = endian
+        self._structs: dict[str, struct.Struct] = {}
+
+    def _st(self, fmt: str) -> struct.Struct:
+        s = self._structs.get(fmt)
+        if s is None:
+            s = self._structs[fmt] = struct.Struct(self.e + fmt)
+        return s
+
+    def need(self, n: int) -> None:
+        if self.pos + n > self.size:
+            raise _Truncated()
+
+    def scalar(self, fmt: str):
+        s = self._st(fmt)
+        if self.pos + s.size > self.size:
+            raise _Truncated()
+        (v,) = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return v
+
+    def raw_string(self) -> bytes:
+        n = self.scalar("Q")
+        if n > self.size - self.pos:
+            if n > self.size:
+                raise ValueError(f"string length {n} is larger than the file")
+            raise _Truncated()
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return bytes(b)
+
+    def string(self) -> str:
+        return self.raw_string().decode("utf-8", "surrogateescape")
+
+    def string_array(self, count: int) -> list[str]:
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = self._st("Q").unpack_from
+        out = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise _Truncated()
+            (n,) = unpack(buf, pos)
+            pos += 8
+            end = pos + n
+            if end > size:
+                self.pos = pos
+                if n > size:
+                    raise ValueError(f"string length {n} is larger than the file")
+                raise _Truncated()
+            append(buf[pos:end].decode("utf-8", "surrogateescape"))
+            pos = end
+        self.pos = pos
+        return out
+
+    def value(self, vtype: int, depth: int = 0):
+        if vtype in _SCALAR_FMT:
+            return self.scalar(_SCALAR_FMT[vtype])
+        if vtype == T_STRING:
+            return self.string()
+        if vtype == T_ARRAY:
+            if depth > 4:
+                raise ValueError("arrays nested too deeply")
+            etype = self.scalar("I")
+            count = self.scalar("Q")
+            if etype in _NP_DTYPE:
+                itemsize = struct.calcsize(_SCALAR_FMT[etype])
+                nbytes = count * itemsize
+                if nbytes > self.size:
+                    raise ValueError(f"array of {count} elements is larger than the file")
+                self.need(nbytes)
+                dt = np.dtype(_NP_DTYPE[etype]).newbyteorder(self.e)
+                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).copy()
+                self.pos += nbytes
+                if etype == T_BOOL:
+                    arr = arr.astype(bool)
+                elif self.e == ">":
+                    arr = arr.astype(arr.dtype.newbyteorder("="))
+                return arr
+            if etype == T_STRING:
+                if count > self.size:
+                    raise ValueError(f"array of {count} strings is larger than the file")
+                return self.string_array(count)
+            if etype == T_ARRAY:
+                if count > self.size:
+                    raise ValueError(f"array of {count} arrays is larger than the file")
+                return [self.value(T_ARRAY, depth + 1) for _ in range(count)]
+            raise ValueError(f"unknown array element type {etype}")
+        raise ValueError(f"unknown value type {vtype}")
+
+
+def _fail(path: Path, problem: str, hint: str = _FIX_HINT) -> ModelLoadError:
+    return ModelLoadError(f"{path}: {problem}; {hint}")
+
+
+def read_gguf(path: str | os.PathLike, *, tensors: bool = True) -> GGUFInfo:
+    """Read the metadata (and tensor infos) of a GGUF file without reading tensor data.
+
+    Raises ``ModelLoadError`` for a missing, unreadable, non-GGUF, truncated or
+    malformed file. Duplicate keys are tolerated: the last value wins and a
+    warning is recorded in ``GGUFInfo.warnings``.
+    """
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise ModelLoadError(f"{p}: no such file; check the path (bundled models live in specstack/models)") from None
+    except IsADirectoryError:
+        raise ModelLoadError(f"{p}: is a folder, not a GGUF file; give the path of a .gguf file") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot open ({exc.strerror or exc}); check the file's permissions") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise _fail(p, "empty file (0 bytes), not a GGUF model")
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            mm = None
+        buf = mm if mm is not None else f.read()
+        try:
+            return _parse(p, buf, size, tensors)
+        finally:
+            if mm is not None:
+                mm.close()
+
+
+def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
+    magic = bytes(buf[:4])
+    if magic != GGUF_MAGIC:
+        if len(magic) < 4:
+            raise _fail(p, f"not a GGUF file (only {size} bytes)")
+        raise _fail(p, f"not a GGUF file (magic {magic!r}, expected b'GGUF')",
+                    "give the path of a .gguf model file")
+    if size < 8:
+        raise _fail(p, "truncated while reading the header")
+    (v_le,) = struct.unpack_from("<I", buf, 4)
+    (v_be,) = struct.unpack_from(">I", buf, 4)
+    if v_le == 1 or v_be == 1:
+        raise _fail(p, "GGUF version 1 (from 2023) is no longer supported by llama.cpp",
+                    "re-convert the model with a current llama.cpp")
+    if 2 <= v_le <= 3:
+        endian, version = "<", v_le
+    elif 2 <= v_be <= 3:
+        endian, version = ">", v_be
+    else:
+        raise _fail(p, f"unsupported GGUF version {v_le}",
+                    "this reader knows versions 2 and 3; update specstack or re-convert the model")
+    ps = _Parser(buf, size, endian)
+    ps.pos = 8
+    count_fmt = "Q"
+    try:
+        n_tensors = ps.scalar(count_fmt)
+        n_kv = ps.scalar(count_fmt)
+    except _Truncated:
+        raise _fail(p, "truncated while reading the header") from None
+    # every KV needs at least 12 bytes, every tensor info at least 24
+    if n_kv * 12 > size or n_tensors * 24 > size:
+        raise _fail(p, f"malformed header (claims {n_kv} metadata keys and {n_tensors} tensors "
+                       f"in a {size}-byte file)")
+
+    metadata: dict[str, Any] = {}
+    value_types: dict[str, str] = {}
+    warnings: list[str] = []
+    key = None
+    for i in range(n_kv):
+        key = None
+        try:
+            key = ps.string()
+            vtype = ps.scalar("I")
+            val = ps.value(vtype)
+        except _Truncated:
+            what = f"key #{i}" + (f" ({key!r})" if key else "")
+            raise _fail(p, f"truncated while reading {what} of {n_kv} (file is {size} bytes)",
+                        "the download or copy is incomplete; " + _FIX_HINT) from None
+        except ValueError as exc:
+            what = f"key #{i}" + (f" ({key!r})" if key else "")
+            raise _fail(p, f"malformed metadata at {what}: {exc}") from None
+        if key in metadata:
+            warnings.append(f"duplicate metadata key {key!r} (#{i}); the last value wins "
+                            f"({metadata[key]!r} -> {_short(val)})")
+        metadata[key] = val
+        value_types[key] = VALUE_TYPE_NAMES.get(vtype, str(vtype))
+        if vtype == T_ARRAY and isinstance(val, np.ndarray):
+            value_types[key] = f"array[{val.dtype}]"
+        elif vtype == T_ARRAY:
+            value_types[key] = "array[string]" if (val and isinstance(val[0], str)) else "array"
+
+    info = GGUFInfo(path=p, version=version, metadata=metadata, warnings=warnings,
+                    tensor_count=int(n_tensors), file_size=size,
+                    byte_order="little" if endian == "<" else "big", value_types=value_types)
+    if not want_tensors or n_tensors == 0:
+        return info
+
+    tensors: list[TensorInfo] = []
+    dim_fmt = "Q"
+    for i in range(n_tensors):
+        name = None
+        try:
+            name = ps.string()
+            n_dims = ps.scalar("I")
+            if n_dims > 8:
+                raise ValueError(f"{n_dims} dimensions")
+            shape = tuple(ps.scalar(dim_fmt) for _ in range(n_dims))
+            ttype = ps.scalar("I")
+            offset = ps.scalar("Q")
+        except _Truncated:
+            what = f"tensor info #{i}" + (f" ({name!r})" if name else "")
+            raise _fail(p, f"truncated while reading {what} of {n_tensors}",
+                        "the download or copy is incomplete; " + _FIX_HINT) from None
+        except ValueError as exc:
+            raise _fail(p, f"malformed tensor info #{i}: {exc}") from None
+        tensors.append(TensorInfo(name, shape, ttype, offset))
+
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    try:
+        align = int(align) or DEFAULT_ALIGNMENT
+    except (TypeError, ValueError):
+        align = DEFAULT_ALIGNMENT
+    data_start = (ps.pos + align - 1) // align * align
+
+    n_params = 0
+    n_bytes = 0
+    by_offset = sorted(tensors, key=lambda t: t.offset)
+    data_size = max(0, size - data_start)
+    for j, t in enumerate(by_offset):
+        n_params += t.n_elements
+        nb = t.n_bytes
+        if nb is None:  # unknown tensor type: size from the next tensor's offset
+            nxt = by_offset[j + 1].offset if j + 1 < len(by_offset) else data_size
+            nb = max(0, nxt - t.offset)
+        n_bytes += nb
+    if tensors:
+        last = by_offset[-1]
+        end = data_start + last.offset + (last.n_bytes or 0)
+        if end > size:
+            warnings.append(f"tensor data is truncated: the tensors need {end} bytes but the "
+                            f"file has {size}; llama.cpp will refuse to load it")
+    info.tensors = tensors
+    info.n_params = n_params
+    info.tensor_bytes = n_bytes
+    return info
+
+
+def _short(v: Any) -> str:
+    r = repr(v.tolist() if isinstance(v, np.ndarray) else v)
+    return r if len(r) <= 60 else r[:57] + "..."
