@@ -1,0 +1,106 @@
+"""``specstack check TARGET DRAFT``: can DRAFT draft for TARGET (same token ids)?"""
+
+from __future__ import annotations
+
+import json
+
+from ..check import CompatReport, check_pair
+from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+
+_VERDICT_LINE = {
+    "identical": "identical: the vocabularies are the same; DRAFT can draft for TARGET",
+    "compatible": "compatible: every shared id means the same text; DRAFT can draft for TARGET "
+                  "(see the notes)",
+    "incompatible": "incompatible: token ids mean different things; DRAFT cannot draft for TARGET "
+                    "by id",
+}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="vocabulary compatibility verdict for a target/draft pair",
+        description="Compare the vocabularies of a target and a draft GGUF (metadata only, no "
+        "weights are loaded). Exit status: 0 identical, 1 compatible, 2 incompatible (or error).",
+    )
+    p.add_argument("target", nargs="?", default=str(DEFAULT_TARGET),
+                   help="target model GGUF (default: bundled pycoder-6m)")
+    p.add_argument("draft", nargs="?", default=str(DEFAULT_DRAFT),
+                   help="draft model GGUF (default: bundled pycoder-1m)")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    report = check_pair(args.target, args.draft)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(render(report))
+    return report.exit_code
+
+
+def _r(s) -> str:
+    return "(none)" if s is None else repr(s)
+
+
+def render(rep: CompatReport) -> str:
+    t, d = rep.target, rep.draft
+    out = [f"verdict: {_VERDICT_LINE[rep.verdict]}", ""]
+    w = max(len(t["path"]), len(d["path"]))
+    out.append(f"  {'':7}{'file':{w}}  {'vocab':>7}  tokenizer/pre")
+    for role, s in (("target", t), ("draft", d)):
+        out.append(f"  {role:7}{s['path']:{w}}  {s['n_vocab']:>7}  "
+                   f"{s['tokenizer_model']}/{s['pre'] or '(none)'}")
+    if rep.reasons:
+        out.append("")
+        out.append("differences:")
+        out.extend(f"  - {r}" for r in rep.reasons)
+    out.append("")
+    if rep.n_differing:
+        out.append(f"token texts: {rep.n_differing} of {rep.n_common} shared ids differ; first ones:")
+        for diff in rep.first_differences:
+            out.append(f"  id {diff['id']:>7}: target {_r(diff['target'])}  draft {_r(diff['draft'])}")
+    else:
+        out.append(f"token texts: all {rep.n_common} shared ids are the same")
+    if rep.extra:
+        ex = rep.extra
+        out.append(f"extra ids: the {ex['side']} has {ex['count']} more; first ones:")
+        for e in ex["first"]:
+            out.append(f"  id {e['id']:>7}: {_r(e['text'])} ({e['type'] or 'type unknown'})")
+    m = rep.merges
+    if m.get("target") or m.get("draft"):
+        state = "identical" if m["identical"] else "differ"
+        out.append(f"merges: target {m['target']}, draft {m['draft']}, {state}")
+        if "first_difference" in m:
+            fd = m["first_difference"]
+            out.append(f"  first difference at #{fd['index']}: target {_r(fd['target'])}  "
+                       f"draft {_r(fd['draft'])}")
+    if rep.token_type_differences:
+        td = rep.token_type_differences
+        out.append(f"token types: {td['count']} ids differ; first ones:")
+        for e in td["first"]:
+            out.append(f"  id {e['id']:>7} {_r(e['text'])}: target {e['target']}  draft {e['draft']}")
+    if rep.special_differences:
+        out.append("special tokens that differ:")
+        for name, sd in rep.special_differences.items():
+            if name.startswith("add_"):
+                out.append(f"  {name:8} target {sd['target']}  draft {sd['draft']}")
+            else:
+                def fmt(i, txt):
+                    return "unset" if i is None else f"{i} {_r(txt)}" if txt is not None else f"{i} (out of range)"
+                out.append(f"  {name:8} target {fmt(sd['target'], sd['target_text'])}  "
+                           f"draft {fmt(sd['draft'], sd['draft_text'])}")
+    else:
+        sp = t["special_tokens"]
+        out.append("special tokens: same (" + ", ".join(f"{k}={v}" for k, v in sp.items() if v is not None)
+                   + ")")
+    for role, s in (("target", t), ("draft", d)):
+        for warn in s["warnings"]:
+            out.append(f"warning ({role}): {warn}")
+    if rep.notes:
+        out.append("")
+        out.extend(f"note: {n}" for n in rep.notes)
+    return "\n".join(out)
+
+
