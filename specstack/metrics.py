@@ -1,0 +1,131 @@
+"""Statistics of one generation: counts, acceptance by position and by source, time split.
+
+Vocabulary follows vLLM's spec-decode metrics: drafted and accepted token
+counts, acceptance rate = accepted / drafted, and mean accepted length =
+committed tokens per verification step *including* the bonus/recovered token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SourceStats:
+    """Counts for one draft source inside a generation."""
+
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+
+@dataclass
+class GenerationStats:
+    """Filled in by the engine as it runs; read after the generation ends."""
+
+    drafter: str = "none"
+    k: int = 0
+    n_prompt: int = 0
+    n_tokens: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_committed: int = 0  # tokens produced by steps, before any cut by a stop condition
+    stop_reason: str = ""
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    drafted_at: list[int] = field(default_factory=list)  # drafted_at[i]: steps with a draft token at position i
+    accepted_at: list[int] = field(default_factory=list)
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    steps: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted), for replay
+
+    def record_step(self, source: str, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        self.n_steps += 1
+        self.n_drafted += num_drafted
+        self.n_accepted += num_accepted
+        self.n_committed += num_accepted + 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        if len(self.drafted_at) < num_drafted:
+            grow = num_drafted - len(self.drafted_at)
+            self.drafted_at.extend([0] * grow)
+            self.accepted_at.extend([0] * grow)
+        for i in range(num_drafted):
+            self.drafted_at[i] += 1
+        for i in range(num_accepted):
+            self.accepted_at[i] += 1
+        if num_drafted:
+            s = self.by_source.setdefault(source, SourceStats())
+            s.num_steps += 1
+            s.num_drafted += num_drafted
+            s.num_accepted += num_accepted
+        self.steps.append((source, num_drafted, num_accepted))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per verification step, bonus/recovered token included."""
+        return self.n_committed / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.total_s - self.prefill_s, 0.0)
+
+    @property
+    def other_s(self) -> float:
+        return max(self.decode_s - self.draft_s - self.verify_s, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: generated tokens over time after the prompt was processed."""
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def to_dict(self, with_steps: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "drafter": self.drafter,
+            "k": self.k,
+            "n_prompt": self.n_prompt,
+            "n_tokens": self.n_tokens,
+            "n_steps": self.n_steps,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "drafted_by_position": list(self.drafted_at),
+            "by_source": {
+                name: {
+                    "steps": s.num_steps,
+                    "drafted": s.num_drafted,
+                    "accepted": s.num_accepted,
+                    "acceptance_rate": round(s.acceptance_rate, 4),
+                }
+                for name, s in self.by_source.items()
+            },
+            "stop_reason": self.stop_reason,
+            "time_s": {
+                "prefill": round(self.prefill_s, 6),
+                "draft": round(self.draft_s, 6),
+                "verify": round(self.verify_s, 6),
+                "other": round(self.other_s, 6),
+                "total": round(self.total_s, 6),
+            },
+            "tokens_per_second": round(self.tokens_per_second, 3),
+        }
+        if with_steps:
+            out["steps"] = [list(s) for s in self.steps]
+        return out
