@@ -1,0 +1,253 @@
+"""``specstack doctor``: what matters for CPU inference on this machine.
+
+``gather_facts()`` reads the machine (read-only); ``evaluate(facts)`` turns the
+facts into checks, each with a status (ok / warn / fail / info), a message and,
+where something could be better, the command that would fix it. Doctor never
+runs those commands.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import sysinfo
+from .errors import ModelLoadError
+from .gguf_meta import read_gguf
+
+STATUSES = ("ok", "info", "warn", "fail")
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# CPU features worth having llama.cpp compiled for, in the names llama.cpp's system info uses
+LLAMA_FEATURES = ("AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VNNI", "AVX512_BF16",
+                  "AMX_INT8")
+REBUILD_FIX = ('CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --force-reinstall --no-cache-dir '
+               'llama-cpp-python==0.3.36')
+MEMORY_HEADROOM = 1.2  # weights plus KV cache, compute buffers and Python
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    message: str
+    fix: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, self.status
+
+
+def gather_facts() -> dict[str, Any]:
+    raw, err = sysinfo.llama_system_info()
+    mem = sysinfo.meminfo()
+    lim, use = sysinfo.cgroup_memory()
+    return {
+        "cpu_model": sysinfo.cpu_model(),
+        "os_cpu_count": os.cpu_count(),
+        "allowed_cpus": sysinfo.allowed_cpus(),
+        "logical_cpus": sysinfo.logical_cpus(),
+        "physical_cores": sysinfo.physical_cores_topology(),
+        "cpu_quota": sysinfo.cpu_quota(),
+        "threads": sysinfo.physical_cores(),
+        "numa_nodes": sysinfo.numa_nodes(),
+        "numactl": sysinfo.numactl_path(),
+        "env": {k: os.environ.get(k) for k in THREAD_ENV_VARS},
+        "thp": sysinfo.thp_setting(),
+        "cpu_features": sysinfo.cpu_features(),
+        "llama_system_info": raw,
+        "llama_features": sysinfo.parse_llama_system_info(raw) if raw else None,
+        "llama_error": err,
+        "llama_version": _llama_version() if raw else None,
+        "mem_total": mem.get("MemTotal"),
+        "mem_available": sysinfo.available_memory(),
+        "cgroup_memory_limit": lim,
+        "cgroup_memory_usage": use,
+        "governor": sysinfo.cpu_governor(),
+    }
+
+
+def _llama_version() -> str | None:
+    try:
+        import llama_cpp  # noqa: PLC0415
+
+        return getattr(llama_cpp, "__version__", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _gib(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for div, suf in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= div:
+            return f"{n / div:.1f} {suf}"
+    return f"{n} B"
+
+
+def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
+    checks: list[Check] = []
+    phys, logical, threads = f["physical_cores"], f["logical_cpus"], f["threads"]
+
+    # --- threads ---------------------------------------------------------------------------
+    msg = (f"{phys} physical core(s), {logical} logical CPU(s) usable"
+           + (f" (of {f['os_cpu_count']} on the machine)" if f["os_cpu_count"] and f["os_cpu_count"] > logical else "")
+           + f"; specstack uses {threads} thread(s), one per physical core")
+    if f["cpu_quota"] is not None and f["cpu_quota"] < phys:
+        checks.append(Check("threads", "warn", msg + f"; a cgroup CPU quota allows only "
+                            f"{f['cpu_quota']:g} CPU(s)",
+                            "give the container more CPUs (e.g. docker run --cpus "
+                            f"{phys}), or accept {threads} thread(s)"))
+    elif logical > phys:
+        checks.append(Check("threads", "ok", msg + f"; SMT is on ({logical // max(1, phys)} threads "
+                            "per core): more threads than cores usually slows llama.cpp down"))
+    else:
+        checks.append(Check("threads", "ok", msg))
+
+    # --- NUMA ----------------------------------------------------------------------------------
+    nodes = f["numa_nodes"]
+    if nodes <= 1:
+        checks.append(Check("numa", "ok", "1 NUMA node: memory is equally close to every core"))
+    elif not f["numactl"]:
+        checks.append(Check("numa", "warn", f"{nodes} NUMA nodes and no numactl: weights may sit on "
+                            "the far node and threads wander between nodes",
+                            "apt-get install numactl, then: numactl --cpunodebind=0 --membind=0 "
+                            "specstack ... (one node), or numactl --interleave=all specstack ..."))
+    else:
+        checks.append(Check("numa", "info", f"{nodes} NUMA nodes; numactl at {f['numactl']}",
+                            "for a model that fits one node: numactl --cpunodebind=0 --membind=0 "
+                            "specstack ...; otherwise numactl --interleave=all specstack ..."))
+
+    # --- thread environment variables -------------------------------------------------------------
+    for var in THREAD_ENV_VARS:
+        val = f["env"].get(var)
+        if val is None:
+            if var != "MKL_NUM_THREADS":
+                checks.append(Check(var, "ok", "unset (llama.cpp's thread count comes from specstack's "
+                                    "n_threads)"))
+            continue
+        try:
+            n = int(val.split(",")[0])
+        except ValueError:
+            checks.append(Check(var, "warn", f"{var}={val!r} is not a number", f"unset {var}"))
+            continue
+        if n > phys:
+            checks.append(Check(var, "warn", f"{var}={n} exceeds the {phys} physical core(s): "
+                                "threads of numerical libraries will compete with llama.cpp's",
+                                f"export {var}={phys}   (or: unset {var})"))
+        else:
+            checks.append(Check(var, "ok", f"{var}={n}"))
+
+    # --- transparent huge pages ------------------------------------------------------------------
+    thp = f["thp"]
+    thp_fix = "echo always | sudo tee /sys/kernel/mm/transparent_hugepage/enabled"
+    if thp == "always":
+        checks.append(Check("huge pages", "ok", "transparent huge pages: always"))
+    elif thp == "madvise":
+        checks.append(Check("huge pages", "info", "transparent huge pages: madvise; llama.cpp does "
+                            "not madvise its buffers, so weights use 4 KiB pages (a few % slower on "
+                            "large models)", thp_fix))
+    elif thp == "never":
+        checks.append(Check("huge pages", "warn", "transparent huge pages: never (more TLB misses "
+                            "on large models)", thp_fix))
+    else:
+        checks.append(Check("huge pages", "info", "transparent huge pages setting not readable"))
+
+    # --- CPU features vs the llama.cpp build ------------------------------------------------------------
+    cpu = f["cpu_features"]
+    have = [k for k, v in cpu.items() if v]
+    lf = f["llama_features"]
+    if f["llama_error"] or lf is None:
+        checks.append(Check("llama.cpp", "fail", f"llama_cpp cannot be imported: {f['llama_error']}",
+                            "pip install llama-cpp-python==0.3.36"))
+        checks.append(Check("cpu features", "info" if cpu.get("AVX2") else "warn",
+                            "CPU: " + (", ".join(have) or "no AVX") + "; llama.cpp: unknown"))
+    else:
+        checks.append(Check("llama.cpp", "ok", f"llama-cpp-python {f['llama_version'] or '?'}: "
+                            f"{f['llama_system_info']}"))
+        llama_on = {k for k, v in lf.items() if v == "1"}
+        missing = [k for k in LLAMA_FEATURES if cpu.get(k) and k not in llama_on]
+        extra = [k for k in LLAMA_FEATURES if k in llama_on and k in cpu and not cpu[k]]
+        line = ("CPU: " + (", ".join(have) or "none of AVX/AVX2/AVX-512/AMX") + "; llama.cpp uses: "
+                + (", ".join(k for k in LLAMA_FEATURES if k in llama_on) or "none of them"))
+        if extra:
+            checks.append(Check("cpu features", "fail", line + f"; llama.cpp was built for {', '.join(extra)}, "
+                                "which this CPU lacks (illegal instruction risk)", REBUILD_FIX))
+        elif missing:
+            checks.append(Check("cpu features", "warn", line + f"; the CPU has {', '.join(missing)} but "
+                                "this llama.cpp build does not use it", REBUILD_FIX))
+        elif not cpu.get("AVX2"):
+            checks.append(Check("cpu features", "warn", line + "; no AVX2: expect slow inference"))
+        else:
+            checks.append(Check("cpu features", "ok", line))
+
+    # --- CPU frequency governor ------------------------------------------------------------------------
+    gov = f["governor"]
+    if gov is None:
+        checks.append(Check("cpu governor", "info", "frequency governor not exposed (virtual machine "
+                            "or container)"))
+    elif gov == "performance":
+        checks.append(Check("cpu governor", "ok", "frequency governor: performance"))
+    else:
+        checks.append(Check("cpu governor", "info", f"frequency governor: {gov}; timings vary while "
+                            "the clock ramps up", "sudo cpupower frequency-set -g performance"))
+
+    # --- memory -------------------------------------------------------------------------------------------
+    avail = f["mem_available"]
+    mem_line = (f"{_gib(avail)} available of {_gib(f['mem_total'])}"
+                + (f" (cgroup limit {_gib(f['cgroup_memory_limit'])})" if f["cgroup_memory_limit"] else ""))
+    if model is None:
+        checks.append(Check("memory", "info", mem_line + "; give -m MODEL to check that a model fits"))
+    else:
+        try:
+            info = read_gguf(model)
+        except ModelLoadError as exc:
+            checks.append(Check("model", "fail", str(exc)))
+        else:
+            need = int(info.file_size * MEMORY_HEADROOM)
+            desc = (f"{Path(model).name}: {info.architecture}, "
+                    f"{info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
+                    f"{_gib(info.file_size)} on disk")
+            checks.append(Check("model", "info" if info.recurrence == "none" else "warn",
+                                desc + ("" if info.recurrence == "none" else
+                                        f"; {info.recurrence} architecture: rollback of rejected "
+                                        "drafts needs state checkpoints")))
+            if avail is None:
+                checks.append(Check("memory", "info", f"available memory unknown; the model needs "
+                                    f"about {_gib(need)}"))
+            elif need > avail:
+                checks.append(Check("memory", "fail", f"the model needs about {_gib(need)} but only "
+                                    f"{mem_line}: it will swap or be killed",
+                                    "use a smaller quantization (e.g. Q4_K_M) or a smaller model, "
+                                    "or free memory"))
+            elif need > 0.8 * avail:
+                checks.append(Check("memory", "warn", f"the model needs about {_gib(need)}, close to "
+                                    f"the {mem_line}", "close other programs, or use a smaller "
+                                    "quantization"))
+            else:
+                checks.append(Check("memory", "ok", f"the model needs about {_gib(need)}; {mem_line}"))
+    return checks
+
+
+def run_doctor(model: str | Path | None = None) -> tuple[list[Check], dict[str, Any]]:
+    facts = gather_facts()
+    return evaluate(facts, model), facts
+
+
+def to_dict(checks: list[Check], facts: dict[str, Any]) -> dict[str, Any]:
+    return {"checks": [asdict(c) for c in checks], "facts": facts,
+            "summary": {s: sum(1 for c in checks if c.status == s) for s in STATUSES}}
+
+
+def render(checks: list[Check]) -> str:
+    w = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"[{c.status:^4}] {c.name:<{w}}  {c.message}")
+        if c.fix:
+            lines.append(f"       {'':<{w}}  fix: {c.fix}")
+    counts = {s: sum(1 for c in checks if c.status == s) for s in STATUSES}
+    lines.append("")
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                 + ". doctor changes nothing; the fixes are commands to run yourself.")
+    return "\n".join(lines)

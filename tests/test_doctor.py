@@ -1,0 +1,197 @@
+"""`specstack doctor` and specstack.sysinfo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specstack import doctor, sysinfo
+from specstack.cli import main
+from specstack.paths import DEFAULT_TARGET
+
+ALL_FEATURES_ON = {k: True for k in sysinfo.CPU_FEATURES} | {"AMX_INT8": False, "AMX_BF16": False}
+
+
+def facts(**over):
+    base = {
+        "cpu_model": "Test CPU", "os_cpu_count": 8, "allowed_cpus": list(range(8)), "logical_cpus": 8,
+        "physical_cores": 4, "cpu_quota": None, "threads": 4, "numa_nodes": 1, "numactl": None,
+        "env": {k: None for k in doctor.THREAD_ENV_VARS}, "thp": "always",
+        "cpu_features": dict(ALL_FEATURES_ON),
+        "llama_system_info": "CPU : AVX2 = 1 | FMA = 1 | F16C = 1 | AVX_VNNI = 1 | AVX512 = 1 | "
+                             "AVX512_VNNI = 1 | AVX512_BF16 = 1 |",
+        "llama_features": None, "llama_error": None, "llama_version": "0.3.36",
+        "mem_total": 64 * 2**30, "mem_available": 32 * 2**30, "cgroup_memory_limit": None,
+        "cgroup_memory_usage": None, "governor": "performance",
+    }
+    base.update(over)
+    if base["llama_features"] is None and base["llama_system_info"] and not base["llama_error"]:
+        base["llama_features"] = sysinfo.parse_llama_system_info(base["llama_system_info"])
+    return base
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+# --- sysinfo -----------------------------------------------------------------------------------------
+def test_physical_cores_on_this_machine():
+    n = sysinfo.physical_cores()
+    assert isinstance(n, int) and 1 <= n <= sysinfo.logical_cpus()
+
+
+CPUINFO_SMT = "\n\n".join(
+    f"processor\t: {p}\nphysical id\t: 0\ncore id\t\t: {p % 2}\nflags\t\t: fpu avx avx2 fma f16c"
+    for p in range(4)
+)
+
+
+def test_cores_from_cpuinfo_counts_smt_siblings_once():
+    assert sysinfo._cores_from_cpuinfo([0, 1, 2, 3], CPUINFO_SMT) == 2
+    assert sysinfo._cores_from_cpuinfo([0], CPUINFO_SMT) == 1
+    assert sysinfo._cores_from_cpuinfo([0, 1], "processor : 0\n\nprocessor : 1\n") is None
+
+
+def test_cores_from_sysfs(tmp_path):
+    # 2 sockets x 2 cores x 2 threads, core ids repeat across sockets
+    cpu = 0
+    for pkg in range(2):
+        for core in range(2):
+            for _ in range(2):
+                topo = tmp_path / f"cpu{cpu}" / "topology"
+                topo.mkdir(parents=True)
+                (topo / "core_id").write_text(f"{core}\n")
+                (topo / "physical_package_id").write_text(f"{pkg}\n")
+                cpu += 1
+    assert sysinfo._cores_from_sysfs(list(range(8)), tmp_path) == 4
+    assert sysinfo._cores_from_sysfs([0, 1, 2, 3], tmp_path) == 2
+    assert sysinfo._cores_from_sysfs([99], tmp_path) is None
+
+
+def test_physical_cores_falls_back_and_respects_quota(monkeypatch):
+    monkeypatch.setattr(sysinfo, "allowed_cpus", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(sysinfo, "_cores_from_sysfs", lambda cpus, root=None: None)
+    monkeypatch.setattr(sysinfo, "_read", lambda p: None)
+    assert sysinfo.physical_cores() == 4                     # nothing readable: count the CPUs
+    monkeypatch.setattr(sysinfo, "cpu_quota", lambda: 1.5)
+    assert sysinfo.physical_cores() == 2
+
+
+def test_cpu_flags_and_features():
+    flags = sysinfo.cpu_flags(CPUINFO_SMT)
+    assert {"avx2", "fma"} <= flags
+    feats = sysinfo.cpu_features(flags | {"avx512f", "avx512_bf16", "amx_tile", "amx_int8"})
+    assert feats["AVX2"] and feats["AVX512"] and feats["AVX512_BF16"] and feats["AMX_INT8"]
+    assert not feats["AMX_BF16"] and not feats["AVX512_VNNI"]
+
+
+def test_parse_llama_system_info():
+    d = sysinfo.parse_llama_system_info(b"CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | OPENMP = 1 | ")
+    assert d == {"SSE3": "1", "AVX2": "1", "AVX512": "0", "OPENMP": "1"}
+
+
+# --- doctor on this machine ------------------------------------------------------------------------------
+def test_doctor_runs_here_every_check_has_a_status():
+    checks, f = doctor.run_doctor()
+    names = [c.name for c in checks]
+    for expected in ("threads", "numa", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "huge pages",
+                     "cpu features", "llama.cpp", "memory"):
+        assert expected in names
+    assert all(c.status in doctor.STATUSES and c.message for c in checks)
+    assert f["threads"] == sysinfo.physical_cores()
+
+
+def test_doctor_with_bundled_model_fits():
+    checks, _ = doctor.run_doctor(DEFAULT_TARGET)
+    c = by_name(checks)
+    assert c["memory"].status == "ok" and "needs about" in c["memory"].message
+    assert "pycoder-6m.gguf" in c["model"].message and "5.77M" in c["model"].message
+
+
+def test_cli_doctor_text_and_json(capsys):
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    assert "[ ok ] threads" in out or "[warn] threads" in out
+    assert "doctor changes nothing" in out
+    code = main(["doctor", "--json", "-m", str(DEFAULT_TARGET)])
+    d = json.loads(capsys.readouterr().out)
+    assert all(c["status"] in doctor.STATUSES for c in d["checks"])
+    assert d["facts"]["threads"] >= 1
+    assert code == (1 if d["summary"]["fail"] else 0)
+
+
+def test_cli_doctor_bad_model_is_a_failed_check(tmp_path, capsys):
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("hello")
+    assert main(["doctor", "-m", str(junk)]) == 1
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err
+    assert "[fail] model" in cap.out and "not a GGUF file" in cap.out
+
+
+# --- rules, on synthetic facts ---------------------------------------------------------------------------
+def test_healthy_machine_is_all_ok_or_info():
+    checks = doctor.evaluate(facts())
+    assert {c.status for c in checks} <= {"ok", "info"}
+    assert "SMT is on" in by_name(checks)["threads"].message
+
+
+def test_numa_without_numactl_warns():
+    c = by_name(doctor.evaluate(facts(numa_nodes=2)))["numa"]
+    assert c.status == "warn" and "numactl" in c.fix
+    c = by_name(doctor.evaluate(facts(numa_nodes=2, numactl="/usr/bin/numactl")))["numa"]
+    assert c.status == "info" and "--interleave=all" in c.fix
+
+
+def test_oversubscribing_thread_env_warns():
+    env = {"OMP_NUM_THREADS": "32", "OPENBLAS_NUM_THREADS": "2", "MKL_NUM_THREADS": "x"}
+    c = by_name(doctor.evaluate(facts(env=env)))
+    assert c["OMP_NUM_THREADS"].status == "warn" and "export OMP_NUM_THREADS=4" in c["OMP_NUM_THREADS"].fix
+    assert c["OPENBLAS_NUM_THREADS"].status == "ok"
+    assert c["MKL_NUM_THREADS"].status == "warn"
+
+
+@pytest.mark.parametrize("thp,status", [("always", "ok"), ("madvise", "info"), ("never", "warn"), (None, "info")])
+def test_thp(thp, status):
+    c = by_name(doctor.evaluate(facts(thp=thp)))["huge pages"]
+    assert c.status == status
+    if status != "ok" and thp:
+        assert "transparent_hugepage/enabled" in c.fix
+
+
+def test_llama_build_without_avx512_on_avx512_cpu_warns():
+    c = by_name(doctor.evaluate(facts(llama_system_info="CPU : AVX2 = 1 | FMA = 1 | F16C = 1 |",
+                                      llama_features=None)))["cpu features"]
+    assert c.status == "warn" and "AVX512" in c.message and "GGML_NATIVE=ON" in c.fix
+
+
+def test_llama_build_with_feature_cpu_lacks_fails():
+    feats = dict(ALL_FEATURES_ON, AVX512=False, AVX512_VNNI=False, AVX512_BF16=False)
+    c = by_name(doctor.evaluate(facts(cpu_features=feats)))["cpu features"]
+    assert c.status == "fail" and "AVX512" in c.message
+
+
+def test_llama_missing_fails():
+    c = by_name(doctor.evaluate(facts(llama_system_info=None, llama_error="ModuleNotFoundError: x")))
+    assert c["llama.cpp"].status == "fail" and "pip install" in c["llama.cpp"].fix
+
+
+def test_quota_below_cores_warns():
+    c = by_name(doctor.evaluate(facts(cpu_quota=2.0, threads=2)))["threads"]
+    assert c.status == "warn" and "quota" in c.message
+
+
+def test_model_too_big_fails_and_close_warns():
+    size = Path(DEFAULT_TARGET).stat().st_size
+    c = by_name(doctor.evaluate(facts(mem_available=size // 2), DEFAULT_TARGET))["memory"]
+    assert c.status == "fail" and "smaller quantization" in c.fix
+    c = by_name(doctor.evaluate(facts(mem_available=int(size * 1.3)), DEFAULT_TARGET))["memory"]
+    assert c.status == "warn"
+
+
+def test_governor():
+    assert by_name(doctor.evaluate(facts(governor="powersave")))["cpu governor"].fix.startswith("sudo cpupower")
+    assert by_name(doctor.evaluate(facts(governor=None)))["cpu governor"].status == "info"
