@@ -14,6 +14,7 @@ a warning is recorded), and every problem with the file becomes a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mmap
 import os
@@ -81,6 +82,7 @@ HYBRID_ARCHS = (
 TOKEN_TYPE_NAMES = {0: "undefined", 1: "normal", 2: "unknown", 3: "control",
                     4: "user_defined", 5: "unused", 6: "byte"}
 
+_RAW_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 _FIX_HINT = "re-download or re-convert the model (e.g. with llama.cpp's convert_hf_to_gguf.py)"
 
 
@@ -126,6 +128,8 @@ class GGUFInfo:
     byte_order: str = "little"
     tensors: list[TensorInfo] = field(default_factory=list, repr=False)
     value_types: dict[str, str] = field(default_factory=dict, repr=False)
+    # raw little-endian bytes (u64 length + UTF-8, per string) of the big string arrays
+    raw_arrays: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     # ---- generic access -------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -273,19 +277,25 @@ class GGUFInfo:
         return {"bos": self.bos_id, "eos": self.eos_id, "eot": self.eot_id, "pad": self.pad_id,
                 "add_bos": self.add_bos, "add_eos": self.add_eos}
 
-    @property
+    def string_array_bytes(self, key: str) -> bytes:
+        """A string array as GGUF stores it little-endian: per string a u64 length and UTF-8."""
+        raw = self.raw_arrays.get(key)
+        if raw is not None:
+            return raw
+        parts = []
+        for t in self.metadata.get(key) or []:
+            b = t.encode("utf-8", "surrogateescape")
+            parts.append(struct.pack("<Q", len(b)))
+            parts.append(b)
+        return b"".join(parts)
+
+    @functools.cached_property
     def vocab_fingerprint(self) -> str | None:
         """sha256 over the token texts and the special ids (None without a vocabulary)."""
-        toks = self.tokens
-        if not toks:
+        if not self.tokens:
             return None
-        h = hashlib.sha256()
-        for t in toks:
-            b = t.encode("utf-8", "surrogateescape")
-            h.update(len(b).to_bytes(4, "little"))
-            h.update(b)
-        sp = self.special_tokens()
-        h.update(repr(sorted(sp.items())).encode())
+        h = hashlib.sha256(self.string_array_bytes("tokenizer.ggml.tokens"))
+        h.update(repr(sorted(self.special_tokens().items())).encode())
         return h.hexdigest()
 
     def summary(self) -> dict[str, Any]:
@@ -487,12 +497,14 @@ def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
     metadata: dict[str, Any] = {}
     value_types: dict[str, str] = {}
     warnings: list[str] = []
+    raw_arrays: dict[str, bytes] = {}
     key = None
     for i in range(n_kv):
         key = None
         try:
             key = ps.string()
             vtype = ps.scalar("I")
+            start = ps.pos
             val = ps.value(vtype)
         except _Truncated:
             what = f"key #{i}" + (f" ({key!r})" if key else "")
@@ -505,6 +517,10 @@ def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
             warnings.append(f"duplicate metadata key {key!r} (#{i}); the last value wins "
                             f"({metadata[key]!r} -> {_short(val)})")
         metadata[key] = val
+        if key in _RAW_KEYS:
+            raw_arrays.pop(key, None)
+            if endian == "<" and vtype == T_ARRAY and isinstance(val, list) and (not val or isinstance(val[0], str)):
+                raw_arrays[key] = bytes(buf[start + 12:ps.pos])
         value_types[key] = VALUE_TYPE_NAMES.get(vtype, str(vtype))
         if vtype == T_ARRAY and isinstance(val, np.ndarray):
             value_types[key] = f"array[{val.dtype}]"
@@ -513,7 +529,8 @@ def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
 
     info = GGUFInfo(path=p, version=version, metadata=metadata, warnings=warnings,
                     tensor_count=int(n_tensors), file_size=size,
-                    byte_order="little" if endian == "<" else "big", value_types=value_types)
+                    byte_order="little" if endian == "<" else "big", value_types=value_types,
+                    raw_arrays=raw_arrays)
     if not want_tensors or n_tensors == 0:
         return info
 

@@ -46,9 +46,8 @@ def _h(parts: Iterable[bytes]) -> str:
 
 
 def _digests(info: GGUFInfo) -> dict[str, str]:
-    enc = lambda s: s.encode("utf-8", "surrogateescape")  # noqa: E731
-    tok = _h(enc(t) for t in info.tokens)
-    merges = _h(enc(m) for m in info.merges)
+    tok = hashlib.sha256(info.string_array_bytes("tokenizer.ggml.tokens")).hexdigest()
+    merges = hashlib.sha256(info.string_array_bytes("tokenizer.ggml.merges")).hexdigest()
     types = info.token_types
     scores = info.scores
     types_d = _h([types.astype("<i4").tobytes()]) if types is not None else "-"

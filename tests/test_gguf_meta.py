@@ -260,3 +260,23 @@ def test_large_vocab_is_complete():
     info = read_gguf(VOCAB / "ggml-vocab-deepseek-llm.gguf")
     assert info.n_vocab == 102400 == len(info.token_types)
     assert len(info.merges) == 99757
+
+
+def test_fingerprint_from_raw_bytes_equals_recomputed():
+    info = read_gguf(DEFAULT_TARGET)
+    fp = info.vocab_fingerprint
+    raw = info.raw_arrays["tokenizer.ggml.tokens"]
+    again = read_gguf(DEFAULT_TARGET)
+    again.raw_arrays.clear()                       # forces the slow path (as for big-endian files)
+    assert again.string_array_bytes("tokenizer.ggml.tokens") == raw
+    assert again.vocab_fingerprint == fp
+
+
+def test_big_endian_fingerprint_matches_little_endian(tmp_path):
+    toks = ["<s>", "a", "é"]
+    for e, name in (("<", "le.gguf"), (">", "be.gguf")):
+        (tmp_path / name).write_bytes(make_gguf([str_array_kv("tokenizer.ggml.tokens", toks, e),
+                                                 u32_kv("tokenizer.ggml.bos_token_id", 0, e)], e=e))
+    le, be = read_gguf(tmp_path / "le.gguf"), read_gguf(tmp_path / "be.gguf")
+    assert "tokenizer.ggml.tokens" in le.raw_arrays and not be.raw_arrays
+    assert le.vocab_fingerprint == be.vocab_fingerprint
