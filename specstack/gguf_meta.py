@@ -82,6 +82,9 @@ HYBRID_ARCHS = (
 TOKEN_TYPE_NAMES = {0: "undefined", 1: "normal", 2: "unknown", 3: "control",
                     4: "user_defined", 5: "unused", 6: "byte"}
 
+# sanity limits that tell garbage from a merely truncated file
+_MAX_STRING = 1 << 32
+_MAX_COUNT = 1 << 32
 _RAW_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 _FIX_HINT = "re-download or re-convert the model (e.g. with llama.cpp's convert_hf_to_gguf.py)"
 
@@ -356,8 +359,8 @@ class _Parser:
     def raw_string(self) -> bytes:
         n = self.scalar("Q")
         if n > self.size - self.pos:
-            if n > self.size:
-                raise ValueError(f"string length {n} is larger than the file")
+            if n > _MAX_STRING:
+                raise ValueError(f"implausible string length {n}")
             raise _Truncated()
         b = self.buf[self.pos:self.pos + n]
         self.pos += n
@@ -380,8 +383,8 @@ class _Parser:
             end = pos + n
             if end > size:
                 self.pos = pos
-                if n > size:
-                    raise ValueError(f"string length {n} is larger than the file")
+                if n > _MAX_STRING:
+                    raise ValueError(f"implausible string length {n}")
                 raise _Truncated()
             append(buf[pos:end].decode("utf-8", "surrogateescape"))
             pos = end
@@ -401,8 +404,8 @@ class _Parser:
             if etype in _NP_DTYPE:
                 itemsize = struct.calcsize(_SCALAR_FMT[etype])
                 nbytes = count * itemsize
-                if nbytes > self.size:
-                    raise ValueError(f"array of {count} elements is larger than the file")
+                if count > _MAX_COUNT:
+                    raise ValueError(f"implausible array length {count}")
                 self.need(nbytes)
                 dt = np.dtype(_NP_DTYPE[etype]).newbyteorder(self.e)
                 arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).copy()
@@ -413,12 +416,12 @@ class _Parser:
                     arr = arr.astype(arr.dtype.newbyteorder("="))
                 return arr
             if etype == T_STRING:
-                if count > self.size:
-                    raise ValueError(f"array of {count} strings is larger than the file")
+                if count > _MAX_COUNT:
+                    raise ValueError(f"implausible array length {count}")
                 return self.string_array(count)
             if etype == T_ARRAY:
-                if count > self.size:
-                    raise ValueError(f"array of {count} arrays is larger than the file")
+                if count > _MAX_COUNT:
+                    raise ValueError(f"implausible array length {count}")
                 return [self.value(T_ARRAY, depth + 1) for _ in range(count)]
             raise ValueError(f"unknown array element type {etype}")
         raise ValueError(f"unknown value type {vtype}")
@@ -489,8 +492,7 @@ def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
         n_kv = ps.scalar(count_fmt)
     except _Truncated:
         raise _fail(p, "truncated while reading the header") from None
-    # every KV needs at least 12 bytes, every tensor info at least 24
-    if n_kv * 12 > size or n_tensors * 24 > size:
+    if n_kv > _MAX_COUNT or n_tensors > _MAX_COUNT:
         raise _fail(p, f"malformed header (claims {n_kv} metadata keys and {n_tensors} tensors "
                        f"in a {size}-byte file)")
 

@@ -136,7 +136,7 @@ def test_empty_file(tmp_path):
         read_gguf(p)
 
 
-@pytest.mark.parametrize("n_bytes", [6, 20, 300, 5000, 40000])
+@pytest.mark.parametrize("n_bytes", [6, 20, 30, 300, 5000, 40000])
 def test_truncated_metadata(tmp_path, n_bytes):
     p = tmp_path / "cut.gguf"
     p.write_bytes(Path(DEFAULT_TARGET).read_bytes()[:n_bytes])
@@ -144,6 +144,14 @@ def test_truncated_metadata(tmp_path, n_bytes):
         read_gguf(p)
     assert str(p) in str(exc.value)
     assert "re-download" in str(exc.value)
+
+
+@needs_shared
+def test_vocab_cut_inside_the_token_array(tmp_path):
+    p = tmp_path / "cut.gguf"
+    p.write_bytes((VOCAB / "ggml-vocab-gpt-2.gguf").read_bytes()[:50000])
+    with pytest.raises(ModelLoadError, match=r"truncated while reading key #\d+ \('tokenizer.ggml.tokens'\)"):
+        read_gguf(p)
 
 
 def test_truncated_names_the_key(tmp_path):
