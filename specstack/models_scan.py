@@ -225,6 +225,7 @@ def scan(paths: Iterable[str | Path], *, use_cache: bool = True,
     res.matrix, dirty_pairs = _matrix(res, cache, infos)
     dirty = dirty or dirty_pairs
     if cpath and dirty:
+        cache["files"] = {p: e for p, e in cache["files"].items() if os.path.exists(p)}
         live = {_key(e) for e in cache["files"].values()}
         cache["pairs"] = {k: v for k, v in cache["pairs"].items()
                           if all(part in live for part in k.split("||"))}

@@ -172,3 +172,14 @@ def test_cli_missing_folder(tmp_path, cache_env, capsys):
     assert main(["models", "scan", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "no such file or folder" in err
+
+
+def test_deleted_files_leave_the_cache(folder, cache_env):
+    models_scan.scan([folder])
+    (folder / "junk.gguf").unlink()
+    shutil.copy(DEFAULT_DRAFT, folder / "draft2.gguf")             # something new, so the cache is rewritten
+    res = models_scan.scan([folder])
+    assert res.files_read == 1
+    cached = json.loads((cache_env / models_scan.CACHE_NAME).read_text())["files"]
+    assert str((folder / "junk.gguf").resolve()) not in cached
+    assert str((folder / "draft2.gguf").resolve()) in cached
