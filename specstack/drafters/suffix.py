@@ -1,0 +1,203 @@
+"""SuffixDecoding: draft from suffix trees over this request and over earlier outputs.
+
+Oliaro et al., arXiv 2411.04975, as ArcticInference runs it: a per-request
+tree over prompt + output and a global tree over previous requests' outputs
+(FIFO-evicted to a token budget, optionally cached on disk); each step both are
+queried and the draft with the higher score (expected accepted tokens) wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import InvalidParameterError
+from ..suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
+from ..types import Draft
+from .base import BuildContext, config_from_options, register
+
+_LOCAL = 0  # sequence id of the request in its own tree
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """SuffixDecoding settings (names follow ArcticInference).
+
+    max_depth: longest suffix the trees index (and longest match), in tokens.
+    max_spec_factor, max_spec_offset: a match of m tokens drafts at most
+      floor(max_spec_factor * m + max_spec_offset) tokens (and at most k).
+    min_token_prob: stop a draft when its path probability falls below this.
+    global_budget_tokens: tokens kept in the global tree; the oldest requests
+      are evicted first (about 270 bytes of memory per token); 0 disables it.
+    global_prompts: also put each request's prompt in the global tree (helps
+      when prompts repeat, e.g. agent loops; costs budget).
+    cache_path: .npz file holding the global tree: loaded when the drafter is
+      made (if it exists), saved at the end of every request.
+    """
+
+    max_depth: int = 64
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    global_budget_tokens: int = 250_000
+    global_prompts: bool = False
+    cache_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1:
+            raise InvalidParameterError(f"suffix needs max_depth >= 1 (got {self.max_depth})")
+        if not (math.isfinite(self.max_spec_factor) and self.max_spec_factor >= 0):
+            raise InvalidParameterError(
+                f"suffix needs max_spec_factor >= 0 (got {self.max_spec_factor})"
+            )
+        if not math.isfinite(self.max_spec_offset):
+            raise InvalidParameterError(
+                f"suffix needs a finite max_spec_offset (got {self.max_spec_offset})"
+            )
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise InvalidParameterError(
+                f"suffix needs 0 <= min_token_prob <= 1 (got {self.min_token_prob})"
+            )
+        if self.global_budget_tokens < 0:
+            raise InvalidParameterError(
+                f"suffix needs global_budget_tokens >= 0 (got {self.global_budget_tokens}); "
+                "use 0 to turn the global tree off"
+            )
+
+
+class SuffixDrafter:
+    """Suffix-tree drafts from this request's text and from earlier outputs.
+
+    Example (max_spec_factor=1): prompt ``[7, 1, 2, 3, 9, 1, 2]``.  The
+    request's tree has seen ``1, 2`` twice, once followed by ``3``; the context
+    ends with ``[1, 2]`` (m=2), so the draft is ``[3, 9]`` with probability
+    1/2 each (the current occurrence counts as one with no continuation yet).
+    Had an earlier request output ``1, 2, 3, 9, 4``, the global tree would
+    propose ``[3, 9]`` at probability 1 and win.
+    """
+
+    name = "suffix"
+
+    def __init__(self, config: SuffixConfig | None = None) -> None:
+        self.config = cfg = config or SuffixConfig()
+        self.global_tree = SuffixTree(cfg.max_depth)
+        self._next_seq = 0
+        self._local: SuffixTree | None = None
+        self._matcher: SuffixMatcher | None = None
+        self._prompt: list[int] = []
+        self._output: list[int] = []
+        if cfg.cache_path and Path(cfg.cache_path).exists():
+            self.load(cfg.cache_path)
+
+    # --- Drafter protocol -------------------------------------------------------------
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self._prompt = [int(t) for t in prompt_ids]
+        self._output = []
+        self._local = SuffixTree(self.config.max_depth)
+        self._local.extend(_LOCAL, self._prompt)
+        self._matcher = SuffixMatcher(self.global_tree, self._prompt)
+
+    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        best = self.speculate(context_ids, max_tokens)
+        if not best.token_ids:
+            return Draft.empty(self.name)
+        return Draft(token_ids=best.token_ids, source=self.name)
+
+    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+        if self._local is None:
+            return
+        ids = [int(t) for t in new_ids]
+        self._local.extend(_LOCAL, ids)
+        self._matcher.extend(ids)  # type: ignore[union-attr]
+        self._output.extend(ids)
+
+    def end(self) -> None:
+        if self._local is None:
+            return
+        seq = self._prompt + self._output if self.config.global_prompts else self._output
+        self._add_global(seq)
+        self._local = self._matcher = None
+        self._prompt, self._output = [], []
+        if self.config.cache_path:
+            self.save(self.config.cache_path)
+
+    # --- drafts -----------------------------------------------------------------------
+    def speculate(self, context_ids: Sequence[int], max_tokens: int) -> SuffixDraft:
+        """The better of the request-tree and global-tree path drafts (request wins ties)."""
+        if self._local is None or max_tokens <= 0:
+            return SuffixDraft()
+        local_states, global_states = self._states(context_ids)
+        cfg = self.config
+        args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
+        best = self._local.speculate(local_states, *args) if local_states else SuffixDraft()
+        if global_states:
+            other = self.global_tree.speculate(global_states, *args)
+            if other.score > best.score:
+                best = other
+        return best
+
+    def propose_tree(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        """A best-first token tree (``Draft.parents`` set) within ``max_tokens``, for tree verification."""
+        if self._local is None or max_tokens <= 0:
+            return Draft.empty(self.name)
+        local_states, global_states = self._states(context_ids)
+        cfg = self.config
+        args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
+        best = self._local.speculate_tree(local_states, *args) if local_states else SuffixDraft()
+        if global_states:
+            other = self.global_tree.speculate_tree(global_states, *args)
+            if other.score > best.score:
+                best = other
+        if not best.token_ids:
+            return Draft.empty(self.name)
+        return Draft(token_ids=best.token_ids, source=self.name, parents=best.parents)
+
+    def _states(self, context_ids: Sequence[int]) -> tuple[list, list]:
+        """Match states in both trees for the end of ``context_ids``.
+
+        Normally the context is exactly prompt + observed output, so the
+        request tree's own active nodes and the streaming matcher answer in
+        O(1); any other context (the engine skipped an observe, or rolled back)
+        is matched from scratch.
+        """
+        local, matcher = self._local, self._matcher
+        n = len(self._prompt) + len(self._output)
+        if len(context_ids) == n:
+            return local.active_states(_LOCAL), matcher.states()  # type: ignore[union-attr]
+        tail = [int(t) for t in context_ids[-self.config.max_depth :]]
+        return local.match_states(tail), self.global_tree.match_states(tail)  # type: ignore[union-attr]
+
+    # --- the global tree --------------------------------------------------------------
+    def _add_global(self, seq: Sequence[int]) -> None:
+        budget = self.config.global_budget_tokens
+        if budget <= 0 or not seq:
+            return
+        seq = seq[-budget:]  # a single request longer than the budget keeps its end
+        while self.global_tree.num_tokens + len(seq) > budget:
+            self.global_tree.remove(self.global_tree.seq_ids()[0])  # FIFO: oldest request first
+        self.global_tree.extend(self._next_seq, seq)
+        self.global_tree.close(self._next_seq)
+        self._next_seq += 1
+
+    def save(self, path: str | Path) -> None:
+        """Write the global tree to ``path`` (.npz); ``load`` restores it exactly."""
+        self.global_tree.save(path)
+
+    def load(self, path: str | Path) -> None:
+        """Replace the global tree with the one saved at ``path``, evicting down to the budget."""
+        tree = SuffixTree.load(path, max_depth=self.config.max_depth)
+        while tree.num_tokens > self.config.global_budget_tokens:
+            tree.remove(tree.seq_ids()[0])
+        for sid in tree.seq_ids():
+            tree.close(sid)
+        self.global_tree = tree
+        self._next_seq = max(tree.seq_ids(), default=-1) + 1
+        if self._matcher is not None:
+            self._matcher = SuffixMatcher(tree, (self._prompt + self._output)[-self.config.max_depth :])
+
+
+@register("suffix")
+def _build(ctx: BuildContext) -> SuffixDrafter:
+    return SuffixDrafter(config_from_options(SuffixConfig, ctx.options))
