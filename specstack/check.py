@@ -38,9 +38,9 @@ EXIT_CODES = {IDENTICAL: 0, COMPATIBLE: 1, INCOMPATIBLE: 2}
 
 N_EXAMPLES = 5
 SPECIAL_NAMES = ("bos", "eos", "eot", "pad", "add_bos", "add_eos")
-# token types that ordinary text never tokenizes to (llama.cpp matches user-defined
-# tokens in text, but only their literal spelling, which a draft never needs)
-_NEVER_FROM_TEXT = {0, 2, 3, 4, 5}
+# token types that tokenizing plain text never produces: unknown, control, unused.
+# (llama.cpp matches user-defined tokens literally in text, so those count as ordinary.)
+_NEVER_FROM_TEXT = {2, 3, 5}
 _TOKT_NORMAL = 1
 _OPTION_KEYS = ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces")
 
@@ -200,15 +200,13 @@ def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
             textual = int(np.count_nonzero(~np.isin(ext_types, list(_NEVER_FROM_TEXT))))
         rep.extra["ordinary"] = textual
         if textual:
-            fatal.append(f"the {side} has {bigger.n_vocab - n} extra ids, {textual} of them ordinary "
-                         f"tokens that plain text tokenizes to (the {other} cannot represent them)")
+            fatal.append(f"the {side} has {bigger.n_vocab - n} extra ids, {textual} of them tokens that "
+                         f"plain text tokenizes to (normal or user-defined; the {other} cannot "
+                         f"represent them)")
         else:
             soft.append(f"the {side} extends the {other} with {bigger.n_vocab - n} special ids "
                         f"({', '.join(f'{c} {k}' for k, c in counts.items())}) outside ordinary "
                         f"tokenization")
-            if counts.get("user_defined"):
-                rep.notes.append(f"{counts['user_defined']} extra {side} ids are user-defined tokens, "
-                                 f"matched literally in text; text containing them cannot be drafted")
             if side == "draft":
                 rep.notes.append(f"mask draft ids >= {n} (the target has only {n} tokens)")
             else:

@@ -243,3 +243,11 @@ def test_cli_dbrx_readable(capsys):
     assert main(["check", str(v("dbrx")), str(v("dbrx"))]) == 0
     out = capsys.readouterr().out
     assert "duplicate metadata key 'general.file_type'" in out
+
+
+def test_extra_user_defined_tokens_count_as_reachable(tmp_path):
+    # llama.cpp matches user-defined tokens (e.g. gpt-neox's runs of spaces) in plain text
+    t = _gguf(tmp_path / "t.gguf", BASE, [3, 1, 1, 1], ["a b"])
+    d = _gguf(tmp_path / "d.gguf", BASE + ["    "], [3, 1, 1, 1, 4], ["a b"])
+    rep = check_pair(t, d)
+    assert rep.verdict == "incompatible" and rep.extra["ordinary"] == 1
