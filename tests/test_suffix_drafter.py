@@ -129,6 +129,17 @@ def test_global_tree_persists_across_requests():
     assert d.propose([9, 3, 4], 8).token_ids == (5, 6)
 
 
+def test_global_matches_follow_observed_tokens():
+    # The global tree is matched by streaming committed tokens; the match must
+    # move with every observe, not stay where the prompt left it.
+    d = SuffixDrafter()
+    run_request(d, [0], [3, 4, 5, 6])
+    d.begin([9])
+    d.observe([3], 1)
+    d.observe([4], 0)
+    assert d.propose([9, 3, 4], 8).token_ids == (5, 6)
+
+
 def test_request_tree_wins_ties():
     # Equal scores: the request's own text is preferred (it is this generation's).
     # Both trees have seen `5` twice, once followed by something: p = 1/2 each.
