@@ -1,0 +1,70 @@
+"""Flags shared by the commands that run models (generate, demo, bench, tune, serve).
+
+Flag names follow llama.cpp where one exists (-m, -md, -n, -t, -c, --temp,
+--top-k, --top-p, --min-p, --seed) and mirror config field names otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..drafters import BuildContext, available, create
+from ..drafters.base import Drafter
+from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..sampling import SamplingParams
+from ..target import LlamaModel, ModelConfig, set_verbose
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("-m", "--model", type=Path, default=DEFAULT_TARGET, help="target GGUF (default: bundled pycoder-6m)")
+    g.add_argument("-md", "--model-draft", type=Path, default=DEFAULT_DRAFT, help="draft GGUF for --drafter draft-model (default: bundled pycoder-1m)")
+    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: number of physical cores)")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size in tokens (default: the model's trained context)")
+    g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
+
+
+def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--drafter", default=default, help=f"draft source: {', '.join(available())} (default: {default})")
+    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, help="draft tokens per step (default: 4; on 2 cores verifying more than ~4 is compute-bound)")
+    g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram to match (default 1)")
+    g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram to match (default 4)")
+    g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: sampling temperature of the draft (default: the target's); output stays the target's distribution")
+    g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting when the draft's confidence is below this (default 0)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (identical in plain and speculative decoding)")
+    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability; 0 = off")
+    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+
+
+def load_target(args: argparse.Namespace) -> LlamaModel:
+    set_verbose(getattr(args, "verbose", False))
+    return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads), role="target")
+
+
+def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Drafter config fields by name; None values mean 'use the config default'."""
+    return {
+        "draft_model": getattr(args, "model_draft", None),
+        "n_min": getattr(args, "n_min", None),
+        "n_max": getattr(args, "n_max", None),
+        "draft_temp": getattr(args, "draft_temp", None),
+        "p_min": getattr(args, "p_min", None),
+        "seed": getattr(args, "seed", None),
+    }
+
+
+def build_drafter(name: str, target: LlamaModel, args: argparse.Namespace) -> Drafter:
+    return create(name, BuildContext(target=target, options=drafter_options(args), temperature=getattr(args, "temp", 0.0)))

@@ -1,0 +1,76 @@
+"""``specstack generate``: stream one completion, then print its statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..engine import Engine, GenerationConfig
+from ..errors import InvalidParameterError
+from ..metrics import GenerationStats
+from .common import add_drafter_args, add_model_args, add_sampling_args, build_drafter, load_target, sampling_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate a completion of PROMPT with the target model, speculating with --drafter. "
+        "Output is identical to plain decoding at --temp 0 and follows the same distribution otherwise.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="prompt text")
+    src.add_argument("-f", "--file", type=Path, help="read the prompt from a file")
+    p.add_argument("-n", "--max-tokens", type=int, default=128, help="maximum new tokens (default 128)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text + statistics) instead of streaming")
+    add_model_args(p)
+    add_drafter_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.file is None:
+        return args.prompt
+    try:
+        return args.file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read prompt file {args.file}: {exc.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args)
+    config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
+    target = load_target(args)
+    engine = Engine(target, build_drafter(args.drafter, target, args))
+    gen = engine.generate(prompt, config)
+    if args.json:
+        gen.run()
+        out = {"text": gen.text, **gen.stats.to_dict()}
+        print(json.dumps(out))
+        return 0
+    for piece in gen:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(format_stats(gen.stats), file=sys.stderr)
+    return 0
+
+
+def format_stats(s: GenerationStats) -> str:
+    t = s.to_dict()["time_s"]
+    by_pos = " ".join(f"{x:.2f}" for x in s.acceptance_by_position[:16]) or "-"
+    rows = [
+        ("drafter", f"{s.drafter} (k={s.k})"),
+        ("tokens", f"{s.n_tokens} generated, {s.n_prompt} prompt, stop: {s.stop_reason}"),
+        ("drafted / accepted", f"{s.n_drafted} / {s.n_accepted} ({100 * s.acceptance_rate:.1f}%)"),
+        ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens per step ({s.n_steps} steps)"),
+        ("acceptance by position", by_pos),
+        ("time (s)", f"prefill {t['prefill']:.3f}  draft {t['draft']:.3f}  verify {t['verify']:.3f}  other {t['other']:.3f}"),
+        ("decode speed", f"{s.tokens_per_second:.1f} tok/s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["-" * 60] + [f"{k:<{width}}  {v}" for k, v in rows])

@@ -1,0 +1,96 @@
+"""Engine behaviour: stop conditions, statistics, context limits, streaming text."""
+
+from __future__ import annotations
+
+import pytest
+
+from specstack.drafters import BuildContext, create
+from specstack.engine import Engine, GenerationConfig, _StopText
+from specstack.errors import ContextOverflowError, InvalidParameterError
+
+from specstack.prompts import held_out_prompts
+
+PROMPT = held_out_prompts(3)[2]
+
+
+def engine(target, name="prompt-lookup"):
+    return Engine(target, create(name, BuildContext(target)))
+
+
+def test_max_tokens_is_respected_exactly(target):
+    gen = engine(target).generate(PROMPT, GenerationConfig(max_tokens=17, k=8)).run()
+    assert len(gen.output_ids) == 17 and gen.stats.stop_reason == "length"
+
+
+def test_streamed_pieces_join_to_detokenized_output(target):
+    gen = engine(target).generate(PROMPT, GenerationConfig(max_tokens=40))
+    pieces = list(gen)
+    assert "".join(pieces) == target.detokenize(gen.output_ids)
+    assert len(pieces) > 1  # really streamed, not one blob at the end
+
+
+def test_stop_string_cuts_text_and_ends_generation(target):
+    full = engine(target).generate(PROMPT, GenerationConfig(max_tokens=64)).run()
+    stop = full.text[10:14]
+    gen = engine(target).generate(PROMPT, GenerationConfig(max_tokens=64, stop=(stop,))).run()
+    assert gen.stats.stop_reason == "stop"
+    assert gen.text == full.text[: full.text.find(stop)]
+
+
+def test_statistics_are_consistent(target):
+    s = engine(target).generate(PROMPT, GenerationConfig(max_tokens=64, k=4)).run().stats
+    assert s.n_tokens == 64
+    assert s.n_committed == s.n_accepted + s.n_steps
+    assert s.drafted_at[0] >= s.drafted_at[-1] and sum(s.drafted_at) == s.n_drafted
+    assert sum(s.accepted_at) == s.n_accepted
+    assert s.by_source["prompt-lookup"].num_drafted == s.n_drafted
+    assert s.mean_accepted_length == pytest.approx(s.n_committed / s.n_steps)
+    assert s.tokens_per_second > 0 and s.verify_s > 0
+
+
+def test_generation_stops_cleanly_when_context_is_full(target):
+    ids = target.tokenize(PROMPT)
+    n_prompt = target.capacity - 5
+    prompt_ids = (ids * 3)[:n_prompt]
+    gen = engine(target).generate(prompt_ids, GenerationConfig(max_tokens=50)).run()
+    assert gen.stats.stop_reason == "context"
+    # 5 free slots hold the last prompt token and 4 outputs; the 6th output is
+    # never evaluated, so it needs no slot.
+    assert len(gen.output_ids) == 6
+
+
+def test_prompt_longer_than_context_is_refused(target):
+    with pytest.raises(ContextOverflowError, match="shorten the prompt"):
+        engine(target).generate([1] * (target.n_ctx + 10))
+
+
+def test_invalid_k_is_refused():
+    with pytest.raises(InvalidParameterError, match="k must be >= 1"):
+        GenerationConfig(k=0)
+
+
+def test_target_state_is_clean_after_a_failed_request(target):
+    e = engine(target)
+    first = e.generate(PROMPT, GenerationConfig(max_tokens=20)).run().output_ids
+    with pytest.raises(ContextOverflowError):
+        e.generate([1] * (target.n_ctx + 1))
+    assert e.generate(PROMPT, GenerationConfig(max_tokens=20)).run().output_ids == first
+
+
+def test_stop_text_withholds_a_possible_stop_prefix():
+    st = _StopText(["END"])
+    st.feed(b"abc E")
+    assert st.take(final=False) == "abc "
+    st.feed(b"N")
+    assert st.take(final=False) == ""
+    assert st.feed(b"D tail")
+    assert st.take(final=True) == "" and st.text == "abc "
+
+
+def test_stop_text_handles_split_utf8():
+    st = _StopText([])
+    snake = "é".encode()
+    st.feed(snake[:1])
+    assert st.take(final=False) == ""
+    st.feed(snake[1:])
+    assert st.take(final=False) == "é"
