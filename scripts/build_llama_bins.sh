@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own example binaries (the "peers" specstack benchmarks against) from the
+# llama.cpp tree vendored in the llama-cpp-python sdist we depend on, so the peers run the exact
+# same llama.cpp version as specstack does.
+#
+#   scripts/build_llama_bins.sh [CACHE_DIR]      # default ~/.cache/specstack/llama-bins
+#
+# Prints CACHE_DIR/bin on stdout (everything else goes to stderr). Idempotent: if every binary is
+# already in CACHE_DIR/bin it only prints the path. Set JOBS (default 2) and NICE (default 10) to
+# change build parallelism and priority; LLAMA_CPP_PYTHON_VERSION to pick another sdist.
+set -euo pipefail
+
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE_DIR="${1:-${HOME}/.cache/specstack/llama-bins}"
+JOBS="${JOBS:-2}"
+NICE="${NICE:-10}"
+BIN_DIR="${CACHE_DIR}/bin"
+# llama-simple is plain generation without the chat machinery; llama-completion is the
+# non-interactive successor of llama-cli's completion mode in this tree.
+TARGETS=(llama-speculative-simple llama-speculative llama-lookup llama-simple llama-completion llama-cli llama-bench)
+
+log() { echo "build_llama_bins: $*" >&2; }
+
+# BIN_DIR/VERSION is written last and lists the version, then the binaries that were built.
+all_built() {
+    [[ -f "${BIN_DIR}/VERSION" ]] || return 1
+    [[ "$(head -n1 "${BIN_DIR}/VERSION")" == "${VERSION}" ]] || return 1
+    local t
+    for t in $(tail -n +2 "${BIN_DIR}/VERSION"); do
+        [[ -x "${BIN_DIR}/${t}" ]] || return 1
+    done
+}
+
+if all_built; then
+    log "already built (llama-cpp-python ${VERSION})"
+    echo "${BIN_DIR}"
+    exit 0
+fi
+
+for tool in cmake python3; do
+    command -v "$tool" >/dev/null || { log "error: '$tool' not found on PATH"; exit 1; }
+done
+
+mkdir -p "${CACHE_DIR}"
+SDIST="$(ls "${CACHE_DIR}"/llama_cpp_python-"${VERSION}".tar.gz 2>/dev/null || true)"
+if [[ -z "${SDIST}" ]]; then
+    log "downloading the llama-cpp-python ${VERSION} sdist"
+    python3 -m pip download --quiet --no-deps --no-binary :all: \
+        "llama-cpp-python==${VERSION}" -d "${CACHE_DIR}" >&2
+    SDIST="$(ls "${CACHE_DIR}"/llama_cpp_python-"${VERSION}".tar.gz)"
+else
+    log "reusing ${SDIST}"
+fi
+
+SRC_DIR="${CACHE_DIR}/src/llama_cpp_python-${VERSION}"
+if [[ ! -d "${SRC_DIR}/vendor/llama.cpp" ]]; then
+    mkdir -p "${CACHE_DIR}/src"
+    tar -xzf "${SDIST}" -C "${CACHE_DIR}/src"
+fi
+LLAMA_DIR="${SRC_DIR}/vendor/llama.cpp"
+BUILD_DIR="${CACHE_DIR}/build-${VERSION}"
+
+log "configuring ${LLAMA_DIR}"
+cmake -S "${LLAMA_DIR}" -B "${BUILD_DIR}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF >&2
+
+# Build only the targets this tree defines (names change between llama.cpp versions).
+HELP="$(cmake --build "${BUILD_DIR}" --target help 2>/dev/null || true)"
+AVAILABLE=()
+for t in "${TARGETS[@]}"; do
+    if grep -qE "(^|[ .])${t}(:|$| )" <<<"${HELP}"; then
+        AVAILABLE+=("$t")
+    else
+        log "note: target ${t} does not exist in this llama.cpp tree, skipping"
+    fi
+done
+[[ ${#AVAILABLE[@]} -gt 0 ]] || { log "error: none of ${TARGETS[*]} exist"; exit 1; }
+
+log "building ${AVAILABLE[*]} with -j${JOBS} (takes about 8+ minutes on 2 cores)"
+nice -n "${NICE}" cmake --build "${BUILD_DIR}" -j"${JOBS}" --target "${AVAILABLE[@]}" >&2
+
+mkdir -p "${BIN_DIR}"
+for t in "${AVAILABLE[@]}"; do
+    cp -f "${BUILD_DIR}/bin/${t}" "${BIN_DIR}/${t}"
+done
+{ echo "${VERSION}"; printf '%s\n' "${AVAILABLE[@]}"; } >"${BIN_DIR}/VERSION"
+log "done"
+echo "${BIN_DIR}"
