@@ -164,7 +164,8 @@ class SuffixDrafter:
         """
         local, matcher = self._local, self._matcher
         n = len(self._prompt) + len(self._output)
-        if len(context_ids) == n:
+        last = self._output[-1] if self._output else self._prompt[-1] if self._prompt else None
+        if len(context_ids) == n and (n == 0 or int(context_ids[-1]) == last):
             return local.active_states(_LOCAL), matcher.states()  # type: ignore[union-attr]
         tail = [int(t) for t in context_ids[-self.config.max_depth :]]
         return local.match_states(tail), self.global_tree.match_states(tail)  # type: ignore[union-attr]
