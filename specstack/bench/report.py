@@ -1,0 +1,468 @@
+"""Tables and plots from a bench results dict (results.json): Markdown, CSV and PNG.
+
+Everything here is a pure function of the results, so ``specstack bench report
+results.json`` re-renders exactly what the run wrote.
+
+Aggregation: for each request and configuration the run with the median decode
+time over repeats is kept (the lower middle one for an even count).  Per
+category, tok/s = sum of generated tokens / sum of decode time (prefill
+excluded); speedup = tok/s / plain tok/s in the same category and temperature;
+acceptance = accepted / drafted tokens; mean accepted length = tokens committed
+per verification step, the bonus/recovered token included (1.0 for plain).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import SpecstackError
+from .costcurve import cost_at
+
+ALL = "all"
+PLAIN = "none"
+CSV_FIELDS = (
+    "method", "k", "temperature", "category", "requests", "tokens", "decode_s", "tokens_per_second",
+    "speedup", "n_drafted", "n_accepted", "acceptance_rate", "n_steps", "mean_accepted_length",
+    "draft_s", "verify_s", "other_s", "draft_share", "verify_share", "other_share", "identical", "compared",
+)
+
+
+class ResultsError(SpecstackError):
+    """A results file is missing or not a specstack bench results file."""
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "results.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"results file not found: {p} (written by `specstack bench run -o DIR` as DIR/results.json)") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or "runs" not in data or "config" not in data:
+        raise ResultsError(f"{p} is not a specstack bench results file (no 'runs' and 'config')")
+    return data
+
+
+# -- aggregation -----------------------------------------------------------------------------
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median decode time (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r["stats"]["decode_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _config_key(r: dict[str, Any]) -> tuple[str, int, float]:
+    return (r["method"], int(r["k"]), float(r["temperature"]))
+
+
+def representative_runs(results: dict[str, Any]) -> dict[tuple[str, int, float, str], dict[str, Any]]:
+    """(method, k, temperature, request) -> its median run."""
+    groups: dict[tuple[str, int, float, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results["runs"]:
+        groups[(*_config_key(r), r["request"])].append(r)
+    return {key: median_run(runs) for key, runs in groups.items()}
+
+
+def aggregate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per method x k x temperature x category (plus category 'all'), in run order."""
+    reps = representative_runs(results)
+    compared: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # key -> [identical, compared]
+    for r in results["runs"]:
+        if r.get("identical") is not None:
+            for cat in (r["category"], ALL):
+                c = compared[(*_config_key(r), cat)]
+                c[0] += bool(r["identical"])
+                c[1] += 1
+    cells: dict[tuple[str, int, float, str], list[dict[str, Any]]] = defaultdict(list)
+    order: list[tuple[str, int, float]] = []
+    for (method, k, temp, _req), run in reps.items():
+        if (method, k, temp) not in order:
+            order.append((method, k, temp))
+        cells[(method, k, temp, run["category"])].append(run)
+        cells[(method, k, temp, ALL)].append(run)
+    categories = _categories(results)
+    rows = []
+    for method, k, temp in order:
+        for cat in categories:
+            runs = cells.get((method, k, temp, cat))
+            if runs:
+                rows.append(_row(method, k, temp, cat, runs, compared.get((method, k, temp, cat))))
+    base = {(r["temperature"], r["category"]): r["tokens_per_second"] for r in rows if r["method"] == PLAIN}
+    for r in rows:
+        b = base.get((r["temperature"], r["category"]))
+        r["speedup"] = round(r["tokens_per_second"] / b, 4) if b else None
+    return rows
+
+
+def _categories(results: dict[str, Any]) -> list[str]:
+    cats = list(dict.fromkeys(q["category"] for q in results["workload"]["requests"]))
+    return [ALL] + cats if len(cats) > 1 else [ALL]
+
+
+def _row(method: str, k: int, temp: float, cat: str, runs: list[dict[str, Any]], compared) -> dict[str, Any]:
+    s = [r["stats"] for r in runs]
+    tokens = sum(x["n_tokens"] for x in s)
+    decode = sum(x["decode_s"] for x in s)
+    draft = sum(x["time_s"]["draft"] for x in s)
+    verify = sum(x["time_s"]["verify"] for x in s)
+    other = max(decode - draft - verify, 0.0)
+    drafted = sum(x["n_drafted"] for x in s)
+    accepted = sum(x["n_accepted"] for x in s)
+    steps = sum(x["n_steps"] for x in s)
+    committed = sum(x.get("n_committed", x["n_accepted"] + x["n_steps"]) for x in s)
+    share = lambda t: round(t / decode, 4) if decode > 0 else 0.0  # noqa: E731
+    return {
+        "method": method, "k": k, "temperature": temp, "category": cat, "requests": len(runs),
+        "tokens": tokens, "decode_s": round(decode, 6),
+        "tokens_per_second": round(tokens / decode, 3) if decode > 0 else 0.0, "speedup": None,
+        "n_drafted": drafted, "n_accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "n_steps": steps, "mean_accepted_length": round(committed / steps, 4) if steps else None,
+        "draft_s": round(draft, 6), "verify_s": round(verify, 6), "other_s": round(other, 6),
+        "draft_share": share(draft), "verify_share": share(verify), "other_share": share(other),
+        "identical": compared[0] if compared else None, "compared": compared[1] if compared else None,
+    }
+
+
+def acceptance_by_position(results: dict[str, Any]) -> dict[tuple[str, int, float], list[float]]:
+    """(method, k, temperature) -> acceptance at draft positions 1..k over all requests (median runs).
+
+    Position i's rate = steps whose draft's first i tokens were all accepted / steps that drafted
+    at least i tokens (the metrics' convention).
+    """
+    acc: dict[tuple[str, int, float], list[list[int]]] = {}
+    for (method, k, temp, _req), run in representative_runs(results).items():
+        if method == PLAIN:
+            continue
+        s = run["stats"]
+        drafted = s.get("drafted_by_position", [])
+        accepted = s.get("accepted_by_position") or [round(a * d) for a, d in zip(s["acceptance_by_position"], drafted)]
+        d_tot, a_tot = acc.setdefault((method, k, temp), [[0] * k, [0] * k])
+        for i, (d, a) in enumerate(zip(drafted, accepted)):
+            if i < k:
+                d_tot[i] += d
+                a_tot[i] += a
+    return {key: [a / d if d else 0.0 for a, d in zip(at, dt)] for key, (dt, at) in acc.items()}
+
+
+def repeated_line_share(prompt: str, text: str) -> float | None:
+    """Share of the output's non-blank lines that already appeared (stripped) earlier in prompt or output.
+
+    Small models fall into loops, which flatter lookup drafters; this says how much of a workload's
+    plain output is such repetition.
+    """
+    seen = {ln.strip() for ln in prompt.splitlines() if ln.strip()}
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    repeated = 0
+    for ln in lines:
+        repeated += ln in seen
+        seen.add(ln)
+    return repeated / len(lines)
+
+
+def workload_summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per category: requests, mean prompt and plain output tokens, repeated-line share (temperature 0 if run)."""
+    reqs = {q["id"]: q for q in results["workload"]["requests"]}
+    temps = sorted({float(r["temperature"]) for r in results["runs"]})
+    plain = [run for (m, _k, t, _q), run in representative_runs(results).items() if m == PLAIN and t == (temps[0] if temps else 0.0)]
+    rows = []
+    for cat in _categories(results):
+        qs = [q for q in reqs.values() if cat in (ALL, q["category"])]
+        outs = [r for r in plain if cat in (ALL, r["category"])]
+        shares = [s for s in (repeated_line_share(reqs[r["request"]]["prompt"], r.get("text", "")) for r in outs) if s is not None]
+        rows.append({
+            "category": cat,
+            "requests": len(qs),
+            "groups": len({q["group"] for q in qs if q.get("group")}),
+            "prompt_tokens": sum(len(q["prompt_ids"]) for q in qs) / len(qs) if qs else 0.0,
+            "output_tokens": sum(r["stats"]["n_tokens"] for r in outs) / len(outs) if outs else None,
+            "repeated_lines": sum(shares) / len(shares) if shares else None,
+        })
+    return rows
+
+
+# -- Markdown --------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _table(head: list[str], rows: Iterable[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _best_speedups(rows: list[dict[str, Any]]) -> set[int]:
+    """ids of the rows with the best speedup per (temperature, category), for bold."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r["method"] == PLAIN or r["speedup"] is None:
+            continue
+        key = (r["temperature"], r["category"])
+        if key not in best or r["speedup"] > best[key]["speedup"]:
+            best[key] = r
+    return {id(r) for r in best.values()}
+
+
+def _summary_rows(rows: list[dict[str, Any]], with_category: bool) -> list[list[str]]:
+    bold = _best_speedups(rows)
+    out = []
+    for r in rows:
+        speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        if id(r) in bold:
+            speed = f"**{speed}**"
+        ident = "-" if r["compared"] is None else f"{r['identical']}/{r['compared']}"
+        if r["compared"] and r["identical"] != r["compared"]:
+            ident = f"**{ident} MISMATCH**"
+        cells = [r["method"], "-" if r["method"] == PLAIN else str(r["k"]), f"{r['temperature']:g}"]
+        if with_category:
+            cells.append(r["category"])
+        cells += [
+            _num(r["tokens_per_second"]), speed, _pct(r["acceptance_rate"]), _num(r["mean_accepted_length"], ".2f"),
+            _pct(r["draft_share"]), _pct(r["verify_share"]), _pct(r["other_share"]), ident,
+        ]
+        out.append(cells)
+    return out
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    cfg, mach = results["config"], results.get("machine", {})
+    rows = aggregate(results)
+    n_req = len(results["workload"]["requests"])
+    cats = _categories(results)
+    parts = [f"# specstack bench: {results['workload']['name']}", ""]
+    draft = (cfg.get("draft") or {}).get("name", "-")
+    temps = ", ".join(f"{t:g}" for t in cfg.get("temperatures", []))
+    parts.append(
+        f"Target `{cfg['target']['name']}`, draft `{draft}`, {cfg['target']['threads']} threads, "
+        f"context {cfg['target']['n_ctx']}; workload `{results['workload']['name']}` ({n_req} requests); "
+        f"k = {', '.join(map(str, cfg['ks']))}; temperature {temps}; {cfg['repeat']} repeat(s), median run kept; "
+        f"seed {cfg['seed']}. {results.get('created', '')}."
+    )
+    load0, load1 = mach.get("load_average"), mach.get("load_average_end")
+    parts.append("")
+    parts.append(
+        f"Machine: {mach.get('cpu_model') or 'unknown CPU'}, {mach.get('physical_cores')} physical cores "
+        f"({mach.get('logical_cpus')} logical), llama-cpp-python {mach.get('llama_cpp_python')}"
+        + (f"; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end" if load0 and load1 else "")
+        + ". Methods ran interleaved per request, so only ratios from one run are comparable."
+    )
+    if results.get("interrupted"):
+        parts += ["", "**Interrupted: partial results.**"]
+    parts += ["", "## Summary (all requests)", ""]
+    head = ["method", "k", "temp", "tok/s", "speedup", "acceptance", "mean accepted length",
+            "draft", "verify", "other", "identical"]
+    parts.append(_table(head, _summary_rows([r for r in rows if r["category"] == ALL], False)))
+    parts.append("")
+    parts.append("tok/s: generated tokens / decode time (prefill excluded). draft / verify / other: shares of decode "
+                 "time. identical: speculative outputs equal to plain decoding, token for token (temperature 0 only).")
+    if len(cats) > 1:
+        parts += ["", "## By category", ""]
+        by_cat = [r for r in rows if r["category"] != ALL]
+        parts.append(_table(head[:3] + ["category"] + head[3:], _summary_rows(by_cat, True)))
+    pos = acceptance_by_position(results)
+    if pos:
+        n = max(len(v) for v in pos.values())
+        parts += ["", "## Acceptance by draft position", ""]
+        parts.append(_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)],
+                            [[m, str(k), f"{t:g}"] + [_pct(v[i]) if i < len(v) else "" for i in range(n)]
+                             for (m, k, t), v in pos.items()]))
+        parts.append("")
+        parts.append("Position i: steps whose first i draft tokens were all accepted / steps that drafted at least i.")
+    curve = results.get("cost_curve")
+    if curve:
+        parts += ["", f"## Verification cost t(n) at context depth {curve['depth']}", ""]
+        t1 = cost_at(curve, 1)
+        ns = sorted({n for n in curve["n"] if n <= 8 or n in (12, 16, 17, 24, 32)} |
+                    {k + 1 for k in cfg["ks"] if k + 1 in curve["n"]})
+        mins = dict(zip(curve["n"], curve["min_s"]))
+        parts.append(_table(["n", "t(n) ms", "t(n) / t(1)", "ms per token", "fastest rep ms"],
+                            [[str(n), f"{1000 * cost_at(curve, n):.2f}", f"{cost_at(curve, n) / t1:.2f}",
+                              f"{1000 * cost_at(curve, n) / n:.2f}", f"{1000 * mins[n]:.2f}"] for n in ns]))
+        parts.append("")
+        parts.append(f"Median of {curve['reps']} reps, {curve['threads']} threads, one batch of n tokens with logits "
+                     "for every row. t(1) is a true one-token batch; specstack pads one-token steps to two "
+                     "(batch-invariant logits), so a plain step costs t(2).")
+    parts += ["", "## Workload", ""]
+    parts.append(_table(["category", "requests", "groups", "prompt tokens (mean)", "plain output tokens (mean)",
+                         "repeated lines in plain output"],
+                        [[w["category"], str(w["requests"]), str(w["groups"]), f"{w['prompt_tokens']:.0f}",
+                          _num(w["output_tokens"], ".0f"), _pct(w["repeated_lines"])] for w in workload_summary(results)]))
+    parts.append("")
+    parts.append("Repeated lines: non-blank output lines already seen in the prompt or earlier output. Small models "
+                 "loop, and loops flatter lookup drafters.")
+    peers = peer_rows(results)
+    if peers:
+        parts += ["", "## llama.cpp peers (same models, prompts, threads and k)", ""]
+        parts.append(_table(["peer", "k", "temp", "tok/s", "speedup vs peer plain", "acceptance", "runs", "errors"],
+                            [[p["method"], "-" if not p["k"] else str(p["k"]), f"{p['temperature']:g}",
+                              _num(p["tokens_per_second"]), "-" if p["speedup"] is None else f"{p['speedup']:.2f}x",
+                              _pct(p["acceptance_rate"]), str(p["runs"]), str(p["errors"])] for p in peers]))
+    parts += ["", "## Exactness", ""]
+    mism = results.get("mismatches", [])
+    n_cmp = sum(1 for r in results["runs"] if r.get("identical") is not None)
+    if mism:
+        parts.append(f"**{len(mism)} of {n_cmp} speculative outputs at temperature 0 differ from plain decoding: a bug.**")
+        parts.append("")
+        parts += [f"- {m['message']}" for m in mism]
+    elif n_cmp:
+        parts.append(f"All {n_cmp} speculative outputs at temperature 0 are identical to plain decoding.")
+    else:
+        parts.append("No temperature-0 speculative runs to compare.")
+    return "\n".join(parts) + "\n"
+
+
+def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per peer method x k x temperature: tok/s = sum tokens / sum (tokens / tok/s) when tokens are known."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for p in results.get("peers") or []:
+        groups[(p["method"], int(p.get("k") or 0), float(p["temperature"]))].append(p)
+    rows = []
+    for (method, k, temp), ps in groups.items():
+        ok = [p for p in ps if not p.get("error") and p.get("tokens_per_second")]
+        tps = None
+        if ok:
+            toks = [p.get("n_tokens") or 1 for p in ok]
+            tps = sum(toks) / sum(t / p["tokens_per_second"] for t, p in zip(toks, ok))
+        drafted = sum(p.get("n_drafted") or 0 for p in ok)
+        accepted = sum(p.get("n_accepted") or 0 for p in ok)
+        rates = [p["acceptance_rate"] for p in ok if p.get("acceptance_rate") is not None]
+        acc = accepted / drafted if drafted else (sum(rates) / len(rates) if rates else None)
+        rows.append({"method": method, "k": k, "temperature": temp, "tokens_per_second": tps,
+                     "acceptance_rate": acc, "runs": len(ps), "errors": len(ps) - len(ok), "speedup": None})
+    base = {r["temperature"]: r["tokens_per_second"] for r in rows if r["method"] == PLAIN and r["tokens_per_second"]}
+    for r in rows:
+        if r["tokens_per_second"] and base.get(r["temperature"]):
+            r["speedup"] = r["tokens_per_second"] / base[r["temperature"]]
+    return rows
+
+
+# -- CSV and plots ---------------------------------------------------------------------------
+
+
+def render_csv(results: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in aggregate(results):
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+    return buf.getvalue()
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SpecstackError(
+            "plots need matplotlib, which is not installed: pip install matplotlib "
+            "(or pip install 'specstack[bench]'); or pass --no-plots. The tables were written."
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
+    """tokps_vs_k.png, acceptance_by_position.png and (if measured) cost_curve.png."""
+    plt = _pyplot()
+    outdir = Path(outdir)
+    written = []
+    rows = [r for r in aggregate(results) if r["category"] == ALL]
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+    for ax, temp in zip(axes[0], temps):
+        here = [r for r in rows if r["temperature"] == temp]
+        for method in dict.fromkeys(r["method"] for r in here if r["method"] != PLAIN):
+            pts = sorted((r["k"], r["tokens_per_second"]) for r in here if r["method"] == method)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        plain = [r["tokens_per_second"] for r in here if r["method"] == PLAIN]
+        if plain:
+            ax.axhline(plain[0], color="gray", linestyle="--", label="plain (none)")
+        ks = sorted({r["k"] for r in here if r["method"] != PLAIN})
+        if ks:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k (draft tokens per step)")
+        ax.set_ylabel("decode tok/s")
+        ax.set_title(f"{results['workload']['name']}, temperature {temp:g}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, outdir / "tokps_vs_k.png", plt))
+
+    pos = acceptance_by_position(results)
+    methods = list(dict.fromkeys(m for m, _k, _t in pos))
+    if methods:
+        fig, axes = plt.subplots(1, len(methods), figsize=(5.5 * len(methods), 4), squeeze=False)
+        styles = ["-", "--", ":", "-."]
+        for ax, method in zip(axes[0], methods):
+            for (m, k, t), v in pos.items():
+                if m == method:
+                    ax.plot(range(1, len(v) + 1), v, marker=".", linestyle=styles[temps.index(t) % 4] if t in temps else "-",
+                            label=f"k={k}" + (f", T={t:g}" if len(temps) > 1 else ""))
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.set_xlabel("draft position")
+            ax.set_ylabel("acceptance")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(method)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, outdir / "acceptance_by_position.png", plt))
+
+    curve = results.get("cost_curve")
+    if curve:
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        ax.plot(curve["n"], [1000 * x for x in curve["median_s"]], marker="o", label="median")
+        ax.plot(curve["n"], [1000 * x for x in curve["min_s"]], linestyle=":", label="min")
+        ax.set_xlabel("tokens in one batch (n)")
+        ax.set_ylabel("t(n) ms")
+        ax.set_title(f"verification cost at depth {curve['depth']}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, outdir / "cost_curve.png", plt))
+    return written
+
+
+def _save(fig, path: Path, plt) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(results: dict[str, Any], outdir: str | Path, *, write_json: bool = True,
+                  plots: bool = True) -> list[Path]:
+    """results.json (optionally), results.csv, results.md, then the plots; returns the paths written."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if write_json:
+        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        written.append(out / "results.json")
+    (out / "results.csv").write_text(render_csv(results), encoding="utf-8")
+    (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    written += [out / "results.csv", out / "results.md"]
+    if plots:
+        written += plot(results, out)
+    return written

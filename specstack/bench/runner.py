@@ -1,0 +1,386 @@
+"""``specstack bench run``: plain decoding vs each drafter over a workload, interleaved per prompt.
+
+For every request the configurations run back to back (plain, then each
+method x k), so a noisy machine slows all of them alike (A B A B, never all
+of A then all of B).  A group of requests runs in order on one engine per
+configuration, so state a drafter keeps across requests (the suffix drafter's
+global tree) learns from the group's earlier outputs only; drafters are built
+afresh for each group (and for each ungrouped request).  At temperature 0
+every speculative output must equal the plain output token for token; a
+difference is reported loudly.  At temperature > 0 every configuration uses
+the same seed for a given request.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from ..drafters import BuildContext, create
+from ..engine import Engine, GenerationConfig
+from ..errors import ContextOverflowError, InvalidParameterError
+from ..sampling import SamplingParams
+from ..target import LlamaModel
+from .workloads import Request, Workload
+
+RESULTS_VERSION = 1
+PLAIN = "none"
+
+
+@dataclass
+class BenchConfig:
+    """Everything that decides what runs; stored verbatim in results.json."""
+
+    workload: Workload
+    methods: list[str]  # speculative methods; plain ("none") always runs too
+    ks: list[int]
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    repeat: int = 1
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    drafter_options: dict[str, Any] = field(default_factory=dict)
+    cost_curve: bool = True
+    cost_max_n: int = 32
+    cost_depth: int = 200
+    cost_reps: int = 7
+    llama_cpp_bin: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.methods = [m for m in dict.fromkeys(self.methods) if m != PLAIN]
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise InvalidParameterError(f"--k needs draft lengths >= 1 (got {self.ks})")
+        if any(k > 62 for k in self.ks):
+            raise InvalidParameterError("k must be <= 62: verification batches stay under 64 tokens (see README)")
+        if self.repeat < 1:
+            raise InvalidParameterError(f"--repeat must be >= 1 (got {self.repeat})")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise InvalidParameterError(f"--temp needs temperatures >= 0 (got {self.temperatures})")
+        if self.cost_max_n < 1 or self.cost_reps < 1:
+            raise InvalidParameterError("--cost-max-n and --cost-reps must be >= 1")
+
+    def configurations(self) -> list[tuple[str, int]]:
+        """(method, k) in run order for each request: plain first (the reference), then the rest."""
+        return [(PLAIN, 0)] + [(m, k) for m in self.methods for k in self.ks]
+
+
+def register_all_drafters() -> None:
+    """Import every module under specstack.drafters, so each registers its name."""
+    from .. import drafters
+
+    for info in pkgutil.iter_modules(drafters.__path__):
+        try:
+            importlib.import_module(f"{drafters.__name__}.{info.name}")
+        except ImportError:  # a drafter whose optional dependency is missing stays unavailable
+            pass
+
+
+def request_seed(base: int, request_id: str) -> int:
+    """A fixed seed per request: the same for every method, repeat and k."""
+    return (base * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31 - 1)
+
+
+class Progress:
+    """A one-line progress bar with an ETA on stderr; weights are the expected work of each item."""
+
+    def __init__(self, total: float, label: str = "bench", stream=None) -> None:
+        self.total, self.done, self.label = max(total, 1e-9), 0.0, label
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._last = 0.0
+
+    def update(self, weight: float, note: str = "") -> None:
+        self.done += weight
+        now = time.perf_counter()
+        if not self.tty and now - self._last < 5 and self.done < self.total:
+            return  # a log file gets a line every few seconds, not thousands
+        self._last = now
+        frac = min(self.done / self.total, 1.0)
+        elapsed = now - self.t0
+        eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
+        bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
+        line = f"{self.label} [{bar}] {100 * frac:3.0f}% {_dur(elapsed)} elapsed, ETA {_dur(eta)}  {note}"
+        if self.tty:
+            self.stream.write("\r" + line[:150].ljust(150))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r" + " " * 150 + "\r")
+            self.stream.flush()
+
+
+def _dur(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
+    """Facts that explain a number: CPU, cores, load, versions."""
+    from .. import sysinfo
+
+    info: dict[str, Any] = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": sysinfo.cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": sysinfo.physical_cores(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import llama_cpp
+
+        info["llama_cpp_python"] = getattr(llama_cpp, "__version__", None)
+    except ImportError:
+        info["llama_cpp_python"] = None
+    raw, _err = sysinfo.llama_system_info()
+    info["llama_system_info"] = raw
+    if target is not None:
+        info["threads"] = target.n_threads
+    return info
+
+
+@dataclass
+class _Tokenized:
+    request: Request
+    prompt_ids: list[int]
+    seed: int
+
+
+def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = None,
+              progress: bool = True) -> dict[str, Any]:
+    """Run the whole benchmark; returns the results dict (see docs/bench.md for its fields)."""
+    register_all_drafters()
+    wl = config.workload
+    reqs = [_Tokenized(r, target.tokenize(r.prompt), request_seed(config.seed, r.id)) for r in wl.requests]
+    by_id = {t.request.id: t for t in reqs}
+    for t in reqs:
+        need = len(t.prompt_ids) + t.request.max_tokens
+        if need > target.capacity:
+            raise ContextOverflowError(
+                f"{wl.path}:{t.request.line}: request {t.request.id!r} needs {len(t.prompt_ids)} prompt tokens + "
+                f"max_tokens {t.request.max_tokens} = {need} > context {target.capacity}; shorten the prompt, "
+                "lower max_tokens or raise --ctx-size"
+            )
+    peers = _load_peers(config, target) if config.llama_cpp_bin else None
+    configs = config.configurations()
+    # Fail on a bad method name or draft model before anything runs.
+    for method in config.methods:
+        _build(method, target, config, 0.0, 0)
+
+    results: dict[str, Any] = {
+        "version": RESULTS_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": _config_dict(config, target),
+        "machine": machine_info(target),
+        "workload": {
+            "name": wl.name,
+            "path": str(wl.path),
+            "requests": [{**t.request.to_dict(), "line": t.request.line, "prompt_ids": t.prompt_ids,
+                          "seed": t.seed} for t in reqs],
+        },
+        "runs": [],
+        "peers": [],
+        "mismatches": [],
+        "cost_curve": None,
+        "interrupted": False,
+    }
+    runs, mismatches = results["runs"], results["mismatches"]
+    work_per_pass = sum(t.request.max_tokens for t in reqs) * len(configs) * len(config.temperatures)
+    bar = Progress(work_per_pass * config.repeat, label=f"bench {wl.name}") if progress else None
+    try:
+        for rep in range(config.repeat):
+            for temp in config.temperatures:
+                for unit in wl.units():
+                    first = by_id[unit[0].id]
+                    engines = {(m, k): Engine(target, _build(m, target, config, temp, first.seed)) for m, k in configs}
+                    for req in unit:
+                        tok = by_id[req.id]
+                        plain_ids: list[int] | None = None
+                        for (method, k) in configs:
+                            if bar:
+                                bar.update(0, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
+                            gen = engines[(method, k)].generate(tok.prompt_ids, GenerationConfig(
+                                max_tokens=req.max_tokens, k=max(k, 1), sampling=SamplingParams(
+                                    temperature=temp, top_k=config.top_k, top_p=config.top_p,
+                                    min_p=config.min_p, seed=tok.seed))).run()
+                            identical = None
+                            if method == PLAIN:
+                                plain_ids = gen.output_ids
+                            elif temp == 0.0:
+                                identical = gen.output_ids == plain_ids
+                                if not identical:
+                                    mismatches.append(_report_mismatch(target, req, method, k, rep, plain_ids or [], gen.output_ids))
+                            runs.append(_run_record(req, method, k, temp, rep, tok.seed, gen, identical))
+                            if bar:
+                                bar.update(req.max_tokens)
+                        if peers is not None:
+                            results["peers"].extend(peers.run_request(req, tok, temp, rep))
+                    del engines
+    except KeyboardInterrupt:
+        results["interrupted"] = True
+        print("\nbench: interrupted; writing the runs finished so far", file=sys.stderr)
+    finally:
+        if bar:
+            bar.close()
+    if config.cost_curve and not results["interrupted"]:
+        from .costcurve import measure
+
+        print(f"bench: measuring the verification cost curve t(n), n = 1..{config.cost_max_n} "
+              f"({config.cost_reps} reps)", file=sys.stderr)
+        results["cost_curve"] = measure(
+            target.path, reqs[0].prompt_ids, n_max=config.cost_max_n, depth=config.cost_depth,
+            reps=config.cost_reps, n_threads=target.n_threads, n_ctx=target.n_ctx,
+        )
+    results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    # What is written is what a re-render reads: round-trip through JSON once.
+    return json.loads(json.dumps(results))
+
+
+def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int):
+    options = {**config.drafter_options, "seed": seed}
+    return create(method, BuildContext(target=target, options=options, temperature=temp))
+
+
+def _run_record(req: Request, method: str, k: int, temp: float, rep: int, seed: int, gen, identical) -> dict[str, Any]:
+    s = gen.stats
+    stats = s.to_dict(with_steps=True)
+    stats["n_committed"] = s.n_committed
+    stats["accepted_by_position"] = list(s.accepted_at)
+    stats["decode_s"] = round(s.decode_s, 6)
+    return {
+        "request": req.id,
+        "category": req.category,
+        "group": req.group,
+        "method": method,
+        "k": k,
+        "temperature": temp,
+        "repeat": rep,
+        "seed": seed,
+        "identical": identical,
+        "output_ids": list(gen.output_ids),
+        "text": gen.text,
+        "stats": stats,
+    }
+
+
+def _report_mismatch(target: LlamaModel, req: Request, method: str, k: int, rep: int,
+                     plain: list[int], got: list[int]) -> dict[str, Any]:
+    i = next((j for j, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
+    show = lambda ids: repr(target.detokenize(ids[i : i + 1])) if i < len(ids) else "<end>"  # noqa: E731
+    msg = (f"MISMATCH: {method} k={k} on request {req.id!r} (repeat {rep + 1}, temperature 0) differs from plain "
+           f"decoding at output token {i}: plain {plain[i] if i < len(plain) else None} {show(plain)}, "
+           f"{method} {got[i] if i < len(got) else None} {show(got)}. Greedy speculation must be lossless: this is a bug.")
+    print("\n" + "!" * 100 + "\n" + msg + "\n" + "!" * 100, file=sys.stderr)
+    return {"request": req.id, "method": method, "k": k, "repeat": rep, "first_difference": i,
+            "plain_len": len(plain), "len": len(got), "message": msg}
+
+
+def _config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:
+    d = asdict(config)
+    d.pop("workload")
+    d["workload"] = config.workload.name
+    d["llama_cpp_bin"] = str(config.llama_cpp_bin) if config.llama_cpp_bin else None
+    d["drafter_options"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in config.drafter_options.items()}
+    d["methods"] = [PLAIN] + config.methods
+    d["target"] = {
+        "path": str(target.path),
+        "name": target.path.name,
+        "n_ctx": target.n_ctx,
+        "capacity": target.capacity,
+        "n_vocab": target.n_vocab,
+        "threads": target.n_threads,
+    }
+    draft = config.drafter_options.get("draft_model")
+    d["draft"] = {"path": str(draft), "name": Path(draft).name} if draft else None
+    return d
+
+
+# -- peers (llama.cpp's own binaries) ---------------------------------------------------------
+
+
+def _load_peers(config: BenchConfig, target: LlamaModel) -> "_Peers":
+    try:
+        from . import peers  # written alongside this module; imported only when asked for
+    except ImportError as exc:
+        raise InvalidParameterError(
+            f"--llama-cpp-bin needs specstack.bench.peers, which is not available ({exc}); "
+            "run without --llama-cpp-bin"
+        ) from None
+    return _Peers(peers, config, target)
+
+
+class _Peers:
+    """Runs llama.cpp's example binaries on the same prompts through specstack.bench.peers."""
+
+    def __init__(self, module: Any, config: BenchConfig, target: LlamaModel) -> None:
+        self.module, self.config = module, config
+        self.model = {"path": target.path, "threads": target.n_threads, "n_ctx": target.n_ctx}
+        self.methods = [m for m in config.methods + [PLAIN] if m in getattr(module, "PEER_METHODS", ())]
+        if not self.methods:
+            print(f"bench: no llama.cpp peer for {', '.join(config.methods)} "
+                  f"(peers exist for: {', '.join(getattr(module, 'PEER_METHODS', ()))})", file=sys.stderr)
+        self.run_peer: Callable[..., Any] = module.run_peer
+
+    def run_request(self, req: Request, tok: _Tokenized, temp: float, rep: int) -> list[dict[str, Any]]:
+        out = []
+        for method in self.methods:
+            for k in ([0] if method == PLAIN else self.config.ks):
+                rec = {"request": req.id, "category": req.category, "method": method, "k": k,
+                       "temperature": temp, "repeat": rep}
+                try:
+                    res = _call_peer(self.run_peer, self.config, self.model, method, req, k, temp, tok.seed)
+                    rec.update(_peer_fields(res))
+                except Exception as exc:  # noqa: BLE001 - a peer failing must not lose our own runs
+                    rec["error"] = f"{type(exc).__name__}: {exc}"
+                    print(f"\nbench: llama.cpp peer {method} k={k} failed on {req.id!r}: {rec['error']}", file=sys.stderr)
+                out.append(rec)
+        return out
+
+
+def _call_peer(run_peer: Callable[..., Any], config: BenchConfig, model: dict[str, Any], method: str,
+               req: Request, k: int, temp: float, seed: int) -> Any:
+    """Call peers.run_peer with the keyword arguments its signature names."""
+    import inspect
+
+    target = model["path"]
+    available = {
+        "method": method, "bin_dir": config.llama_cpp_bin, "llama_cpp_bin": config.llama_cpp_bin,
+        "model": target, "target": target, "model_draft": config.drafter_options.get("draft_model"),
+        "draft": config.drafter_options.get("draft_model"), "prompt": req.prompt,
+        "max_tokens": req.max_tokens, "n_predict": req.max_tokens, "k": k, "draft_max": k,
+        "threads": model["threads"], "n_threads": model["threads"],
+        "temperature": temp, "temp": temp, "seed": seed, "ctx_size": model["n_ctx"], "n_ctx": model["n_ctx"],
+    }
+    params = inspect.signature(run_peer).parameters
+    kwargs = {name: available[name] for name in params if name in available}
+    return run_peer(**kwargs)
+
+
+def _peer_fields(res: Any) -> dict[str, Any]:
+    """Normalise what run_peer returns (a dataclass or a dict) to our field names."""
+    d = asdict(res) if hasattr(res, "__dataclass_fields__") else dict(res)
+    pick = lambda *names: next((d[n] for n in names if d.get(n) is not None), None)  # noqa: E731
+    return {
+        "tokens_per_second": pick("tokens_per_second", "decode_tps", "tps", "tok_s"),
+        "acceptance_rate": pick("acceptance_rate", "accept_rate", "acceptance"),
+        "n_drafted": pick("n_drafted", "drafted"),
+        "n_accepted": pick("n_accepted", "accepted"),
+        "n_tokens": pick("n_tokens", "n_decoded", "tokens"),
+        "raw": {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool, type(None)))},
+    }

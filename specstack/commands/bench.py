@@ -1,0 +1,229 @@
+"""``specstack bench``: run / report / replay / make-standin.
+
+``specstack bench --workload X ...`` (no subcommand) means ``bench run``:
+``preprocess_argv`` inserts ``run`` when the word after ``bench`` is an option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import InvalidParameterError
+from ..paths import DEFAULT_DRAFT
+from .common import add_model_args, drafter_options, load_target
+
+SUBCOMMANDS = ("run", "report", "replay", "make-standin")
+
+
+def preprocess_argv(argv: Sequence[str] | None) -> list[str]:
+    """``bench --workload X`` -> ``bench run --workload X``; anything else is left alone."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench" and len(argv) > 1 and argv[1].startswith("-") and argv[1] not in ("-h", "--help"):
+        argv.insert(1, "run")
+    return argv
+
+
+def _csv(kind: type, what: str):
+    def parse(text: str) -> list[Any]:
+        try:
+            items = [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list like 2,4,8 (got {text!r})") from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"{what}: empty list")
+        return items
+
+    return parse
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (got {text!r})")
+    for conv in (int, float):
+        try:
+            return key.replace("-", "_"), conv(value)
+        except ValueError:
+            pass
+    if value.lower() in ("true", "false"):
+        return key.replace("-", "_"), value.lower() == "true"
+    return key.replace("-", "_"), value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark drafters against plain decoding on a workload (tables, CSV, JSON, plots)",
+        description="Benchmark speculative decoding. `specstack bench --workload X ...` is short for `bench run`.",
+    )
+    bsub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    _register_run(bsub)
+    _register_report(bsub)
+    _register_replay(bsub)
+    try:
+        from ..bench import standin
+    except ImportError as exc:  # pragma: no cover - standin is built alongside
+        msg = f"specstack.bench.standin is not available ({exc})"
+        q = bsub.add_parser("make-standin", help="write a cost-faithful stand-in target (unavailable)")
+        q.set_defaults(func=lambda args: _unavailable(msg))
+    else:
+        standin.register_cli(bsub)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _unavailable(msg: str) -> int:
+    raise InvalidParameterError(msg)
+
+
+def _register_run(bsub: argparse._SubParsersAction) -> None:
+    from ..bench.workloads import bundled
+
+    r = bsub.add_parser(
+        "run",
+        help="run a workload with plain decoding and each method x k x temperature",
+        description="Run every request of a workload with plain decoding and each speculative method, interleaved "
+        "per request, and write results.json/.csv/.md and plots to OUTDIR. Greedy speculative outputs are checked "
+        "token for token against plain decoding.",
+    )
+    r.add_argument("--workload", required=True, help=f"bundled workload ({', '.join(bundled())}) or a .jsonl file")
+    r.add_argument("--methods", type=_csv(str, "--methods"), default=["none", "prompt-lookup", "draft-model"],
+                   help="comma-separated drafters; plain decoding (none) always runs (default: none,prompt-lookup,draft-model)")
+    r.add_argument("-k", "--k", dest="ks", type=_csv(int, "--k"), default=[2, 4, 8, 16],
+                   help="comma-separated draft lengths (default 2,4,8,16)")
+    r.add_argument("--temp", dest="temps", type=_csv(float, "--temp"), default=[0.0],
+                   help="comma-separated temperatures (default 0); > 0 uses a fixed seed per request")
+    r.add_argument("--repeat", type=int, default=1, help="passes over the workload; the median run is kept (default 1)")
+    r.add_argument("--limit", type=int, default=None, help="run only the first N requests")
+    r.add_argument("--seed", type=int, default=0, help="base of the per-request seeds (default 0)")
+    r.add_argument("--top-k", type=int, default=0, help="sampling top-k; 0 = off")
+    r.add_argument("--top-p", type=float, default=1.0, help="sampling top-p; 1 = off")
+    r.add_argument("--min-p", type=float, default=0.0, help="sampling min-p; 0 = off")
+    r.add_argument("-o", "--output", type=Path, default=None,
+                   help="output folder (default: bench-results/WORKLOAD-YYYYmmdd-HHMMSS)")
+    add_model_args(r)
+    g = r.add_argument_group("drafter options")
+    g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram (default 1)")
+    g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram (default 4)")
+    g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: draft temperature (default: the target's)")
+    g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting below this confidence")
+    g.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="any drafter config field, e.g. max_spec_factor=2 or datastore=DIR (repeatable)")
+    c = r.add_argument_group("verification cost curve")
+    c.add_argument("--no-cost-curve", dest="cost_curve", action="store_false", help="skip measuring t(n)")
+    c.add_argument("--cost-max-n", type=int, default=32, help="largest batch measured (default 32)")
+    c.add_argument("--cost-depth", type=int, default=200, help="context depth for t(n) (default 200)")
+    c.add_argument("--cost-reps", type=int, default=7, help="repetitions per n, median kept (default 7)")
+    r.add_argument("--llama-cpp-bin", type=Path, default=None,
+                   help="folder of llama.cpp binaries (scripts/build_llama_bins.sh): also run llama.cpp's own "
+                   "speculative examples on the same models, prompts, threads and k")
+    r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table on stdout")
+    r.set_defaults(func=cmd_run)
+
+
+def _register_report(bsub: argparse._SubParsersAction) -> None:
+    r = bsub.add_parser("report", help="re-render tables and plots from a results.json",
+                        description="Re-render results.md, results.csv and the plots from RESULTS (a results.json or "
+                        "its folder), and print the Markdown.")
+    r.add_argument("results", type=Path, help="results.json (or the folder holding it)")
+    r.add_argument("-o", "--output", type=Path, default=None, help="where to write (default: the results' folder)")
+    r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    r.set_defaults(func=cmd_report)
+
+
+def _register_replay(bsub: argparse._SubParsersAction) -> None:
+    from ..bench.replay import DEFAULT_METHODS
+
+    r = bsub.add_parser("replay", help="measure drafters' acceptance on recorded outputs, with no target model",
+                        description="Replay recorded plain (temperature 0) outputs from RESULTS through each "
+                        "deterministic drafter with the engine's greedy bookkeeping: acceptance in seconds, "
+                        "no target model loaded.")
+    r.add_argument("results", type=Path, help="results.json (or the folder holding it)")
+    r.add_argument("--methods", type=_csv(str, "--methods"), default=list(DEFAULT_METHODS),
+                   help=f"comma-separated drafters (default {','.join(DEFAULT_METHODS)})")
+    r.add_argument("-k", "--k", dest="ks", type=_csv(int, "--k"), default=None, help="draft lengths (default: the run's)")
+    r.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="drafter config field, e.g. max_spec_factor=2 (repeatable)")
+    r.add_argument("-o", "--output", type=Path, default=None, help="also write the replay as JSON to this file")
+    r.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
+    r.set_defaults(func=cmd_replay)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..bench import report
+    from ..bench.runner import BenchConfig, run_bench
+    from ..bench.workloads import load
+
+    wl = load(args.workload)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise InvalidParameterError(f"--limit must be >= 1 (got {args.limit})")
+        wl = wl.head(args.limit)
+    if args.llama_cpp_bin is not None and not Path(args.llama_cpp_bin).is_dir():
+        raise InvalidParameterError(f"--llama-cpp-bin {args.llama_cpp_bin} is not a folder; build the binaries with "
+                                    "scripts/build_llama_bins.sh, which prints the folder")
+    options = {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
+    options.setdefault("draft_model", DEFAULT_DRAFT)
+    options.update(dict(args.extra_options))
+    config = BenchConfig(
+        workload=wl, methods=args.methods, ks=args.ks, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
+        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
+        cost_max_n=args.cost_max_n, cost_depth=args.cost_depth, cost_reps=args.cost_reps,
+        llama_cpp_bin=args.llama_cpp_bin,
+    )
+    outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    target = load_target(args)
+    n_cfg = len(config.configurations())
+    print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "
+          f"temperature(s) x {config.repeat} repeat(s) on {target.path.name}, {target.n_threads} threads -> {outdir}",
+          file=sys.stderr)
+    results = run_bench(config, target, progress=not args.quiet)
+    # Write the JSON first: whatever fails after it, the run is not lost.
+    paths = report.write_outputs(results, outdir, plots=False)
+    if args.plots:
+        paths += report.plot(results, outdir)
+    if not args.quiet:
+        sys.stdout.write(report.render_markdown(results))
+    print("bench: wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    if results["mismatches"]:
+        print(f"bench: {len(results['mismatches'])} speculative output(s) at temperature 0 differ from plain decoding "
+              "(see MISMATCH above and in results.md): lossless speculation is broken", file=sys.stderr)
+        return 1
+    return 130 if results["interrupted"] else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..bench import report
+
+    results = report.load_results(args.results)
+    src = Path(args.results)
+    outdir = args.output or (src if src.is_dir() else src.parent)
+    paths = report.write_outputs(results, outdir, write_json=False, plots=False)
+    if args.plots:
+        paths += report.plot(results, outdir)
+    sys.stdout.write(report.render_markdown(results))
+    print("bench report: wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import json
+
+    from ..bench import replay, report
+
+    results = report.load_results(args.results)
+    out = replay.replay(results, args.methods, args.ks, dict(args.extra_options))
+    if args.output:
+        replay.write_json(out, args.output)
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "requests"}, indent=1))
+    else:
+        sys.stdout.write(replay.render_markdown(out))
+    return 0
