@@ -1,15 +1,21 @@
 """Policies that choose the draft budget k before each step.
 
-The engine asks ``next_k()`` and reports each step's outcome through
-``observe``; a policy sees statistics only, never a drafter's internals.
-k = 0 means "do a plain decoding step".
+The engine asks ``next_k()`` for a budget, lets the drafter propose, asks
+``trim(source, n)`` how much of that source's draft is worth verifying, and
+reports each outcome through ``observe``.  A policy sees statistics and
+costs only, never a drafter's internals.  k = 0 means a plain decoding step.
+
+Policies: ``fixed`` (k = N), ``window`` (the research notes' controller),
+``heuristic`` (transformers' +2/-1 schedule) and ``cost`` (the default:
+maximise expected committed tokens per second from measured costs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
+from .costs import CostModel
 from .errors import InvalidParameterError
 
 
@@ -28,10 +34,19 @@ class DraftLengthPolicy(Protocol):
     name: str
 
     def next_k(self) -> int:
-        """Draft budget for the next step (>= 0)."""
+        """Upper bound on the draft budget for the next step (>= 0)."""
+
+    def trim(self, source: str, n: int) -> int:
+        """How many of a ``source`` draft's ``n`` tokens to verify."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from the step just verified."""
+
+
+def _check_k(k: int, what: str = "k") -> int:
+    if k < 1:
+        raise InvalidParameterError(f"{what} must be >= 1 (got {k}); use --drafter none for plain decoding")
+    return k
 
 
 class FixedK:
@@ -40,12 +55,255 @@ class FixedK:
     name = "fixed"
 
     def __init__(self, k: int = 4) -> None:
-        if k < 1:
-            raise InvalidParameterError(f"k must be >= 1 (got {k}); use --drafter none for plain decoding")
-        self.k = k
+        self.k = _check_k(k)
 
     def next_k(self) -> int:
         return self.k
 
+    def trim(self, source: str, n: int) -> int:
+        return n
+
     def observe(self, outcome: StepOutcome) -> None:
         pass
+
+
+class WindowK:
+    """The research notes' controller: acceptance over a rolling window of draft tokens.
+
+    Above ``high`` acceptance k grows by ``step``, below ``low`` it shrinks by
+    ``step``, always within [k_min, k_max].  The window is cleared after a
+    change so each decision sees only tokens drafted at the current k.
+    """
+
+    name = "window"
+
+    def __init__(self, k: int = 8, k_min: int = 4, k_max: int = 24, window: int = 64,
+                 high: float = 0.8, low: float = 0.6, step: int = 4) -> None:
+        if not 1 <= k_min <= k_max:
+            raise InvalidParameterError(f"window policy needs 1 <= k_min <= k_max (got {k_min}, {k_max})")
+        self.k_min, self.k_max, self.window = k_min, k_max, window
+        self.high, self.low, self.step = high, low, step
+        self.k = min(max(k, k_min), k_max)
+        self._drafted = 0
+        self._accepted = 0
+
+    def next_k(self) -> int:
+        return self.k
+
+    def trim(self, source: str, n: int) -> int:
+        return n
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._drafted += outcome.num_drafted
+        self._accepted += outcome.num_accepted
+        if self._drafted < self.window:
+            return
+        rate = self._accepted / self._drafted
+        if rate > self.high:
+            self.k = min(self.k + self.step, self.k_max)
+        elif rate < self.low:
+            self.k = max(self.k - self.step, self.k_min)
+        self._drafted = self._accepted = 0
+
+
+class HeuristicK:
+    """transformers' "heuristic" schedule: +2 when every draft token was accepted, else -1."""
+
+    name = "heuristic"
+
+    def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 32) -> None:
+        self.k_min, self.k_max = k_min, k_max
+        self.k = min(max(_check_k(k), k_min), k_max)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def trim(self, source: str, n: int) -> int:
+        return n
+
+    def observe(self, outcome: StepOutcome) -> None:
+        if outcome.num_drafted == 0:
+            return
+        if outcome.num_accepted == outcome.num_drafted:
+            self.k = min(self.k + 2, self.k_max)
+        else:
+            self.k = max(self.k - 1, self.k_min)
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-position conditional acceptance a_i = P(token i accepted | tokens < i accepted).
+
+    Counts decay by ``decay`` per observed draft so the estimate follows
+    content changes (code -> prose) within a generation; a Beta(prior_a,
+    prior_b) prior keeps unseen positions at a neutral value.
+    """
+
+    k_max: int = 32
+    decay: float = 0.97
+    prior_a: float = 1.0
+    prior_b: float = 1.0
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = [0.0] * self.k_max
+        self.accepted = [0.0] * self.k_max
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted == 0:
+            return
+        for i in range(self.k_max):
+            self.reached[i] *= self.decay
+            self.accepted[i] *= self.decay
+        # Position i was reached if all before it were accepted.
+        for i in range(min(num_drafted, num_accepted + 1, self.k_max)):
+            self.reached[i] += 1.0
+            if i < num_accepted:
+                self.accepted[i] += 1.0
+
+    def conditional(self) -> list[float]:
+        return [(a + self.prior_a) / (r + self.prior_a + self.prior_b) for a, r in zip(self.accepted, self.reached)]
+
+    def n_observed(self) -> float:
+        return self.reached[0]
+
+
+def expected_accepted(cond: Sequence[float], k: int) -> float:
+    """E[accepted | k] = sum_{j<=k} prod_{i<=j} a_i (tokens after a rejection never count)."""
+    total, run = 0.0, 1.0
+    for a in cond[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def best_k(cond: Sequence[float], draft_cost: Callable[[int], float], verify_cost: Callable[[int], float], k_max: int) -> int:
+    """argmax over k in 0..k_max of (E[accepted | k] + 1) / (draft_cost(k) + verify_cost(k + 1)).
+
+    k = 0 is a plain step: one token for verify_cost(1) and no draft cost.
+    """
+    best, best_rate = 0, 1.0 / verify_cost(1)
+    total, run = 0.0, 1.0
+    for k in range(1, k_max + 1):
+        run *= cond[k - 1]
+        total += run
+        rate = (total + 1.0) / (draft_cost(k) + verify_cost(k + 1))
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+@dataclass
+class _SourceState:
+    acceptance: AcceptanceTracker
+    per_call_s: float = 0.0  # fixed draft cost per call (kept 0: folded into per_token_s)
+    per_token_s: float = 0.0  # EMA of draft time per drafted token
+    calls: int = 0
+    steps_since_draft: int = 0
+
+
+class CostK:
+    """Pick the k that maximises expected committed tokens per second (the default policy).
+
+    Expected tokens come from per-source acceptance by position; costs come
+    from the target's measured verification curve t(n) (calibrated at load,
+    refined online) and each source's measured draft cost.  When drafting
+    does not pay, k = 0, but every ``probe_every`` plain steps it drafts a
+    little anyway so that the estimates can recover when content changes.
+    """
+
+    name = "cost"
+
+    def __init__(self, costs: CostModel, k_max: int = 16, probe_every: int = 16, probe_k: int = 2) -> None:
+        self.costs = costs
+        self.k_max = _check_k(k_max, "k_max")
+        self.probe_every = probe_every
+        self.probe_k = probe_k
+        self._sources: dict[str, _SourceState] = {}
+        self._plain_steps = 0
+        self._probe_due = False
+
+    def source(self, name: str) -> _SourceState:
+        st = self._sources.get(name)
+        if st is None:
+            st = self._sources[name] = _SourceState(AcceptanceTracker(k_max=self.k_max))
+        return st
+
+    def best_k_for(self, name: str) -> int:
+        st = self.source(name)
+        return best_k(
+            st.acceptance.conditional(),
+            lambda k: st.per_call_s + k * st.per_token_s,
+            self.costs.verify_s,
+            self.k_max,
+        )
+
+    def next_k(self) -> int:
+        self._probe_due = False
+        if not self._sources:
+            return self.probe_k  # nothing known yet: a cheap first look
+        k = max(self.best_k_for(name) for name in self._sources)
+        if k == 0 and self._plain_steps >= self.probe_every:
+            self._probe_due = True
+            return self.probe_k
+        return k
+
+    def trim(self, source: str, n: int) -> int:
+        if self._probe_due or self.source(source).acceptance.n_observed() < 1.0:
+            return min(n, self.probe_k)
+        return min(n, self.best_k_for(source))
+
+    def continue_rule(self, source: str) -> Callable[[Sequence[float], float], bool]:
+        """For model drafts: keep drafting while one more token raises the expected rate.
+
+        Called by the drafter with the confidences so far (draft probability
+        of each drafted token, the last one included) and the draft time spent.
+        """
+        st = self.source(source)
+
+        def rule(confidences: Sequence[float], draft_s: float) -> bool:
+            n = len(confidences)
+            cond = st.acceptance.conditional()
+            # Blend the draft's confidence with the measured rate at that position.
+            probs = [0.5 * (c + cond[min(i, self.k_max - 1)]) for i, c in enumerate(confidences)]
+            e_with = expected_accepted(probs, n)
+            e_without = expected_accepted(probs, n - 1)
+            next_draft = st.per_token_s if st.calls else 0.0
+            rate_with = (1.0 + e_with) / (draft_s + self.costs.verify_s(n + 1))
+            rate_without = (1.0 + e_without) / (draft_s - next_draft + self.costs.verify_s(n))
+            return n <= self.k_max and rate_with >= rate_without
+
+        return rule
+
+    def observe(self, outcome: StepOutcome) -> None:
+        n = outcome.num_drafted
+        self.costs.observe_verify(n + 1, outcome.verify_s)
+        if n == 0:
+            self._plain_steps += 1
+            return
+        self._plain_steps = 0
+        st = self.source(outcome.source)
+        st.acceptance.update(n, outcome.num_accepted)
+        per_token = outcome.draft_s / n
+        alpha = 0.2 if st.calls else 1.0
+        st.per_token_s += alpha * (per_token - st.per_token_s)
+        st.calls += 1
+
+
+POLICIES = ("cost", "fixed", "window", "heuristic")
+
+
+def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None) -> DraftLengthPolicy:
+    """Build a policy by its --k-policy name; ``k`` is the fixed/initial budget."""
+    if name == "fixed":
+        return FixedK(k)
+    if name == "window":
+        return WindowK(k=max(k, 4), k_max=k_max or 24)
+    if name == "heuristic":
+        return HeuristicK(k=k, k_max=k_max or 32)
+    if name == "cost":
+        if costs is None:
+            raise InvalidParameterError("the cost policy needs a calibrated cost model")
+        return CostK(costs, k_max=k_max or 16)
+    raise InvalidParameterError(f"unknown k policy {name!r}; choose one of: {', '.join(POLICIES)}")

@@ -27,6 +27,11 @@ from .types import Draft
 from .verify import verify_greedy, verify_sampling
 
 
+# Verification batches stay within 63 tokens: in this llama.cpp build batches
+# of 2..63 tokens give bit-identical logits (see README, "Exactness").
+MAX_DRAFT = 62
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Per-request settings.  ``k`` is the fixed draft budget when no policy is given."""
@@ -97,7 +102,7 @@ class Generation:
         self.config = config
         self.policy = policy
         self.output_ids: list[int] = []
-        self.stats = GenerationStats(drafter=engine.drafter.name, k=config.k, n_prompt=len(prompt_ids))
+        self.stats = GenerationStats(drafter=engine.drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
         self._pieces: list[str] = []
         self._iter = engine._run(self)
 
@@ -156,6 +161,9 @@ class Engine:
         if len(context) > 1:
             target.eval(context[:-1], logits_from=len(context) - 1)  # prefill, no logits needed
         stats.prefill_s = time.perf_counter() - t_start
+        bind = getattr(drafter, "bind_policy", None)
+        if bind is not None:
+            bind(gen.policy)
         drafter.begin(context)
         try:
             while not stats.stop_reason:
@@ -164,12 +172,12 @@ class Engine:
                     stats.stop_reason = "context"
                     break
                 remaining = cfg.max_tokens - len(gen.output_ids)
-                k = max(0, min(gen.policy.next_k(), remaining - 1, room))
+                k = max(0, min(gen.policy.next_k(), remaining - 1, room, MAX_DRAFT))
 
                 t0 = time.perf_counter()
                 draft = drafter.propose(context, k) if k > 0 else Draft.empty(drafter.name)
-                if len(draft) > k:
-                    draft = Draft(draft.token_ids[:k], draft.source, None if draft.q is None else draft.q[:k])
+                if draft.token_ids:
+                    draft = draft.truncated(min(k, gen.policy.trim(draft.source, len(draft))))
                 t1 = time.perf_counter()
 
                 n_past = target.n_past

@@ -30,6 +30,7 @@ class GenerationStats:
 
     drafter: str = "none"
     k: int = 0
+    k_policy: str = "fixed"
     n_prompt: int = 0
     n_tokens: int = 0
     n_steps: int = 0
@@ -98,6 +99,7 @@ class GenerationStats:
         out: dict[str, Any] = {
             "drafter": self.drafter,
             "k": self.k,
+            "k_policy": self.k_policy,
             "n_prompt": self.n_prompt,
             "n_tokens": self.n_tokens,
             "n_steps": self.n_steps,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .paths import cache_dir
 from . import check as _check
 from .errors import ModelLoadError, SpecstackError
 from .gguf_meta import GGUFInfo, read_gguf
@@ -26,15 +27,6 @@ CACHE_VERSION = 1
 CACHE_NAME = "models-scan.json"
 
 ProgressFn = Callable[[int, int, Path], None]
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("SPECSTACK_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "specstack"
 
 
 def _h(parts: Iterable[bytes]) -> str:

@@ -31,6 +31,17 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def truncated(self, n: int) -> "Draft":
+        """The first n tokens (and their q rows); trees are cut to their first n nodes."""
+        if n >= len(self.token_ids):
+            return self
+        return Draft(
+            token_ids=self.token_ids[:n],
+            source=self.source,
+            q=None if self.q is None else self.q[:n],
+            parents=None if self.parents is None else self.parents[:n],
+        )
+
     @staticmethod
     def empty(source: str) -> "Draft":
         return Draft(token_ids=(), source=source)

@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..costs import calibrate
+from ..draft_length import POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -29,7 +31,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default, help=f"draft source: {', '.join(available())} (default: {default})")
-    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, help="draft tokens per step (default: 4; on 2 cores verifying more than ~4 is compute-bound)")
+    g.add_argument("--k-policy", choices=POLICIES, default="cost",
+                   help="how k is chosen each step: cost (default: maximise expected tokens/s from measured costs and acceptance), "
+                   "fixed (always -k), window (research controller), heuristic (+2/-1, as in transformers)")
+    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, help="draft tokens per step for --k-policy fixed, initial k otherwise (default 4)")
+    g.add_argument("--k-max", type=int, default=None, help="upper bound on k for adaptive policies (default: 16 for cost, 24 window, 32 heuristic)")
     g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram to match (default 1)")
     g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram to match (default 4)")
     g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: sampling temperature of the draft (default: the target's); output stays the target's distribution")
@@ -52,6 +58,16 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 def load_target(args: argparse.Namespace) -> LlamaModel:
     set_verbose(getattr(args, "verbose", False))
     return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads), role="target")
+
+
+def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
+    """The --k-policy object; the cost policy calibrates t(n) first (cached on disk)."""
+    name = getattr(args, "k_policy", "fixed")
+    costs = None
+    if name == "cost":
+        k_max = args.k_max or 16
+        costs = calibrate(target, n_max=k_max + 1)
+    return make_policy(name, args.k, costs=costs, k_max=args.k_max)
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:

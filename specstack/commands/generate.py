@@ -10,7 +10,7 @@ from pathlib import Path
 from ..engine import Engine, GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
-from .common import add_drafter_args, add_model_args, add_sampling_args, build_drafter, load_target, sampling_from_args
+from .common import add_drafter_args, add_model_args, add_sampling_args, build_drafter, build_policy, load_target, sampling_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
     target = load_target(args)
-    engine = Engine(target, build_drafter(args.drafter, target, args))
+    engine = Engine(target, build_drafter(args.drafter, target, args), build_policy(args, target))
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
@@ -64,7 +64,7 @@ def format_stats(s: GenerationStats) -> str:
     t = s.to_dict()["time_s"]
     by_pos = " ".join(f"{x:.2f}" for x in s.acceptance_by_position[:16]) or "-"
     rows = [
-        ("drafter", f"{s.drafter} (k={s.k})"),
+        ("drafter", f"{s.drafter} (k policy {s.k_policy}, max k used {len(s.drafted_at)})"),
         ("tokens", f"{s.n_tokens} generated, {s.n_prompt} prompt, stop: {s.stop_reason}"),
         ("drafted / accepted", f"{s.n_drafted} / {s.n_accepted} ({100 * s.acceptance_rate:.1f}%)"),
         ("mean accepted length", f"{s.mean_accepted_length:.2f} tokens per step ({s.n_steps} steps)"),

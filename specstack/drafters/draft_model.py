@@ -16,6 +16,7 @@ evaluates just ``[z]`` and drafts from those logits.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -58,6 +59,7 @@ class DraftModelDrafter:
         self.temperature = config.draft_temp if config.draft_temp is not None else temperature
         self._sampled = temperature > 0.0 and self.temperature > 0.0
         self._rng = np.random.default_rng(None if config.seed is None else config.seed + 1)
+        self._rule = None  # policy hook: is one more draft token worth verifying?
         self._cached: list[int] = []  # tokens in the draft KV cache, in order
         self._synced = 0  # prefix of _cached known to equal the committed context
 
@@ -65,6 +67,11 @@ class DraftModelDrafter:
         self.model.reset()
         self._cached = []
         self._synced = 0
+
+    def bind_policy(self, policy: object) -> None:
+        """Let a cost-aware policy decide token by token, from the draft's confidence."""
+        make_rule = getattr(policy, "continue_rule", None)
+        self._rule = make_rule(self.name) if make_rule is not None else None
 
     def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
         pass  # the next propose() re-syncs against the context
@@ -75,12 +82,17 @@ class DraftModelDrafter:
     def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
         if max_tokens <= 0:
             return Draft.empty(self.name)
+        t0 = time.perf_counter()
         logits = self._sync(context_ids)
         tokens: list[int] = []
+        confs: list[float] = []
         qs: list[np.ndarray] = []
         while True:
             tok, conf, q = self._pick(logits)
             if conf < self.config.p_min:
+                break
+            confs.append(conf)
+            if self._rule is not None and not self._rule(confs, time.perf_counter() - t0):
                 break
             tokens.append(tok)
             if q is not None:
@@ -112,7 +124,7 @@ class DraftModelDrafter:
         """(token, confidence, q row or None).  Confidence is the draft's probability of its token."""
         if not self._sampled:
             tok = int(logits.argmax())
-            if self.config.p_min <= 0.0:
+            if self.config.p_min <= 0.0 and self._rule is None:
                 return tok, 1.0, None
             conf = float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum())
             return tok, conf, None

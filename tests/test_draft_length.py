@@ -1,0 +1,181 @@
+"""k policies on scripted acceptance and cost sequences, and the cost model's calibration."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specstack.costs import CostModel, calibrate, measure_curve
+from specstack.draft_length import (
+    AcceptanceTracker,
+    CostK,
+    FixedK,
+    HeuristicK,
+    StepOutcome,
+    WindowK,
+    best_k,
+    expected_accepted,
+)
+from specstack.errors import InvalidParameterError
+
+
+def outcome(drafted, accepted, source="s", draft_s=1e-6, verify_s=0.0):
+    # verify_s=0 means "not measured": these tests script acceptance, not costs.
+    return StepOutcome(source, drafted, accepted, draft_s, verify_s)
+
+
+def linear_costs(base=1e-3, per_token=1e-4, n=40) -> CostModel:
+    return CostModel([base + per_token * (i) for i in range(n)])
+
+
+def test_fixed_never_changes_and_refuses_k_below_one():
+    p = FixedK(6)
+    p.observe(outcome(6, 0))
+    assert p.next_k() == 6 and p.trim("s", 9) == 9
+    with pytest.raises(InvalidParameterError):
+        FixedK(0)
+
+
+def test_window_grows_above_80_shrinks_below_60_within_bounds():
+    p = WindowK(k=8, k_min=4, k_max=24, window=64)
+    for _ in range(10):
+        for _ in range(8):
+            p.observe(outcome(8, 8))
+    assert p.next_k() == 24  # capped at k_max
+    for _ in range(20):
+        for _ in range(8):
+            p.observe(outcome(8, 2))
+    assert p.next_k() == 4  # floored at k_min
+
+
+def test_window_waits_for_a_full_window():
+    p = WindowK(k=8, window=64)
+    p.observe(outcome(8, 8))
+    assert p.next_k() == 8
+
+
+def test_heuristic_plus_two_minus_one():
+    p = HeuristicK(k=4, k_max=10)
+    p.observe(outcome(4, 4))
+    assert p.next_k() == 6
+    p.observe(outcome(6, 5))
+    assert p.next_k() == 5
+    for _ in range(10):
+        p.observe(outcome(p.next_k(), p.next_k()))
+    assert p.next_k() == 10
+
+
+def test_expected_accepted_is_sum_of_prefix_products():
+    assert expected_accepted([0.5, 0.5, 0.5], 3) == pytest.approx(0.5 + 0.25 + 0.125)
+
+
+def brute_force_best_k(cond, draft_cost, verify_cost, k_max):
+    """Independent reference: enumerate acceptance outcomes explicitly."""
+    best, best_rate = None, -1.0
+    for k in range(0, k_max + 1):
+        # P(exactly j accepted) for j = 0..k
+        e = 0.0
+        for j in range(k + 1):
+            p = np.prod(cond[:j]) * (1 - cond[j] if j < k else 1.0)
+            e += p * j
+        rate = (e + 1) / (draft_cost(k) + verify_cost(k + 1))
+        if rate > best_rate + 1e-12:
+            best, best_rate = k, rate
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_cost_choice_equals_brute_force_argmax(seed):
+    rng = np.random.default_rng(seed)
+    k_max = 12
+    cond = list(rng.uniform(0.05, 0.99, size=k_max))
+    base, slope, curve = rng.uniform(1e-3, 5e-2), rng.uniform(0, 2e-2), rng.uniform(0, 3)
+    verify = lambda n: base + slope * (n - 1) ** curve  # noqa: E731
+    per_tok = rng.uniform(0, 1e-2)
+    draft = lambda k: per_tok * k  # noqa: E731
+    assert best_k(cond, draft, verify, k_max) == brute_force_best_k(cond, draft, verify, k_max)
+
+
+def test_cost_picks_zero_when_drafts_are_never_accepted():
+    p = CostK(linear_costs(), k_max=16)
+    for _ in range(50):
+        p.observe(outcome(p.trim("s", p.next_k()) or 2, 0))
+    assert p.best_k_for("s") == 0
+
+
+def test_cost_picks_large_k_when_always_accepted_and_verification_is_cheap():
+    p = CostK(linear_costs(base=1e-2, per_token=1e-5), k_max=16)
+    for _ in range(60):
+        k = max(p.trim("s", p.next_k()), 1)
+        p.observe(outcome(k, k))
+    assert p.best_k_for("s") == 16
+
+
+def test_cost_picks_small_k_when_verification_is_compute_bound():
+    # Each extra verified token costs as much as a whole plain step.
+    p = CostK(CostModel([1e-2 * n for n in range(1, 40)]), k_max=16)
+    for _ in range(60):
+        k = max(p.trim("s", p.next_k()), 1)
+        p.observe(outcome(k, min(k, 1)))
+    assert p.best_k_for("s") <= 1
+
+
+def test_cost_probes_after_a_run_of_plain_steps():
+    p = CostK(linear_costs(), k_max=8, probe_every=4, probe_k=2)
+    for _ in range(30):
+        p.observe(outcome(2, 0))
+    ks = []
+    for _ in range(10):
+        k = p.next_k()
+        ks.append(k)
+        p.observe(outcome(0, 0) if k == 0 else outcome(2, 0))
+    assert 2 in ks and 0 in ks
+
+
+def test_cost_keeps_estimates_per_source():
+    # Each verified token costs 10% of a plain step: worth it only for "good".
+    p = CostK(linear_costs(base=1e-2, per_token=1e-3), k_max=8)
+    for _ in range(40):
+        p.observe(outcome(4, 4, source="good"))
+        p.observe(outcome(4, 0, source="bad"))
+    assert p.best_k_for("good") > 0 and p.best_k_for("bad") == 0
+    assert p.trim("bad", 8) == 0 and p.trim("good", 8) > 0
+
+
+def test_continue_rule_stops_on_low_confidence_when_verification_is_costly():
+    # Each verified token adds 20% of a plain step.
+    p = CostK(CostModel([1e-2 + 2e-3 * n for n in range(40)]), k_max=16)
+    rule = p.continue_rule("draft-model")
+    assert rule([0.99], 1e-4) is True
+    assert rule([0.99, 0.02], 2e-4) is False
+
+
+def test_acceptance_tracker_counts_reached_positions_only():
+    t = AcceptanceTracker(k_max=4, decay=1.0, prior_a=0.0, prior_b=0.0)
+    t.update(4, 1)  # pos 0 accepted, pos 1 rejected, pos 2-3 never reached
+    assert t.reached == [1, 1, 0, 0] and t.accepted == [1, 0, 0, 0]
+
+
+def test_cost_model_refines_online_and_stays_monotone():
+    c = CostModel([1.0, 2.0, 3.0])
+    for _ in range(200):
+        c.observe_verify(2, 10.0)
+    assert c.verify_s(2) > 9.0 and c.verify_s(3) >= c.verify_s(2)
+    assert c.verify_s(5) >= c.verify_s(3)  # extrapolated
+
+
+def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
+    first = calibrate(target, n_max=6)
+    assert first.source == "calibrated"
+    assert all(x > 0 for x in first.curve)
+    assert all(b >= a for a, b in itertools.pairwise(first.curve))
+    second = calibrate(target, n_max=6)
+    assert second.source == "cache" and second.curve == pytest.approx(first.curve)
+
+
+def test_measure_curve_leaves_target_reusable(target):
+    measure_curve(target, 3, reps=1)
+    assert target.n_past == 0
