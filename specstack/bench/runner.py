@@ -55,6 +55,7 @@ class BenchConfig:
     cost_max_n: int = 32
     cost_depth: int = 200
     cost_reps: int = 7
+    warmup: bool = True
     llama_cpp_bin: Path | None = None
 
     def __post_init__(self) -> None:
@@ -179,9 +180,15 @@ def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = Non
             )
     peers = _load_peers(config, target) if config.llama_cpp_bin else None
     configs = config.configurations()
-    # Fail on a bad method name or draft model before anything runs.
-    for method in config.methods:
-        _build(method, target, config, 0.0, 0)
+    # Fail on a bad method name or draft model before anything runs, and warm up: the first
+    # evaluations allocate buffers and fault in weights, which would count against the first method.
+    first = reqs[0]
+    for method, k in configs:
+        drafter = _build(method, target, config, config.temperatures[0], first.seed)
+        if config.warmup:
+            Engine(target, drafter).generate(first.prompt_ids, GenerationConfig(
+                max_tokens=min(8, first.request.max_tokens), k=max(k, 1),
+                sampling=SamplingParams(temperature=config.temperatures[0], seed=first.seed))).run()
 
     results: dict[str, Any] = {
         "version": RESULTS_VERSION,

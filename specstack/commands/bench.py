@@ -120,6 +120,8 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
     r.add_argument("--llama-cpp-bin", type=Path, default=None,
                    help="folder of llama.cpp binaries (scripts/build_llama_bins.sh): also run llama.cpp's own "
                    "speculative examples on the same models, prompts, threads and k")
+    r.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the short unrecorded warm-up generation per configuration")
     r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table on stdout")
     r.set_defaults(func=cmd_run)
@@ -176,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workload=wl, methods=args.methods, ks=args.ks, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
         cost_max_n=args.cost_max_n, cost_depth=args.cost_depth, cost_reps=args.cost_reps,
-        llama_cpp_bin=args.llama_cpp_bin,
+        warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin,
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
     target = load_target(args)

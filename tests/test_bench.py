@@ -1,0 +1,248 @@
+"""specstack bench: workloads validate, a tiny run writes every output, reports re-render, replay is exact."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from specstack.bench import replay, report, workloads
+from specstack.bench.workloads import WorkloadError
+from specstack.cli import main
+from specstack.commands.bench import preprocess_argv
+from specstack.paths import MODELS_DIR
+from specstack.types import Draft
+
+BUNDLED = ("code-complete", "code-grounded", "repetitive")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- workloads -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_workloads_load_and_fit_the_context(target, name):
+    wl = workloads.load(name)
+    assert name in workloads.bundled()
+    for r in wl.requests:
+        n = len(target.tokenize(r.prompt))
+        assert n <= 300, f"{r.id}: prompt has {n} tokens"
+        assert n + r.max_tokens <= 512, f"{r.id}: prompt + max_tokens exceeds the 512-token context"
+    if name == "repetitive":
+        assert all(len(u) >= 12 for u in wl.units()), "each group should be a sequence of 12+ requests"
+        assert all(r.group for r in wl.requests)
+    else:
+        assert 8 <= len(wl.requests) <= 12
+
+
+def test_bundled_workloads_come_only_from_held_out_files():
+    held_out = set((MODELS_DIR / "held_out.txt").read_text().split())
+    for name in BUNDLED:
+        for r in workloads.load(name).requests:
+            assert r.id.split(":")[0] in held_out, f"{name}: {r.id} is not from a held-out file"
+
+
+def test_groups_run_in_file_order_and_ungrouped_requests_alone():
+    lines = [
+        '{"prompt": "a", "category": "c", "max_tokens": 4, "group": "g"}',
+        '{"prompt": "b", "category": "c", "max_tokens": 4}',
+        "",
+        '{"prompt": "c", "category": "d", "max_tokens": 4, "group": "g", "id": "third"}',
+    ]
+    reqs = workloads.parse_lines(lines, "w.jsonl", "w")
+    wl = workloads.Workload("w", Path("w.jsonl"), tuple(reqs))
+    assert [[r.id for r in u] for u in wl.units()] == [["w:1", "third"], ["w:2"]]
+    assert wl.categories == ["c", "d"]
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"prompt": "x", "category": "c"}', "missing required field max_tokens"),
+        ('{"prompt": "x", "category": "c", "max_tokens": 0}', "'max_tokens' must be an integer >= 1"),
+        ('{"prompt": "x", "category": "c", "max_tokens": "16"}', "'max_tokens' must be an integer >= 1"),
+        ('{"prompt": "", "category": "c", "max_tokens": 8}', "'prompt' must be a non-empty string"),
+        ('{"prompt": "x", "category": "c", "max_tokens": 8, "max_token": 8}', "unknown field 'max_token'"),
+        ('{"prompt": "x", "category": "c", "max_tokens": 8, "id": "first"}', "duplicate id 'first' (first used on line 1)"),
+    ],
+)
+def test_bad_workload_line_names_file_line_and_problem(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok", "category": "c", "max_tokens": 8, "id": "first"}\n\n' + line + "\n")
+    with pytest.raises(WorkloadError) as exc:
+        workloads.load(path)
+    assert f"{path}:3:" in str(exc.value) and message in str(exc.value)
+
+
+def test_bad_workload_is_a_clear_cli_error(capsys, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "x", "category": "c", "max_tokens": -1}\n')
+    code, out, err = run_cli(capsys, "bench", "run", "--workload", str(path))
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"{path}:1: 'max_tokens' must be an integer >= 1" in err
+
+
+def test_unknown_workload_lists_the_bundled_ones(capsys):
+    code, _, err = run_cli(capsys, "bench", "run", "--workload", "nope")
+    assert code == 2 and "unknown workload 'nope'" in err and "code-grounded" in err
+
+
+def test_bench_without_subcommand_means_run():
+    assert preprocess_argv(["bench", "--workload", "x"]) == ["bench", "run", "--workload", "x"]
+    assert preprocess_argv(["bench", "report", "r.json"]) == ["bench", "report", "r.json"]
+    assert preprocess_argv(["bench", "--help"]) == ["bench", "--help"]
+    assert preprocess_argv(["generate", "-p", "x"]) == ["generate", "-p", "x"]
+
+
+# -- a tiny live run ---------------------------------------------------------------------------
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """2 prompts x (plain, prompt-lookup k=2), 16 tokens each, through the CLI."""
+    tmp = tmp_path_factory.mktemp("bench")
+    rows = [json.loads(line) for line in workloads.resolve("code-grounded").read_text().splitlines()[:2]]
+    wl = tmp / "tiny.jsonl"
+    wl.write_text("".join(json.dumps({**r, "max_tokens": 16}) + "\n" for r in rows))
+    out = tmp / "out"
+    argv = ["bench", "run", "--workload", str(wl), "--methods", "none,prompt-lookup", "--k", "2",
+            "--cost-max-n", "4", "--cost-reps", "1", "-o", str(out), "-q"]
+    if not _has_matplotlib():
+        argv.append("--no-plots")
+    code = main(argv)
+    return code, out
+
+
+def test_tiny_run_writes_json_csv_markdown_and_plots(tiny_run):
+    code, out = tiny_run
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {r["method"] for r in results["runs"]} == {"none", "prompt-lookup"}
+    assert len(results["runs"]) == 4 and not results["mismatches"]
+    assert all(r["identical"] for r in results["runs"] if r["method"] != "none")
+    assert all(r["output_ids"] and r["stats"]["steps"] for r in results["runs"])
+    assert all(q["prompt_ids"] for q in results["workload"]["requests"])
+    assert results["cost_curve"]["n"] == [1, 2, 3, 4]
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("method,k,temperature,category") and len(csv_lines) == 3
+    md = (out / "results.md").read_text()
+    assert "| prompt-lookup | 2 | 0 |" in md and "identical to plain decoding" in md
+    if not _has_matplotlib():
+        pytest.skip("matplotlib is not installed: the PNG plots were skipped")
+    for png in ("tokps_vs_k.png", "acceptance_by_position.png", "cost_curve.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_rerenders_the_same_markdown(capsys, tiny_run, tmp_path):
+    _, out = tiny_run
+    capsys.readouterr()
+    argv = ["bench", "report", str(out / "results.json"), "-o", str(tmp_path)]
+    code, stdout, _ = run_cli(capsys, *argv, *([] if _has_matplotlib() else ["--no-plots"]))
+    assert code == 0
+    assert stdout == (out / "results.md").read_text() == (tmp_path / "results.md").read_text()
+    assert (tmp_path / "results.csv").read_text() == (out / "results.csv").read_text()
+
+
+def test_mismatch_is_reported_in_the_tables(tiny_run):
+    _, out = tiny_run
+    results = json.loads((out / "results.json").read_text())
+    bad = copy.deepcopy(results)
+    run = next(r for r in bad["runs"] if r["method"] == "prompt-lookup")
+    run["identical"] = False
+    bad["mismatches"].append({"message": "MISMATCH: prompt-lookup k=2 on request x"})
+    md = report.render_markdown(bad)
+    assert "**1/2 MISMATCH**" in md and "differ from plain decoding: a bug" in md
+
+
+def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
+    _, out = tiny_run
+    results = report.load_results(out / "results.json")
+    live = {r["request"]: r["stats"] for r in results["runs"] if r["method"] == "prompt-lookup"}
+    got = replay.replay(results, ["prompt-lookup"], [2])
+    assert len(got["requests"]) == 2
+    for r in got["requests"]:
+        assert (r["n_drafted"], r["n_accepted"]) == (live[r["request"]]["n_drafted"], live[r["request"]]["n_accepted"])
+        assert r["steps"] == live[r["request"]]["steps"]
+    assert sum(r["n_accepted"] for r in got["requests"]) > 0, "nothing accepted: equality would prove nothing"
+    assert all(row["same_as_live"] for row in got["rows"])
+
+
+def test_replay_cli_prints_a_table(capsys, tiny_run):
+    _, out = tiny_run
+    code, stdout, _ = run_cli(capsys, "bench", "replay", str(out / "results.json"), "--methods", "prompt-lookup,suffix")
+    assert code == 0
+    assert "| prompt-lookup | 2 | all |" in stdout and "| suffix | 2 | all |" in stdout and "| yes |" in stdout
+
+
+# -- replay bookkeeping on literal tokens ----------------------------------------------------------
+
+
+class _Scripted:
+    """Proposes a fixed list of drafts in order; records what it observed."""
+
+    name = "scripted"
+
+    def __init__(self, drafts):
+        self.drafts, self.observed, self.ks = list(drafts), [], []
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, context_ids, max_tokens):
+        self.ks.append(max_tokens)
+        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name)
+
+    def observe(self, new_ids, num_accepted):
+        self.observed.append((list(new_ids), num_accepted))
+
+    def end(self):
+        pass
+
+
+def test_replay_accepts_the_matching_prefix_plus_one_target_token():
+    # Output [5, 6, 7, 8, 9]: draft [5, 6, 1] keeps 5, 6 and the target's 7; then [8, 9] is cut to
+    # k = min(3, tokens left - 1) = 1, so only 8 is drafted and 9 comes from the target.
+    d = _Scripted([[5, 6, 1], [8, 9]])
+    s = replay.replay_request(d, [1, 2], [5, 6, 7, 8, 9], k=3, max_tokens=5, capacity=511)
+    assert d.observed == [([5, 6, 7], 2), ([8, 9], 1)]
+    assert d.ks == [3, 1]
+    assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens) == (2, 4, 3, 5)
+    assert s.steps == [("scripted", 3, 2), ("scripted", 1, 1)]
+
+
+def test_replay_group_state_carries_over_to_the_next_request():
+    # Two requests with the same output: in one group, the suffix drafter's global tree has seen the
+    # first output when the second runs, so the second accepts more than when replayed alone.
+    prompt, output = list(range(100, 110)), [7, 3, 9, 4, 11, 5, 8, 2, 12, 6, 13, 1]
+
+    def results(groups):
+        reqs = [{"id": f"r{i}", "category": "c", "max_tokens": 12, "prompt_ids": prompt, "prompt": "", "group": g}
+                for i, g in enumerate(groups)]
+        runs = [{"request": f"r{i}", "category": "c", "method": "none", "k": 0, "temperature": 0.0, "repeat": 0,
+                 "output_ids": output, "stats": {}} for i in range(2)]
+        cfg = {"ks": [4], "drafter_options": {}, "target": {"path": "/nonexistent.gguf", "n_ctx": 512,
+                                                             "threads": 1, "n_vocab": 4096, "capacity": 511}}
+        return {"config": cfg, "runs": runs, "workload": {"name": "t", "requests": reqs}}
+
+    def second(groups):
+        out = replay.replay(results(groups), ["suffix"], [4])
+        return next(r for r in out["requests"] if r["request"] == "r1")["n_accepted"]
+
+    assert second(["g", "g"]) > second([None, None]) == 0
