@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -27,7 +28,7 @@ ALL = "all"
 PLAIN = "none"
 CSV_FIELDS = (
     "method", "k", "temperature", "category", "requests", "tokens", "decode_s", "tokens_per_second",
-    "speedup", "n_drafted", "n_accepted", "acceptance_rate", "n_steps", "mean_accepted_length",
+    "speedup", "median_speedup", "n_drafted", "n_accepted", "acceptance_rate", "n_steps", "mean_accepted_length",
     "draft_s", "verify_s", "other_s", "draft_share", "verify_share", "other_share", "identical", "compared",
 )
 
@@ -97,10 +98,20 @@ def aggregate(results: dict[str, Any]) -> list[dict[str, Any]]:
             if runs:
                 rows.append(_row(method, k, temp, cat, runs, compared.get((method, k, temp, cat))))
     base = {(r["temperature"], r["category"]): r["tokens_per_second"] for r in rows if r["method"] == PLAIN}
+    plain_tps = {(temp, req): _tps(run) for (m, _k, temp, req), run in reps.items() if m == PLAIN}
     for r in rows:
         b = base.get((r["temperature"], r["category"]))
         r["speedup"] = round(r["tokens_per_second"] / b, 4) if b else None
+        ratios = [_tps(run) / plain_tps[(t, req)] for (m, k, t, req), run in reps.items()
+                  if (m, k, t) == (r["method"], r["k"], r["temperature"]) and r["category"] in (ALL, run["category"])
+                  and plain_tps.get((t, req))]
+        r["median_speedup"] = round(statistics.median(ratios), 4) if ratios else None
     return rows
+
+
+def _tps(run: dict[str, Any]) -> float:
+    s = run["stats"]
+    return s["n_tokens"] / s["decode_s"] if s["decode_s"] > 0 else 0.0
 
 
 def _categories(results: dict[str, Any]) -> list[str]:
@@ -124,6 +135,7 @@ def _row(method: str, k: int, temp: float, cat: str, runs: list[dict[str, Any]],
         "method": method, "k": k, "temperature": temp, "category": cat, "requests": len(runs),
         "tokens": tokens, "decode_s": round(decode, 6),
         "tokens_per_second": round(tokens / decode, 3) if decode > 0 else 0.0, "speedup": None,
+        "median_speedup": None,
         "n_drafted": drafted, "n_accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
         "n_steps": steps, "mean_accepted_length": round(committed / steps, 4) if steps else None,
@@ -234,8 +246,9 @@ def _summary_rows(rows: list[dict[str, Any]], with_category: bool) -> list[list[
         cells = [r["method"], "-" if r["method"] == PLAIN else str(r["k"]), f"{r['temperature']:g}"]
         if with_category:
             cells.append(r["category"])
+        med = "-" if r["median_speedup"] is None else f"{r['median_speedup']:.2f}x"
         cells += [
-            _num(r["tokens_per_second"]), speed, _pct(r["acceptance_rate"]), _num(r["mean_accepted_length"], ".2f"),
+            _num(r["tokens_per_second"]), speed, med, _pct(r["acceptance_rate"]), _num(r["mean_accepted_length"], ".2f"),
             _pct(r["draft_share"]), _pct(r["verify_share"]), _pct(r["other_share"]), ident,
         ]
         out.append(cells)
@@ -267,12 +280,13 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results.get("interrupted"):
         parts += ["", "**Interrupted: partial results.**"]
     parts += ["", "## Summary (all requests)", ""]
-    head = ["method", "k", "temp", "tok/s", "speedup", "acceptance", "mean accepted length",
+    head = ["method", "k", "temp", "tok/s", "speedup", "median speedup", "acceptance", "mean accepted length",
             "draft", "verify", "other", "identical"]
     parts.append(_table(head, _summary_rows([r for r in rows if r["category"] == ALL], False)))
     parts.append("")
-    parts.append("tok/s: generated tokens / decode time (prefill excluded). draft / verify / other: shares of decode "
-                 "time. identical: speculative outputs equal to plain decoding, token for token (temperature 0 only).")
+    parts.append("tok/s: generated tokens / decode time (prefill excluded); speedup: tok/s over plain tok/s; median "
+                 "speedup: median over requests of each request's speedup (robust to one slow run on a noisy machine). "
+                 "draft / verify / other: shares of decode time. identical: speculative outputs equal to plain decoding, token for token (temperature 0 only).")
     if len(cats) > 1:
         parts += ["", "## By category", ""]
         by_cat = [r for r in rows if r["category"] != ALL]
