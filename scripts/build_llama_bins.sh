@@ -16,8 +16,8 @@ JOBS="${JOBS:-2}"
 NICE="${NICE:-10}"
 BIN_DIR="${CACHE_DIR}/bin"
 # llama-simple is plain generation without the chat machinery; llama-completion is the
-# non-interactive successor of llama-cli's completion mode in this tree.
-TARGETS=(llama-speculative-simple llama-speculative llama-lookup llama-simple llama-completion llama-cli llama-bench)
+# non-interactive completion tool (this tree has no llama-cli).
+TARGETS=(llama-speculative-simple llama-speculative llama-lookup llama-simple llama-completion llama-bench)
 
 log() { echo "build_llama_bins: $*" >&2; }
 

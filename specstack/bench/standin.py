@@ -7,11 +7,18 @@ acceptance comes from the real (small) trained model and cost comes from the big
 
 Why it is exact (d = source width, W = stand-in width; original coordinates come first):
 
-- Residual coordinates >= d start at zero (zero embedding columns) and stay zero, because every
-  weight that writes to them (attention output, FFN down rows) is zero there.
-- RMSNorm over W coordinates, d of them non-zero: mean_W(x^2) = (d/W) mean_d(x^2). With epsilon
-  scaled by d/W and the norm weight by sqrt(d/W), the normalised original coordinates are
-  unchanged. (Bit-exact when W/d is a power of 4; otherwise within an F32 ulp.)
+- The residual stream holds m copies of the source's d coordinates, then zeros: the embedding
+  columns are repeated m times and every weight that writes to the residual (attention output,
+  FFN down) has its rows repeated m times and zero rows after that. Zero coordinates stay zero.
+- RMSNorm over W coordinates: mean_W(x^2) = (m d / W) mean_d(x^2). With epsilon scaled by
+  c^2 = m d / W and the norm weight by c on the first copy (zero elsewhere), the normalised
+  coordinates the next matrices read are unchanged, and the other copies read as zeros.
+  m is the smallest count with W / (m d) a power of 4 (m = 1 when W/d is 1, 4, 16, ..; m = 2
+  for 2, 8, 32, ..; m = 3 for 3, 12, ..): then c is a power of two and every rescaling
+  is exact in floating point, so the stand-in's logits equal the source's bit for bit. With
+  m = 1 and W/d = 2 the norms would be off by an F32 ulp, which Q8_0 activation rounding
+  amplifies to logit differences of ~0.04 and real greedy flips. Widths that are not a whole
+  multiple of d fall back to m = 1, c = sqrt(d / W): close, not bit-exact.
 - Extra query heads have zero Wq rows, so they attend uniformly over values they never pass on
   (their Wo columns are zero). KV heads grow in the same ratio and original heads come first, so
   llama.cpp's grouped-query mapping (query head h reads KV head h // (n_head / n_head_kv)) still
@@ -90,6 +97,13 @@ class StandinPlan:
     out: LlamaShape
     layer_source: tuple[int, ...]
     layer_live: tuple[bool, ...]
+    copies: int  # m: copies of the source's residual coordinates
+    norm_scale: float  # c = sqrt(m d / W); norm weights are multiplied by c, epsilon by c^2
+
+    @property
+    def bit_exact(self) -> bool:
+        """True when c is a power of two, so the rescaled norms round exactly like the source's."""
+        return math.frexp(self.norm_scale)[0] == 0.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +134,17 @@ def live_layer_slots(n_src: int, n_out: int) -> list[int]:
         slots.append(pos)
         pos += 1
     return slots
+
+
+def residual_copies(d: int, width: int) -> int:
+    """m: how many copies of the d source coordinates to keep, so that width / (m d) is a power
+    of 4 (see the module docstring); 1 when width is not a whole multiple of d."""
+    if width % d:
+        return 1
+    ratio = width // d
+    while ratio % 4 == 0:
+        ratio //= 4
+    return ratio
 
 
 def plan_standin(src: LlamaShape, width: int, layers: int, ffn: int | None = None,
@@ -158,7 +183,9 @@ def plan_standin(src: LlamaShape, width: int, layers: int, ffn: int | None = Non
     live = [False] * layers
     for j, slot in enumerate(slots):
         source[slot], live[slot] = j, True
-    return StandinPlan(src=src, out=out, layer_source=tuple(source), layer_live=tuple(live))
+    m = residual_copies(src.n_embd, width)
+    return StandinPlan(src=src, out=out, layer_source=tuple(source), layer_live=tuple(live),
+                       copies=m, norm_scale=math.sqrt(m * src.n_embd / width))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,15 +231,21 @@ def read_shape(reader) -> LlamaShape:
 # Padding one tensor (pure numpy; arrays are [rows = out features, cols = in features])
 # ---------------------------------------------------------------------------------------------
 
-def _pad2(a: np.ndarray, rows: int, cols: int, dtype: np.dtype) -> np.ndarray:
+def _pad2(a: np.ndarray, rows: int, cols: int, dtype: np.dtype, *, row_copies: int = 1,
+          col_copies: int = 1) -> np.ndarray:
+    """Zero-pad ``a`` to [rows, cols], repeating it ``row_copies`` times down / ``col_copies`` across."""
     out = np.zeros((rows, cols), dtype=dtype)
-    out[: a.shape[0], : a.shape[1]] = a
+    r, c = a.shape
+    for i in range(row_copies):
+        for j in range(col_copies):
+            out[i * r:(i + 1) * r, j * c:(j + 1) * c] = a
     return out
 
 
-def _pad_norm(w: np.ndarray, width: int, d: int) -> np.ndarray:
-    out = np.zeros(width, dtype=np.float32)
-    out[:d] = (w.astype(np.float64) * math.sqrt(d / width)).astype(np.float32)
+def _pad_norm(w: np.ndarray, plan: StandinPlan) -> np.ndarray:
+    # Only the first copy is read: the matrices after a norm see the other copies as zeros.
+    out = np.zeros(plan.out.n_embd, dtype=np.float32)
+    out[: plan.src.n_embd] = (w.astype(np.float64) * plan.norm_scale).astype(np.float32)
     return out
 
 
@@ -220,7 +253,7 @@ def _layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, live: bool, dtype
     o, s = plan.out, plan.src
     q_dim, kv_dim = o.n_head * o.head_dim, o.n_head_kv * o.head_dim
     if kind in ("attn_norm", "ffn_norm"):
-        return _pad_norm(a, o.n_embd, s.n_embd)
+        return _pad_norm(a, plan)
     if kind in ("attn_output", "ffn_down") and not live:
         cols = q_dim if kind == "attn_output" else o.n_ff
         return np.zeros((o.n_embd, cols), dtype=dtype)
@@ -229,7 +262,8 @@ def _layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, live: bool, dtype
         "attn_output": (o.n_embd, q_dim), "ffn_gate": (o.n_ff, o.n_embd), "ffn_up": (o.n_ff, o.n_embd),
         "ffn_down": (o.n_embd, o.n_ff),
     }[kind]
-    return _pad2(a, rows, cols, dtype)
+    writes_residual = kind in ("attn_output", "ffn_down")
+    return _pad2(a, rows, cols, dtype, row_copies=plan.copies if writes_residual else 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,10 +299,12 @@ def _tensor_jobs(reader, plan: StandinPlan) -> Iterator[tuple[str, Callable[[], 
         raise UnsupportedModelError(f"source lacks tensors: {', '.join(missing[:5])}")
     f16 = np.dtype(np.float16)
 
-    def mat(name: str, rows: int, cols: int):
-        return lambda: _pad2(_as_float(by_name[name]), rows, cols, f16)
+    def mat(name: str, rows: int, cols: int, col_copies: int = 1):
+        return lambda: _pad2(_as_float(by_name[name]), rows, cols, f16, col_copies=col_copies)
 
-    yield "token_embd.weight", mat("token_embd.weight", o.n_vocab, o.n_embd)
+    # The embedding writes the residual (m copies); as the tied output it is read through the
+    # output norm, which zeroes all but the first copy.
+    yield "token_embd.weight", mat("token_embd.weight", o.n_vocab, o.n_embd, plan.copies)
     if "rope_freqs.weight" in by_name:
         yield "rope_freqs.weight", lambda: np.array(_as_float(by_name["rope_freqs.weight"]), dtype=np.float32)
     for i in range(o.n_layer):
@@ -279,7 +315,7 @@ def _tensor_jobs(reader, plan: StandinPlan) -> Iterator[tuple[str, Callable[[], 
             yield (f"blk.{i}.{kind}.weight",
                    (lambda src=src, kind=kind, live=live, dtype=dtype:
                     _layer_tensor(kind, _as_float(src), plan, live, dtype)))
-    yield "output_norm.weight", lambda: _pad_norm(_as_float(by_name["output_norm.weight"]), o.n_embd, s.n_embd)
+    yield "output_norm.weight", lambda: _pad_norm(_as_float(by_name["output_norm.weight"]), plan)
     if not s.tied_output:
         yield "output.weight", mat("output.weight", o.n_vocab, o.n_embd)
 
@@ -339,6 +375,7 @@ def _copy_metadata(reader, writer, plan: StandinPlan, eps: float) -> None:
             writer.add_key_value(f.name, f.contents(), vtype)
     src_name = _field(reader, "general.name") or "?"
     writer.add_key_value("specstack.standin.source", str(src_name), V.STRING)
+    writer.add_key_value("specstack.standin.residual_copies", plan.copies, V.UINT32)
     writer.add_key_value("specstack.standin.live_layers",
                          [i for i, live in enumerate(plan.layer_live) if live], V.ARRAY, sub_type=V.INT32)
 
@@ -371,7 +408,7 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
     eps_src = _field(reader, f"{_ARCH}.attention.layer_norm_rms_epsilon")
     if not isinstance(eps_src, float):
         raise UnsupportedModelError(f"source lacks {_ARCH}.attention.layer_norm_rms_epsilon")
-    eps = float(np.float32(eps_src) * np.float32(s.n_embd / o.n_embd))
+    eps = float(np.float32(eps_src) * np.float32(plan.copies * s.n_embd / o.n_embd))
 
     jobs = list(_tensor_jobs(reader, plan))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -503,5 +540,6 @@ def _cmd_make_standin(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {args.ftype}, {o.n_params / 1e6:.1f}M parameters "
           f"(source {s.n_params / 1e6:.2f}M), {size / 1e6:.1f} MB; width {o.n_embd}, {o.n_layer} layers, "
           f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
-          f"{[i for i, live in enumerate(plan.layer_live) if live]}")
+          f"{[i for i, live in enumerate(plan.layer_live) if live]}; "
+          f"{'bit-exact' if plan.bit_exact else 'not bit-exact (width is not a power-of-2 multiple of the source)'}")
     return 0
