@@ -91,6 +91,20 @@ def test_bad_workload_is_a_clear_cli_error(capsys, tmp_path):
     assert f"{path}:1: 'max_tokens' must be an integer >= 1" in err
 
 
+def test_unknown_method_is_refused_before_running(capsys, tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"prompt": "def f(x):\\n", "category": "c", "max_tokens": 4}\n')
+    code, out, err = run_cli(capsys, "bench", "run", "--workload", str(path), "--methods", "none,nope", "-o", str(tmp_path / "o"))
+    assert code == 2 and "unknown drafter 'nope'" in err and not (tmp_path / "o").exists()
+
+
+def test_request_too_long_for_the_context_is_refused(capsys, tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"prompt": "x = 1\\n", "category": "c", "max_tokens": 600}\n')
+    code, _, err = run_cli(capsys, "bench", "run", "--workload", str(path), "-o", str(tmp_path / "o"))
+    assert code == 2 and f"{path}:1:" in err and "lower max_tokens" in err
+
+
 def test_unknown_workload_lists_the_bundled_ones(capsys):
     code, _, err = run_cli(capsys, "bench", "run", "--workload", "nope")
     assert code == 2 and "unknown workload 'nope'" in err and "code-grounded" in err
@@ -116,13 +130,13 @@ def _has_matplotlib() -> bool:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """2 prompts x (plain, prompt-lookup k=2), 16 tokens each, through the CLI."""
+    """2 prompts x (plain, prompt-lookup k=2) x temperature (0, 0.7), 16 tokens each, through the CLI."""
     tmp = tmp_path_factory.mktemp("bench")
     rows = [json.loads(line) for line in workloads.resolve("code-grounded").read_text().splitlines()[:2]]
     wl = tmp / "tiny.jsonl"
     wl.write_text("".join(json.dumps({**r, "max_tokens": 16}) + "\n" for r in rows))
     out = tmp / "out"
-    argv = ["bench", "run", "--workload", str(wl), "--methods", "none,prompt-lookup", "--k", "2",
+    argv = ["bench", "run", "--workload", str(wl), "--methods", "none,prompt-lookup", "--k", "2", "--temp", "0,0.7",
             "--cost-max-n", "4", "--cost-reps", "1", "-o", str(out), "-q"]
     if not _has_matplotlib():
         argv.append("--no-plots")
@@ -135,15 +149,21 @@ def test_tiny_run_writes_json_csv_markdown_and_plots(tiny_run):
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in results["runs"]} == {"none", "prompt-lookup"}
-    assert len(results["runs"]) == 4 and not results["mismatches"]
-    assert all(r["identical"] for r in results["runs"] if r["method"] != "none")
+    assert len(results["runs"]) == 8 and not results["mismatches"]
+    greedy = [r for r in results["runs"] if r["temperature"] == 0]
+    assert all(r["identical"] for r in greedy if r["method"] != "none")
+    sampled = [r for r in results["runs"] if r["temperature"] > 0]
+    assert all(r["identical"] is None for r in sampled)
+    for req in {r["request"] for r in sampled}:  # one fixed seed per request, shared by every method
+        assert len({r["seed"] for r in sampled if r["request"] == req}) == 1
     assert all(r["output_ids"] and r["stats"]["steps"] for r in results["runs"])
     assert all(q["prompt_ids"] for q in results["workload"]["requests"])
     assert results["cost_curve"]["n"] == [1, 2, 3, 4]
     csv_lines = (out / "results.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("method,k,temperature,category") and len(csv_lines) == 3
+    assert csv_lines[0].startswith("method,k,temperature,category") and len(csv_lines) == 5
     md = (out / "results.md").read_text()
-    assert "| prompt-lookup | 2 | 0 |" in md and "identical to plain decoding" in md
+    assert "| prompt-lookup | 2 | 0 |" in md and "| prompt-lookup | 2 | 0.7 |" in md
+    assert "All 2 speculative outputs at temperature 0 are identical to plain decoding" in md
     if not _has_matplotlib():
         pytest.skip("matplotlib is not installed: the PNG plots were skipped")
     for png in ("tokps_vs_k.png", "acceptance_by_position.png", "cost_curve.png"):
@@ -164,7 +184,7 @@ def test_mismatch_is_reported_in_the_tables(tiny_run):
     _, out = tiny_run
     results = json.loads((out / "results.json").read_text())
     bad = copy.deepcopy(results)
-    run = next(r for r in bad["runs"] if r["method"] == "prompt-lookup")
+    run = next(r for r in bad["runs"] if r["method"] == "prompt-lookup" and r["temperature"] == 0)
     run["identical"] = False
     bad["mismatches"].append({"message": "MISMATCH: prompt-lookup k=2 on request x"})
     md = report.render_markdown(bad)
@@ -174,7 +194,7 @@ def test_mismatch_is_reported_in_the_tables(tiny_run):
 def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
     _, out = tiny_run
     results = report.load_results(out / "results.json")
-    live = {r["request"]: r["stats"] for r in results["runs"] if r["method"] == "prompt-lookup"}
+    live = {r["request"]: r["stats"] for r in results["runs"] if r["method"] == "prompt-lookup" and r["temperature"] == 0}
     got = replay.replay(results, ["prompt-lookup"], [2])
     assert len(got["requests"]) == 2
     for r in got["requests"]:
