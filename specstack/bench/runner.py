@@ -163,8 +163,7 @@ class _Tokenized:
     seed: int
 
 
-def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = None,
-              progress: bool = True) -> dict[str, Any]:
+def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) -> dict[str, Any]:
     """Run the whole benchmark; returns the results dict (see docs/bench.md for its fields)."""
     register_all_drafters()
     wl = config.workload
@@ -183,12 +182,11 @@ def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = Non
     # Fail on a bad method name or draft model before anything runs, and warm up: the first
     # evaluations allocate buffers and fault in weights, which would count against the first method.
     first = reqs[0]
-    for method, k in configs:
-        drafter = _build(method, target, config, config.temperatures[0], first.seed)
-        if config.warmup:
-            Engine(target, drafter).generate(first.prompt_ids, GenerationConfig(
-                max_tokens=min(8, first.request.max_tokens), k=max(k, 1),
-                sampling=SamplingParams(temperature=config.temperatures[0], seed=first.seed))).run()
+    drafters = {(m, k): _build(m, target, config, config.temperatures[0], first.seed) for m, k in configs}
+    if config.warmup:
+        for (method, k), drafter in drafters.items():
+            _generate(Engine(target, drafter), first, k, config.temperatures[0], config, max_tokens=8)
+    del drafters
 
     results: dict[str, Any] = {
         "version": RESULTS_VERSION,
@@ -214,31 +212,28 @@ def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = Non
         for rep in range(config.repeat):
             for temp in config.temperatures:
                 for unit in wl.units():
-                    first = by_id[unit[0].id]
-                    engines = {(m, k): Engine(target, _build(m, target, config, temp, first.seed)) for m, k in configs}
+                    # Fresh drafters per unit: cross-request state learns from this group only.
+                    seed = by_id[unit[0].id].seed
+                    engines = {(m, k): Engine(target, _build(m, target, config, temp, seed)) for m, k in configs}
                     for req in unit:
                         tok = by_id[req.id]
-                        plain_ids: list[int] | None = None
-                        for (method, k) in configs:
+                        plain_ids: list[int] = []
+                        for method, k in configs:  # interleaved: every configuration, then the next request
                             if bar:
                                 bar.update(0, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
-                            gen = engines[(method, k)].generate(tok.prompt_ids, GenerationConfig(
-                                max_tokens=req.max_tokens, k=max(k, 1), sampling=SamplingParams(
-                                    temperature=temp, top_k=config.top_k, top_p=config.top_p,
-                                    min_p=config.min_p, seed=tok.seed))).run()
+                            gen = _generate(engines[(method, k)], tok, k, temp, config)
                             identical = None
                             if method == PLAIN:
                                 plain_ids = gen.output_ids
                             elif temp == 0.0:
                                 identical = gen.output_ids == plain_ids
                                 if not identical:
-                                    mismatches.append(_report_mismatch(target, req, method, k, rep, plain_ids or [], gen.output_ids))
+                                    mismatches.append(_report_mismatch(target, req, method, k, rep, plain_ids, gen.output_ids))
                             runs.append(_run_record(req, method, k, temp, rep, tok.seed, gen, identical))
                             if bar:
                                 bar.update(req.max_tokens)
                         if peers is not None:
                             results["peers"].extend(peers.run_request(req, tok, temp, rep))
-                    del engines
     except KeyboardInterrupt:
         results["interrupted"] = True
         print("\nbench: interrupted; writing the runs finished so far", file=sys.stderr)
@@ -257,6 +252,15 @@ def run_bench(config: BenchConfig, target: LlamaModel, args_for_peers: Any = Non
     results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     # What is written is what a re-render reads: round-trip through JSON once.
     return json.loads(json.dumps(results))
+
+
+def _generate(engine: Engine, tok: _Tokenized, k: int, temp: float, config: BenchConfig,
+              max_tokens: int | None = None):
+    """One generation of one request; k=0 (plain) still needs a valid config value."""
+    sampling = SamplingParams(temperature=temp, top_k=config.top_k, top_p=config.top_p, min_p=config.min_p,
+                              seed=tok.seed)
+    n = tok.request.max_tokens if max_tokens is None else min(max_tokens, tok.request.max_tokens)
+    return engine.generate(tok.prompt_ids, GenerationConfig(max_tokens=n, k=max(k, 1), sampling=sampling)).run()
 
 
 def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int):
