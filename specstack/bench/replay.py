@@ -121,6 +121,9 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
     target = ReplayTarget(tpath if tpath.is_file() else None, tcfg["n_ctx"], tcfg["threads"],
                           tcfg["n_vocab"], tcfg["capacity"])
     opts = {**cfg.get("drafter_options", {}), **(options or {}), "seed": None}
+    if opts.pop("cache_path", None) is not None:
+        raise InvalidParameterError("cache_path is not allowed in a replay: a saved suffix tree would already hold "
+                                    "the outputs being replayed")
     plain = recorded_outputs(results)
     live = {(r["method"], int(r["k"]), r["request"]): r["stats"] for r in results["runs"]
             if float(r["temperature"]) == 0.0 and r["repeat"] == 0 and r["method"] != "none"}

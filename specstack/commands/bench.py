@@ -110,8 +110,13 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram (default 4)")
     g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: draft temperature (default: the target's)")
     g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting below this confidence")
+    g.add_argument("--suffix-factor", dest="max_spec_factor", type=float, default=None,
+                   help="suffix: cap a draft at this factor x the match length (default 1.0)")
+    g.add_argument("--min-token-prob", dest="min_token_prob", type=float, default=None,
+                   help="suffix/rest: stop a draft when its path probability falls below this")
+    g.add_argument("--datastore", type=Path, default=None, help="rest: datastore folder from `specstack datastore build`")
     g.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="any drafter config field, e.g. max_spec_factor=2 or datastore=DIR (repeatable)")
+                   help="any other drafter config field, e.g. max_depth=32 (repeatable)")
     c = r.add_argument_group("verification cost curve")
     c.add_argument("--no-cost-curve", dest="cost_curve", action="store_false", help="skip measuring t(n)")
     c.add_argument("--cost-max-n", type=int, default=32, help="largest batch measured (default 32)")
@@ -172,8 +177,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--llama-cpp-bin {args.llama_cpp_bin} is not a folder; build the binaries with "
                                     "scripts/build_llama_bins.sh, which prints the folder")
     options = {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
+    for key in ("max_spec_factor", "min_token_prob", "datastore"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
     options.setdefault("draft_model", DEFAULT_DRAFT)
     options.update(dict(args.extra_options))
+    if options.pop("cache_path", None) is not None:
+        raise InvalidParameterError("cache_path is not allowed in a benchmark: a suffix tree saved across runs would "
+                                    "already hold the outputs being measured (drafters are built fresh per group)")
     config = BenchConfig(
         workload=wl, methods=args.methods, ks=args.ks, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
