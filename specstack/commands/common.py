@@ -30,7 +30,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
     g = p.add_argument_group("speculation")
-    g.add_argument("--drafter", default=default, help=f"draft source: {', '.join(available())} (default: {default})")
+    g.add_argument("--drafter", default=default,
+                   help=f"draft source: {', '.join(n for n in available() if n != 'cascade')}, or an ordered fallback list "
+                   f"cascade:SRC,SRC,... such as cascade:prompt-lookup,suffix,draft-model (default: {default})")
+    g.add_argument("--cascade-min-len", dest="cascade_min_len", type=int, default=None,
+                   help="cascade: tokens a source must offer before later sources are skipped (default 3)")
     g.add_argument("--k-policy", choices=POLICIES, default="cost",
                    help="how k is chosen each step: cost (default: maximise expected tokens/s from measured costs and acceptance), "
                    "fixed (always -k), window (research controller), heuristic (+2/-1, as in transformers)")
@@ -40,6 +44,10 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram to match (default 4)")
     g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: sampling temperature of the draft (default: the target's); output stays the target's distribution")
     g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting when the draft's confidence is below this (default 0)")
+    g.add_argument("--suffix-factor", dest="max_spec_factor", type=float, default=None, help="suffix: cap a draft at this factor x the match length (default 1.0)")
+    g.add_argument("--suffix-cache", dest="cache_path", type=Path, default=None, help="suffix: file to load the global tree from and save it to, so it survives restarts")
+    g.add_argument("--min-token-prob", dest="min_token_prob", type=float, default=None, help="suffix/rest: stop a draft when its path probability falls below this")
+    g.add_argument("--datastore", type=Path, default=None, help="rest: datastore folder from `specstack datastore build`")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -79,6 +87,11 @@ def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
         "draft_temp": getattr(args, "draft_temp", None),
         "p_min": getattr(args, "p_min", None),
         "seed": getattr(args, "seed", None),
+        "max_spec_factor": getattr(args, "max_spec_factor", None),
+        "cache_path": getattr(args, "cache_path", None),
+        "min_token_prob": getattr(args, "min_token_prob", None),
+        "datastore": getattr(args, "datastore", None),
+        "cascade_min_len": getattr(args, "cascade_min_len", None),
     }
 
 

@@ -67,7 +67,14 @@ def available() -> list[str]:
 
 
 def create(name: str, ctx: BuildContext) -> Drafter:
-    """Build the drafter called ``name``; unknown names list the known ones."""
+    """Build the drafter called ``name``; unknown names list the known ones.
+
+    ``name:spec`` passes ``spec`` to the factory as ``options["spec"]``
+    (e.g. ``cascade:prompt-lookup,suffix,draft-model``).
+    """
+    if ":" in name:
+        name, spec = name.split(":", 1)
+        ctx = BuildContext(target=ctx.target, options={**ctx.options, "spec": spec}, temperature=ctx.temperature)
     try:
         factory = _REGISTRY[name]
     except KeyError:
