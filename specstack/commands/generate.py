@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=128, help="maximum new tokens (default 128)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + statistics) instead of streaming")
+    p.add_argument("--profile", type=Path, default=None, help="apply a profile from `specstack tune` (explicit flags still win)")
+    p.add_argument("--category", default=None, help="profile category to use (default: the profile's [default])")
     add_model_args(p)
     add_drafter_args(p)
     add_sampling_args(p)
@@ -41,7 +43,19 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise InvalidParameterError(f"cannot read prompt file {args.file}: {exc.strerror}") from None
 
 
+def apply_profile(args: argparse.Namespace, argv_flags: set[str]) -> None:
+    """Fill drafter / k policy / k from a profile unless given on the command line."""
+    from ..profile import load_profile
+
+    flags = {"drafter": ("--drafter",), "k_policy": ("--k-policy",), "k": ("-k", "--draft-max")}
+    for key, value in load_profile(args.profile, args.category).items():
+        if not any(f in argv_flags for f in flags[key]):
+            setattr(args, key, value)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.profile is not None:
+        apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
     target = load_target(args)

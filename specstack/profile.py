@@ -1,0 +1,53 @@
+"""Profiles: the best speculation settings per content type, written by ``specstack tune``.
+
+A profile is a small TOML file: a ``[default]`` table and one
+``[category.NAME]`` table per content type, each with ``drafter``,
+``k_policy`` and ``k``.  ``specstack generate --profile FILE [--category C]``
+applies it; flags given explicitly on the command line still win.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidParameterError
+
+SETTINGS = ("drafter", "k_policy", "k")
+
+
+def write_profile(path: Path, best: dict[str, dict[str, Any]], default: dict[str, Any], header: str) -> None:
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += ["", "[default]", *_table(default)]
+    for category, settings in best.items():
+        lines += ["", f'[category."{category}"]', *_table(settings)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _table(settings: dict[str, Any]) -> list[str]:
+    out = []
+    for key, value in settings.items():
+        out.append(f"{key} = {value!r}" if isinstance(value, (int, float)) else f'{key} = "{value}"')
+    return out
+
+
+def load_profile(path: Path, category: str | None = None) -> dict[str, Any]:
+    """Settings for ``category`` (falling back to [default]) from a profile file."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read profile {path}: {exc.strerror}; write one with `specstack tune -o {path}`") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidParameterError(f"profile {path} is not valid TOML ({exc}); rewrite it with `specstack tune`") from None
+    settings = dict(data.get("default", {}))
+    if category is not None:
+        cats = data.get("category", {})
+        if category not in cats:
+            known = ", ".join(cats) or "none"
+            raise InvalidParameterError(f"profile {path} has no category {category!r} (it has: {known})")
+        settings.update(cats[category])
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        raise InvalidParameterError(f"profile {path} has unknown settings: {', '.join(sorted(unknown))}")
+    return settings
