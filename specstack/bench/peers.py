@@ -1,0 +1,282 @@
+"""llama.cpp's own binaries as benchmark peers: plain generation, speculative-simple and lookup.
+
+The binaries come from ``scripts/build_llama_bins.sh``, built from the llama.cpp tree vendored in
+the same llama-cpp-python release specstack runs on. Each runner takes (model, draft, prompt,
+n_predict, threads, k), runs one binary greedily (``--temp 0 --top-k 1``), and parses its log
+into a dict with the keys in ``RESULT_KEYS``. Parsing is kept in pure functions
+(``parse_speculative_simple``, ``parse_lookup``, ``parse_plain``, ``parse_llama_bench``) so it is
+testable on captured outputs without the binaries.
+
+Units: ``tok_per_s`` is the decode rate each binary reports itself. For speculative-simple and
+lookup that is generated tokens / decode-loop seconds (drafting included, prompt excluded); for
+plain generation it is llama.cpp's "eval time" rate (one token per run, prompt excluded).
+``acceptance`` is accepted / drafted tokens, None when nothing was drafted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import InvalidParameterError, SpecstackError
+
+RESULT_KEYS = ("method", "tok_per_s", "n_drafted", "n_accepted", "acceptance", "n_predicted", "raw")
+
+# Draftless n-gram drafters of llama-speculative-simple (``--spec-type``), with the flag that
+# caps their draft length; ngram-cache's draft length is fixed at 8 in this llama.cpp.
+NGRAM_SPEC_TYPES: dict[str, tuple[str, ...]] = {
+    "ngram-simple": ("--spec-ngram-simple-size-m",),
+    "ngram-map-k": ("--spec-ngram-map-k-size-m",),
+    "ngram-map-k4v": ("--spec-ngram-map-k4v-size-m",),
+    "ngram-mod": ("--spec-ngram-mod-n-max",),
+    "ngram-cache": (),
+}
+NGRAM_CACHE_DRAFT = 8
+# ngram-mod only drafts when it can fill n_min tokens; llama.cpp's defaults are 48 of 64.
+NGRAM_MOD_MIN_FRACTION = 48 / 64
+
+PEER_METHODS: tuple[str, ...] = (
+    "llama-plain",
+    "llama-draft-simple",
+    *(f"llama-{t}" for t in NGRAM_SPEC_TYPES),
+    "llama-lookup",
+)
+
+DEFAULT_BIN_DIR = Path.home() / ".cache" / "specstack" / "llama-bins" / "bin"
+BIN_DIR_ENV = "SPECSTACK_LLAMA_BINS"
+
+
+class PeerError(SpecstackError):
+    """A llama.cpp peer binary is missing, failed, or printed something we cannot parse."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing (pure)
+# ---------------------------------------------------------------------------------------------
+
+_NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf|[-+]?nan)"
+
+
+def _float(s: str) -> float:
+    return float(s)  # float() reads "inf", "-nan" and friends too
+
+
+def _find(pattern: str, text: str, what: str) -> re.Match[str]:
+    m = re.search(pattern, text, re.MULTILINE)
+    if m is None:
+        raise PeerError(f"could not find {what} in the peer's output; last lines:\n{_tail(text)}")
+    return m
+
+
+def _find_int(key: str, text: str) -> int:
+    # Lines look like "0.01.044.701 I n_drafted = 170" (timestamp and level prefix optional).
+    return int(_find(rf"\b{key}\s*=\s*(\d+)\s*$", text, f"'{key} = N'").group(1))
+
+
+def _tail(text: str, n: int = 12) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def _result(method: str | None, tok_per_s: float, n_drafted: int, n_accepted: int, n_predicted: int,
+            raw: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "method": method,
+        "tok_per_s": tok_per_s,
+        "n_drafted": n_drafted,
+        "n_accepted": n_accepted,
+        "acceptance": n_accepted / n_drafted if n_drafted else None,
+        "n_predicted": n_predicted,
+        "raw": raw,
+        **extra,
+    }
+
+
+def _parse_spec_log(text: str, method: str | None) -> dict[str, Any]:
+    enc = _find(rf"encoded\s+(\d+) tokens in\s+{_NUM} seconds, speed:\s+{_NUM} t/s", text, "'encoded ... t/s'")
+    dec = _find(rf"decoded\s+(\d+) tokens in\s+{_NUM} seconds, speed:\s+{_NUM} t/s", text, "'decoded ... t/s'")
+    n_predicted = _find_int("n_predict", text)
+    return _result(
+        method,
+        tok_per_s=_float(dec.group(3)),
+        n_drafted=_find_int("n_drafted", text),
+        n_accepted=_find_int("n_accept", text),
+        n_predicted=n_predicted,
+        raw=text,
+        k=_find_int("n_draft", text),
+        decode_s=_float(dec.group(2)),
+        prompt_tokens=int(enc.group(1)),
+        prompt_tok_per_s=_float(enc.group(3)),
+    )
+
+
+def parse_speculative_simple(text: str, method: str | None = "llama-speculative-simple") -> dict[str, Any]:
+    """Parse the log (stderr) of ``llama-speculative-simple``.
+
+    ``k`` is the binary's ``n_draft`` line, i.e. ``--spec-draft-n-max``; the n-gram types cap
+    their drafts with their own flags (see ``NGRAM_SPEC_TYPES``).
+    """
+    return _parse_spec_log(text, method)
+
+
+def parse_lookup(text: str, method: str | None = "llama-lookup") -> dict[str, Any]:
+    """Parse the log (stderr) of ``llama-lookup``: the same summary plus drafting time."""
+    out = _parse_spec_log(text, method)
+    m = re.search(rf"\bt_draft\s*=\s*{_NUM} ms", text)
+    out["draft_ms"] = _float(m.group(1)) if m else None
+    return out
+
+
+def parse_plain(text: str, method: str | None = "llama-plain") -> dict[str, Any]:
+    """Parse the log of plain generation: ``llama-completion`` or ``llama-simple``.
+
+    Both end with llama.cpp's perf summary, whose ``eval time`` line counts one run per generated
+    token after the first (the first comes from the prompt's logits).
+    """
+    m = _find(rf"(?<!prompt )eval time =\s*{_NUM} ms /\s*(\d+) (?:runs|tokens)\s*\(\s*{_NUM} ms per token,"
+              rf"\s*{_NUM} tokens per second\)", text, "the 'eval time' perf line")
+    runs = int(m.group(2))
+    p = re.search(rf"prompt eval time =\s*{_NUM} ms /\s*(\d+) tokens", text)
+    return _result(
+        method,
+        tok_per_s=_float(m.group(4)),
+        n_drafted=0,
+        n_accepted=0,
+        n_predicted=runs + 1,
+        raw=text,
+        decode_s=_float(m.group(1)) / 1000,
+        prompt_tokens=int(p.group(2)) if p else None,
+    )
+
+
+def parse_llama_bench(text: str, method: str | None = "llama-bench-tg") -> dict[str, Any]:
+    """Parse ``llama-bench -o jsonl`` output: the token-generation test's mean rate."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    tg = [r for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    if not tg:
+        raise PeerError(f"no token-generation row in llama-bench output; last lines:\n{_tail(text)}")
+    r = tg[-1]
+    return _result(method, tok_per_s=float(r["avg_ts"]), n_drafted=0, n_accepted=0,
+                   n_predicted=int(r["n_gen"]), raw=text, stddev_tok_per_s=float(r.get("stddev_ts", math.nan)),
+                   repetitions=len(r.get("samples_ts", [])))
+
+
+def generated_text(stdout: str, prompt: str) -> str:
+    """The generated part of a binary's stdout (everything after the echoed prompt)."""
+    i = stdout.find(prompt)
+    out = stdout[i + len(prompt):] if i >= 0 else stdout
+    return out.rstrip("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+def bin_dir(path: Path | str | None = None) -> Path:
+    """Where the peer binaries live: ``path``, else $SPECSTACK_LLAMA_BINS, else the build cache."""
+    d = Path(path or os.environ.get(BIN_DIR_ENV) or DEFAULT_BIN_DIR)
+    if not (d / "llama-speculative-simple").exists():
+        raise PeerError(f"llama.cpp peer binaries not found in {d}; build them with "
+                        f"scripts/build_llama_bins.sh (about 8 minutes on 2 cores) or set ${BIN_DIR_ENV}")
+    return d
+
+
+def _common(model: Path, prompt_file: Path, n_predict: int, threads: int, ctx: int, seed: int) -> list[str]:
+    # --no-escape: prompts are code, whose "\n" inside string literals must stay two characters.
+    return ["-m", str(model), "-f", str(prompt_file), "--no-escape", "-n", str(n_predict), "-t", str(threads),
+            "-c", str(ctx), "--temp", "0", "--top-k", "1", "--seed", str(seed)]
+
+
+def peer_command(method: str, model: Path | str, prompt_file: Path | str, *, draft: Path | str | None = None,
+                 n_predict: int = 128, threads: int = 2, k: int = 4, ctx: int = 512, seed: int = 1,
+                 bins: Path | str | None = None) -> list[str]:
+    """The argv that runs ``method`` (one of ``PEER_METHODS``)."""
+    if method not in PEER_METHODS:
+        raise InvalidParameterError(f"unknown peer method {method!r}; choose one of {', '.join(PEER_METHODS)}")
+    if k < 1:
+        raise InvalidParameterError(f"k must be at least 1, got {k}")
+    b = bin_dir(bins)
+    common = _common(Path(model), Path(prompt_file), n_predict, threads, ctx, seed)
+    if method == "llama-plain":
+        return [str(b / "llama-completion"), *common, "-no-cnv", "--no-display-prompt"]
+    if method == "llama-lookup":
+        return [str(b / "llama-lookup"), *common, "--spec-draft-n-max", str(k)]
+    spec = [str(b / "llama-speculative-simple"), *common, "--spec-draft-n-max", str(k)]
+    if method == "llama-draft-simple":
+        if draft is None:
+            raise InvalidParameterError("llama-draft-simple needs a draft model")
+        return [*spec, "--spec-type", "draft-simple", "-md", str(draft)]
+    spec_type = method.removeprefix("llama-")
+    args = [*spec, "--spec-type", spec_type]
+    for flag in NGRAM_SPEC_TYPES[spec_type]:
+        args += [flag, str(k)]
+    if spec_type == "ngram-mod":
+        args += ["--spec-ngram-mod-n-min", str(max(1, math.ceil(k * NGRAM_MOD_MIN_FRACTION)))]
+    return args
+
+
+_PARSERS: dict[str, Callable[[str, str | None], dict[str, Any]]] = {
+    "llama-plain": parse_plain,
+    "llama-lookup": parse_lookup,
+}
+
+
+def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str | None = None,
+             n_predict: int = 128, threads: int = 2, k: int = 4, ctx: int = 512, seed: int = 1,
+             bins: Path | str | None = None, timeout: float = 600,
+             extra_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one peer greedily on ``prompt`` and return its parsed result.
+
+    Besides ``RESULT_KEYS`` the dict holds ``command``, ``k`` (the effective draft cap), and
+    ``text`` (the generated text, to check that every method produced the same output).
+    """
+    with tempfile.TemporaryDirectory(prefix="specstack-peer-") as tmp:
+        prompt_file = Path(tmp) / "prompt.txt"
+        # llama.cpp's -f drops one trailing newline; add one so the prompt arrives unchanged.
+        prompt_file.write_text(prompt + "\n", encoding="utf-8")
+        cmd = [*peer_command(method, model, prompt_file, draft=draft, n_predict=n_predict, threads=threads,
+                             k=k, ctx=ctx, seed=seed, bins=bins), *extra_args]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise PeerError(f"{method} did not finish within {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        raise PeerError(f"{method} exited with status {proc.returncode}: {' '.join(cmd)}\n{_tail(proc.stderr)}")
+    result = _PARSERS.get(method, parse_speculative_simple)(proc.stderr, method)
+    result["command"] = cmd
+    result["text"] = generated_text(proc.stdout, prompt)
+    if method == "llama-plain":
+        result["k"] = 0
+    elif method == "llama-ngram-cache":
+        result["k"] = NGRAM_CACHE_DRAFT
+    return result
+
+
+def run_llama_bench(model: Path | str, *, n_gen: int = 128, threads: int = 2, repetitions: int = 3,
+                    bins: Path | str | None = None, timeout: float = 600) -> dict[str, Any]:
+    """Plain decode rate from ``llama-bench`` (no prompt, ``repetitions`` runs averaged)."""
+    cmd = [str(bin_dir(bins) / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(n_gen),
+           "-t", str(threads), "-r", str(repetitions), "-o", "jsonl"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise PeerError(f"llama-bench did not finish within {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        raise PeerError(f"llama-bench exited with status {proc.returncode}\n{_tail(proc.stderr)}")
+    result = parse_llama_bench(proc.stdout)
+    result["command"] = cmd
+    return result
