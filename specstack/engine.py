@@ -23,8 +23,8 @@ from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
 from .sampling import SamplingParams, target_probs
 from .target import LlamaModel
-from .types import Draft
-from .verify import verify_greedy, verify_sampling
+from .types import Draft, VerifyResult
+from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 
 # Verification batches stay within 63 tokens: in this llama.cpp build batches
@@ -177,16 +177,9 @@ class Engine:
                 t0 = time.perf_counter()
                 draft = drafter.propose(context, k) if k > 0 else Draft.empty(drafter.name)
                 if draft.token_ids:
-                    draft = draft.truncated(min(k, gen.policy.trim(draft.source, len(draft))))
+                    draft = self._fit(draft, min(k, gen.policy.trim(draft.source, len(draft))), sampling)
                 t1 = time.perf_counter()
-
-                n_past = target.n_past
-                logits = target.eval([context[-1], *draft.token_ids], logits_from=0)  # [k+1, V]
-                if sampling.greedy:
-                    result = verify_greedy(draft.token_ids, logits.argmax(axis=1).tolist())
-                else:
-                    result = verify_sampling(draft.token_ids, draft.q, target_probs(logits, sampling), rng)
-                target.truncate(n_past + 1 + result.num_accepted)
+                result = self._verify(context[-1], draft, sampling, rng, stats)
                 t2 = time.perf_counter()
 
                 stats.record_step(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1)
@@ -203,6 +196,40 @@ class Engine:
             drafter.end()
             stats.n_tokens = len(gen.output_ids)
             stats.total_s = time.perf_counter() - t_start
+
+    def _fit(self, draft: Draft, budget: int, sampling: SamplingParams) -> Draft:
+        """Cut a draft to the token budget; a tree also to the branches the target can hold.
+
+        Trees are verified only greedily; with sampling the best branch is
+        verified as a chain (deterministic, so rejection sampling stays exact).
+        """
+        if draft.is_tree and (not sampling.greedy or self.target.n_seq_max < 2):
+            draft = draft.best_chain()
+        draft = draft.truncated(budget)
+        while draft.is_tree and draft.branches() > self.target.n_seq_max:
+            draft = draft.truncated(len(draft) - 1)  # nodes are listed parents first
+        return draft.depth_first()
+
+    def _verify(self, pending: int, draft: Draft, sampling: SamplingParams, rng: np.random.Generator, stats: GenerationStats) -> VerifyResult:
+        """One target batch over ``[pending] + draft``; keep the accepted tokens in the KV cache."""
+        target = self.target
+        n_past = target.n_past
+        if draft.is_tree:
+            parents = [-1] + [p + 1 for p in draft.parents]  # rows: 0 = pending, i+1 = node i
+            logits = target.eval_tree([pending, *draft.token_ids], parents)  # [n+1, V]
+            result, path = verify_tree_greedy(draft.token_ids, draft.parents, logits.argmax(axis=1).tolist())
+            before = target.tree_relayouts
+            target.commit_tree([0] + [i + 1 for i in path])
+            stats.n_tree_steps += 1
+            stats.n_tree_relayouts += target.tree_relayouts - before
+            return result
+        logits = target.eval([pending, *draft.token_ids], logits_from=0)  # [k+1, V]
+        if sampling.greedy:
+            result = verify_greedy(draft.token_ids, logits.argmax(axis=1).tolist())
+        else:
+            result = verify_sampling(draft.token_ids, draft.q, target_probs(logits, sampling), rng)
+        target.truncate(n_past + 1 + result.num_accepted)
+        return result
 
     def _commit(self, gen: Generation, context: list[int], stop_text: _StopText, token_ids: Sequence[int]) -> list[int]:
         """Append verified tokens one by one, ending at EOS, a stop string or max_tokens."""

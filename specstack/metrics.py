@@ -37,6 +37,8 @@ class GenerationStats:
     n_drafted: int = 0
     n_accepted: int = 0
     n_committed: int = 0  # tokens produced by steps, before any cut by a stop condition
+    n_tree_steps: int = 0  # steps that verified a multi-branch tree
+    n_tree_relayouts: int = 0  # of those, steps whose winning branch was re-decoded (extra batch)
     stop_reason: str = ""
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -118,6 +120,8 @@ class GenerationStats:
                 }
                 for name, s in self.by_source.items()
             },
+            "tree_steps": self.n_tree_steps,
+            "tree_relayouts": self.n_tree_relayouts,
             "stop_reason": self.stop_reason,
             "time_s": {
                 "prefill": round(self.prefill_s, 6),

@@ -98,6 +98,10 @@ class ModelConfig:
     # (up to ~0.005) for a batch of 1, which flipped 4 of 2400 greedy argmaxes.
     # With min_batch=2, plain and speculative decoding compute identically.
     min_batch: int = 2
+    # Branches a tree draft may have (llama.cpp sequences).  Measured: a
+    # unified KV cache with several sequences gives bit-identical chain
+    # logits to a single-sequence context, so exactness is unaffected.
+    n_seq_max: int = 1
     kv_overrides: tuple[tuple[str, int], ...] = ()
 
 
@@ -139,9 +143,11 @@ class LlamaModel:
         self.min_batch = max(1, min(config.min_batch, self._batch_cap))
         # Positions usable by real tokens: padding needs min_batch - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)
-        self._batch = lc.llama_batch_init(self._batch_cap, 0, 1)
+        self.n_seq_max = max(1, config.n_seq_max)
+        self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max)
         self._init_batch_views()
         self.n_past = 0
+        self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
         self._piece_cache: dict[int, bytes] = {}
         self.bos_id = int(lc.llama_vocab_bos(self._vocab))
         self.eos_id = int(lc.llama_vocab_eos(self._vocab))
@@ -184,7 +190,8 @@ class LlamaModel:
         params.n_ctx = self.config.n_ctx or self.n_ctx_train
         params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = self.n_threads
-        params.n_seq_max = 1
+        params.n_seq_max = max(1, self.config.n_seq_max)
+        params.kv_unified = True  # tree branches share the cached prefix
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
@@ -314,6 +321,87 @@ class LlamaModel:
                 "the KV cache may be full: use a larger --ctx-size or a shorter prompt"
             )
         self.n_past += m
+
+    # -- tree batches ------------------------------------------------------
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Evaluate a token tree in one batch; return logits for every node, [n, V].
+
+        ``tokens[0]`` is the root (the pending token, at position n_past);
+        ``parents[i] < i`` is node i's parent (``parents[0] == -1``).  Each
+        root-to-leaf branch is one llama.cpp sequence; a node belongs to the
+        sequences of every branch through it, and the cached prefix is first
+        shared with all of them (``seq_cp``).  Call ``commit_tree`` next.
+        """
+        n = len(tokens)
+        if n < 2 or n > self._batch_cap or self.n_past + n > self.capacity:
+            raise ValueError(f"tree of {n} tokens does not fit (batch {self._batch_cap}, context {self.capacity - self.n_past} left)")
+        depth = [0] * n
+        has_child = [False] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+            has_child[parents[i]] = True
+        leaves = [i for i in range(n) if not has_child[i]]
+        if len(leaves) > self.n_seq_max:
+            raise ValueError(f"tree has {len(leaves)} branches but the context allows {self.n_seq_max}")
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        for s, leaf in enumerate(leaves):
+            i = leaf
+            while i >= 0:
+                seqs[i].append(s)
+                i = parents[i]
+        mem, lc, b = self._mem, self._lc, self._batch
+        for s in range(1, len(leaves)):
+            lc.llama_memory_seq_cp(mem, 0, s, -1, -1)
+        start = self.n_past
+        self._b_token[:n] = tokens
+        self._b_pos[:n] = [start + d for d in depth]
+        self._b_logits[:n] = 1
+        for i in range(n):
+            b.n_seq_id[i] = len(seqs[i])
+            for j, s in enumerate(seqs[i]):
+                b.seq_id[i][j] = s
+        b.n_tokens = n
+        rc = lc.llama_decode(self._ctx, b)
+        self._tree = (start, seqs, len(leaves))
+        self._tree_tokens = list(tokens)
+        if rc != 0:
+            self.commit_tree([0])
+            raise ContextOverflowError(f"llama_decode failed (code {rc}) on a tree of {n} tokens")
+        self.n_past = start + max(depth) + 1
+        return np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n, self.n_vocab))
+
+    def commit_tree(self, path: Sequence[int]) -> None:
+        """Keep only the KV entries of ``path`` (node indices from the root, ``path[0] == 0``).
+
+        Attention sums over KV cells in cell order, so the cache must end up
+        laid out as if the path had been decoded as a chain, or later logits
+        drift (~1e-3) from plain decoding.  Nodes occupy cells in batch
+        order: a path ``0, 1, ..., m`` (the first depth-first branch, which
+        drafters make the most likely one) is already contiguous.  Any other
+        path is re-decoded as a chain, costing one extra batch.
+        """
+        start, seqs, n_branches = self._tree
+        self._tree = None
+        self._restore_batch(len(seqs))
+        mem, lc = self._mem, self._lc
+        for s in range(1, n_branches):
+            lc.llama_memory_seq_rm(mem, s, -1, -1)
+        self.n_past = max(self.n_past, start + len(path))
+        if list(path) == list(range(len(path))):
+            self.truncate(start + len(path))
+            return
+        tokens = [self._tree_tokens[i] for i in path]
+        self.truncate(start)
+        self.tree_relayouts += 1
+        self.eval(tokens, logits_from=len(tokens))
+
+    def _restore_batch(self, n: int) -> None:
+        """Back to the single-sequence layout that eval() assumes."""
+        b = self._batch
+        for i in range(n):
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
 
     # -- vocabulary --------------------------------------------------------
 

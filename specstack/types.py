@@ -42,6 +42,54 @@ class Draft:
             parents=None if self.parents is None else self.parents[:n],
         )
 
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
+
+    def best_chain(self) -> "Draft":
+        """The first root-to-leaf path of a tree (drafters list the best child first)."""
+        if not self.is_tree:
+            return Draft(self.token_ids, self.source, self.q)
+        ids, node = [], -1
+        while True:
+            nxt = next((i for i, p in enumerate(self.parents) if p == node), None)
+            if nxt is None:
+                break
+            ids.append(self.token_ids[nxt])
+            node = nxt
+        return Draft(tuple(ids), self.source)
+
+    def depth_first(self) -> "Draft":
+        """The same tree with nodes renumbered depth-first, children in their listed order.
+
+        Drafters list the best child first, so the first branch becomes nodes
+        0, 1, 2, ...: the layout tree verification can keep without re-decoding.
+        """
+        if not self.is_tree:
+            return self
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            children.setdefault(p, []).append(i)
+        order: list[int] = []
+        stack = list(reversed(children.get(-1, [])))
+        while stack:
+            i = stack.pop()
+            order.append(i)
+            stack.extend(reversed(children.get(i, [])))
+        new_index = {old: new for new, old in enumerate(order)}
+        return Draft(
+            token_ids=tuple(self.token_ids[i] for i in order),
+            source=self.source,
+            parents=tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in order),
+        )
+
+    def branches(self) -> int:
+        """Number of root-to-leaf paths (llama.cpp sequences needed to verify it)."""
+        if not self.is_tree:
+            return 1
+        has_child = set(self.parents)
+        return sum(1 for i in range(len(self.token_ids)) if i not in has_child)
+
     @staticmethod
     def empty(source: str) -> "Draft":
         return Draft(token_ids=(), source=source)

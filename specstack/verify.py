@@ -100,3 +100,30 @@ def _residual(p_row: np.ndarray, q_row: np.ndarray | None, x: int) -> np.ndarray
     if not residual.sum() > 0.0:
         return p_row
     return residual
+
+
+def verify_tree_greedy(
+    token_ids: Sequence[int], parents: Sequence[int], target_argmax: Sequence[int]
+) -> tuple[VerifyResult, list[int]]:
+    """Greedy verification of a token tree: follow the target's argmax down the tree.
+
+    Rows of ``target_argmax``: row 0 is the root (the pending token), row
+    i+1 is draft node i, whose parent is ``parents[i]`` (-1 = the root).
+    Returns the result and the accepted node indices, root to tip, which is
+    the longest path the target agrees with.
+
+    >>> verify_tree_greedy([5, 6, 7], [-1, -1, 0], [6, 9, 1, 2])[0].token_ids
+    (6, 1)
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (tok, par) in enumerate(zip(token_ids, parents)):
+        children.setdefault(par + 1, {}).setdefault(int(tok), i + 1)
+    row, path = 0, []
+    while True:
+        nxt = children.get(row, {}).get(int(target_argmax[row]))
+        if nxt is None:
+            break
+        path.append(nxt - 1)
+        row = nxt
+    tokens = tuple(int(token_ids[i]) for i in path) + (int(target_argmax[row]),)
+    return VerifyResult(token_ids=tokens, num_accepted=len(path)), path

@@ -48,6 +48,10 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     g.add_argument("--suffix-cache", dest="cache_path", type=Path, default=None, help="suffix: file to load the global tree from and save it to, so it survives restarts")
     g.add_argument("--min-token-prob", dest="min_token_prob", type=float, default=None, help="suffix/rest: stop a draft when its path probability falls below this")
     g.add_argument("--datastore", type=Path, default=None, help="rest: datastore folder from `specstack datastore build`")
+    g.add_argument("--tree", action="store_true", default=None,
+                   help="suffix/rest: draft token trees and verify all branches in one batch (greedy only; "
+                   "with sampling the best branch is verified)")
+    g.add_argument("--tree-branches", type=int, default=8, help="most branches a tree draft may have (default 8)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +69,8 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def load_target(args: argparse.Namespace) -> LlamaModel:
     set_verbose(getattr(args, "verbose", False))
-    return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads), role="target")
+    branches = getattr(args, "tree_branches", 8) if getattr(args, "tree", None) else 1
+    return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_seq_max=branches), role="target")
 
 
 def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
@@ -92,6 +97,7 @@ def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
         "min_token_prob": getattr(args, "min_token_prob", None),
         "datastore": getattr(args, "datastore", None),
         "cascade_min_len": getattr(args, "cascade_min_len", None),
+        "tree": getattr(args, "tree", None),
     }
 
 

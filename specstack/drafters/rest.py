@@ -38,6 +38,7 @@ class RestConfig:
     min_match: int = 2
     max_candidates: int = 1024
     min_token_prob: float = 0.2
+    tree: bool = False  # propose candidate trees (verified in one batch) instead of one chain
 
     def __post_init__(self) -> None:
         if not self.datastore:
@@ -77,6 +78,8 @@ class RestDrafter:
 
     def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
         c = self.config
+        if c.tree:
+            return self.propose_tree(context_ids, max_tokens)
         r = self.store.retrieve(
             context_ids[-c.max_match :], max_tokens, c.max_match, c.min_match, c.max_candidates, c.min_token_prob
         )

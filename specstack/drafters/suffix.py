@@ -44,6 +44,7 @@ class SuffixConfig:
     global_budget_tokens: int = 250_000
     global_prompts: bool = False
     cache_path: str | None = None
+    tree: bool = False  # propose best-first trees (verified in one batch) instead of one chain
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
@@ -100,6 +101,8 @@ class SuffixDrafter:
         self._matcher = SuffixMatcher(self.global_tree, self._prompt)
 
     def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        if self.config.tree:
+            return self.propose_tree(context_ids, max_tokens)
         best = self.speculate(context_ids, max_tokens)
         if not best.token_ids:
             return Draft.empty(self.name)

@@ -1,0 +1,151 @@
+"""Tree drafts: greedy tree verification, KV bookkeeping, and losslessness on the real pair."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specstack.cli import main
+from specstack.drafters import BuildContext, create
+from specstack.engine import Engine, GenerationConfig
+from specstack.paths import DEFAULT_TARGET
+from specstack.prompts import held_out_prompts
+from specstack.target import LlamaModel, ModelConfig
+from specstack.types import Draft
+from specstack.verify import verify_tree_greedy
+
+
+def test_tree_greedy_takes_the_longest_accepted_path():
+    # root -> 5 -> 7 -> 8 and root -> 5 -> 9; target says 5, 9, 4
+    tokens, parents = [5, 7, 9, 8], [-1, 0, 0, 1]
+    argmax = [5, 9, 0, 0, 4]  # rows: root, node0, node1, node2, node3
+    result, path = verify_tree_greedy(tokens, parents, argmax)
+    assert path == [0, 2] and result.token_ids == (5, 9, 0) and result.num_accepted == 2
+
+
+def test_tree_greedy_rejects_at_the_root():
+    result, path = verify_tree_greedy([5, 6], [-1, -1], [3, 0, 0])
+    assert path == [] and result.token_ids == (3,)
+
+
+def test_tree_greedy_full_branch_gets_bonus():
+    result, path = verify_tree_greedy([5, 6, 7], [-1, 0, 1], [5, 6, 7, 2])
+    assert path == [0, 1, 2] and result.token_ids == (5, 6, 7, 2)
+
+
+def test_draft_tree_helpers():
+    d = Draft((5, 6, 7, 8), "x", parents=(-1, -1, 0, 2))
+    assert d.is_tree and d.branches() == 2
+    assert d.best_chain().token_ids == (5, 7, 8)
+    assert not Draft((1, 2), "x", parents=(-1, 0)).is_tree
+
+
+@pytest.fixture(scope="module")
+def tree_target():
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_seq_max=4), role="target")
+    yield model
+    model.close()
+
+
+def test_kv_after_tree_equals_decoding_only_the_accepted_path(tree_target, target):
+    """After commit_tree, the next logits are bit-identical to a chain that only saw the path."""
+    ids = target.tokenize(held_out_prompts(1)[0])[:120]
+    prefix, pending = ids[:-1], ids[-1]
+    # Tree: pending -> a -> b, pending -> c -> d, a -> e ; accept the path pending, a, e.
+    a, b, c, d, e = 11, 12, 13, 14, 15
+    tree_target.reset()
+    tree_target.eval(prefix, logits_from=len(prefix))
+    tree_target.eval_tree([pending, a, b, c, d, e], [-1, 0, 1, 0, 3, 1])
+    before = tree_target.tree_relayouts
+    tree_target.commit_tree([0, 1, 5])
+    assert tree_target.n_past == len(prefix) + 3
+    assert tree_target.tree_relayouts == before + 1  # not the first branch: re-laid out
+    after_tree = tree_target.eval([7, 8], logits_from=0).copy()
+
+    target.reset()
+    target.eval(prefix, logits_from=len(prefix))
+    target.eval([pending, a, e], logits_from=0)
+    after_chain = target.eval([7, 8], logits_from=0).copy()
+    assert np.array_equal(after_tree, after_chain)
+
+
+def test_first_branch_path_is_kept_without_relayout(tree_target, target):
+    ids = target.tokenize(held_out_prompts(1)[0])[:80]
+    prefix, pending = ids[:-1], ids[-1]
+    tree_target.reset()
+    tree_target.eval(prefix, logits_from=len(prefix))
+    tree_target.eval_tree([pending, 11, 12, 13], [-1, 0, 1, 0])
+    before = tree_target.tree_relayouts
+    tree_target.commit_tree([0, 1, 2])
+    after_tree = tree_target.eval([7, 8], logits_from=0).copy()
+    assert tree_target.tree_relayouts == before
+    target.reset()
+    target.eval(prefix, logits_from=len(prefix))
+    target.eval([pending, 11, 12], logits_from=0)
+    assert np.array_equal(after_tree, target.eval([7, 8], logits_from=0))
+
+
+def test_tree_logits_equal_chain_logits(tree_target, target):
+    ids = target.tokenize(held_out_prompts(2)[1])[:100]
+    prefix, pending = ids[:-1], ids[-1]
+    tree_target.reset()
+    tree_target.eval(prefix, logits_from=len(prefix))
+    tree_rows = tree_target.eval_tree([pending, 20, 21, 22], [-1, 0, 0, 2]).copy()
+    tree_target.commit_tree([0])
+    target.reset()
+    target.eval(prefix, logits_from=len(prefix))
+    chain_rows = target.eval([pending, 21, 22], logits_from=0).copy()
+    assert np.array_equal(tree_rows[[0, 2, 3]], chain_rows)
+
+
+class CountingDrafter:
+    """Wraps a drafter to count how many proposals were real trees (more than one branch)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.trees = inner, inner.name, 0
+
+    def begin(self, prompt_ids):
+        self.inner.begin(prompt_ids)
+
+    def propose(self, context_ids, max_tokens):
+        draft = self.inner.propose(context_ids, max_tokens)
+        self.trees += draft.is_tree and draft.branches() > 1
+        return draft
+
+    def observe(self, new_ids, num_accepted):
+        self.inner.observe(new_ids, num_accepted)
+
+    def end(self):
+        self.inner.end()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    lib = Path(os.path.dirname(os.__file__))
+    files = [str(lib / f) for f in ("typing.py", "functools.py", "argparse.py") if (lib / f).exists()]
+    out = tmp_path_factory.mktemp("rest-tree") / "store"
+    assert main(["datastore", "build", *files, "-o", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", ["suffix", "rest"])
+def test_tree_drafts_are_lossless_on_the_real_pair(tree_target, target, store, name):
+    prompts = held_out_prompts(10)[2:10]
+    plain = Engine(target, create("none", BuildContext(target)))
+    drafter = CountingDrafter(create(name, BuildContext(tree_target, options={"tree": True, "datastore": store, "min_token_prob": 0.05})))
+    spec = Engine(tree_target, drafter)
+    accepted = 0
+    for prompt in prompts:
+        expected = plain.generate(prompt, GenerationConfig(max_tokens=64)).run().output_ids
+        gen = spec.generate(prompt, GenerationConfig(max_tokens=64, k=8)).run()
+        assert gen.output_ids == expected, f"{name} tree diverged on {prompt[:60]!r}"
+        accepted += gen.stats.n_accepted
+    assert accepted > 0 and drafter.trees > 0
+
+
+def test_depth_first_puts_the_best_branch_first():
+    d = Draft((5, 6, 7, 8), "x", parents=(-1, -1, 0, 2)).depth_first()
+    assert d.token_ids == (5, 7, 8, 6) and d.parents == (-1, 0, 1, -1)
