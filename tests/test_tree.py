@@ -149,3 +149,28 @@ def test_tree_drafts_are_lossless_on_the_real_pair(tree_target, target, store, n
 def test_depth_first_puts_the_best_branch_first():
     d = Draft((5, 6, 7, 8), "x", parents=(-1, -1, 0, 2)).depth_first()
     assert d.token_ids == (5, 7, 8, 6) and d.parents == (-1, 0, 1, -1)
+
+
+def test_fuse_shares_common_prefixes_and_respects_the_budget():
+    from specstack.drafters.fusion import fuse
+
+    chain = Draft((4, 7), "m")
+    tree = Draft((4, 9, 2), "r", parents=(-1, 0, -1))
+    fused = fuse(chain, tree, 5, "f")
+    assert fused.token_ids == (4, 7, 9, 2) and fused.parents == (-1, 0, 0, -1)
+    assert len(fuse(chain, tree, 3, "f")) == 3
+
+
+@pytest.mark.parametrize("spec", ["fusion:suffix,draft-model", "fusion:rest,draft-model"])
+def test_fusion_is_lossless_on_the_real_pair(tree_target, target, store, spec):
+    prompts = held_out_prompts(8)[4:8]
+    plain = Engine(target, create("none", BuildContext(target)))
+    drafter = CountingDrafter(create(spec, BuildContext(tree_target, options={"datastore": store, "min_token_prob": 0.05})))
+    spec_engine = Engine(tree_target, drafter)
+    accepted = 0
+    for prompt in prompts:
+        expected = plain.generate(prompt, GenerationConfig(max_tokens=48)).run().output_ids
+        gen = spec_engine.generate(prompt, GenerationConfig(max_tokens=48, k=8)).run()
+        assert gen.output_ids == expected
+        accepted += gen.stats.n_accepted
+    assert accepted > 0 and drafter.trees > 0

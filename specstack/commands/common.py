@@ -31,8 +31,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default,
-                   help=f"draft source: {', '.join(n for n in available() if n != 'cascade')}, or an ordered fallback list "
-                   f"cascade:SRC,SRC,... such as cascade:prompt-lookup,suffix,draft-model (default: {default})")
+                   help=f"draft source: {', '.join(n for n in available() if n not in ('cascade', 'fusion'))}, or an ordered fallback list "
+                   f"cascade:SRC,SRC,... such as cascade:prompt-lookup,suffix,draft-model, or a fused tree fusion:suffix,draft-model "
+                   f"(default: {default})")
     g.add_argument("--cascade-min-len", dest="cascade_min_len", type=int, default=None,
                    help="cascade: tokens a source must offer before later sources are skipped (default 3)")
     g.add_argument("--k-policy", choices=POLICIES, default="cost",
@@ -69,7 +70,8 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def load_target(args: argparse.Namespace) -> LlamaModel:
     set_verbose(getattr(args, "verbose", False))
-    branches = getattr(args, "tree_branches", 8) if getattr(args, "tree", None) else 1
+    wants_tree = getattr(args, "tree", None) or str(getattr(args, "drafter", "")).startswith("fusion")
+    branches = getattr(args, "tree_branches", 8) if wants_tree else 1
     return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_seq_max=branches), role="target")
 
 

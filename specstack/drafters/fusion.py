@@ -1,0 +1,97 @@
+"""Fusion: merge a retrieval tree and a draft-model chain into one tree, verified in one batch.
+
+The RASD idea (retrieval-augmented speculative decoding): retrieved
+continuations and model drafts are complementary, so verify both at once.
+The model's chain goes in first (it becomes the first depth-first branch,
+the one tree verification keeps without re-decoding), then the retrieval
+tree's nodes in their best-first order, sharing any prefix the two agree
+on, until the token budget is spent.
+
+Example, budget 5: model chain ``[4, 7]``, retrieval tree ``4 -> 9``, ``2``:
+fused tree ``4 -> 7``, ``4 -> 9``, ``2`` (the shared ``4`` is one node).
+With sampling, the model chain is returned alone with its q (rejection
+sampling needs the proposal distribution of the tokens it verifies).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import InvalidParameterError
+from ..types import Draft
+from .base import BuildContext, Drafter, create, register
+
+
+class FusionDrafter:
+    name = "fusion"
+
+    def __init__(self, retrieval: Drafter, model: Drafter) -> None:
+        if not hasattr(retrieval, "propose_tree"):
+            raise InvalidParameterError(f"fusion needs a tree-capable retrieval source first (suffix or rest), not {retrieval.name!r}")
+        self.retrieval, self.model = retrieval, model
+        self.name = f"fusion:{retrieval.name},{model.name}"
+
+    def bind_policy(self, policy: object) -> None:
+        bind = getattr(self.model, "bind_policy", None)
+        if bind is not None:
+            bind(policy)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.retrieval.begin(prompt_ids)
+        self.model.begin(prompt_ids)
+
+    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        chain = self.model.propose(context_ids, max(1, max_tokens // 2))
+        if chain.q is not None:
+            return chain
+        tree = self.retrieval.propose_tree(context_ids, max_tokens)
+        return fuse(chain, tree, max_tokens, self.name)
+
+    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+        self.retrieval.observe(new_ids, num_accepted)
+        self.model.observe(new_ids, num_accepted)
+
+    def end(self) -> None:
+        self.retrieval.end()
+        self.model.end()
+
+
+def fuse(chain: Draft, tree: Draft, budget: int, source: str) -> Draft:
+    """Insert ``chain`` then ``tree`` (parents-first order) into one tree of at most ``budget`` nodes."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+
+    def add(parent: int, token: int) -> int | None:
+        node = children.get((parent, token))
+        if node is not None:
+            return node
+        if len(tokens) >= budget:
+            return None
+        tokens.append(int(token))
+        parents.append(parent)
+        children[(parent, token)] = len(tokens) - 1
+        return len(tokens) - 1
+
+    node = -1
+    for tok in chain.token_ids:
+        node = add(node, tok)
+        if node is None:
+            break
+    tree_parents = tree.parents if tree.parents is not None else tuple(range(-1, len(tree.token_ids) - 1))
+    mapped: list[int | None] = []
+    for tok, par in zip(tree.token_ids, tree_parents):
+        parent = -1 if par < 0 else mapped[par]
+        mapped.append(None if parent is None else add(parent, tok))
+    if not tokens:
+        return Draft.empty(source)
+    return Draft(token_ids=tuple(tokens), source=source, parents=tuple(parents))
+
+
+@register("fusion")
+def _build(ctx: BuildContext) -> FusionDrafter:
+    names = [s.strip() for s in (ctx.options.get("spec") or "suffix,draft-model").split(",") if s.strip()]
+    if len(names) != 2:
+        raise InvalidParameterError("fusion takes two sources: fusion:RETRIEVAL,MODEL, e.g. fusion:suffix,draft-model")
+    retrieval_ctx = BuildContext(ctx.target, {**ctx.options, "tree": True}, ctx.temperature)
+    return FusionDrafter(create(names[0], retrieval_ctx), create(names[1], ctx))
