@@ -266,3 +266,41 @@ def test_replay_group_state_carries_over_to_the_next_request():
         return next(r for r in out["requests"] if r["request"] == "r1")["n_accepted"]
 
     assert second(["g", "g"]) > second([None, None]) == 0
+
+
+# -- llama.cpp peers (no binaries: run_peer is replaced) ------------------------------------------
+
+
+def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from specstack.bench import peers as peers_module
+    from specstack.bench import runner
+
+    calls = []
+
+    def fake_run_peer(method, model, prompt, *, draft=None, n_predict=128, threads=2, k=4, ctx=512, seed=1, bins=None):
+        calls.append((method, k, n_predict, threads))
+        drafted = 0 if method == "llama-plain" else 10
+        return {"tok_per_s": 100.0 if method == "llama-plain" else 250.0, "n_predicted": n_predict,
+                "n_drafted": drafted, "n_accepted": drafted // 2, "acceptance": 0.5 if drafted else None,
+                "text": "x" + " [end of text]", "command": ["fake", method], "k": k}
+
+    monkeypatch.setattr(peers_module, "run_peer", fake_run_peer)
+    _, out = tiny_run
+    results = report.load_results(out / "results.json")
+    wl = workloads.load(results["workload"]["path"])
+    config = runner.BenchConfig(workload=wl, methods=["prompt-lookup", "draft-model"], ks=[2, 4],
+                                llama_cpp_bin=tmp_path, drafter_options={"draft_model": "d.gguf"})
+    assert runner.peer_methods(config, peers_module.PEER_METHODS) == [
+        "llama-plain", "llama-ngram-simple", "llama-lookup", "llama-draft-simple"]
+    target = SimpleNamespace(path=Path("t.gguf"), n_threads=2, n_ctx=512)
+    peers = runner._Peers(peers_module, config, target)
+    tok = runner._Tokenized(wl.requests[0], [1, 2], 7)
+    recs = peers.run_request(tok, 0.0, 0, "x\n")
+    assert calls[0] == ("llama-plain", 1, 16, 2) and len(recs) == 1 + 3 * 2
+    assert all(r["same_text_as_plain"] for r in recs)
+    assert peers.run_request(tok, 0.7, 0, "x") == []  # the peer binaries run greedy only
+    results["peers"] = recs
+    md = report.render_markdown(results)
+    assert "## llama.cpp peers" in md and "| llama-lookup | 4 | 0 | 250.0 | 2.50x |" in md

@@ -325,10 +325,18 @@ def render_markdown(results: dict[str, Any]) -> str:
     peers = peer_rows(results)
     if peers:
         parts += ["", "## llama.cpp peers (same models, prompts, threads and k)", ""]
-        parts.append(_table(["peer", "k", "temp", "tok/s", "speedup vs peer plain", "acceptance", "runs", "errors"],
+        x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+        parts.append(_table(["peer", "k", "temp", "tok/s", "speedup vs llama-plain", "vs specstack plain", "acceptance",
+                             "text agrees with specstack plain", "runs", "errors"],
                             [[p["method"], "-" if not p["k"] else str(p["k"]), f"{p['temperature']:g}",
-                              _num(p["tokens_per_second"]), "-" if p["speedup"] is None else f"{p['speedup']:.2f}x",
-                              _pct(p["acceptance_rate"]), str(p["runs"]), str(p["errors"])] for p in peers]))
+                              _num(p["tokens_per_second"]), x(p["speedup"]), x(p["vs_specstack_plain"]),
+                              _pct(p["acceptance_rate"]), "-" if p["same_text"] is None else "%d/%d" % p["same_text"],
+                              str(p["runs"]), str(p["errors"])] for p in peers]))
+        parts.append("")
+        parts.append("tok/s as each binary reports it (decode only; llama-plain: llama.cpp's eval rate). The peers run "
+                     "greedy only, right after specstack's runs of each request. Text can differ where llama.cpp "
+                     "evaluates one-token batches (see README: exactness); agreement is checked up to the shorter text, since the "
+                     "speculative binaries overshoot n_predict by up to k tokens.")
     parts += ["", "## Exactness", ""]
     mism = results.get("mismatches", [])
     n_cmp = sum(1 for r in results["runs"] if r.get("identical") is not None)
@@ -344,24 +352,34 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per peer method x k x temperature: tok/s = sum tokens / sum (tokens / tok/s) when tokens are known."""
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    """Per peer method x k x temperature, over the median run of each request.
+
+    tok/s = sum of tokens / sum of (tokens / the binary's own tok/s), i.e. total decode time.
+    """
+    groups: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for p in results.get("peers") or []:
-        groups[(p["method"], int(p.get("k") or 0), float(p["temperature"]))].append(p)
+        groups[(p["method"], int(p.get("k") or 0), float(p["temperature"]))][p["request"]].append(p)
+    plain = {r["temperature"]: r["tokens_per_second"] for r in aggregate(results)
+             if r["method"] == PLAIN and r["category"] == ALL}
     rows = []
-    for (method, k, temp), ps in groups.items():
-        ok = [p for p in ps if not p.get("error") and p.get("tokens_per_second")]
+    for (method, k, temp), by_req in groups.items():
+        ps = [p for runs in by_req.values() for p in runs]
+        ok_runs = {q: [p for p in runs if not p.get("error") and p.get("tokens_per_second")] for q, runs in by_req.items()}
+        ok = [sorted(runs, key=lambda p: p["tokens_per_second"])[(len(runs) - 1) // 2]  # median run per request
+              for runs in ok_runs.values() if runs]
         tps = None
         if ok:
             toks = [p.get("n_tokens") or 1 for p in ok]
             tps = sum(toks) / sum(t / p["tokens_per_second"] for t, p in zip(toks, ok))
         drafted = sum(p.get("n_drafted") or 0 for p in ok)
         accepted = sum(p.get("n_accepted") or 0 for p in ok)
-        rates = [p["acceptance_rate"] for p in ok if p.get("acceptance_rate") is not None]
-        acc = accepted / drafted if drafted else (sum(rates) / len(rates) if rates else None)
+        same = [p["same_text_as_plain"] for p in ok if p.get("same_text_as_plain") is not None]
         rows.append({"method": method, "k": k, "temperature": temp, "tokens_per_second": tps,
-                     "acceptance_rate": acc, "runs": len(ps), "errors": len(ps) - len(ok), "speedup": None})
-    base = {r["temperature"]: r["tokens_per_second"] for r in rows if r["method"] == PLAIN and r["tokens_per_second"]}
+                     "acceptance_rate": accepted / drafted if drafted else None, "runs": len(ps),
+                     "errors": sum(1 for p in ps if p.get("error")), "speedup": None,
+                     "vs_specstack_plain": tps / plain[temp] if tps and plain.get(temp) else None,
+                     "same_text": (sum(same), len(same)) if same else None})
+    base = {r["temperature"]: r["tokens_per_second"] for r in rows if r["method"] == "llama-plain" and r["tokens_per_second"]}
     for r in rows:
         if r["tokens_per_second"] and base.get(r["temperature"]):
             r["speedup"] = r["tokens_per_second"] / base[r["temperature"]]

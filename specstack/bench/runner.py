@@ -24,7 +24,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Sequence
 
 from ..drafters import BuildContext, create
 from ..engine import Engine, GenerationConfig
@@ -57,6 +57,7 @@ class BenchConfig:
     cost_reps: int = 7
     warmup: bool = True
     llama_cpp_bin: Path | None = None
+    peers: list[str] = field(default_factory=lambda: ["auto"])
 
     def __post_init__(self) -> None:
         self.methods = [m for m in dict.fromkeys(self.methods) if m != PLAIN]
@@ -206,7 +207,8 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
         "interrupted": False,
     }
     runs, mismatches = results["runs"], results["mismatches"]
-    work_per_pass = sum(t.request.max_tokens for t in reqs) * len(configs) * len(config.temperatures)
+    n_peer = len(peers.configurations()) * config.temperatures.count(0.0) if peers else 0
+    work_per_pass = sum(t.request.max_tokens for t in reqs) * (len(configs) * len(config.temperatures) + n_peer)
     bar = Progress(work_per_pass * config.repeat, label=f"bench {wl.name}") if progress else None
     try:
         for rep in range(config.repeat):
@@ -218,13 +220,14 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
                     for req in unit:
                         tok = by_id[req.id]
                         plain_ids: list[int] = []
+                        plain_text = ""
                         for method, k in configs:  # interleaved: every configuration, then the next request
                             if bar:
                                 bar.update(0, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
                             gen = _generate(engines[(method, k)], tok, k, temp, config)
                             identical = None
                             if method == PLAIN:
-                                plain_ids = gen.output_ids
+                                plain_ids, plain_text = gen.output_ids, gen.text
                             elif temp == 0.0:
                                 identical = gen.output_ids == plain_ids
                                 if not identical:
@@ -232,8 +235,12 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
                             runs.append(_run_record(req, method, k, temp, rep, tok.seed, gen, identical))
                             if bar:
                                 bar.update(req.max_tokens)
-                        if peers is not None:
-                            results["peers"].extend(peers.run_request(req, tok, temp, rep))
+                        if peers is not None and temp == 0.0:
+                            if bar:
+                                bar.update(0, f"{req.id[:40]} llama.cpp peers rep {rep + 1}")
+                            results["peers"].extend(peers.run_request(tok, temp, rep, plain_text))
+                            if bar:
+                                bar.update(req.max_tokens * len(peers.configurations()))
     except KeyboardInterrupt:
         results["interrupted"] = True
         print("\nbench: interrupted; writing the runs finished so far", file=sys.stderr)
@@ -324,74 +331,97 @@ def _config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:
 
 # -- peers (llama.cpp's own binaries) ---------------------------------------------------------
 
+# Which llama.cpp peers stand beside each specstack method when --peers is "auto".
+PEERS_FOR: dict[str, tuple[str, ...]] = {
+    PLAIN: ("llama-plain",),
+    "draft-model": ("llama-draft-simple",),
+    "prompt-lookup": ("llama-ngram-simple", "llama-lookup"),
+    "suffix": ("llama-ngram-cache",),
+}
+
+
+def peer_methods(config: BenchConfig, known: Sequence[str]) -> list[str]:
+    """The peer methods to run: config.peers ("auto", "all" or names) checked against ``known``."""
+    if config.peers in (["auto"], []):
+        names = [p for m in [PLAIN, *config.methods] for p in PEERS_FOR.get(m, ())]
+    elif config.peers == ["all"]:
+        names = list(known)
+    else:
+        names = list(config.peers)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidParameterError(f"unknown llama.cpp peer {unknown[0]!r}; choose from: {', '.join(known)}, or auto / all")
+    if "llama-plain" not in names:
+        names.insert(0, "llama-plain")  # the peers' own baseline
+    return list(dict.fromkeys(names))
+
 
 def _load_peers(config: BenchConfig, target: LlamaModel) -> "_Peers":
     try:
-        from . import peers  # written alongside this module; imported only when asked for
+        from . import peers  # llama.cpp binaries; imported only when asked for
     except ImportError as exc:
         raise InvalidParameterError(
-            f"--llama-cpp-bin needs specstack.bench.peers, which is not available ({exc}); "
-            "run without --llama-cpp-bin"
+            f"--llama-cpp-bin needs specstack.bench.peers, which is not available ({exc}); run without --llama-cpp-bin"
         ) from None
+    peers.bin_dir(config.llama_cpp_bin)  # a clear error now, not after the first request
     return _Peers(peers, config, target)
 
 
 class _Peers:
-    """Runs llama.cpp's example binaries on the same prompts through specstack.bench.peers."""
+    """Runs llama.cpp's binaries on each request right after specstack's runs of it (greedy only)."""
 
     def __init__(self, module: Any, config: BenchConfig, target: LlamaModel) -> None:
         self.module, self.config = module, config
-        self.model = {"path": target.path, "threads": target.n_threads, "n_ctx": target.n_ctx}
-        self.methods = [m for m in config.methods + [PLAIN] if m in getattr(module, "PEER_METHODS", ())]
-        if not self.methods:
-            print(f"bench: no llama.cpp peer for {', '.join(config.methods)} "
-                  f"(peers exist for: {', '.join(getattr(module, 'PEER_METHODS', ()))})", file=sys.stderr)
-        self.run_peer: Callable[..., Any] = module.run_peer
+        self.methods = peer_methods(config, module.PEER_METHODS)
+        self.model, self.threads, self.ctx = target.path, target.n_threads, target.n_ctx
+        self.draft = config.drafter_options.get("draft_model")
 
-    def run_request(self, req: Request, tok: _Tokenized, temp: float, rep: int) -> list[dict[str, Any]]:
+    def configurations(self) -> list[tuple[str, int]]:
+        fixed = {"llama-plain": 0, "llama-ngram-cache": getattr(self.module, "NGRAM_CACHE_DRAFT", 8)}
+        out: list[tuple[str, int]] = []
+        for m in self.methods:
+            out.extend([(m, fixed[m])] if m in fixed else [(m, k) for k in self.config.ks])
+        return out
+
+    def run_request(self, tok: _Tokenized, temp: float, rep: int, plain_text: str) -> list[dict[str, Any]]:
+        if temp != 0.0:
+            return []  # the peer runners are greedy (--temp 0 --top-k 1)
         out = []
-        for method in self.methods:
-            for k in ([0] if method == PLAIN else self.config.ks):
-                rec = {"request": req.id, "category": req.category, "method": method, "k": k,
-                       "temperature": temp, "repeat": rep}
-                try:
-                    res = _call_peer(self.run_peer, self.config, self.model, method, req, k, temp, tok.seed)
-                    rec.update(_peer_fields(res))
-                except Exception as exc:  # noqa: BLE001 - a peer failing must not lose our own runs
-                    rec["error"] = f"{type(exc).__name__}: {exc}"
-                    print(f"\nbench: llama.cpp peer {method} k={k} failed on {req.id!r}: {rec['error']}", file=sys.stderr)
-                out.append(rec)
+        req = tok.request
+        for method, k in self.configurations():
+            rec: dict[str, Any] = {"request": req.id, "category": req.category, "method": method, "k": k,
+                                   "temperature": temp, "repeat": rep}
+            try:
+                res = self.module.run_peer(method, self.model, req.prompt, draft=self.draft, n_predict=req.max_tokens,
+                                           threads=self.threads, k=max(k, 1), ctx=self.ctx, seed=tok.seed,
+                                           bins=self.config.llama_cpp_bin)
+                rec.update({
+                    "k": res.get("k", k),
+                    "tokens_per_second": res.get("tok_per_s"),
+                    "n_tokens": res.get("n_predicted"),
+                    "n_drafted": res.get("n_drafted"),
+                    "n_accepted": res.get("n_accepted"),
+                    "acceptance_rate": res.get("acceptance"),
+                    "decode_s": res.get("decode_s"),
+                    "same_text_as_plain": _agrees(plain_text, res.get("text")),
+                    "command": [str(c) for c in res.get("command", [])],
+                })
+            except Exception as exc:  # noqa: BLE001 - a failing peer must not lose specstack's runs
+                rec["error"] = f"{type(exc).__name__}: {exc}"
+                print(f"\nbench: llama.cpp peer {method} k={k} failed on {req.id!r}: {rec['error']}", file=sys.stderr)
+            out.append(rec)
         return out
 
 
-def _call_peer(run_peer: Callable[..., Any], config: BenchConfig, model: dict[str, Any], method: str,
-               req: Request, k: int, temp: float, seed: int) -> Any:
-    """Call peers.run_peer with the keyword arguments its signature names."""
-    import inspect
-
-    target = model["path"]
-    available = {
-        "method": method, "bin_dir": config.llama_cpp_bin, "llama_cpp_bin": config.llama_cpp_bin,
-        "model": target, "target": target, "model_draft": config.drafter_options.get("draft_model"),
-        "draft": config.drafter_options.get("draft_model"), "prompt": req.prompt,
-        "max_tokens": req.max_tokens, "n_predict": req.max_tokens, "k": k, "draft_max": k,
-        "threads": model["threads"], "n_threads": model["threads"],
-        "temperature": temp, "temp": temp, "seed": seed, "ctx_size": model["n_ctx"], "n_ctx": model["n_ctx"],
-    }
-    params = inspect.signature(run_peer).parameters
-    kwargs = {name: available[name] for name in params if name in available}
-    return run_peer(**kwargs)
+_EOS_MARKS = (" [end of text]", "[end of text]", "<|endoftext|>")
 
 
-def _peer_fields(res: Any) -> dict[str, Any]:
-    """Normalise what run_peer returns (a dataclass or a dict) to our field names."""
-    d = asdict(res) if hasattr(res, "__dataclass_fields__") else dict(res)
-    pick = lambda *names: next((d[n] for n in names if d.get(n) is not None), None)  # noqa: E731
-    return {
-        "tokens_per_second": pick("tokens_per_second", "decode_tps", "tps", "tok_s"),
-        "acceptance_rate": pick("acceptance_rate", "accept_rate", "acceptance"),
-        "n_drafted": pick("n_drafted", "drafted"),
-        "n_accepted": pick("n_accepted", "accepted"),
-        "n_tokens": pick("n_tokens", "n_decoded", "tokens"),
-        "raw": {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool, type(None)))},
-    }
+def _agrees(ours: str, theirs: str | None) -> bool | None:
+    """Whether a peer's text matches ours up to the shorter one (the speculative binaries overshoot
+    n_predict by up to k tokens, and print an end-of-text marker)."""
+    if theirs is None:
+        return None
+    a, b = ours.rstrip(), theirs.rstrip()
+    for mark in _EOS_MARKS:
+        b = b.removesuffix(mark).rstrip()
+    return a.startswith(b) or b.startswith(a)

@@ -123,8 +123,12 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
     c.add_argument("--cost-depth", type=int, default=200, help="context depth for t(n) (default 200)")
     c.add_argument("--cost-reps", type=int, default=7, help="repetitions per n, median kept (default 7)")
     r.add_argument("--llama-cpp-bin", type=Path, default=None,
-                   help="folder of llama.cpp binaries (scripts/build_llama_bins.sh): also run llama.cpp's own "
-                   "speculative examples on the same models, prompts, threads and k")
+                   help="folder of llama.cpp binaries (printed by scripts/build_llama_bins.sh): also run llama.cpp's "
+                   "own binaries on the same models, prompts, threads and k (greedy runs only)")
+    r.add_argument("--peers", type=_csv(str, "--peers"), default=["auto"],
+                   help="llama.cpp peers for --llama-cpp-bin: auto (llama-plain plus the peers of --methods: "
+                   "draft-model -> llama-draft-simple, prompt-lookup -> llama-ngram-simple,llama-lookup, "
+                   "suffix -> llama-ngram-cache), all, or a comma-separated list")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the short unrecorded warm-up generation per configuration")
     r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
@@ -189,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workload=wl, methods=args.methods, ks=args.ks, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
         cost_max_n=args.cost_max_n, cost_depth=args.cost_depth, cost_reps=args.cost_reps,
-        warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin,
+        warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin, peers=args.peers,
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
     target = load_target(args)
