@@ -26,7 +26,6 @@ import ast
 import difflib
 import json
 import os
-import re
 import sys
 import textwrap
 from pathlib import Path
