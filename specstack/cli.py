@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # `specstack bench --workload X` means `specstack bench run --workload X`
+        argv = importlib.import_module(".commands.bench", __package__).preprocess_argv(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # lets a command tell explicit flags from defaults (profiles)
     if not getattr(args, "func", None):
