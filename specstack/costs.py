@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

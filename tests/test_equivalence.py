@@ -83,14 +83,14 @@ def test_first_token_follows_target_distribution_with_a_warmer_or_colder_draft(t
 
     prompt = PROMPTS[3]
     sampling = dict(temperature=1.0, top_k=6)
-    ids = target.tokenize(prompt)
+    ids = target.tokenize(prompt)[:40]  # a short prompt keeps 1,200 generations cheap
     target.reset()
     p = target_probs(target.eval(ids, logits_from=len(ids) - 1).copy(), SamplingParams(**sampling))[0]
     target.reset()
     for draft_temp in (0.3, 2.0):
         engine = Engine(target, create("draft-model", BuildContext(target, options={"draft_temp": draft_temp, "seed": 0}, temperature=1.0)))
         counts = np.zeros_like(p)
-        n, drafted = 600, 0
+        n, drafted = 500, 0
         for seed in range(n):
             gen = engine.generate(ids, GenerationConfig(max_tokens=3, k=2, sampling=SamplingParams(**sampling, seed=seed))).run()
             counts[gen.output_ids[0]] += 1
