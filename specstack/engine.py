@@ -27,8 +27,8 @@ from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 
-# Verification batches stay within 63 tokens: in this llama.cpp build batches
-# of 2..63 tokens give bit-identical logits (see README, "Exactness").
+# Verification batches stay within 63 tokens: with flash attention on,
+# llama.cpp switches kernels at 64 query rows (see README, "Exactness").
 MAX_DRAFT = 62
 
 

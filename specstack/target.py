@@ -102,6 +102,9 @@ class ModelConfig:
     # unified KV cache with several sequences gives bit-identical chain
     # logits to a single-sequence context, so exactness is unaffected.
     n_seq_max: int = 1
+    # llama.cpp's "auto" enables flash attention on CPU; for small models and
+    # short contexts the plain attention path was faster here (see README).
+    flash_attn: bool = False
     kv_overrides: tuple[tuple[str, int], ...] = ()
 
 
@@ -192,6 +195,7 @@ class LlamaModel:
         params.n_threads = params.n_threads_batch = self.n_threads
         params.n_seq_max = max(1, self.config.n_seq_max)
         params.kv_unified = True  # tree branches share the cached prefix
+        params.flash_attn_type = 1 if self.config.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
@@ -271,7 +275,9 @@ class LlamaModel:
                 f"{self.role} context is full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}; "
                 "use a shorter prompt, fewer max tokens or a larger --ctx-size"
             )
-        first = n - 1 if logits_from is None else logits_from
+        wanted = n - 1 if logits_from is None else logits_from
+        # Ask for at least min_batch output rows: one output row runs another kernel (see _eval_padded).
+        first = max(0, min(wanted, n - self.min_batch)) if wanted < n else wanted
         for start in range(0, n, self._batch_cap):
             chunk = tokens[start : start + self._batch_cap]
             self._decode_chunk(chunk, max(0, first - start))
@@ -283,13 +289,16 @@ class LlamaModel:
         last_chunk = n - (n - 1) // self._batch_cap * self._batch_cap
         if n_rows > last_chunk:
             raise ValueError(f"can return logits for at most the last {last_chunk} of {n} tokens")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))[wanted - first :]
 
     def _eval_padded(self, tokens: Sequence[int], logits_from: int) -> np.ndarray:
         """Evaluate a short batch padded with throw-away tokens, then drop them from the KV cache.
 
         Causal attention means the pad rows cannot change the real rows, and
         the real rows are computed by the same kernels as any longer batch.
+        The pad rows also get (ignored) logits: the output projection runs
+        a different kernel for a single output row, which would change the
+        real row's logits by up to ~1e-3.
         """
         n = len(tokens)
         if self.n_past + self.min_batch > self.n_ctx:
@@ -298,21 +307,21 @@ class LlamaModel:
             )
         padded = list(tokens) + [tokens[-1]] * (self.min_batch - n)
         start = self.n_past
-        self._decode_chunk(padded, logits_from, logits_to=n)
+        first = min(logits_from, n - 1)
+        self._decode_chunk(padded, first)
         self._lc.llama_memory_seq_rm(self._mem, 0, start + n, -1)
         self.n_past = start + n
-        n_rows = n - logits_from
         ptr = self._lc.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(max(n_rows, 0), self.n_vocab))
+        rows = np.ctypeslib.as_array(ptr, shape=(len(padded) - first, self.n_vocab))
+        return rows[logits_from - first : n - first]
 
-    def _decode_chunk(self, chunk: Sequence[int], logits_from: int, logits_to: int | None = None) -> None:
+    def _decode_chunk(self, chunk: Sequence[int], logits_from: int) -> None:
         m = len(chunk)
-        end = m if logits_to is None else logits_to
         self._b_token[:m] = chunk
         self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
         self._b_logits[:m] = 0
-        if logits_from < end:
-            self._b_logits[logits_from:end] = 1
+        if logits_from < m:
+            self._b_logits[logits_from:m] = 1
         self._batch.n_tokens = m
         rc = self._lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
