@@ -18,39 +18,56 @@ from pathlib import Path
 
 from .paths import cache_dir
 
+CURVE_VERSION = 2  # bump when the measurement method changes: old cache entries are ignored
+
 
 @dataclass
 class CostModel:
-    """t(n) for n = 1..len(curve); beyond it, extrapolated linearly from the last two points."""
+    """t(n) for n = 1..len(curve); beyond it, extrapolated linearly from the last two points.
+
+    Online refinement: sizes seen often enough use their own running
+    estimate; the others are the calibrated curve times a running scale
+    factor (observed / calibrated over all steps), so a calibration made on
+    a busy machine, or a change in load, corrects sizes not tried yet.
+    """
 
     curve: list[float]
     ema: float = 0.1  # weight of one online observation
     source: str = "calibrated"
-    _observed: dict[int, int] = field(default_factory=dict)
+    min_seen: int = 3
+    _online: dict[int, float] = field(default_factory=dict)
+    _seen: dict[int, int] = field(default_factory=dict)
+    _scale: float = 1.0
 
     def verify_s(self, n: int) -> float:
+        n = max(n, 1)
+        if self._seen.get(n, 0) >= self.min_seen:
+            return max(self._online[n], self._floor(n))
+        return self._calibrated(n) * self._scale
+
+    def _floor(self, n: int) -> float:
+        """Keep t non-decreasing: no size may look cheaper than a smaller one known online."""
+        known = [self._online[m] for m in self._online if m < n and self._seen[m] >= self.min_seen]
+        return max(known, default=0.0)
+
+    def _calibrated(self, n: int) -> float:
         c = self.curve
         if n <= len(c):
-            return c[max(n, 1) - 1]
+            return c[n - 1]
         slope = max(c[-1] - c[-2], 0.0) if len(c) > 1 else c[-1]
         return c[-1] + slope * (n - len(c))
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        """Refine t(n) from a real step, keeping the curve non-decreasing."""
-        if not 1 <= n <= len(self.curve) or seconds <= 0:
+        """Refine from a real step (seconds <= 0 means not measured)."""
+        if n < 1 or seconds <= 0:
             return
-        i = n - 1
-        self.curve[i] += self.ema * (seconds - self.curve[i])
-        self._observed[n] = self._observed.get(n, 0) + 1
-        for j in range(i + 1, len(self.curve)):
-            if self.curve[j] < self.curve[j - 1]:
-                self.curve[j] = self.curve[j - 1]
-        for j in range(i - 1, -1, -1):
-            if self.curve[j] > self.curve[j + 1]:
-                self.curve[j] = self.curve[j + 1]
+        prev = self._online.get(n)
+        self._online[n] = seconds if prev is None else prev + self.ema * (seconds - prev)
+        self._seen[n] = self._seen.get(n, 0) + 1
+        self._scale += self.ema * (seconds / self._calibrated(n) - self._scale)
 
     def to_dict(self) -> dict:
-        return {"curve_s": [round(x, 7) for x in self.curve], "source": self.source}
+        return {"curve_s": [round(x, 7) for x in self.curve], "source": self.source, "scale": round(self._scale, 4)}
 
 
 def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
@@ -68,28 +85,42 @@ def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: 
     model.eval(filler[:depth], logits_from=depth)
     model.eval(filler[depth : depth + 2], logits_from=0)  # warm-up
     model.truncate(depth)
-    best = [float("inf")] * n_max
+    sizes = [n for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if n < n_max] + [n_max]
+    best = {n: float("inf") for n in sizes}
     start = time.perf_counter()
     for _ in range(reps):
-        for n in range(1, n_max + 1):
+        for n in sizes:
             t0 = time.perf_counter()
             model.eval(filler[depth : depth + n], logits_from=0)
-            best[n - 1] = min(best[n - 1], time.perf_counter() - t0)
+            best[n] = min(best[n], time.perf_counter() - t0)
             model.truncate(depth)
         if time.perf_counter() - start > budget_s:
             break
     model.reset()
-    for i in range(1, n_max):  # monotone: a bigger batch never costs less
-        best[i] = max(best[i], best[i - 1])
-    return best
+    return _interpolate(best, n_max)
+
+
+def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
+    """t(1..n_max) from measured sizes: linear between them, then made non-decreasing."""
+    xs = sorted(points)
+    curve = []
+    for n in range(1, n_max + 1):
+        hi = next(x for x in xs if x >= n)
+        lo = max((x for x in xs if x <= n), default=hi)
+        t = points[lo] if hi == lo else points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+        curve.append(t)
+    for i in range(1, n_max):  # a bigger batch never costs less
+        curve[i] = max(curve[i], curve[i - 1])
+    return curve
 
 
 def _cache_key(model, n_max: int) -> str:
     from .target import system_info
 
     st = os.stat(model.path)
-    raw = json.dumps([str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
-                      model.min_batch, n_max, system_info()])
+    config = {k: v for k, v in vars(model.config).items() if k != "path"}
+    raw = json.dumps([CURVE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
+                      repr(config), n_max, system_info()])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 

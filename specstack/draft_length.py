@@ -163,7 +163,18 @@ class AcceptanceTracker:
                 self.accepted[i] += 1.0
 
     def conditional(self) -> list[float]:
-        return [(a + self.prior_a) / (r + self.prior_a + self.prior_b) for a, r in zip(self.accepted, self.reached)]
+        """Estimates by position.  An unreached position borrows its predecessor's rate.
+
+        Without that, positions beyond the k tried so far would sit at the
+        neutral prior and a policy would never learn that longer drafts pay
+        (acceptance along a matching run tends to stay high, not fall to 0.5).
+        """
+        out: list[float] = []
+        strength = self.prior_a + self.prior_b
+        for a, r in zip(self.accepted, self.reached):
+            mean = out[-1] if out else (self.prior_a / strength if strength else 0.5)
+            out.append((a + strength * mean) / (r + strength) if r + strength > 0 else mean)
+        return out
 
     def n_observed(self) -> float:
         return self.reached[0]
@@ -200,7 +211,8 @@ class _SourceState:
     per_call_s: float = 0.0  # fixed draft cost per call (kept 0: folded into per_token_s)
     per_token_s: float = 0.0  # EMA of draft time per drafted token
     calls: int = 0
-    steps_since_draft: int = 0
+    best_k: int | None = None  # cached best_k_for result
+    best_k_step: int = 0
 
 
 class CostK:
@@ -223,6 +235,8 @@ class CostK:
         self._sources: dict[str, _SourceState] = {}
         self._plain_steps = 0
         self._probe_due = False
+        self._probe_interval = probe_every
+        self._steps = 0
 
     def source(self, name: str) -> _SourceState:
         st = self._sources.get(name)
@@ -231,22 +245,34 @@ class CostK:
         return st
 
     def best_k_for(self, name: str) -> int:
+        """The source's best k, cached: recomputed after it drafts, or every 16 steps as costs drift.
+
+        Recomputing each step would cost tens of microseconds of Python,
+        several percent of a plain step on a small model.
+        """
         st = self.source(name)
-        return best_k(
-            st.acceptance.conditional(),
-            lambda k: st.per_call_s + k * st.per_token_s,
-            self.costs.verify_s,
-            self.k_max,
-        )
+        if st.best_k is None or self._steps - st.best_k_step >= 16:
+            st.best_k = best_k(
+                st.acceptance.conditional(),
+                lambda k: st.per_call_s + k * st.per_token_s,
+                self.costs.verify_s,
+                self.k_max,
+            )
+            st.best_k_step = self._steps
+        return st.best_k
 
     def next_k(self) -> int:
         self._probe_due = False
         if not self._sources:
             return self.probe_k  # nothing known yet: a cheap first look
         k = max(self.best_k_for(name) for name in self._sources)
-        if k == 0 and self._plain_steps >= self.probe_every:
+        if k == 0 and self._plain_steps >= self._probe_interval:
             self._probe_due = True
+            # Back off while probes keep saying "not worth it": probes cost time too.
+            self._probe_interval = min(self._probe_interval * 2, 16 * self.probe_every)
             return self.probe_k
+        if k > 0:
+            self._probe_interval = self.probe_every
         return k
 
     def trim(self, source: str, n: int) -> int:
@@ -278,6 +304,7 @@ class CostK:
 
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.num_drafted
+        self._steps += 1
         self.costs.observe_verify(n + 1, outcome.verify_s)
         if n == 0:
             self._plain_steps += 1
@@ -289,6 +316,7 @@ class CostK:
         alpha = 0.2 if st.calls else 1.0
         st.per_token_s += alpha * (per_token - st.per_token_s)
         st.calls += 1
+        st.best_k = None
 
 
 POLICIES = ("cost", "fixed", "window", "heuristic")

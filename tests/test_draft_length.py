@@ -166,6 +166,14 @@ def test_cost_model_refines_online_and_stays_monotone():
     assert c.verify_s(5) >= c.verify_s(3)  # extrapolated
 
 
+def test_cost_model_rescales_sizes_not_observed_yet():
+    # Calibrated on a busy machine: everything twice too slow.  Steps of n=1 fix n=8 too.
+    c = CostModel([2.0 * n for n in range(1, 9)])
+    for _ in range(100):
+        c.observe_verify(1, 1.0)
+    assert c.verify_s(8) == pytest.approx(8.0, rel=0.05)
+
+
 def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
     first = calibrate(target, n_max=6)
