@@ -41,13 +41,13 @@ class CostModel:
 
     def verify_s(self, n: int) -> float:
         n = max(n, 1)
-        if self._seen.get(n, 0) >= self.min_seen:
+        if self._seen.get(n, 0) > self.min_seen:
             return max(self._online[n], self._floor(n))
         return self._calibrated(n) * self._scale
 
     def _floor(self, n: int) -> float:
         """Keep t non-decreasing: no size may look cheaper than a smaller one known online."""
-        known = [self._online[m] for m in self._online if m < n and self._seen[m] >= self.min_seen]
+        known = [self._online[m] for m in self._online if m < n and self._seen[m] > self.min_seen]
         return max(known, default=0.0)
 
     def _calibrated(self, n: int) -> float:
@@ -61,9 +61,14 @@ class CostModel:
         """Refine from a real step (seconds <= 0 means not measured)."""
         if n < 1 or seconds <= 0:
             return
+        # One step can be delayed by far more than its cost (a cold first call, the OS
+        # scheduling another process): clip so that no single step dominates.
+        seconds = min(seconds, 3.0 * self.verify_s(n))
+        self._seen[n] = self._seen.get(n, 0) + 1
+        if self._seen[n] == 1:
+            return  # the first batch of a new shape pays one-off graph and buffer setup
         prev = self._online.get(n)
         self._online[n] = seconds if prev is None else prev + self.ema * (seconds - prev)
-        self._seen[n] = self._seen.get(n, 0) + 1
         self._scale += self.ema * (seconds / self._calibrated(n) - self._scale)
 
     def to_dict(self) -> dict:

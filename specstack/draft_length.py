@@ -28,6 +28,7 @@ class StepOutcome:
     num_accepted: int
     draft_s: float
     verify_s: float
+    other_s: float = 0.0  # the loop's own bookkeeping in this step (observe, commit, policy)
 
 
 class DraftLengthPolicy(Protocol):
@@ -237,6 +238,7 @@ class CostK:
         self._probe_due = False
         self._probe_interval = probe_every
         self._steps = 0
+        self._overhead_s = 0.0
 
     def source(self, name: str) -> _SourceState:
         st = self._sources.get(name)
@@ -255,11 +257,15 @@ class CostK:
             st.best_k = best_k(
                 st.acceptance.conditional(),
                 lambda k: st.per_call_s + k * st.per_token_s,
-                self.costs.verify_s,
+                self._step_cost,
                 self.k_max,
             )
             st.best_k_step = self._steps
         return st.best_k
+
+    def _step_cost(self, n: int) -> float:
+        """Verifying n tokens plus the loop's per-step overhead (paid once per step, so it favours drafting)."""
+        return self.costs.verify_s(n) + self._overhead_s
 
     def next_k(self) -> int:
         self._probe_due = False
@@ -296,8 +302,8 @@ class CostK:
             e_with = expected_accepted(probs, n)
             e_without = expected_accepted(probs, n - 1)
             next_draft = st.per_token_s if st.calls else 0.0
-            rate_with = (1.0 + e_with) / (draft_s + self.costs.verify_s(n + 1))
-            rate_without = (1.0 + e_without) / (draft_s - next_draft + self.costs.verify_s(n))
+            rate_with = (1.0 + e_with) / (draft_s + self._step_cost(n + 1))
+            rate_without = (1.0 + e_without) / (draft_s - next_draft + self._step_cost(n))
             return n <= self.k_max and rate_with >= rate_without
 
         return rule
@@ -305,6 +311,8 @@ class CostK:
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.num_drafted
         self._steps += 1
+        if outcome.other_s > 0:
+            self._overhead_s += 0.05 * (min(outcome.other_s, 4 * self._overhead_s + 1e-4) - self._overhead_s)
         self.costs.observe_verify(n + 1, outcome.verify_s)
         if n == 0:
             self._plain_steps += 1
@@ -313,8 +321,16 @@ class CostK:
         st = self.source(outcome.source)
         st.acceptance.update(n, outcome.num_accepted)
         per_token = outcome.draft_s / n
-        alpha = 0.2 if st.calls else 1.0
-        st.per_token_s += alpha * (per_token - st.per_token_s)
+        # The first call of a source is a warm-up (buffers, graphs, cold caches: it
+        # measured 1000x a normal step here), so it is not used.  After that the
+        # update is asymmetric: a model drafter that sat out plain steps first
+        # catches up on the tokens it missed, which inflates that one step; such
+        # spikes must not convince the policy that drafting is expensive for good.
+        if st.calls == 1:
+            st.per_token_s = per_token
+        elif st.calls > 1:
+            alpha = 0.3 if per_token < st.per_token_s else 0.05
+            st.per_token_s += alpha * (per_token - st.per_token_s)
         st.calls += 1
         st.best_k = None
 

@@ -167,6 +167,7 @@ class Engine:
         drafter.begin(context)
         try:
             while not stats.stop_reason:
+                t_begin = time.perf_counter()
                 room = target.capacity - target.n_past - 1  # draft slots left after pending
                 if room < 0:
                     stats.stop_reason = "context"
@@ -183,9 +184,10 @@ class Engine:
                 t2 = time.perf_counter()
 
                 stats.record_step(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1)
-                gen.policy.observe(StepOutcome(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1))
                 committed = self._commit(gen, context, stop_text, result.token_ids)
                 drafter.observe(committed, result.num_accepted)
+                other = (t0 - t_begin) + (time.perf_counter() - t2)  # bookkeeping, not the consumer's time
+                gen.policy.observe(StepOutcome(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1, other))
                 text = stop_text.take(final=False)
                 if text:
                     yield text

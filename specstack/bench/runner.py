@@ -73,8 +73,15 @@ class BenchConfig:
             raise InvalidParameterError("--cost-max-n and --cost-reps must be >= 1")
 
     def configurations(self) -> list[tuple[str, int]]:
-        """(method, k) in run order for each request: plain first (the reference), then the rest."""
-        return [(PLAIN, 0)] + [(m, k) for m in self.methods for k in self.ks]
+        """(method, k) in run order for each request: plain first (the reference), then the rest.
+
+        ``METHOD@POLICY`` (e.g. ``prompt-lookup@cost``) runs once with an
+        adaptive k policy, k_max = the largest --k.
+        """
+        out: list[tuple[str, int]] = [(PLAIN, 0)]
+        for m in self.methods:
+            out += [(m, max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
+        return out
 
 
 def register_all_drafters() -> None:
@@ -186,7 +193,7 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
     drafters = {(m, k): _build(m, target, config, config.temperatures[0], first.seed) for m, k in configs}
     if config.warmup:
         for (method, k), drafter in drafters.items():
-            _generate(Engine(target, drafter), first, k, config.temperatures[0], config, max_tokens=8)
+            _generate(Engine(target, drafter, _policy(method, k, target)), first, k, config.temperatures[0], config, max_tokens=8)
     del drafters
 
     results: dict[str, Any] = {
@@ -216,7 +223,8 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
                 for unit in wl.units():
                     # Fresh drafters per unit: cross-request state learns from this group only.
                     seed = by_id[unit[0].id].seed
-                    engines = {(m, k): Engine(target, _build(m, target, config, temp, seed)) for m, k in configs}
+                    engines = {(m, k): Engine(target, _build(m, target, config, temp, seed), _policy(m, k, target))
+                               for m, k in configs}
                     for req in unit:
                         tok = by_id[req.id]
                         plain_ids: list[int] = []
@@ -272,7 +280,18 @@ def _generate(engine: Engine, tok: _Tokenized, k: int, temp: float, config: Benc
 
 def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int):
     options = {**config.drafter_options, "seed": seed}
-    return create(method, BuildContext(target=target, options=options, temperature=temp))
+    return create(method.split("@")[0], BuildContext(target=target, options=options, temperature=temp))
+
+
+def _policy(method: str, k: int, target: LlamaModel):
+    """None (fixed k from the config) or the adaptive policy named after '@'."""
+    if "@" not in method:
+        return None
+    from ..costs import calibrate
+    from ..draft_length import make_policy
+
+    name = method.split("@", 1)[1]
+    return make_policy(name, min(k, 4), costs=calibrate(target, n_max=k + 1) if name == "cost" else None, k_max=k)
 
 
 def _run_record(req: Request, method: str, k: int, temp: float, rep: int, seed: int, gen, identical) -> dict[str, Any]:
