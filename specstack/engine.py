@@ -205,6 +205,9 @@ class Engine:
         Trees are verified only greedily; with sampling the best branch is
         verified as a chain (deterministic, so rejection sampling stays exact).
         """
+        bad = next((i for i, t in enumerate(draft.token_ids) if not 0 <= t < self.target.n_vocab), None)
+        if bad is not None:  # a foreign id would make llama.cpp abort: keep what precedes it
+            draft = draft.truncated(bad) if not draft.is_tree else draft.best_chain().truncated(0)
         if draft.is_tree and (not sampling.greedy or self.target.n_seq_max < 2):
             draft = draft.best_chain()
         draft = draft.truncated(budget)

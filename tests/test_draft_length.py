@@ -149,7 +149,22 @@ def test_continue_rule_stops_on_low_confidence_when_verification_is_costly():
     p = CostK(CostModel([1e-2 + 2e-3 * n for n in range(40)]), k_max=16)
     rule = p.continue_rule("draft-model")
     assert rule([0.99], 1e-4) is True
+    # Teach it: confident tokens are accepted, unsure ones rejected (and the second
+    # position is usually rejected), then an unsure second token is not worth verifying.
+    for _ in range(200):
+        rule([0.99, 0.02], 1e-4)
+        p.observe(outcome(2, 1, source="draft-model"))
+    assert rule([0.99], 1e-4) is True
     assert rule([0.99, 0.02], 2e-4) is False
+
+
+def test_confidence_calibration_learns_an_overconfident_draft():
+    from specstack.draft_length import ConfidenceCalibration
+
+    cal = ConfidenceCalibration()
+    for _ in range(300):
+        cal.update([0.95, 0.95], 0)  # always sure, always rejected
+    assert cal.prob(0.95) < 0.1 and cal.prob(0.15) == pytest.approx(0.5)
 
 
 def test_acceptance_tracker_counts_reached_positions_only():

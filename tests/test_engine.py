@@ -94,3 +94,30 @@ def test_stop_text_handles_split_utf8():
     assert st.take(final=False) == ""
     st.feed(snake[1:])
     assert st.take(final=False) == "é"
+
+
+class _ForeignDrafter:
+    """Proposes a valid token, then an id outside the target's vocabulary."""
+
+    name = "foreign"
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, context_ids, max_tokens):
+        from specstack.types import Draft
+
+        return Draft((int(context_ids[-1]), 10**6), self.name)
+
+    def observe(self, new_ids, num_accepted):
+        pass
+
+    def end(self):
+        pass
+
+
+def test_out_of_vocabulary_draft_ids_are_dropped_not_sent_to_llama_cpp(target):
+    plain = engine(target, "none").generate(PROMPT, GenerationConfig(max_tokens=12)).run().output_ids
+    gen = Engine(target, _ForeignDrafter()).generate(PROMPT, GenerationConfig(max_tokens=12)).run()
+    assert gen.output_ids == plain
+    assert gen.stats.n_drafted > 0 and max(gen.stats.drafted_at[1:], default=0) == 0

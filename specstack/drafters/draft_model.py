@@ -53,8 +53,11 @@ class DraftModelDrafter:
 
     name = "draft-model"
 
-    def __init__(self, model: LlamaModel, temperature: float, config: DraftModelConfig) -> None:
+    def __init__(self, model: LlamaModel, temperature: float, config: DraftModelConfig, target_vocab: int | None = None) -> None:
         self.model = model
+        # A "compatible" draft may have more ids than the target (extra control tokens):
+        # it must never propose those, and q must be over the target's vocabulary.
+        self.n_vocab = target_vocab or model.n_vocab
         self.config = config
         self.temperature = config.draft_temp if config.draft_temp is not None else temperature
         self._sampled = temperature > 0.0 and self.temperature > 0.0
@@ -122,6 +125,7 @@ class DraftModelDrafter:
 
     def _pick(self, logits: np.ndarray) -> tuple[int, float, np.ndarray | None]:
         """(token, confidence, q row or None).  Confidence is the draft's probability of its token."""
+        logits = logits[: self.n_vocab]
         if not self._sampled:
             tok = int(logits.argmax())
             if self.config.p_min <= 0.0 and self._rule is None:
@@ -129,6 +133,8 @@ class DraftModelDrafter:
             conf = float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum())
             return tok, conf, None
         q = softmax(logits[None, :], self.temperature)[0]
+        if q.shape[0] < self.n_vocab:  # a smaller draft vocabulary: the target's extra ids get q = 0
+            q = np.pad(q, (0, self.n_vocab - q.shape[0]))
         tok = sample(q, self._rng)
         return tok, float(q[tok]), q
 
@@ -152,4 +158,4 @@ def _load_checked(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
 @register("draft-model")
 def _build(ctx: BuildContext) -> DraftModelDrafter:
     config = config_from_options(DraftModelConfig, ctx.options)
-    return DraftModelDrafter(_load_checked(ctx, config), ctx.temperature, config)
+    return DraftModelDrafter(_load_checked(ctx, config), ctx.temperature, config, target_vocab=ctx.target.n_vocab)
