@@ -6,7 +6,8 @@ per-source minimum lengths and per-source statistics: each sub-drafter
 names itself in ``Draft.source``, so reports and the cost policy see which
 source produced which accepted tokens.
 
-Example: ``cascade:prompt-lookup,suffix,draft-model`` with min_len 3.  If
+Example: ``cascade:prompt-lookup,suffix,draft-model`` (or with ``+`` between
+sources, where the name sits in a comma-separated list) with min_len 3.  If
 prompt lookup finds ``[7, 8, 9, 4]`` it is used; if it finds only ``[7]``,
 the suffix tree is asked, and if that is short too the draft model drafts.
 Every source observes every step, so each keeps its own state in sync.
@@ -80,7 +81,7 @@ class CascadeDrafter:
 
 @register("cascade")
 def _build(ctx: BuildContext) -> CascadeDrafter:
-    spec = ctx.options.get("spec") or ""
+    spec = (ctx.options.get("spec") or "").replace("+", ",")  # '+' also separates (for comma lists)
     sources = tuple(s.strip() for s in spec.split(",") if s.strip())
     config = CascadeConfig(sources=sources, min_len=int(ctx.options.get("cascade_min_len") or 3))
     return CascadeDrafter([create(name, ctx) for name in config.sources], config)

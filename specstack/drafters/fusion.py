@@ -90,7 +90,8 @@ def fuse(chain: Draft, tree: Draft, budget: int, source: str) -> Draft:
 
 @register("fusion")
 def _build(ctx: BuildContext) -> FusionDrafter:
-    names = [s.strip() for s in (ctx.options.get("spec") or "suffix,draft-model").split(",") if s.strip()]
+    spec = (ctx.options.get("spec") or "suffix,draft-model").replace("+", ",")
+    names = [s.strip() for s in spec.split(",") if s.strip()]
     if len(names) != 2:
         raise InvalidParameterError("fusion takes two sources: fusion:RETRIEVAL,MODEL, e.g. fusion:suffix,draft-model")
     retrieval_ctx = BuildContext(ctx.target, {**ctx.options, "tree": True}, ctx.temperature)
