@@ -362,7 +362,8 @@ PEERS_FOR: dict[str, tuple[str, ...]] = {
 def peer_methods(config: BenchConfig, known: Sequence[str]) -> list[str]:
     """The peer methods to run: config.peers ("auto", "all" or names) checked against ``known``."""
     if config.peers in (["auto"], []):
-        names = [p for m in [PLAIN, *config.methods] for p in PEERS_FOR.get(m, ())]
+        methods = [PLAIN, *(m.split("@")[0] for m in config.methods)]  # prompt-lookup@cost -> prompt-lookup
+        names = list(dict.fromkeys(p for m in methods for p in PEERS_FOR.get(m, ())))
     elif config.peers == ["all"]:
         names = list(known)
     else:
