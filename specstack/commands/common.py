@@ -70,8 +70,9 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def load_target(args: argparse.Namespace) -> LlamaModel:
     set_verbose(getattr(args, "verbose", False))
-    wants_tree = getattr(args, "tree", None) or str(getattr(args, "drafter", "")).startswith("fusion")
-    branches = getattr(args, "tree_branches", 8) if wants_tree else 1
+    # Every target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
+    # unified KV cache gave bit-identical chain logits, so plain decoding is unaffected.
+    branches = max(1, getattr(args, "tree_branches", 8))
     return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_seq_max=branches), role="target")
 
 
