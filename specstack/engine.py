@@ -160,11 +160,11 @@ class Engine:
         target.reset()
         if len(context) > 1:
             target.eval(context[:-1], logits_from=len(context) - 1)  # prefill, no logits needed
-        stats.prefill_s = time.perf_counter() - t_start
         bind = getattr(drafter, "bind_policy", None)
         if bind is not None:
             bind(gen.policy)
-        drafter.begin(context)
+        drafter.begin(context)  # indexing the prompt is prompt processing, like the prefill
+        stats.prefill_s = time.perf_counter() - t_start
         try:
             while not stats.stop_reason:
                 t_begin = time.perf_counter()
@@ -195,9 +195,11 @@ class Engine:
             if tail:
                 yield tail
         finally:
-            drafter.end()
+            # The clock stops at the last token: what a drafter does after the request
+            # (the suffix drafter files the output into its global tree) is off the token path.
             stats.n_tokens = len(gen.output_ids)
             stats.total_s = time.perf_counter() - t_start
+            drafter.end()
 
     def _fit(self, draft: Draft, budget: int, sampling: SamplingParams) -> Draft:
         """Cut a draft to the token budget; a tree also to the branches the target can hold.

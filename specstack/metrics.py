@@ -90,7 +90,11 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
-        """Decode throughput: generated tokens over time after the prompt was processed."""
+        """Decode throughput: generated tokens over time after the prompt was processed.
+
+        Prompt processing (``prefill_s``) is the target's prefill plus the drafter's
+        ``begin`` (e.g. indexing the prompt), as llama.cpp's lookup counts its cache build.
+        """
         return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
