@@ -71,9 +71,6 @@ class CostModel:
         self._online[n] = seconds if prev is None else prev + self.ema * (seconds - prev)
         self._scale += self.ema * (seconds / self._calibrated(n) - self._scale)
 
-    def to_dict(self) -> dict:
-        return {"curve_s": [round(x, 7) for x in self.curve], "source": self.source, "scale": round(self._scale, 4)}
-
 
 def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
     """Time of evaluating n tokens after ``depth`` context tokens, n = 1..n_max.

@@ -244,7 +244,6 @@ class _SourceState:
     acceptance: AcceptanceTracker
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     last_confidences: list[float] = field(default_factory=list)
-    per_call_s: float = 0.0  # fixed draft cost per call (kept 0: folded into per_token_s)
     per_token_s: float = 0.0  # EMA of draft time per drafted token
     calls: int = 0
     best_k: int | None = None  # cached best_k_for result
@@ -292,7 +291,7 @@ class CostK:
         if st.best_k is None or self._steps - st.best_k_step >= 16:
             st.best_k = best_k(
                 st.acceptance.conditional(),
-                lambda k: st.per_call_s + k * st.per_token_s,
+                lambda k: k * st.per_token_s,
                 self._step_cost,
                 self.k_max,
             )

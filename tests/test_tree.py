@@ -174,3 +174,19 @@ def test_fusion_is_lossless_on_the_real_pair(tree_target, target, store, spec):
         assert gen.output_ids == expected
         accepted += gen.stats.n_accepted
     assert accepted > 0 and drafter.trees > 0
+
+
+def test_sampling_with_tree_drafts_verifies_the_best_branch_as_a_chain(tree_target):
+    """Trees are greedy-only: with sampling the best branch goes through rejection sampling
+    (point mass, lossless for any deterministic draft), so no tree batch may run."""
+    from specstack.sampling import SamplingParams
+
+    drafter = CountingDrafter(create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
+    engine = Engine(tree_target, drafter)
+    sampling = SamplingParams(temperature=0.7, seed=11)
+    runs = [engine.generate(p, GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run() for p in held_out_prompts(4)]
+    assert drafter.trees > 0  # the drafter did offer trees...
+    assert sum(g.stats.n_tree_steps for g in runs) == 0  # ...but none was verified as a tree
+    assert sum(g.stats.n_accepted for g in runs) > 0
+    again = Engine(tree_target, create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
+    assert again.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run().output_ids == runs[0].output_ids

@@ -129,33 +129,29 @@ class SuffixDrafter:
     # --- drafts -----------------------------------------------------------------------
     def speculate(self, context_ids: Sequence[int], max_tokens: int) -> SuffixDraft:
         """The better of the request-tree and global-tree path drafts (request wins ties)."""
+        return self._best(context_ids, max_tokens, tree=False)
+
+    def propose_tree(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        """A best-first token tree (``Draft.parents`` set) within ``max_tokens``, for tree verification."""
+        best = self._best(context_ids, max_tokens, tree=True)
+        if not best.token_ids:
+            return Draft.empty(self.name)
+        return Draft(token_ids=best.token_ids, source=self.name, parents=best.parents)
+
+    def _best(self, context_ids: Sequence[int], max_tokens: int, tree: bool) -> SuffixDraft:
+        """Query both trees (paths or best-first trees); the higher score wins, the request tree on ties."""
         if self._local is None or max_tokens <= 0:
             return SuffixDraft()
         local_states, global_states = self._states(context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
-        best = self._local.speculate(local_states, *args) if local_states else SuffixDraft()
+        method = "speculate_tree" if tree else "speculate"
+        best = getattr(self._local, method)(local_states, *args) if local_states else SuffixDraft()
         if global_states:
-            other = self.global_tree.speculate(global_states, *args)
+            other = getattr(self.global_tree, method)(global_states, *args)
             if other.score > best.score:
                 best = other
         return best
-
-    def propose_tree(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        """A best-first token tree (``Draft.parents`` set) within ``max_tokens``, for tree verification."""
-        if self._local is None or max_tokens <= 0:
-            return Draft.empty(self.name)
-        local_states, global_states = self._states(context_ids)
-        cfg = self.config
-        args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
-        best = self._local.speculate_tree(local_states, *args) if local_states else SuffixDraft()
-        if global_states:
-            other = self.global_tree.speculate_tree(global_states, *args)
-            if other.score > best.score:
-                best = other
-        if not best.token_ids:
-            return Draft.empty(self.name)
-        return Draft(token_ids=best.token_ids, source=self.name, parents=best.parents)
 
     def _states(self, context_ids: Sequence[int]) -> tuple[list, list]:
         """Match states in both trees for the end of ``context_ids``.
