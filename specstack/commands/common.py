@@ -32,7 +32,7 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default,
                    help=f"draft source: {', '.join(n for n in available() if n not in ('cascade', 'fusion'))}, or an ordered fallback list "
-                   f"cascade:SRC,SRC,... such as cascade:prompt-lookup,suffix,draft-model, or a fused tree fusion:suffix,draft-model "
+                   f"cascade:SRC,SRC,... such as cascade:suffix,prompt-lookup,draft-model, or a fused tree fusion:suffix,draft-model "
                    f"(default: {default})")
     g.add_argument("--cascade-min-len", dest="cascade_min_len", type=int, default=None,
                    help="cascade: tokens a source must offer before later sources are skipped (default 3)")

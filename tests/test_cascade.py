@@ -1,0 +1,131 @@
+"""The cascade's choice between sources, on scripted sources (no model needed).
+
+The real-pair losslessness of cascades is in test_equivalence_retrieval.py;
+here the selection rule itself is pinned down: order and min_len decide
+when to stop asking, expected value decides among short drafts, and every
+source learns from every step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+from specstack.drafters.cascade import CascadeConfig, CascadeDrafter, _outcome
+from specstack.errors import InvalidParameterError
+from specstack.types import Draft
+
+
+class Scripted:
+    """A source that proposes a fixed draft (truncated to the budget) and records what it saw."""
+
+    def __init__(self, name: str, tokens: Sequence[int]) -> None:
+        self.name = name
+        self.tokens = tuple(tokens)
+        self.asked = 0
+        self.observed: list[list[int]] = []
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+        self.asked += 1
+        return Draft(self.tokens[:max_tokens], self.name)
+
+    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+        self.observed.append(list(new_ids))
+
+    def end(self) -> None:
+        pass
+
+
+def cascade(*sources: Scripted, min_len: int = 3) -> CascadeDrafter:
+    return CascadeDrafter(list(sources), CascadeConfig(tuple(s.name for s in sources), min_len))
+
+
+def test_first_long_enough_draft_stops_the_cascade():
+    a, b = Scripted("a", [1, 2, 3]), Scripted("b", [4, 5, 6, 7])
+    c = cascade(a, b)
+    assert c.propose([0], 8).source == "a"
+    assert b.asked == 0  # later (costlier) sources are not asked
+
+
+def test_a_later_source_replaces_a_short_first_draft_only_when_worth_more():
+    a, b = Scripted("a", [1]), Scripted("b", [4, 5, 6, 7])
+    c = cascade(a, b)
+    for _ in range(30):  # the target follows b
+        c.propose([0], 8)
+        c.observe([4, 5, 6, 7, 8], 4)
+    assert c.propose([0], 8).token_ids == (4, 5, 6, 7)
+    assert a.asked == b.asked == 31
+    for _ in range(60):  # now it follows a
+        c.propose([0], 8)
+        c.observe([1, 2], 1)
+    assert c.propose([0], 8).token_ids == (1,)
+
+
+def test_a_reliable_short_draft_beats_an_unreliable_long_one():
+    a, b = Scripted("a", [1, 2]), Scripted("b", [4, 5, 6])
+    c = cascade(a, b, min_len=4)
+    for _ in range(30):  # the target keeps following a and never b
+        c.propose([0], 8)
+        c.observe([1, 2, 9], 2)
+    assert c.propose([0], 8).source == "a"
+    cond_b = c.trackers[1].conditional()
+    assert cond_b[0] < 0.1  # b learnt from steps it did not win
+    assert c.trackers[0].conditional()[0] > 0.9
+
+
+def test_every_source_observes_every_step():
+    a, b = Scripted("a", [1, 2, 3]), Scripted("b", [4])
+    c = cascade(a, b)
+    c.propose([0], 4)
+    c.observe([1, 2, 7], 2)
+    assert a.observed == b.observed == [[1, 2, 7]]
+
+
+def test_nothing_drafted_gives_an_empty_draft():
+    c = cascade(Scripted("a", []), Scripted("b", []))
+    draft = c.propose([0], 4)
+    assert len(draft) == 0 and draft.source.startswith("cascade")
+
+
+@pytest.mark.parametrize(
+    "draft, committed, expected",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], (3, 3)),  # all accepted, bonus after
+        ([1, 2, 3], [1, 5], (2, 1)),  # rejected at position 1
+        ([1, 2, 3], [9], (1, 0)),  # rejected at once
+        ([1, 2, 3], [1, 2], (2, 2)),  # committed ran out: position 2 unknown
+    ],
+)
+def test_counterfactual_outcome(draft, committed, expected):
+    assert _outcome(draft, committed) == expected
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(InvalidParameterError, match="twice"):
+        CascadeConfig(("suffix", "suffix"))
+    with pytest.raises(InvalidParameterError, match="min_len"):
+        CascadeConfig(("suffix",), min_len=0)
+
+
+def test_a_later_source_that_keeps_failing_is_cut_to_the_free_token():
+    """A plain step is padded to two tokens, so one draft token costs nothing; more would."""
+    a, b = Scripted("a", []), Scripted("b", [4, 5, 6])
+    c = cascade(a, b)
+    assert len(c.propose([0], 8)) > 0  # no history yet: worth a try
+    for _ in range(30):
+        c.propose([0], 8)
+        c.observe([9], 0)
+    assert c.propose([0], 8).token_ids == (4,)
+
+
+def test_a_later_draft_is_cut_to_its_most_valuable_length():
+    a, b = Scripted("a", []), Scripted("b", [4, 5, 6, 7, 8, 9])
+    c = cascade(a, b)
+    for _ in range(40):  # b is right for two tokens, then wrong
+        c.propose([0], 8)
+        c.observe([4, 5, 1], 2)
+    assert c.propose([0], 8).token_ids == (4, 5)
