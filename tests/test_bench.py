@@ -304,3 +304,22 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
     results["peers"] = recs
     md = report.render_markdown(results)
     assert "## llama.cpp peers" in md and "| llama-lookup | 4 | 0 | 250.0 | 2.50x |" in md
+
+
+def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():
+    from specstack.bench.report import sequence_curves
+
+    def run(method, k, req, decode_s, drafted=0, accepted=0):
+        return {"method": method, "k": k, "temperature": 0.0, "request": req, "category": "c",
+                "stats": {"n_tokens": 10, "decode_s": decode_s, "n_drafted": drafted, "n_accepted": accepted}}
+
+    results = {
+        "workload": {"requests": [{"id": "r0", "group": "g"}, {"id": "r1", "group": "g"}, {"id": "alone"}]},
+        "runs": [run("none", 0, "r0", 0.01), run("none", 0, "r1", 0.01), run("none", 0, "alone", 0.01),
+                 run("suffix", 4, "r0", 0.005, 8, 4), run("suffix", 4, "r1", 0.0025, 8, 8),
+                 run("suffix", 4, "alone", 0.001, 8, 8)],
+    }
+    [curve] = sequence_curves(results)
+    assert curve["group"] == "g" and (curve["method"], curve["k"]) == ("suffix", 4)
+    assert curve["speedups"] == [2.0, 4.0] and curve["acceptance"] == [0.5, 1.0]
+    assert curve["last_quarter"] == 4.0

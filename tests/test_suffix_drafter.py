@@ -111,14 +111,17 @@ def test_context_out_of_step_with_observe_is_matched_from_scratch():
     assert d.propose([1, 2, 3, 4, 1, 2], 2).token_ids == (3, 4)
 
 
-def test_outputs_go_to_the_global_tree_prompts_do_not_by_default():
-    # ArcticInference caches responses; prompts only with global_prompts=True.
+def test_prompts_and_outputs_go_to_the_global_tree_unless_outputs_only():
+    # By default a request is filed whole (a repeated prompt then drafts its old
+    # output from the first step); global_prompts=False is ArcticInference's outputs-only cache.
     d = SuffixDrafter()
     run_request(d, [1, 2, 3], [4, 5, 6])
-    assert d.global_tree.count([4, 5, 6]) == 1 and d.global_tree.count([1, 2]) == 0
-    d = SuffixDrafter(SuffixConfig(global_prompts=True))
-    run_request(d, [1, 2, 3], [4, 5, 6])
     assert d.global_tree.count([1, 2, 3, 4, 5, 6]) == 1
+    d.begin([7, 2, 3])
+    assert d.propose([7, 2, 3], 8).token_ids == (4, 5)  # match [2, 3] (m=2, alpha=1)
+    d = SuffixDrafter(SuffixConfig(global_prompts=False))
+    run_request(d, [1, 2, 3], [4, 5, 6])
+    assert d.global_tree.count([4, 5, 6]) == 1 and d.global_tree.count([1, 2]) == 0
 
 
 def test_global_tree_persists_across_requests():

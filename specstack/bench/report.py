@@ -166,6 +166,47 @@ def acceptance_by_position(results: dict[str, Any]) -> dict[tuple[str, int, floa
     return {key: [a / d if d else 0.0 for a, d in zip(at, dt)] for key, (dt, at) in acc.items()}
 
 
+def sequence_curves(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group of requests (a sequence run in order on one drafter): each request's speedup, in order.
+
+    This is where cross-request learning shows (the suffix drafter's global
+    tree): one row per (method, k, temperature), with the speedup and
+    acceptance of request 1, 2, ... of the group, plus the mean of the last
+    quarter of the sequence.
+    """
+    reps = representative_runs(results)
+    order: dict[str, list[str]] = defaultdict(list)
+    for q in results["workload"]["requests"]:
+        if q.get("group"):
+            order[q["group"]].append(q["id"])
+    curves = []
+    configs = list(dict.fromkeys((m, k, t) for (m, k, t, _r) in reps if m != PLAIN))
+    for group, ids in order.items():
+        if len(ids) < 2:
+            continue
+        for m, k, t in configs:
+            speedups, acceptance = [], []
+            for rid in ids:
+                run, plain = reps.get((m, k, t, rid)), reps.get((PLAIN, 0, t, rid))
+                if run is None or plain is None or _tps(plain) <= 0:
+                    break
+                speedups.append(round(_tps(run) / _tps(plain), 3))
+                st = run["stats"]
+                acceptance.append(round(st["n_accepted"] / st["n_drafted"], 3) if st["n_drafted"] else None)
+            if len(speedups) == len(ids):
+                tail = speedups[-max(1, len(ids) // 4):]
+                curves.append({"group": group, "method": m, "k": k, "temperature": t, "speedups": speedups,
+                               "acceptance": acceptance, "last_quarter": round(statistics.mean(tail), 3)})
+    return curves
+
+
+def _by_group(curves: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in curves:
+        groups.setdefault(c["group"], []).append(c)
+    return list(groups.values())
+
+
 def repeated_line_share(prompt: str, text: str) -> float | None:
     """Share of the output's non-blank lines that already appeared (stripped) earlier in prompt or output.
 
@@ -292,6 +333,15 @@ def render_markdown(results: dict[str, Any]) -> str:
         by_cat = [r for r in rows if r["category"] != ALL]
         parts.append(_table(head[:3] + ["category"] + head[3:], _summary_rows(by_cat, True)))
     pos = acceptance_by_position(results)
+    for group_curves in _by_group(sequence_curves(results)):
+        group, n = group_curves[0]["group"], len(group_curves[0]["speedups"])
+        parts += ["", f"## Sequence: group `{group}` ({n} requests in order, one drafter)", ""]
+        parts.append(_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)] + ["last quarter"],
+                            [[c["method"], str(c["k"]), f"{c['temperature']:g}"] + [f"{x:.2f}x" for x in c["speedups"]]
+                             + [f"**{c['last_quarter']:.2f}x**"] for c in group_curves]))
+        parts.append("")
+        parts.append("Each request's speedup over plain decoding, in the order the group ran. Drafters that learn across "
+                     "requests (the suffix drafter's global tree) should rise along the row.")
     if pos:
         n = max(len(v) for v in pos.values())
         parts += ["", "## Acceptance by draft position", ""]
@@ -413,7 +463,7 @@ def _pyplot():
 
 
 def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
-    """tokps_vs_k.png, acceptance_by_position.png and (if measured) cost_curve.png."""
+    """tokps_vs_k.png, acceptance_by_position.png, sequence_GROUP.png per request group and (if measured) cost_curve.png."""
     plt = _pyplot()
     outdir = Path(outdir)
     written = []
@@ -460,6 +510,23 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, outdir / "acceptance_by_position.png", plt))
+
+    for group_curves in _by_group(sequence_curves(results)):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for c in group_curves:
+            xs = range(1, len(c["speedups"]) + 1)
+            ax.plot(xs, c["speedups"], marker="o", label=f"{c['method']} k={c['k']}" + (f", T={c['temperature']:g}" if len(temps) > 1 else ""))
+        ax.axhline(1.0, color="gray", linestyle="--", label="plain (none)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("request in sequence")
+        ax.set_ylabel("speedup over plain")
+        ax.set_title(f"sequence: {group_curves[0]['group']}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in group_curves[0]["group"])
+        written.append(_save(fig, outdir / f"sequence_{safe}.png", plt))
 
     curve = results.get("cost_curve")
     if curve:

@@ -31,8 +31,11 @@ class SuffixConfig:
     min_token_prob: stop a draft when its path probability falls below this.
     global_budget_tokens: tokens kept in the global tree; the oldest requests
       are evicted first (about 270 bytes of memory per token); 0 disables it.
-    global_prompts: also put each request's prompt in the global tree (helps
-      when prompts repeat, e.g. agent loops; costs budget).
+    global_prompts: also put each request's prompt in the global tree, so the
+      next request's prompt can match where an earlier prompt ended and draft
+      that prompt's output from the first step (on the bundled repetitive
+      workload: 3.45x instead of 3.16x, modelled from replayed drafts); costs
+      budget.  ArcticInference keeps outputs only: set False for that.
     cache_path: .npz file holding the global tree: loaded when the drafter is
       made (if it exists), saved at the end of every request.
     """
@@ -42,7 +45,7 @@ class SuffixConfig:
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
     global_budget_tokens: int = 250_000
-    global_prompts: bool = False
+    global_prompts: bool = True
     cache_path: str | None = None
     tree: bool = False  # propose best-first trees (verified in one batch) instead of one chain
 
