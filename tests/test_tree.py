@@ -190,3 +190,41 @@ def test_sampling_with_tree_drafts_verifies_the_best_branch_as_a_chain(tree_targ
     assert sum(g.stats.n_accepted for g in runs) > 0
     again = Engine(tree_target, create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
     assert again.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run().output_ids == runs[0].output_ids
+
+
+def test_fusion_puts_the_source_that_keeps_winning_first():
+    """The first depth-first branch is kept without re-decoding, so it should be the likely winner."""
+    from specstack.drafters.fusion import FusionDrafter
+
+    class Source:
+        def __init__(self, name, draft):
+            self.name, self.draft = name, draft
+
+        def begin(self, prompt_ids):
+            pass
+
+        def propose(self, context_ids, max_tokens):
+            return self.draft
+
+        def propose_tree(self, context_ids, max_tokens):
+            return self.draft
+
+        def observe(self, new_ids, num_accepted):
+            pass
+
+        def end(self):
+            pass
+
+    retrieval = Source("suffix", Draft((5, 6, 9), "suffix", parents=(-1, 0, -1)))
+    model = Source("draft-model", Draft((7, 8), "draft-model"))
+    fusion = FusionDrafter(retrieval, model)
+    assert fusion.propose([0], 8).token_ids[:2] == (7, 8)  # the model's chain first at the start
+    for _ in range(3):  # the target keeps following the retrieved branch
+        fusion.propose([0], 8)
+        fusion.observe([5, 6, 1], 2)
+    fused = fusion.propose([0], 8)
+    assert fused.token_ids == (5, 6, 9, 7, 8) and fused.parents == (-1, 0, -1, -1, 3)
+    for _ in range(6):  # and now the model's
+        fusion.propose([0], 8)
+        fusion.observe([7, 8, 1], 2)
+    assert fusion.propose([0], 8).token_ids[:2] == (7, 8)

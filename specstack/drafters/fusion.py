@@ -2,13 +2,17 @@
 
 The RASD idea (retrieval-augmented speculative decoding): retrieved
 continuations and model drafts are complementary, so verify both at once.
-The model's chain goes in first (it becomes the first depth-first branch,
-the one tree verification keeps without re-decoding), then the retrieval
-tree's nodes in their best-first order, sharing any prefix the two agree
-on, until the token budget is spent.
+The source that has been winning goes in first: its tokens become the first
+depth-first branch, the one tree verification keeps without re-decoding
+the KV cache (a win by the other branch costs one extra chain batch).  The
+other source's nodes follow, sharing any prefix the two agree on, until the
+token budget is spent.  After each step the committed tokens tell which
+source's draft matched further; a decayed tally of those wins decides the
+order (the model's chain first until retrieval has won more).
 
-Example, budget 5: model chain ``[4, 7]``, retrieval tree ``4 -> 9``, ``2``:
-fused tree ``4 -> 7``, ``4 -> 9``, ``2`` (the shared ``4`` is one node).
+Example, budget 5, model first: model chain ``[4, 7]``, retrieval tree
+``4 -> 9``, ``2``: fused tree ``4 -> 7``, ``4 -> 9``, ``2`` (the shared
+``4`` is one node).
 With sampling, the model chain is returned alone with its q (rejection
 sampling needs the proposal distribution of the tokens it verifies).
 """
@@ -30,6 +34,8 @@ class FusionDrafter:
             raise InvalidParameterError(f"fusion needs a tree-capable retrieval source first (suffix or rest), not {retrieval.name!r}")
         self.retrieval, self.model = retrieval, model
         self.name = f"fusion:{retrieval.name},{model.name}"
+        self.retrieval_lead = 0.0  # decayed (retrieval wins - model wins); > 0 puts retrieval first
+        self._last: tuple[Draft, Draft] | None = None
 
     def bind_policy(self, policy: object) -> None:
         bind = getattr(self.model, "bind_policy", None)
@@ -45,9 +51,18 @@ class FusionDrafter:
         if chain.q is not None:
             return chain
         tree = self.retrieval.propose_tree(context_ids, max_tokens)
+        self._last = (chain, tree)
+        if self.retrieval_lead > 0:
+            return fuse(tree, chain, max_tokens, self.name)
         return fuse(chain, tree, max_tokens, self.name)
 
     def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+        if self._last is not None:
+            chain, tree = self._last
+            model_run, retrieval_run = _matched(chain, new_ids), _matched(tree, new_ids)
+            if model_run != retrieval_run:
+                self.retrieval_lead = 0.9 * self.retrieval_lead + (1.0 if retrieval_run > model_run else -1.0)
+            self._last = None
         self.retrieval.observe(new_ids, num_accepted)
         self.model.observe(new_ids, num_accepted)
 
@@ -56,8 +71,20 @@ class FusionDrafter:
         self.model.end()
 
 
-def fuse(chain: Draft, tree: Draft, budget: int, source: str) -> Draft:
-    """Insert ``chain`` then ``tree`` (parents-first order) into one tree of at most ``budget`` nodes."""
+def _matched(draft: Draft, committed: Sequence[int]) -> int:
+    """How far the committed tokens follow some path of ``draft`` (a chain or a tree)."""
+    parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
+    node, depth = -1, 0
+    for tok in committed:
+        node = next((i for i, p in enumerate(parents) if p == node and draft.token_ids[i] == tok), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
+def fuse(first: Draft, second: Draft, budget: int, source: str) -> Draft:
+    """Insert ``first`` then ``second`` (chains or parents-first trees) into one tree of at most ``budget`` nodes."""
     tokens: list[int] = []
     parents: list[int] = []
     children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
@@ -73,16 +100,12 @@ def fuse(chain: Draft, tree: Draft, budget: int, source: str) -> Draft:
         children[(parent, token)] = len(tokens) - 1
         return len(tokens) - 1
 
-    node = -1
-    for tok in chain.token_ids:
-        node = add(node, tok)
-        if node is None:
-            break
-    tree_parents = tree.parents if tree.parents is not None else tuple(range(-1, len(tree.token_ids) - 1))
-    mapped: list[int | None] = []
-    for tok, par in zip(tree.token_ids, tree_parents):
-        parent = -1 if par < 0 else mapped[par]
-        mapped.append(None if parent is None else add(parent, tok))
+    for draft in (first, second):
+        draft_parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
+        mapped: list[int | None] = []
+        for tok, par in zip(draft.token_ids, draft_parents):
+            parent = -1 if par < 0 else mapped[par]
+            mapped.append(None if parent is None else add(parent, tok))
     if not tokens:
         return Draft.empty(source)
     return Draft(token_ids=tuple(tokens), source=source, parents=tuple(parents))
