@@ -45,7 +45,8 @@ def run_all(target, name, options=None, k=4):
 
 @pytest.mark.parametrize(
     "name",
-    ["suffix", "rest", "cascade:prompt-lookup,suffix,draft-model", "cascade:rest,draft-model"],
+    ["suffix", "rest", "cascade:prompt-lookup,suffix,draft-model", "cascade:suffix,prompt-lookup",
+     "cascade:rest,draft-model"],
 )
 def test_retrieval_and_cascades_equal_plain_decoding(target, plain, store, name):
     gens = run_all(target, name, {"datastore": store})

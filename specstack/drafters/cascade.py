@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..draft_length import AcceptanceTracker
+from ..draft_length import AcceptanceTracker, best_k, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
 from .base import BuildContext, Drafter, create, register
@@ -104,29 +104,19 @@ class CascadeDrafter:
         # cascade drafts at least as well as its first source alone would.
         best, best_value = Draft.empty(self.name), 1.0 / self._verify_cost(1)  # a plain step
         for i, draft in self._drafts:
-            n, v = self.best_length(i, len(draft))
-            if i == 0:
-                best, best_value = draft, v
-            elif v > best_value:
-                best, best_value = draft.truncated(n), v
+            cond = self._conditional(i, len(draft))
+            n = len(draft) if i == 0 else best_k(cond, _no_cost, self._verify_cost, len(draft))
+            if n == 0:
+                continue  # no prefix of it beats a plain step
+            value = (1.0 + expected_accepted(cond, n)) / self._verify_cost(n + 1)
+            if i == 0 or value > best_value:
+                best, best_value = draft.truncated(n), value
         return best
 
-    def best_length(self, source: int, n: int) -> tuple[int, float]:
-        """The prefix length of an n-token draft from ``source`` worth most, and its value.
-
-        Value: expected committed tokens (accepted + the target's own) per
-        unit of verification cost, from the source's acceptance by position.
-        """
+    def _conditional(self, source: int, n: int) -> list[float]:
+        """The source's acceptance at positions 1..n; deep positions keep the last tracked rate."""
         cond = self.trackers[source].conditional()
-        best_n, best_v = n, 0.0
-        expected, run = 0.0, 1.0
-        for j in range(1, n + 1):
-            run *= cond[min(j, len(cond)) - 1]  # deep positions keep the last rate
-            expected += run
-            v = (1.0 + expected) / self._verify_cost(j + 1)
-            if v > best_v:
-                best_n, best_v = j, v
-        return best_n, best_v
+        return cond + [cond[-1]] * (n - len(cond)) if n > len(cond) else cond
 
     def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
         for i, draft in self._drafts:
@@ -140,6 +130,11 @@ class CascadeDrafter:
         self._drafts = []
         for d in self.drafters:
             d.end()
+
+
+def _no_cost(k: int) -> float:
+    """Retrieval drafts cost microseconds: only verification is priced."""
+    return 0.0
 
 
 def _outcome(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

@@ -71,9 +71,14 @@ class FusionDrafter:
         self.model.end()
 
 
+def _parents(draft: Draft) -> tuple[int, ...]:
+    """Parent indices of a tree draft; a chain's token i follows token i - 1."""
+    return draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
+
+
 def _matched(draft: Draft, committed: Sequence[int]) -> int:
     """How far the committed tokens follow some path of ``draft`` (a chain or a tree)."""
-    parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
+    parents = _parents(draft)
     node, depth = -1, 0
     for tok in committed:
         node = next((i for i, p in enumerate(parents) if p == node and draft.token_ids[i] == tok), None)
@@ -101,9 +106,8 @@ def fuse(first: Draft, second: Draft, budget: int, source: str) -> Draft:
         return len(tokens) - 1
 
     for draft in (first, second):
-        draft_parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
         mapped: list[int | None] = []
-        for tok, par in zip(draft.token_ids, draft_parents):
+        for tok, par in zip(draft.token_ids, _parents(draft)):
             parent = -1 if par < 0 else mapped[par]
             mapped.append(None if parent is None else add(parent, tok))
     if not tokens:
