@@ -16,22 +16,33 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import cache_dir
+from typing import Sequence
 
-CURVE_VERSION = 2  # bump when the measurement method changes: old cache entries are ignored
+import numpy as np
+
+from .paths import cache_dir
+from .target import BatchShapes, plan_calls
+
+CURVE_VERSION = 3  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass
 class CostModel:
-    """t(n) for n = 1..len(curve); beyond it, extrapolated linearly from the last two points.
+    """t(T) for one llama.cpp call of T rows, T = 1..len(curve); beyond it, extrapolated linearly.
 
-    Online refinement: sizes seen often enough use their own running
+    A step's cost is priced through the same call plan the target uses
+    (``target.plan_calls``): verification batches longer than the model's
+    exact ``max_rows`` are split, and concurrent generations share calls, so
+    a draft token is valued at its marginal cost in *that* batch.
+
+    Online refinement: call sizes seen often enough use their own running
     estimate; the others are the calibrated curve times a running scale
     factor (observed / calibrated over all steps), so a calibration made on
     a busy machine, or a change in load, corrects sizes not tried yet.
     """
 
     curve: list[float]
+    shapes: BatchShapes = field(default_factory=lambda: BatchShapes(min_rows=1))
     ema: float = 0.1  # weight of one online observation
     source: str = "calibrated"
     min_seen: int = 3
@@ -39,11 +50,23 @@ class CostModel:
     _seen: dict[int, int] = field(default_factory=dict)
     _scale: float = 1.0
 
-    def verify_s(self, n: int) -> float:
-        n = max(n, 1)
+    def call_s(self, rows: int) -> float:
+        """One call of ``rows`` rows (padded to min_rows)."""
+        n = max(rows, self.shapes.min_rows, 1)
         if self._seen.get(n, 0) > self.min_seen:
             return max(self._online[n], self._floor(n))
         return self._calibrated(n) * self._scale
+
+    def batch_s(self, rows: Sequence[int]) -> float:
+        """A step in which generation i evaluates ``rows[i]`` rows (its pending token plus its draft)."""
+        if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
+            return self.call_s(rows[0])
+        calls = plan_calls(rows, range(len(rows)), self.shapes.min_rows, self.shapes.max_rows)
+        return sum(self.call_s(sum(p.count + p.pad for p in call)) for call in calls)
+
+    def verify_s(self, n: int) -> float:
+        """One generation verifying n rows alone (split into exact calls where needed)."""
+        return self.batch_s((max(n, 1),))
 
     def _floor(self, n: int) -> float:
         """Keep t non-decreasing: no size may look cheaper than a smaller one known online."""
@@ -57,13 +80,27 @@ class CostModel:
         slope = max(c[-1] - c[-2], 0.0) if len(c) > 1 else c[-1]
         return c[-1] + slope * (n - len(c))
 
-    def observe_verify(self, n: int, seconds: float) -> None:
+    def observe_step(self, rows: Sequence[int], seconds: float) -> None:
         """Refine from a real step (seconds <= 0 means not measured)."""
+        if not rows or seconds <= 0:
+            return
+        if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
+            self.observe_call(max(rows[0], self.shapes.min_rows), seconds)
+            return
+        predicted = self.batch_s(rows)
+        ratio = min(seconds / predicted, 3.0) if predicted > 0 else 1.0
+        self._scale += 0.25 * self.ema * (ratio * self._scale - self._scale)
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """One generation's step of n rows alone."""
+        self.observe_step((n,), seconds)
+
+    def observe_call(self, n: int, seconds: float) -> None:
         if n < 1 or seconds <= 0:
             return
         # One step can be delayed by far more than its cost (a cold first call, the OS
         # scheduling another process): clip so that no single step dominates.
-        seconds = min(seconds, 3.0 * self.verify_s(n))
+        seconds = min(seconds, 3.0 * self.call_s(n))
         self._seen[n] = self._seen.get(n, 0) + 1
         if self._seen[n] == 1:
             return  # the first batch of a new shape pays one-off graph and buffer setup
@@ -72,30 +109,93 @@ class CostModel:
         self._scale += self.ema * (seconds / self._calibrated(n) - self._scale)
 
 
-def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
-    """Time of evaluating n tokens after ``depth`` context tokens, n = 1..n_max.
+def _filler(model, n: int) -> list[int]:
+    """Deterministic ordinary token ids (BOS first) for timing and shape probes."""
+    first = model.bos_id if model.bos_id >= 0 else 0
+    rng = np.random.default_rng(1234)  # varied ids: equal kernels on repetitive input can hide a difference
+    return [first] + rng.integers(min(50, model.n_vocab - 1), model.n_vocab, n - 1).tolist()
 
-    Uses the model's own eval path (including the one-token padding of a
-    batch-invariant target), then truncates back.  Rounds sweep all n in turn
-    and each n keeps its *minimum*: on a shared machine interference only
-    ever adds time, so the minimum is the most faithful estimate.  Stops
-    after ``budget_s`` once every n has at least one sample.
+
+def measure_shapes(model, n_ref: int = 17, depth: int = 160, probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
+    """Which call shapes compute every row exactly as plain decoding (see ``BatchShapes``).
+
+    After ``depth`` prompt tokens, the reference is plain decoding of the
+    next ``n_ref`` tokens one call at a time, unpadded (``ref1``) and padded
+    to two rows (``ref2``).  Then calls of T = 2..n_ref tokens (and the
+    larger ``probes``) are compared row by row, bit for bit.  The reference
+    that admits the longer run of exact sizes wins (unpadded on ties), and
+    ``max_rows`` is the end of that run.  Probes are compared on their first
+    ``n_ref`` rows.  Takes about 2 x n_ref single steps plus the batches.
+    """
+    cap = model._batch_cap
+    n_ref = max(2, min(n_ref, cap, (model.n_ctx - 2) // 2))
+    depth = max(1, min(depth, model.n_ctx - n_ref - 2))
+    sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
+    toks = _filler(model, depth + sizes[-1])
+    model.reset()
+    model.prefill(toks[:depth])
+    ref1 = np.stack([model.raw_call([toks[depth + j]])[0].copy() for j in range(n_ref)])
+    model.truncate(depth)
+    ref2 = []
+    for j in range(n_ref):
+        ref2.append(model.raw_call([toks[depth + j], toks[depth + j]])[0].copy())
+        model.truncate(depth + j + 1)
+    ref2 = np.stack(ref2)
+    model.truncate(depth)
+    match1, match2 = {1: True}, {2: True}
+    for t in sizes:
+        rows = model.raw_call(toks[depth : depth + t])[: n_ref]
+        m = min(t, n_ref)
+        match1[t] = bool(np.array_equal(rows[:m], ref1[:m]))
+        match2[t] = bool(np.array_equal(rows[:m], ref2[:m]))
+        model.truncate(depth)
+    model.reset()
+
+    def run(match: dict[int, bool], first: int) -> int:
+        last = first
+        for t in [s for s in sizes if s >= first]:
+            if not match.get(t, False):
+                break
+            last = t
+        return last
+
+    end1, end2 = run(match1, 1), run(match2, 2)
+    same = bool(np.array_equal(ref1, ref2))
+    min_rows, end, match = (1, end1, match1) if same or end1 >= end2 else (2, end2, match2)
+    unbounded = end == sizes[-1]
+    return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
+                       prefill_exact=unbounded, measured=True)
+
+
+def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
+    """Time of one call of n rows after ``depth`` context tokens, n = 1..n_max.
+
+    Calls are unsplit and padded to the model's ``min_rows`` (the engine
+    prices longer batches through the call plan).  Rounds sweep all n in
+    turn and each n keeps its *minimum*: on a shared machine interference
+    only ever adds time, so the minimum is the most faithful estimate.
+    Stops after ``budget_s`` once every n has at least one sample.
     """
     depth = max(1, min(depth, model.capacity - n_max - 1))
-    filler = [model.bos_id if model.bos_id >= 0 else 0] + [min(100 + i, model.n_vocab - 1) for i in range(depth + n_max)]
+    filler = _filler(model, depth + n_max)
+    pad = model.min_batch
     model.reset()
-    model.eval(filler[:depth], logits_from=depth)
-    model.eval(filler[depth : depth + 2], logits_from=0)  # warm-up
-    model.truncate(depth)
+    model.prefill(filler[:depth])
+
+    def call(n: int) -> None:
+        toks = filler[depth : depth + n]
+        model.raw_call(toks + [toks[-1]] * max(0, pad - n))
+        model.truncate(depth)
+
+    call(2)  # warm-up
     sizes = [n for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if n < n_max] + [n_max]
     best = {n: float("inf") for n in sizes}
     start = time.perf_counter()
     for _ in range(reps):
         for n in sizes:
             t0 = time.perf_counter()
-            model.eval(filler[depth : depth + n], logits_from=0)
+            call(n)
             best[n] = min(best[n], time.perf_counter() - t0)
-            model.truncate(depth)
         if time.perf_counter() - start > budget_s:
             break
     model.reset()
@@ -126,21 +226,32 @@ def _cache_key(model, n_max: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def calibrate(model, n_max: int = 17, use_cache: bool = True) -> CostModel:
-    """t(n) for this model, machine and thread count: from the disk cache or measured now."""
+def calibrate(model, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
+    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now.
+
+    Sets ``model``'s shapes.  ``exact=False`` skips the shape measurement:
+    no padding and no splitting (fastest, but speculative output may then
+    differ from plain decoding where llama.cpp's numerics depend on shape).
+    """
+    from .target import INEXACT
+
     path = cache_dir() / "costs.json"
-    key = _cache_key(model, n_max)
+    key = _cache_key(model, n_max) + ("" if exact else "-inexact")
     cache: dict = {}
     if use_cache and path.exists():
         try:
             cache = json.loads(path.read_text())
         except (OSError, ValueError):
             cache = {}
-        if key in cache:
-            return CostModel(list(cache[key]["curve_s"]), source="cache")
+        if key in cache and "shapes" in cache[key]:
+            shapes = BatchShapes(**cache[key]["shapes"], measured=exact)
+            model.set_shapes(shapes)
+            return CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
+    model.set_shapes(measure_shapes(model) if exact else INEXACT)
     curve = measure_curve(model, n_max)
     if use_cache:
-        cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}
+        cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve,
+                      "shapes": model.shapes.to_dict(), "measured": time.time()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -148,4 +259,4 @@ def calibrate(model, n_max: int = 17, use_cache: bool = True) -> CostModel:
             tmp.replace(path)
         except OSError:
             pass  # a read-only cache dir only costs a re-measurement
-    return CostModel(curve)
+    return CostModel(curve, shapes=model.shapes)

@@ -1,9 +1,17 @@
 """Policies that choose the draft budget k before each step.
 
-The engine asks ``next_k()`` for a budget, lets the drafter propose, asks
-``trim(source, n)`` how much of that source's draft is worth verifying, and
-reports each outcome through ``observe``.  A policy sees statistics and
-costs only, never a drafter's internals.  k = 0 means a plain decoding step.
+The policy is the one owner of draft length.  Before each step the engine
+asks it for a ``Budget`` (a token cap, whether a tree is allowed, a
+token-by-token keep-going rule for model drafts, and ``Advice``: acceptance
+by source and verification cost, for drafters that choose between sources)
+and hands that value to ``Drafter.propose``.  Once the draft's source is
+known, the engine applies the budget's ``cut`` (how much of that source's
+draft is worth verifying), and reports each outcome through ``observe``.  A policy sees statistics and costs only,
+never a drafter's internals.  k = 0 means a plain decoding step.
+
+With several generations in one step, ``BatchLoad`` tells the policy what
+the others already put in the batch, so a draft token is valued at its
+marginal cost in that batch: speculation shrinks as load grows.
 
 Policies: ``fixed`` (k = N), ``window`` (the research notes' controller),
 ``heuristic`` (transformers' +2/-1 schedule) and ``cost`` (the default:
@@ -17,6 +25,30 @@ from typing import Callable, Protocol, Sequence
 
 from .costs import CostModel
 from .errors import InvalidParameterError
+
+# Relative verification cost t(n)/t(1) = 1 + VERIFY_SLOPE * (n - 1) for policies
+# without a measured curve: 0.2 per token on pycoder-6m and 0.1 on a 1B model with
+# 2 cores here (t(17) = 1.28 vs t(2) = 0.32 ms; 142 vs 67 ms).
+VERIFY_SLOPE = 0.15
+
+
+def slope_cost(n: int) -> float:
+    return 1.0 + VERIFY_SLOPE * max(0, n - 1)
+
+
+KeepGoing = Callable[[str, Sequence[float], float], bool]
+"""(source, confidences of the tokens drafted so far, draft seconds spent) -> draft one more?"""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLoad:
+    """What the other generations already put in this step: their rows and expected committed tokens."""
+
+    rows: tuple[int, ...] = ()
+    tokens: float = 0.0
+
+
+SOLO = BatchLoad()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +65,11 @@ class StepOutcome:
 
 class DraftLengthPolicy(Protocol):
     name: str
+    book: "AcceptanceBook"  # acceptance by source, shared with cascade and fusion through Advice
+    costs: CostModel | None  # the measured t(n) it prices with, if any (the engine refines it)
 
-    def next_k(self) -> int:
-        """Upper bound on the draft budget for the next step (>= 0)."""
-
-    def trim(self, source: str, n: int) -> int:
-        """How many of a ``source`` draft's ``n`` tokens to verify."""
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> "Budget":
+        """The next draft's budget, at most ``cap`` tokens (context, max_tokens and the loop's limit)."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from the step just verified."""
@@ -48,87 +79,6 @@ def _check_k(k: int, what: str = "k") -> int:
     if k < 1:
         raise InvalidParameterError(f"{what} must be >= 1 (got {k}); use --drafter none for plain decoding")
     return k
-
-
-class FixedK:
-    """Always ask for k tokens (the user's habit, and llama.cpp's --draft-max)."""
-
-    name = "fixed"
-
-    def __init__(self, k: int = 4) -> None:
-        self.k = _check_k(k)
-
-    def next_k(self) -> int:
-        return self.k
-
-    def trim(self, source: str, n: int) -> int:
-        return n
-
-    def observe(self, outcome: StepOutcome) -> None:
-        pass
-
-
-class WindowK:
-    """The research notes' controller: acceptance over a rolling window of draft tokens.
-
-    Above ``high`` acceptance k grows by ``step``, below ``low`` it shrinks by
-    ``step``, always within [k_min, k_max].  The window is cleared after a
-    change so each decision sees only tokens drafted at the current k.
-    """
-
-    name = "window"
-
-    def __init__(self, k: int = 8, k_min: int = 4, k_max: int = 24, window: int = 64,
-                 high: float = 0.8, low: float = 0.6, step: int = 4) -> None:
-        if not 1 <= k_min <= k_max:
-            raise InvalidParameterError(f"window policy needs 1 <= k_min <= k_max (got {k_min}, {k_max})")
-        self.k_min, self.k_max, self.window = k_min, k_max, window
-        self.high, self.low, self.step = high, low, step
-        self.k = min(max(k, k_min), k_max)
-        self._drafted = 0
-        self._accepted = 0
-
-    def next_k(self) -> int:
-        return self.k
-
-    def trim(self, source: str, n: int) -> int:
-        return n
-
-    def observe(self, outcome: StepOutcome) -> None:
-        self._drafted += outcome.num_drafted
-        self._accepted += outcome.num_accepted
-        if self._drafted < self.window:
-            return
-        rate = self._accepted / self._drafted
-        if rate > self.high:
-            self.k = min(self.k + self.step, self.k_max)
-        elif rate < self.low:
-            self.k = max(self.k - self.step, self.k_min)
-        self._drafted = self._accepted = 0
-
-
-class HeuristicK:
-    """transformers' "heuristic" schedule: +2 when every draft token was accepted, else -1."""
-
-    name = "heuristic"
-
-    def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 32) -> None:
-        self.k_min, self.k_max = k_min, k_max
-        self.k = min(max(_check_k(k), k_min), k_max)
-
-    def next_k(self) -> int:
-        return self.k
-
-    def trim(self, source: str, n: int) -> int:
-        return n
-
-    def observe(self, outcome: StepOutcome) -> None:
-        if outcome.num_drafted == 0:
-            return
-        if outcome.num_accepted == outcome.num_drafted:
-            self.k = min(self.k + 2, self.k_max)
-        else:
-            self.k = max(self.k - 1, self.k_min)
 
 
 @dataclass
@@ -181,6 +131,97 @@ class AcceptanceTracker:
         return self.reached[0]
 
 
+class AcceptanceBook:
+    """Acceptance by draft position, per source (one ``AcceptanceTracker`` each)."""
+
+    def __init__(self, k_max: int = 32) -> None:
+        self.k_max = k_max
+        self.trackers: dict[str, AcceptanceTracker] = {}
+
+    def tracker(self, source: str) -> "AcceptanceTracker":
+        t = self.trackers.get(source)
+        if t is None:
+            t = self.trackers[source] = AcceptanceTracker(k_max=self.k_max)
+        return t
+
+    def update(self, source: str, num_drafted: int, num_accepted: int) -> None:
+        self.tracker(source).update(num_drafted, num_accepted)
+
+    def conditional(self, source: str, n: int = 0) -> list[float]:
+        """Acceptance at positions 1..max(n, k_max); deep positions keep the last tracked rate."""
+        cond = self.tracker(source).conditional()
+        return cond + [cond[-1]] * (n - len(cond)) if n > len(cond) else cond
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The policy's statistics for drafters that choose between sources (cascade, fusion).
+
+    ``learn`` scores a draft that was *not* verified against the committed
+    tokens (greedy verification accepts exactly as far as they match), so a
+    source that lost the choice keeps learning; the verified draft is learned
+    by the policy itself from the step's outcome.
+    """
+
+    book: AcceptanceBook
+    verify_cost: Callable[[int], float] = slope_cost
+
+    def conditional(self, source: str, n: int) -> list[float]:
+        return self.book.conditional(source, n)
+
+    def learn(self, source: str, num_drafted: int, num_accepted: int) -> None:
+        self.book.update(source, num_drafted, num_accepted)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The policy's decision for one generation's next draft, passed to ``Drafter.propose``.
+
+    max_tokens: a drafter never returns more tokens (tree nodes) than this.
+    tree: a token tree may be returned; otherwise a chain.
+    keep_going: for sources that draft token by token (a model), whether
+      one more token is worth verifying; None means draft up to max_tokens.
+    advice: acceptance by source and verification cost, for cascade/fusion.
+    cut: how many of a source's n drafted tokens are worth verifying (the
+      engine applies it once the draft's source is known); None keeps all.
+    expected: tokens the step is expected to commit for this generation
+      (the engine tells the next generation's policy, for batch pricing).
+    """
+
+    max_tokens: int
+    tree: bool = False
+    keep_going: KeepGoing | None = None
+    advice: Advice | None = None
+    cut: Callable[[str, int], int] | None = None
+    expected: float = 1.0
+
+    def worth(self, source: str, n: int) -> int:
+        """Tokens of a ``source`` draft of ``n`` to verify: within the cap, and as the policy cut it."""
+        n = min(n, self.max_tokens)
+        return n if self.cut is None else min(n, self.cut(source, n))
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise InvalidParameterError(f"a draft budget cannot be negative (got {self.max_tokens})")
+
+
+class _Policy:
+    """Shared parts: the acceptance book (every policy keeps one) and a cap on k."""
+
+    name = "policy"
+    costs: CostModel | None = None
+
+    def __init__(self, k_max: int = 32) -> None:
+        self.book = AcceptanceBook(k_max)
+
+    def _advice(self) -> Advice:
+        return Advice(self.book)
+
+    def _learn(self, outcome: StepOutcome) -> None:
+        if outcome.num_drafted:
+            self.book.update(outcome.source, outcome.num_drafted, outcome.num_accepted)
+
+
 def expected_accepted(cond: Sequence[float], k: int) -> float:
     """E[accepted | k] = sum_{j<=k} prod_{i<=j} a_i (tokens after a rejection never count)."""
     total, run = 0.0, 1.0
@@ -190,17 +231,21 @@ def expected_accepted(cond: Sequence[float], k: int) -> float:
     return total
 
 
-def best_k(cond: Sequence[float], draft_cost: Callable[[int], float], verify_cost: Callable[[int], float], k_max: int) -> int:
-    """argmax over k in 0..k_max of (E[accepted | k] + 1) / (draft_cost(k) + verify_cost(k + 1)).
+def best_k(cond: Sequence[float], draft_cost: Callable[[int], float], verify_cost: Callable[[int], float],
+           k_max: int, base_tokens: float = 0.0) -> int:
+    """argmax over k in 0..k_max of (base + E[accepted | k] + 1) / (draft_cost(k) + verify_cost(k + 1)).
 
     k = 0 is a plain step: one token for verify_cost(1) and no draft cost.
+    ``verify_cost(n)`` is the whole step's cost when this generation
+    verifies n rows, and ``base_tokens`` what the other generations in the
+    step are expected to commit (0 alone), so the aggregate rate is maximised.
     """
-    best, best_rate = 0, 1.0 / verify_cost(1)
+    best, best_rate = 0, (base_tokens + 1.0) / verify_cost(1)
     total, run = 0.0, 1.0
     for k in range(1, k_max + 1):
         run *= cond[k - 1]
         total += run
-        rate = (total + 1.0) / (draft_cost(k) + verify_cost(k + 1))
+        rate = (base_tokens + total + 1.0) / (draft_cost(k) + verify_cost(k + 1))
         if rate > best_rate:
             best, best_rate = k, rate
     return best
@@ -239,122 +284,204 @@ class ConfidenceCalibration:
             self.accepted[b] = self.accepted[b] * self.decay + (1.0 if i < num_accepted else 0.0)
 
 
+class FixedK(_Policy):
+    """Always ask for k tokens (the user's habit, and llama.cpp's --draft-max)."""
+
+    name = "fixed"
+
+    def __init__(self, k: int = 4) -> None:
+        super().__init__()
+        self.k = _check_k(k)
+
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
+        return Budget(min(self.k, cap), tree, None, self._advice())
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._learn(outcome)
+
+
+class WindowK(_Policy):
+    """The research notes' controller: acceptance over a rolling window of draft tokens.
+
+    Above ``high`` acceptance k grows by ``step``, below ``low`` it shrinks by
+    ``step``, always within [k_min, k_max].  The window is cleared after a
+    change so each decision sees only tokens drafted at the current k.
+    """
+
+    name = "window"
+
+    def __init__(self, k: int = 8, k_min: int = 4, k_max: int = 24, window: int = 64,
+                 high: float = 0.8, low: float = 0.6, step: int = 4) -> None:
+        if not 1 <= k_min <= k_max:
+            raise InvalidParameterError(f"window policy needs 1 <= k_min <= k_max (got {k_min}, {k_max})")
+        super().__init__(k_max)
+        self.k_min, self.k_max, self.window = k_min, k_max, window
+        self.high, self.low, self.step = high, low, step
+        self.k = min(max(k, k_min), k_max)
+        self._drafted = 0
+        self._accepted = 0
+
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
+        return Budget(min(self.k, cap), tree, None, self._advice())
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._learn(outcome)
+        self._drafted += outcome.num_drafted
+        self._accepted += outcome.num_accepted
+        if self._drafted < self.window:
+            return
+        rate = self._accepted / self._drafted
+        if rate > self.high:
+            self.k = min(self.k + self.step, self.k_max)
+        elif rate < self.low:
+            self.k = max(self.k - self.step, self.k_min)
+        self._drafted = self._accepted = 0
+
+
+class HeuristicK(_Policy):
+    """transformers' "heuristic" schedule: +2 when every draft token was accepted, else -1."""
+
+    name = "heuristic"
+
+    def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 32) -> None:
+        super().__init__(k_max)
+        self.k_min, self.k_max = k_min, k_max
+        self.k = min(max(_check_k(k), k_min), k_max)
+
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
+        return Budget(min(self.k, cap), tree, None, self._advice())
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._learn(outcome)
+        if outcome.num_drafted == 0:
+            return
+        if outcome.num_accepted == outcome.num_drafted:
+            self.k = min(self.k + 2, self.k_max)
+        else:
+            self.k = max(self.k - 1, self.k_min)
+
+
 @dataclass
 class _SourceState:
-    acceptance: AcceptanceTracker
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     last_confidences: list[float] = field(default_factory=list)
     per_token_s: float = 0.0  # EMA of draft time per drafted token
     calls: int = 0
-    best_k: int | None = None  # cached best_k_for result
-    best_k_step: int = 0
+    best_k: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # load rows -> (k, step)
 
 
-class CostK:
+class CostK(_Policy):
     """Pick the k that maximises expected committed tokens per second (the default policy).
 
     Expected tokens come from per-source acceptance by position; costs come
-    from the target's measured verification curve t(n) (calibrated at load,
-    refined online) and each source's measured draft cost.  When drafting
-    does not pay, k = 0, but every ``probe_every`` plain steps it drafts a
-    little anyway so that the estimates can recover when content changes.
+    from the target's measured call curve t(n) (calibrated at load, refined
+    online), priced through the target's exact call plan, and each source's
+    measured draft cost.  With other generations in the step, the rate is
+    the whole step's: (their tokens + this one's) / (step cost with this
+    draft), so a draft token pays only its marginal cost in that batch.
+    When drafting does not pay, k = 0, but every ``probe_every`` plain steps
+    it drafts a little anyway so that the estimates can recover.
     """
 
     name = "cost"
 
     def __init__(self, costs: CostModel, k_max: int = 16, probe_every: int = 16, probe_k: int = 2) -> None:
+        super().__init__(_check_k(k_max, "k_max"))
         self.costs = costs
-        self.k_max = _check_k(k_max, "k_max")
+        self.k_max = k_max
         self.probe_every = probe_every
         self.probe_k = probe_k
         self._sources: dict[str, _SourceState] = {}
         self._plain_steps = 0
-        self._probe_due = False
         self._probe_interval = probe_every
         self._steps = 0
         self._overhead_s = 0.0
-        self._ruled: set[str] = set()  # sources that decide token by token (continue_rule)
+        self._ruled: set[str] = set()  # sources that decide token by token (keep_going)
 
     def source(self, name: str) -> _SourceState:
         st = self._sources.get(name)
         if st is None:
-            st = self._sources[name] = _SourceState(AcceptanceTracker(k_max=self.k_max))
+            st = self._sources[name] = _SourceState()
         return st
 
-    def best_k_for(self, name: str) -> int:
-        """The source's best k, cached: recomputed after it drafts, or every 16 steps as costs drift.
+    def best_k_for(self, name: str, load: BatchLoad = SOLO) -> int:
+        """The source's best k under ``load``, cached: recomputed after it drafts, or every 16 steps.
 
         Recomputing each step would cost tens of microseconds of Python,
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        if st.best_k is None or self._steps - st.best_k_step >= 16:
-            st.best_k = best_k(
-                st.acceptance.conditional(),
-                lambda k: k * st.per_token_s,
-                self._step_cost,
-                self.k_max,
-            )
-            st.best_k_step = self._steps
-        return st.best_k
+        key = tuple(sorted(load.rows))
+        hit = st.best_k.get(key)
+        if hit is None or self._steps - hit[1] >= 16:
+            hit = (best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
+                          lambda n: self._step_cost(n, load), self.k_max, load.tokens), self._steps)
+            if len(st.best_k) > 64:
+                st.best_k.clear()
+            st.best_k[key] = hit
+        return hit[0]
 
-    def _step_cost(self, n: int) -> float:
-        """Verifying n tokens plus the loop's per-step overhead (paid once per step, so it favours drafting)."""
-        return self.costs.verify_s(n) + self._overhead_s
+    def _step_cost(self, n: int, load: BatchLoad = SOLO) -> float:
+        """The step with this generation verifying n rows, plus the loop's per-step overhead."""
+        return self.costs.batch_s(load.rows + (n,)) + self._overhead_s
 
-    def next_k(self) -> int:
-        self._probe_due = False
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
+        keep = self._keep_going(load)
+        advice = Advice(self.book, lambda n: self._step_cost(n, load))
         if not self._sources:
-            return self.probe_k  # nothing known yet: a cheap first look
-        k = max(self._budget(name) for name in self._sources)
+            return self._probe(cap, tree, keep, advice)  # nothing known yet: a cheap first look
+        k = max(self._k_for(name, load) for name in self._sources)
         if k == 0 and self._plain_steps >= self._probe_interval:
-            self._probe_due = True
             # Back off while probes keep saying "not worth it": probes cost time too.
             self._probe_interval = min(self._probe_interval * 2, 16 * self.probe_every)
-            return self.probe_k
+            self._plain_steps = 0
+            return self._probe(cap, tree, keep, advice)
         if k > 0:
             self._probe_interval = self.probe_every
-        return k
 
-    def _budget(self, name: str) -> int:
+        def cut(source: str, n: int) -> int:
+            if self.book.tracker(source).n_observed() < 1.0:
+                return min(n, self.probe_k)
+            return self._k_for(source, load)
+
+        k = min(k, cap)
+        expected = 1.0 + max(expected_accepted(self.book.conditional(name), min(k, self._k_for(name, load)))
+                             for name in self._sources)
+        return Budget(k, tree, keep, advice, cut, expected)
+
+    def _probe(self, cap: int, tree: bool, keep: KeepGoing, advice: Advice) -> Budget:
+        return Budget(min(self.probe_k, cap), tree, keep, advice)
+
+    def _k_for(self, name: str, load: BatchLoad) -> int:
         """k for one source: its best k, or k_max for a source that stops token by token.
 
-        A model drafter consults ``continue_rule`` for every token, with its
-        own confidence, so capping it at the k that average acceptance
-        suggests would hide the long runs where the draft is sure.
+        A model drafter consults ``keep_going`` for every token, with its own
+        confidence, so capping it at the k that average acceptance suggests
+        would hide the long runs where the draft is sure.
         """
-        k = self.best_k_for(name)
+        k = self.best_k_for(name, load)
         return self.k_max if k > 0 and name in self._ruled else k
 
-    def trim(self, source: str, n: int) -> int:
-        if self._probe_due or self.source(source).acceptance.n_observed() < 1.0:
-            return min(n, self.probe_k)
-        return min(n, self._budget(source))
+    def _keep_going(self, load: BatchLoad) -> KeepGoing:
+        """For model drafts: keep drafting while one more token raises the expected rate."""
 
-    def continue_rule(self, source: str) -> Callable[[Sequence[float], float], bool]:
-        """For model drafts: keep drafting while one more token raises the expected rate.
-
-        Called by the drafter with the confidences so far (draft probability
-        of each drafted token, the last one included) and the draft time spent.
-        """
-        st = self.source(source)
-        self._ruled.add(source)
-
-        def rule(confidences: Sequence[float], draft_s: float) -> bool:
+        def rule(source: str, confidences: Sequence[float], draft_s: float) -> bool:
+            st = self.source(source)
+            self._ruled.add(source)
             n = len(confidences)
             st.last_confidences = list(confidences)
             # P(accept token i | tokens < i accepted), learned from this source's own
             # history of (confidence, outcome) pairs: a draft model's confidence is a
             # far better per-token predictor than the average rate at that position.
-            cond = st.acceptance.conditional()
+            cond = self.book.conditional(source)
             # Deep in a draft, survivors are likelier to be accepted than their confidence
             # alone says, which the position estimate captures: take the larger.
             probs = [max(st.calibration.prob(c), cond[min(i, self.k_max - 1)]) for i, c in enumerate(confidences)]
             e_with = expected_accepted(probs, n)
             e_without = expected_accepted(probs, n - 1)
             next_draft = st.per_token_s if st.calls else 0.0
-            rate_with = (1.0 + e_with) / (draft_s + self._step_cost(n + 1))
-            rate_without = (1.0 + e_without) / (draft_s - next_draft + self._step_cost(n))
+            rate_with = (load.tokens + 1.0 + e_with) / (draft_s + self._step_cost(n + 1, load))
+            rate_without = (load.tokens + 1.0 + e_without) / (draft_s - next_draft + self._step_cost(n, load))
             return n <= self.k_max and rate_with >= rate_without
 
         return rule
@@ -364,13 +491,12 @@ class CostK:
         self._steps += 1
         if outcome.other_s > 0:
             self._overhead_s += 0.05 * (min(outcome.other_s, 4 * self._overhead_s + 1e-4) - self._overhead_s)
-        self.costs.observe_verify(n + 1, outcome.verify_s)
         if n == 0:
             self._plain_steps += 1
             return
         self._plain_steps = 0
+        self._learn(outcome)
         st = self.source(outcome.source)
-        st.acceptance.update(n, outcome.num_accepted)
         if st.last_confidences:
             st.calibration.update(st.last_confidences[:n], outcome.num_accepted)
             st.last_confidences = []
@@ -386,7 +512,7 @@ class CostK:
             alpha = 0.3 if per_token < st.per_token_s else 0.05
             st.per_token_s += alpha * (per_token - st.per_token_s)
         st.calls += 1
-        st.best_k = None
+        st.best_k.clear()
 
 
 POLICIES = ("cost", "fixed", "window", "heuristic")

@@ -1,28 +1,39 @@
-"""The speculative decoding loop: propose -> verify -> commit -> observe.
+"""The speculative decoding loop: budget -> propose -> verify -> commit -> observe.
 
-Invariant: the target's KV cache holds every committed token except the
-last one (``pending``).  Each step evaluates ``[pending] + draft`` in one
-batch, which yields k+1 rows of logits: row i predicts the token after
-``pending + draft[:i]``.  After verification the KV keeps ``pending`` and the
-accepted draft prefix; the one target token (recovered or bonus) becomes the
-new ``pending``.  Plain decoding is the same loop with an empty draft.
+Invariant: for each generation, its target sequence holds every committed
+token except the last one (``pending``).  Each step evaluates ``[pending] +
+draft`` for every running generation in one ``llama_decode`` batch (split
+only where exactness requires), which yields k+1 rows of logits per
+generation: row i predicts the token after ``pending + draft[:i]``.  After
+verification the KV keeps ``pending`` and the accepted draft prefix; the
+one target token (recovered or bonus) becomes the new ``pending``.  Plain
+decoding is the same loop with an empty draft, and a single request is the
+same path with one sequence.
+
+Generations join between steps (continuous batching) into free slots, each
+slot being one target sequence.  A finished generation's KV stays in its
+slot, and a new prompt that shares a prefix with it reuses that prefix
+instead of prefilling it again (least recently used slots are overwritten
+first).
 """
 
 from __future__ import annotations
 
 import codecs
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .draft_length import DraftLengthPolicy, FixedK, StepOutcome
-from .drafters.base import Drafter
+from .costs import CostModel
+from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
+from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
 from .sampling import SamplingParams, target_probs
-from .target import LlamaModel
+from .target import EngineTarget, Segment
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
@@ -94,22 +105,43 @@ class _StopText:
 
 
 class Generation:
-    """A running generation: iterate for text pieces; ``stats``/``text`` are final after it ends."""
+    """One request in an engine: iterate it for text pieces; ``stats``/``text`` are final once it is done.
 
-    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig, policy: DraftLengthPolicy) -> None:
+    Iterating drives the engine, so other generations advance too (their
+    pieces wait in their own queues).  ``cancel()`` stops it between steps
+    and frees its slot, KV cells and drafter state.
+    """
+
+    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
+                 drafter: Drafter, policy: DraftLengthPolicy) -> None:
         self.engine = engine
         self.prompt_ids = prompt_ids
         self.config = config
+        self.drafter = drafter
         self.policy = policy
+        self.seq: int | None = None  # the target sequence (slot) while running
+        self.status = "waiting"  # -> running -> done | cancelled
         self.output_ids: list[int] = []
-        self.stats = GenerationStats(drafter=engine.drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
+        self.context = list(prompt_ids)  # committed tokens, including pending
+        self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
+        self.stop_text = _StopText(config.stop)
+        self.rng = config.sampling.rng()
+        self.submitted = time.perf_counter()
+        self.started = 0.0
+        self._ready: deque[str] = deque()
         self._pieces: list[str] = []
-        self._iter = engine._run(self)
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("done", "cancelled")
 
     def __iter__(self) -> Iterator[str]:
-        for piece in self._iter:
-            self._pieces.append(piece)
-            yield piece
+        while True:
+            while self._ready:
+                yield self._ready.popleft()
+            if self.done:
+                return
+            self.engine.step()
 
     def run(self) -> "Generation":
         """Consume the whole generation (when streaming is not needed)."""
@@ -117,22 +149,64 @@ class Generation:
             pass
         return self
 
+    def cancel(self) -> None:
+        self.engine.cancel(self)
+
     @property
     def text(self) -> str:
         return "".join(self._pieces)
 
+    def _emit(self, text: str) -> None:
+        if text:
+            self._pieces.append(text)
+            self._ready.append(text)
+
+
+@dataclass
+class _Slot:
+    """One target sequence: the tokens its KV holds (positions 0..), and who uses it."""
+
+    seq: int
+    cached: list[int] = field(default_factory=list)
+    prefilled: int = 0  # leading cached tokens computed by a prefill (not by decode steps)
+    gen: Generation | None = None
+    released: float = 0.0  # for least-recently-used reuse
+
+
+@dataclass
+class _Work:
+    """One generation's part of a step."""
+
+    gen: Generation
+    budget: Budget
+    draft: Draft = field(default_factory=lambda: Draft.empty(""))
+    draft_s: float = 0.0
+
 
 class Engine:
-    """One target, one drafter, one generation at a time."""
+    """One target serving many generations: continuous batching, prefix reuse, speculation per generation.
 
-    def __init__(self, target: LlamaModel, drafter: Drafter, policy: DraftLengthPolicy | None = None) -> None:
+    ``drafter`` and ``policy`` are the defaults; ``generate`` may give a
+    generation its own (a drafter instance keeps per-generation state by
+    sequence, so share one instance across generations when you can: a
+    draft model then batches their draft steps).  Without a policy, each
+    generation drafts a fixed ``config.k``.
+    """
+
+    def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None) -> None:
         self.target = target
         self.drafter = drafter
         self.policy = policy
         self._eog = target.eog_ids()
+        self._slots = [_Slot(s) for s in range(target.n_slots)]
+        self._waiting: deque[Generation] = deque()
+        self._running: list[Generation] = []
 
-    def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Generation:
-        """Start a generation; nothing runs until it is iterated (or ``.run()``)."""
+    # -- requests ----------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None, *,
+                 drafter: Drafter | None = None, policy: DraftLengthPolicy | None = None) -> Generation:
+        """Queue a generation; it runs as it (or any other generation) is iterated, or on ``step()``."""
         config = config or GenerationConfig()
         prompt_ids = self.target.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not prompt_ids:
@@ -145,111 +219,250 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.target.n_vocab]
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
-        policy = self.policy or FixedK(config.k)
-        return Generation(self, prompt_ids, config, policy)
+        policy = policy or self.policy or FixedK(config.k)
+        gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
+        self._waiting.append(gen)
+        return gen
 
-    # -- the loop ----------------------------------------------------------
+    def cancel(self, gen: Generation) -> None:
+        """Stop a generation between steps; its KV cells and drafter state are freed."""
+        if gen.done:
+            return
+        if gen.status == "waiting":
+            self._waiting.remove(gen)
+        else:
+            self._release(gen, keep_cache=False)
+        gen.stats.stop_reason = gen.stats.stop_reason or "cancelled"
+        gen.status = "cancelled"
 
-    def _run(self, gen: Generation) -> Iterator[str]:
-        target, drafter, cfg, stats = self.target, self.drafter, gen.config, gen.stats
-        sampling = cfg.sampling
-        rng = sampling.rng()
-        stop_text = _StopText(cfg.stop)
-        context = list(gen.prompt_ids)  # committed tokens, including pending
-        t_start = time.perf_counter()
-        target.reset()
-        if len(context) > 1:
-            target.eval(context[:-1], logits_from=len(context) - 1)  # prefill, no logits needed
-        bind = getattr(drafter, "bind_policy", None)
-        if bind is not None:
-            bind(gen.policy)
-        drafter.begin(context)  # indexing the prompt is prompt processing, like the prefill
-        stats.prefill_s = time.perf_counter() - t_start
+    @property
+    def busy(self) -> bool:
+        """Whether any generation is running or waiting."""
+        return bool(self._running or self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def step(self) -> None:
+        """Admit waiting generations into free slots, then advance every running one by one step."""
+        self._admit()
+        if not self._running:
+            return
         try:
-            while not stats.stop_reason:
-                t_begin = time.perf_counter()
-                room = target.capacity - target.n_past - 1  # draft slots left after pending
-                if room < 0:
-                    stats.stop_reason = "context"
-                    break
-                remaining = cfg.max_tokens - len(gen.output_ids)
-                k = max(0, min(gen.policy.next_k(), remaining - 1, room, MAX_DRAFT))
+            self._advance(list(self._running))
+        except BaseException:
+            for gen in list(self._running):  # never leave a half-done step behind
+                self.cancel(gen)
+            raise
 
-                t0 = time.perf_counter()
-                draft = drafter.propose(context, k) if k > 0 else Draft.empty(drafter.name)
-                if draft.token_ids:
-                    draft = self._fit(draft, min(k, gen.policy.trim(draft.source, len(draft))), sampling)
-                t1 = time.perf_counter()
-                result = self._verify(context[-1], draft, sampling, rng, stats)
-                t2 = time.perf_counter()
+    # -- slots and prefix reuse -------------------------------------------
 
-                stats.record_step(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1)
-                committed = self._commit(gen, context, stop_text, result.token_ids)
-                drafter.observe(committed, result.num_accepted)
-                other = (t0 - t_begin) + (time.perf_counter() - t2)  # bookkeeping, not the consumer's time
-                gen.policy.observe(StepOutcome(draft.source, len(draft), result.num_accepted, t1 - t0, t2 - t1, other))
-                text = stop_text.take(final=False)
-                if text:
-                    yield text
-            tail = stop_text.take(final=True)
-            if tail:
-                yield tail
+    def _admit(self) -> None:
+        while self._waiting:
+            free = [s for s in self._slots if s.gen is None]
+            if not free:
+                return
+            gen = self._waiting[0]
+            slot = max(free, key=lambda s: (self._reusable(s, gen.prompt_ids), -s.released))
+            self._waiting.popleft()
+            try:
+                self._start(gen, slot, self._reusable(slot, gen.prompt_ids))
+            except BaseException:
+                self.cancel(gen)
+                raise
+
+    def _reusable(self, slot: _Slot, prompt: Sequence[int]) -> int:
+        """How much of ``slot``'s cached KV a cold prefill of ``prompt`` would compute identically.
+
+        Where prefill calls and decode steps compute KV alike (measured:
+        ``shapes.prefill_exact``), the whole common prefix.  Otherwise only
+        tokens the earlier prompt's prefill computed, up to a prefill chunk
+        edge, so the rest is prefilled in the very calls a cold run makes.
+        """
+        limit = min(len(slot.cached), len(prompt) - 1)
+        m = 0
+        while m < limit and slot.cached[m] == prompt[m]:
+            m += 1
+        if not self.target.shapes.prefill_exact:
+            chunk = self.target.config.prefill_chunk
+            m = min(m, slot.prefilled)
+            m -= m % chunk
+        return m
+
+    def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
+        t0 = time.perf_counter()
+        slot.gen, gen.seq, gen.status, gen.started = gen, slot.seq, "running", t0
+        self._running.append(gen)
+        if reuse:
+            self.target.truncate(reuse, slot.seq)
+        else:
+            self.target.reset(slot.seq)
+        slot.cached, slot.prefilled = [], 0
+        rest = gen.prompt_ids[reuse:-1]
+        if rest:
+            self.target.prefill(rest, slot.seq)
+        slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
+        gen.drafter.begin(gen.prompt_ids, slot.seq)  # indexing the prompt is prompt processing, like the prefill
+        gen.stats.n_reused = reuse
+        gen.stats.queue_s = t0 - gen.submitted
+        gen.stats.prefill_s = time.perf_counter() - t0
+
+    def _release(self, gen: Generation, keep_cache: bool) -> None:
+        """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
+        slot = self._slots[gen.seq]
+        if gen in self._running:
+            self._running.remove(gen)
+        try:
+            gen.drafter.end(slot.seq)
         finally:
-            # The clock stops at the last token: what a drafter does after the request
-            # (the suffix drafter files the output into its global tree) is off the token path.
-            stats.n_tokens = len(gen.output_ids)
-            stats.total_s = time.perf_counter() - t_start
-            drafter.end()
+            if keep_cache:
+                self.target.truncate(len(gen.context) - 1, slot.seq)  # a stop may cut accepted tokens
+                slot.cached = gen.context[:-1]
+            else:
+                self.target.reset(slot.seq)
+                slot.cached, slot.prefilled = [], 0
+            slot.prefilled = min(slot.prefilled, len(slot.cached))
+            slot.gen, slot.released = None, time.perf_counter()
 
-    def _fit(self, draft: Draft, budget: int, sampling: SamplingParams) -> Draft:
-        """Cut a draft to the token budget; a tree also to the branches the target can hold.
+    def _finish(self, gen: Generation) -> None:
+        gen._emit(gen.stop_text.take(final=True))
+        gen.stats.n_tokens = len(gen.output_ids)
+        # The clock stops at the last token: what a drafter does after the request
+        # (the suffix drafter files the output into its global tree) is off the token path.
+        gen.stats.total_s = time.perf_counter() - gen.started
+        self._release(gen, keep_cache=True)
+        gen.status = "done"
+
+    # -- the step ------------------------------------------------------------
+
+    def _advance(self, gens: list[Generation]) -> None:
+        t_begin = time.perf_counter()
+        work = self._budgets(gens)
+        t0 = time.perf_counter()
+        self._propose(work)
+        t1 = time.perf_counter()
+        results = self._verify(work)
+        t2 = time.perf_counter()
+        for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
+            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1)
+        share = 1.0 / max(len(work), 1)
+        for w, result in zip(work, results):
+            gen = w.gen
+            verify_s = (t2 - t1) * share
+            gen.stats.record_step(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s)
+            committed = self._commit(gen, result.token_ids)
+            gen.drafter.observe(committed, result.num_accepted, gen.seq)
+            other = ((t0 - t_begin) + (time.perf_counter() - t2)) * share  # bookkeeping, not the consumer's time
+            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s, other))
+            gen._emit(gen.stop_text.take(final=False))
+            if gen.stats.stop_reason:
+                self._finish(gen)
+
+    def _budgets(self, gens: list[Generation]) -> list[_Work]:
+        """Each generation's budget from its policy, valued against what the others already put in the step."""
+        target, work = self.target, []
+        rows: list[int] = []
+        tokens = 0.0
+        for i, gen in enumerate(gens):
+            room = target.capacity - target.seq_len[gen.seq] - 1  # draft slots left after pending
+            if room < 0:
+                gen.stats.stop_reason = "context"
+                self._finish(gen)
+                continue
+            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT))
+            later = len(gens) - i - 1  # not decided yet: count them as plain steps
+            load = SOLO if len(gens) == 1 else BatchLoad(tuple(rows) + (1,) * later, tokens + later)
+            tree = gen.config.sampling.greedy and target.unified and target.n_seq_max > 1
+            budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
+            rows.append(1 + budget.max_tokens)
+            tokens += budget.expected
+            work.append(_Work(gen, budget))
+        return work
+
+    def _propose(self, work: list[_Work]) -> None:
+        """Every drafter once per step, with all of its generations' requests (a draft model batches them)."""
+        groups: dict[int, list[_Work]] = {}
+        for w in work:
+            w.draft = Draft.empty(w.gen.drafter.name)
+            if w.budget.max_tokens > 0:
+                groups.setdefault(id(w.gen.drafter), []).append(w)
+        for group in groups.values():
+            t0 = time.perf_counter()
+            drafts = group[0].gen.drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget) for w in group])
+            spent = (time.perf_counter() - t0) / len(group)
+            for w, draft in zip(group, drafts):
+                w.draft_s = spent
+                if draft.token_ids:
+                    w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
+
+    def _fit(self, draft: Draft, budget: Budget, sampling: SamplingParams) -> Draft:
+        """Cut a draft to the budget; a tree also to what the target can verify exactly in one call.
 
         Trees are verified only greedily; with sampling the best branch is
         verified as a chain (deterministic, so rejection sampling stays exact).
         """
-        bad = next((i for i, t in enumerate(draft.token_ids) if not 0 <= t < self.target.n_vocab), None)
+        target = self.target
+        bad = next((i for i, t in enumerate(draft.token_ids) if not 0 <= t < target.n_vocab), None)
         if bad is not None:  # a foreign id would make llama.cpp abort: keep what precedes it
             draft = draft.truncated(bad) if not draft.is_tree else draft.best_chain().truncated(0)
-        if draft.is_tree and (not sampling.greedy or self.target.n_seq_max < 2):
+        if draft.is_tree and not budget.tree:
             draft = draft.best_chain()
-        draft = draft.truncated(budget)
-        while draft.is_tree and draft.branches() > self.target.n_seq_max:
+        draft = draft.truncated(budget.worth(draft.source, len(draft)))
+        if draft.is_tree:
+            draft = draft.truncated(max(0, target.shapes.max_rows - 1))  # one call: within the exact shapes
+        while draft.is_tree and draft.branches() > target.n_seq_max:
             draft = draft.truncated(len(draft) - 1)  # nodes are listed parents first
         return draft.depth_first()
 
-    def _verify(self, pending: int, draft: Draft, sampling: SamplingParams, rng: np.random.Generator, stats: GenerationStats) -> VerifyResult:
-        """One target batch over ``[pending] + draft``; keep the accepted tokens in the KV cache."""
+    def _verify(self, work: list[_Work]) -> list[VerifyResult]:
+        """One target batch over every generation's ``[pending] + draft``; keep accepted tokens in the KV."""
         target = self.target
-        n_past = target.n_past
-        if draft.is_tree:
-            parents = [-1] + [p + 1 for p in draft.parents]  # rows: 0 = pending, i+1 = node i
-            logits = target.eval_tree([pending, *draft.token_ids], parents)  # [n+1, V]
-            result, path = verify_tree_greedy(draft.token_ids, draft.parents, logits.argmax(axis=1).tolist())
-            before = target.tree_relayouts
-            target.commit_tree([0] + [i + 1 for i in path])
-            stats.n_tree_steps += 1
-            stats.n_tree_relayouts += target.tree_relayouts - before
-            return result
-        logits = target.eval([pending, *draft.token_ids], logits_from=0)  # [k+1, V]
-        if sampling.greedy:
-            result = verify_greedy(draft.token_ids, logits.argmax(axis=1).tolist())
-        else:
-            result = verify_sampling(draft.token_ids, draft.q, target_probs(logits, sampling), rng)
-        target.truncate(n_past + 1 + result.num_accepted)
+        if len(work) == 1 and work[0].draft.is_tree:
+            return [self._verify_tree(work[0])]
+        segments = [Segment(w.gen.seq, [w.gen.context[-1], *w.draft.token_ids]) for w in work]
+        n_past = [target.seq_len[w.gen.seq] for w in work]
+        all_logits = target.decode(segments)
+        results = []
+        for w, logits, start in zip(work, all_logits, n_past):
+            sampling = w.gen.config.sampling
+            if sampling.greedy:
+                result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
+            else:
+                result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng)
+            target.truncate(start + 1 + result.num_accepted, w.gen.seq)
+            results.append(result)
+        return results
+
+    def _verify_tree(self, w: _Work) -> VerifyResult:
+        target, draft, stats = self.target, w.draft, w.gen.stats
+        parents = [-1] + [p + 1 for p in draft.parents]  # rows: 0 = pending, i+1 = node i
+        logits = target.eval_tree([w.gen.context[-1], *draft.token_ids], parents)  # [n+1, V]
+        result, path = verify_tree_greedy(draft.token_ids, draft.parents, logits.argmax(axis=1).tolist())
+        before = target.tree_relayouts
+        target.commit_tree([0] + [i + 1 for i in path])
+        stats.n_tree_steps += 1
+        stats.n_tree_relayouts += target.tree_relayouts - before
         return result
 
-    def _commit(self, gen: Generation, context: list[int], stop_text: _StopText, token_ids: Sequence[int]) -> list[int]:
+    def _commit(self, gen: Generation, token_ids: Sequence[int]) -> list[int]:
         """Append verified tokens one by one, ending at EOS, a stop string or max_tokens."""
-        stats, target = gen.stats, self.target
+        stats = gen.stats
         committed: list[int] = []
+        if not gen.output_ids and token_ids:
+            stats.ttft_s = time.perf_counter() - gen.submitted
         for tok in token_ids:
             committed.append(tok)
-            context.append(tok)
+            gen.context.append(tok)
             gen.output_ids.append(tok)
             if tok in self._eog:
                 stats.stop_reason = "eos"
                 break
-            if stop_text.feed(target.token_bytes(tok)):
+            if gen.stop_text.feed(self.target.token_bytes(tok)):
                 stats.stop_reason = "stop"
                 break
             if len(gen.output_ids) >= gen.config.max_tokens:

@@ -40,6 +40,9 @@ class GenerationStats:
     n_tree_steps: int = 0  # steps that verified a multi-branch tree
     n_tree_relayouts: int = 0  # of those, steps whose winning branch was re-decoded (extra batch)
     stop_reason: str = ""
+    n_reused: int = 0  # prompt tokens whose KV was reused from an earlier request (not prefilled)
+    queue_s: float = 0.0  # waiting for a free slot
+    ttft_s: float = 0.0  # submission to first token
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -127,7 +130,10 @@ class GenerationStats:
             "tree_steps": self.n_tree_steps,
             "tree_relayouts": self.n_tree_relayouts,
             "stop_reason": self.stop_reason,
+            "reused_prompt_tokens": self.n_reused,
             "time_s": {
+                "queue": round(self.queue_s, 6),
+                "first_token": round(self.ttft_s, 6),
                 "prefill": round(self.prefill_s, 6),
                 "draft": round(self.draft_s, 6),
                 "verify": round(self.verify_s, 6),

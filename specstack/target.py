@@ -15,7 +15,7 @@ import ctypes
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -86,26 +86,133 @@ def check_gguf_file(path: str | Path, role: str = "model") -> Path:
 
 
 @dataclass(frozen=True)
+class BatchShapes:
+    """Which ``llama_decode`` shapes compute a row exactly as plain decoding does.
+
+    llama.cpp picks kernels by batch size, and some kernels even treat rows
+    differently by their index in the batch (the repacked Q4_K kernels work
+    in groups of 4 rows), so a row's logits and KV depend on the call it was
+    computed in.  These limits are *measured per model* at load
+    (``costs.measure_shapes``) and every call that commits tokens keeps
+    within them:
+
+    min_rows: calls are padded to at least this many rows (2 where a
+      one-row call runs other kernels than any larger one: F16 here).
+    max_rows: the largest call whose every row matches plain decoding;
+      longer verification batches are split into calls of at most this size.
+    prefill_exact: a long prefill chunk computes KV exactly as decode steps
+      do, so a generated token's KV can be reused as a later prompt's prefix.
+    """
+
+    min_rows: int = 2
+    max_rows: int = 1 << 20
+    prefill_exact: bool = True
+    measured: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
+            raise ValueError(f"bad batch shapes: min_rows={self.min_rows}, max_rows={self.max_rows}")
+
+    def to_dict(self) -> dict:
+        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact}
+
+
+INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True)  # draft models, --exact off
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Tokens to append to one sequence in a decode, with logits for rows ``logits_from``.. (none if ``len``)."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits_from: int = 0
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.logits_from < len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Part of a segment inside one decode call: ``count`` real rows from ``start``, then ``pad`` throw-away rows."""
+
+    segment: int
+    start: int
+    count: int
+    pad: int
+
+
+def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows: int,
+               room: Sequence[int] | None = None) -> list[list[Piece]]:
+    """Group segments of ``rows[i]`` tokens into decode calls that keep every row exact.
+
+    Each call has ``R`` rows per sequence (shorter pieces are padded; llama.cpp
+    splits a multi-stream batch unevenly otherwise) and ``min_rows <= total
+    <= max_rows`` rows.  A segment longer than ``max_rows`` is split into
+    pieces verified one after another.  ``room[i]`` caps the padding a
+    segment's sequence can hold.  Pieces in a call are ordered by sequence id.
+
+    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([3, 1], [0, 1], 2, 8)]
+    [[(0, 3, 0), (1, 1, 2)]]
+    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([5], [0], 1, 3)]
+    [[(0, 3, 0)], [(0, 2, 0)]]
+    """
+    cap = max(max_rows, min_rows)
+    room = room if room is not None else [cap] * len(rows)
+    layers: list[list[tuple[int, int, int]]] = []  # layer -> (segment, start, count)
+    for i, n in enumerate(rows):
+        for j, start in enumerate(range(0, n, cap)):
+            if j == len(layers):
+                layers.append([])
+            layers[j].append((i, start, min(cap, n - start)))
+    calls: list[list[Piece]] = []
+    for layer in layers:
+        open_calls: list[tuple[int, list[tuple[int, int, int]]]] = []  # (R, pieces)
+        for seg, start, count in sorted(layer, key=lambda p: -p[2]):
+            for idx, (r, members) in enumerate(open_calls):
+                if (len(members) + 1) * r <= cap and room[seg] >= r - count:
+                    members.append((seg, start, count))
+                    break
+            else:
+                open_calls.append((max(count, min(min_rows, count + room[seg])), [(seg, start, count)]))
+        for r, members in open_calls:
+            members.sort(key=lambda p: seqs[p[0]])
+            calls.append([Piece(seg, start, count, r - count) for seg, start, count in members])
+    return calls
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """How to load a model.  n_ctx 0 means the model's trained context length."""
+    """How to load a model.  n_ctx is per sequence; 0 means the model's trained context length."""
 
     path: Path
     n_ctx: int = 0
     n_threads: int = 0  # 0 = physical cores
     n_batch: int = 512
-    # Pad every evaluation to at least this many tokens.  Measured in this
-    # build: logits are bit-identical for any batch of 2..63 tokens but differ
-    # (up to ~0.005) for a batch of 1, which flipped 4 of 2400 greedy argmaxes.
-    # With min_batch=2, plain and speculative decoding compute identically.
+    # Shapes assumed until measured (``costs.measure_shapes``): 2 pads a
+    # one-token call, which was needed for exactness on every F16/F32 model
+    # here.  Draft models use 1: their logits need not be exact.
     min_batch: int = 2
-    # Branches a tree draft may have (llama.cpp sequences).  Measured: a
-    # unified KV cache with several sequences gives bit-identical chain
-    # logits to a single-sequence context, so exactness is unaffected.
+    # Generations held at once.  Above 1 each gets its own KV stream
+    # (llama.cpp's non-unified cache): its cells then lie exactly as in a
+    # solo run, which a shared cache cannot promise (cells of different
+    # sequences interleave, which changed logits by ~3e-3 here).
+    n_slots: int = 1
+    # Branches a tree draft may have (llama.cpp sequences sharing one
+    # unified cache); used only with one slot.
     n_seq_max: int = 1
+    unified: bool | None = None  # None: unified iff n_slots == 1 (draft models share one cache)
     # llama.cpp's "auto" enables flash attention on CPU; for small models and
     # short contexts the plain attention path was faster here (see README).
     flash_attn: bool = False
     kv_overrides: tuple[tuple[str, int], ...] = ()
+    prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
+    repack: bool = True  # llama.cpp's CPU weight repacking (faster; measured shapes account for it)
+    # Targets: every call asks for logits of all its rows, as the shape measurement
+    # does (the output count selects kernels of the last layer).  Draft models ask
+    # only for the rows they read.
+    exact: bool = True
 
 
 def default_threads() -> int:
@@ -121,10 +228,12 @@ def default_threads() -> int:
 
 
 class LlamaModel:
-    """One GGUF model with a single-sequence context on llama.cpp.
+    """One GGUF model with a llama.cpp context holding one or more sequences.
 
-    Invariant: the KV cache holds exactly ``self.n_past`` tokens at positions
-    0..n_past-1 of sequence 0; ``eval`` appends, ``truncate`` drops a tail.
+    Invariant: sequence s holds exactly ``seq_len[s]`` tokens at positions
+    0..seq_len[s]-1.  ``decode`` appends to several sequences in one step,
+    ``truncate`` drops a tail.  ``eval``/``n_past`` are the one-sequence view
+    (sequence 0) used by draft models, calibration and tools.
     """
 
     def __init__(self, config: ModelConfig, role: str = "model") -> None:
@@ -139,28 +248,47 @@ class LlamaModel:
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
         self.is_recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
         self.n_threads = config.n_threads or default_threads()
+        self.n_slots = max(1, config.n_slots)
+        self.unified = config.unified if config.unified is not None else self.n_slots == 1
+        self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified else 1)
         self._ctx = self._new_context()
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // (self.n_slots if self.unified else 1)
+        if not self.unified:
+            self.n_ctx = int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else self.n_ctx // self.n_slots
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch_cap = max(1, min(config.n_batch, self.n_ctx))
-        self.min_batch = max(1, min(config.min_batch, self._batch_cap))
-        # Positions usable by real tokens: padding needs min_batch - 1 spare slots.
-        self.capacity = self.n_ctx - (self.min_batch - 1)
-        self.n_seq_max = max(1, config.n_seq_max)
+        self.seq_len = [0] * self.n_seq_max
         self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max)
         self._init_batch_views()
-        self.n_past = 0
+        self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
         self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
         self._piece_cache: dict[int, bytes] = {}
         self.bos_id = int(lc.llama_vocab_bos(self._vocab))
         self.eos_id = int(lc.llama_vocab_eos(self._vocab))
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
 
+    def set_shapes(self, shapes: BatchShapes) -> None:
+        """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
+        cap = min(shapes.max_rows, self._batch_cap)
+        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.measured)
+        self.min_batch = self.shapes.min_rows
+        # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
+        self.capacity = self.n_ctx - (self.min_batch - 1)
+
+    @property
+    def n_past(self) -> int:
+        return self.seq_len[0]
+
+    @n_past.setter
+    def n_past(self, value: int) -> None:
+        self.seq_len[0] = value
+
     # -- loading -----------------------------------------------------------
 
     def _load_model(self):
         lc = self._lc
         params = lc.llama_model_default_params()
+        params.use_extra_bufts = self.config.repack
         self._kv_override_array = None
         if self.config.kv_overrides:
             params.kv_overrides = self._make_overrides()
@@ -190,16 +318,18 @@ class LlamaModel:
     def _new_context(self):
         lc = self._lc
         params = lc.llama_context_default_params()
-        params.n_ctx = self.config.n_ctx or self.n_ctx_train
+        per_seq = self.config.n_ctx or self.n_ctx_train
+        params.n_ctx = per_seq * self.n_slots
         params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = self.n_threads
-        params.n_seq_max = max(1, self.config.n_seq_max)
-        params.kv_unified = True  # tree branches share the cached prefix
+        params.n_seq_max = self.n_seq_max
+        params.kv_unified = self.unified  # tree branches share the cached prefix
         params.flash_attn_type = 1 if self.config.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
             lc.llama_model_free(self._model)
+            self._model = None  # freed here: close() must not free it again
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
 
@@ -209,8 +339,9 @@ class LlamaModel:
         self._b_token = np.ctypeslib.as_array(b.token, shape=(n,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
         self._b_logits = np.ctypeslib.as_array(b.logits, shape=(n,))
-        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
-        n_seq[:] = 1
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
+        self._b_nseq[:] = 1
+        self._b_seq0 = [0] * n  # sequence id currently written in each row's first slot
         for i in range(n):
             b.seq_id[i][0] = 0
 
@@ -238,109 +369,173 @@ class LlamaModel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- evaluation --------------------------------------------------------
+    # -- sequences ---------------------------------------------------------
 
-    def reset(self) -> None:
-        """Forget the whole KV cache."""
-        self._lc.llama_memory_clear(self._mem, True)
-        self.n_past = 0
+    def reset(self, seq: int | None = None) -> None:
+        """Forget the whole KV cache, or one sequence's part of it."""
+        if seq is None:
+            self._lc.llama_memory_clear(self._mem, True)
+            self.seq_len = [0] * self.n_seq_max
+        else:
+            self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self.seq_len[seq] = 0
 
-    def truncate(self, n_keep: int) -> None:
-        """Drop KV entries from position ``n_keep`` on (rollback after a rejection)."""
-        if n_keep >= self.n_past:
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        """Drop KV entries of ``seq`` from position ``n_keep`` on (rollback after a rejection)."""
+        if n_keep >= self.seq_len[seq]:
             return
         if self.is_recurrent:
             raise UnsupportedModelError(
                 f"{self.path.name} is a recurrent/hybrid model: its state cannot be rolled back, so it "
                 "cannot be used for speculation yet; use --drafter none"
             )
-        if not self._lc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+        if not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
             raise UnsupportedModelError(f"llama.cpp refused to remove KV entries after position {n_keep} for {self.path.name}")
-        self.n_past = n_keep
+        self.seq_len[seq] = n_keep
 
-    def eval(self, tokens: Sequence[int], logits_from: int | None = None) -> np.ndarray:
-        """Append ``tokens`` at positions n_past.. and return logits for rows logits_from..end.
+    # -- evaluation --------------------------------------------------------
 
-        Returns a [n_rows, n_vocab] float32 array that is a *view* of
-        llama.cpp's buffer, valid until the next eval (copy it to keep it).
-        ``logits_from=None`` means only the last row; ``len(tokens)`` means none.
+    def eval(self, tokens: Sequence[int], logits_from: int | None = None, seq: int = 0) -> np.ndarray:
+        """Append ``tokens`` to ``seq`` and return logits for rows logits_from..end.
+
+        Returns a [n_rows, n_vocab] float32 array; it may be a *view* of
+        llama.cpp's buffer, valid until the next call (copy it to keep it).
+        ``logits_from=None`` means only the last row; ``len(tokens)`` means
+        none (a prefill: chunked at multiples of ``prefill_chunk``).
         """
         n = len(tokens)
         if n == 0:
             raise ValueError("eval needs at least one token")
-        if n < self.min_batch:
-            return self._eval_padded(tokens, n - 1 if logits_from is None else logits_from)
-        if self.n_past + n > self.n_ctx:
+        wanted = n - 1 if logits_from is None else logits_from
+        if wanted >= n:
+            self.prefill(tokens, seq)
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        rows = self.decode([Segment(seq, tokens, wanted)])[0]
+        assert rows is not None
+        return rows
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Append prompt tokens without logits, in calls whose edges sit at multiples of ``prefill_chunk``.
+
+        Fixed edges make a later prefill that resumes from a chunk edge of a
+        reused prefix compute exactly what a cold prefill computes.
+        """
+        chunk = max(1, min(self.config.prefill_chunk, self._batch_cap))
+        start, n = 0, len(tokens)
+        while start < n:
+            edge = (self.seq_len[seq] // chunk + 1) * chunk
+            m = min(n - start, edge - self.seq_len[seq])
+            self._check_room(seq, max(m, self.min_batch))
+            part = list(tokens[start : start + m])
+            self._call([(seq, part, max(0, self.min_batch - m), m)])
+            start += m
+
+    def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+        """Append each segment's tokens to its sequence in as few calls as exactness allows.
+
+        Returns, per segment, the logits of its rows ``logits_from``.. (or
+        None when it wants none): a view into llama.cpp's buffer when one
+        call did it all (valid until the next call), else a copy.
+        """
+        for s in segments:
+            self._check_room(s.seq, len(s.tokens))
+        if len(segments) == 1 and len(segments[0].tokens) <= self.shapes.max_rows:  # the common case, no planning
+            s = segments[0]
+            n = len(s.tokens)
+            pad = max(0, min(self.min_batch - n, self.n_ctx - self.seq_len[s.seq] - n))
+            return self._call([(s.seq, list(s.tokens), pad, s.logits_from)])
+        rows = [len(s.tokens) for s in segments]
+        seqs = [s.seq for s in segments]
+        room = [self.n_ctx - self.seq_len[s.seq] - len(s.tokens) for s in segments]
+        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room)
+        out: list[list[np.ndarray]] = [[] for _ in segments]
+        for call in calls:
+            entries = []
+            for p in call:
+                seg = segments[p.segment]
+                local_from = min(max(seg.logits_from - p.start, 0), p.count)
+                entries.append((seqs[p.segment], list(seg.tokens[p.start : p.start + p.count]), p.pad, local_from))
+            for p, part in zip(call, self._call(entries)):
+                if part is not None:
+                    out[p.segment].append(part if len(calls) == 1 else part.copy())
+        return [np.concatenate(o) if len(o) > 1 else (o[0] if o else None) for o in out]
+
+    def _check_room(self, seq: int, n: int) -> None:
+        if self.seq_len[seq] + n > self.n_ctx:
             raise ContextOverflowError(
-                f"{self.role} context is full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}; "
+                f"{self.role} context is full: {self.seq_len[seq]} + {n} tokens > n_ctx {self.n_ctx}; "
                 "use a shorter prompt, fewer max tokens or a larger --ctx-size"
             )
-        wanted = n - 1 if logits_from is None else logits_from
-        # Ask for at least min_batch output rows: one output row runs another kernel (see _eval_padded).
-        first = max(0, min(wanted, n - self.min_batch)) if wanted < n else wanted
-        for start in range(0, n, self._batch_cap):
-            chunk = tokens[start : start + self._batch_cap]
-            self._decode_chunk(chunk, max(0, first - start))
-        n_rows = n - first
-        if n_rows <= 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = self._lc.llama_get_logits(self._ctx)
-        # Outputs are only those of the last chunk, in batch order.
-        last_chunk = n - (n - 1) // self._batch_cap * self._batch_cap
-        if n_rows > last_chunk:
-            raise ValueError(f"can return logits for at most the last {last_chunk} of {n} tokens")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))[wanted - first :]
 
-    def _eval_padded(self, tokens: Sequence[int], logits_from: int) -> np.ndarray:
-        """Evaluate a short batch padded with throw-away tokens, then drop them from the KV cache.
+    def _call(self, entries: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray | None]:
+        """One ``llama_decode``: per entry (seq, tokens, pad, logits_from) the tokens then ``pad`` copies of the last.
 
-        Causal attention means the pad rows cannot change the real rows, and
-        the real rows are computed by the same kernels as any longer batch.
-        The pad rows also get (ignored) logits: the output projection runs
-        a different kernel for a single output row, which would change the
-        real row's logits by up to ~1e-3.
+        Pads are dropped from the KV cache right after; causal attention means
+        they cannot change the real rows.  Output rows: on an exact target
+        every row of the call (pads too) when any entry wants logits, else
+        none; otherwise just each entry's rows from ``logits_from``.  Returns
+        per entry the logits of its rows from ``logits_from`` (None if none).
         """
-        n = len(tokens)
-        if self.n_past + self.min_batch > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.role} context is full: {self.n_past} + {n} tokens (+{self.min_batch - n} padding) > n_ctx {self.n_ctx}"
-            )
-        padded = list(tokens) + [tokens[-1]] * (self.min_batch - n)
-        start = self.n_past
-        first = min(logits_from, n - 1)
-        self._decode_chunk(padded, first)
-        self._lc.llama_memory_seq_rm(self._mem, 0, start + n, -1)
-        self.n_past = start + n
-        ptr = self._lc.llama_get_logits(self._ctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(len(padded) - first, self.n_vocab))
-        return rows[logits_from - first : n - first]
-
-    def _decode_chunk(self, chunk: Sequence[int], logits_from: int) -> None:
-        m = len(chunk)
-        self._b_token[:m] = chunk
-        self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
-        self._b_logits[:m] = 0
-        if logits_from < m:
-            self._b_logits[logits_from:m] = 1
-        self._batch.n_tokens = m
-        rc = self._lc.llama_decode(self._ctx, self._batch)
+        lc, b = self._lc, self._batch
+        exact = self.config.exact
+        all_out = exact and any(f < len(t) for _, t, _, f in entries)
+        m = out_row = 0
+        where: list[int | None] = []  # output row of each entry's first wanted row
+        for seq, toks, pad, first in entries:
+            n = len(toks) + pad
+            wanted = first < len(toks)
+            where.append((out_row + first if all_out else out_row) if wanted else None)
+            out_row += n if all_out else (len(toks) - first if wanted and not exact else 0)
+            start = self.seq_len[seq]
+            self._b_token[m : m + len(toks)] = toks
+            self._b_token[m + len(toks) : m + n] = toks[-1]
+            self._b_pos[m : m + n] = np.arange(start, start + n, dtype=np.int32)
+            if all_out:
+                self._b_logits[m : m + n] = 1
+            else:
+                self._b_logits[m : m + n] = 0
+                if not exact and first < len(toks):
+                    self._b_logits[m + first : m + len(toks)] = 1
+            for i in range(m, m + n):
+                if self._b_seq0[i] != seq:
+                    b.seq_id[i][0] = seq
+                    self._b_seq0[i] = seq
+            m += n
+        if m > self._batch_cap:
+            raise ValueError(f"decode call of {m} rows exceeds the batch capacity {self._batch_cap}")
+        b.n_tokens = m
+        rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             raise ContextOverflowError(
-                f"llama_decode failed (code {rc}) on {m} tokens at position {self.n_past} of {self.path.name}; "
+                f"llama_decode failed (code {rc}) on {m} tokens of {self.path.name}; "
                 "the KV cache may be full: use a larger --ctx-size or a shorter prompt"
             )
-        self.n_past += m
+        for seq, toks, pad, _ in entries:
+            self.seq_len[seq] += len(toks)
+            if pad:
+                lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)
+        if out_row == 0:
+            return [None] * len(entries)
+        logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(out_row, self.n_vocab))
+        return [None if w is None else logits[w : w + len(t) - f] for w, (_, t, _, f) in zip(where, entries)]
+
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0) -> np.ndarray:
+        """One unpadded, unsplit call (shape measurement and cost curves need exact shapes)."""
+        self._check_room(seq, len(tokens))
+        rows = self._call([(seq, list(tokens), 0, 0 if outputs else len(tokens))])[0]
+        return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
 
     # -- tree batches ------------------------------------------------------
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
-        """Evaluate a token tree in one batch; return logits for every node, [n, V].
+        """Evaluate a token tree in one batch on sequence 0; return logits for every node, [n, V].
 
         ``tokens[0]`` is the root (the pending token, at position n_past);
         ``parents[i] < i`` is node i's parent (``parents[0] == -1``).  Each
         root-to-leaf branch is one llama.cpp sequence; a node belongs to the
         sequences of every branch through it, and the cached prefix is first
         shared with all of them (``seq_cp``).  Call ``commit_tree`` next.
+        Only a one-slot (unified) target has branch sequences.
         """
         n = len(tokens)
         if n < 2 or n > self._batch_cap or self.n_past + n > self.capacity:
@@ -351,8 +546,8 @@ class LlamaModel:
             depth[i] = depth[parents[i]] + 1
             has_child[parents[i]] = True
         leaves = [i for i in range(n) if not has_child[i]]
-        if len(leaves) > self.n_seq_max:
-            raise ValueError(f"tree has {len(leaves)} branches but the context allows {self.n_seq_max}")
+        if not self.unified or len(leaves) > self.n_seq_max:
+            raise ValueError(f"tree has {len(leaves)} branches but the context allows {self.n_seq_max if self.unified else 1}")
         seqs: list[list[int]] = [[] for _ in range(n)]
         for s, leaf in enumerate(leaves):
             i = leaf
@@ -370,6 +565,7 @@ class LlamaModel:
             b.n_seq_id[i] = len(seqs[i])
             for j, s in enumerate(seqs[i]):
                 b.seq_id[i][j] = s
+            self._b_seq0[i] = seqs[i][0]
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
         self._tree = (start, seqs, len(leaves))
@@ -403,14 +599,15 @@ class LlamaModel:
         tokens = [self._tree_tokens[i] for i in path]
         self.truncate(start)
         self.tree_relayouts += 1
-        self.eval(tokens, logits_from=len(tokens))
+        self.decode([Segment(0, tokens, len(tokens))])  # decode-class calls, as a chain step would be
 
     def _restore_batch(self, n: int) -> None:
-        """Back to the single-sequence layout that eval() assumes."""
+        """Back to one sequence per row, as ``_call`` assumes."""
         b = self._batch
         for i in range(n):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
+            self._b_seq0[i] = 0
 
     # -- vocabulary --------------------------------------------------------
 
@@ -456,6 +653,42 @@ class LlamaModel:
         buf = ctypes.create_string_buffer(256)
         self._lc.llama_model_desc(self._model, buf, 256)
         return buf.value.decode(errors="replace")
+
+
+class Target(Protocol):
+    """What the engine, drafters, cost calibration and replay need from a target model.
+
+    ``LlamaModel`` is the implementation; ``bench.replay.ReplayTarget`` fills
+    the metadata part (no model loaded) for drafter factories.
+    """
+
+    path: Path
+    n_vocab: int
+    n_ctx: int  # positions per sequence
+    n_threads: int
+    n_slots: int  # generations held at once (one KV stream each when > 1)
+    capacity: int  # positions usable by real tokens (padding needs spare ones)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def eog_ids(self) -> frozenset[int]: ...
+
+
+class EngineTarget(Target, Protocol):
+    """The evaluating part, used by the engine."""
+
+    unified: bool
+    n_seq_max: int
+    shapes: BatchShapes
+    seq_len: list[int]
+    tree_relayouts: int
+
+    def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]: ...
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
+    def truncate(self, n_keep: int, seq: int = 0) -> None: ...
+    def reset(self, seq: int | None = None) -> None: ...
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
+    def commit_tree(self, path: Sequence[int]) -> None: ...
 
 
 def system_info() -> str:

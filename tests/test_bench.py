@@ -222,17 +222,17 @@ class _Scripted:
     def __init__(self, drafts):
         self.drafts, self.observed, self.ks = list(drafts), [], []
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, seq=0):
         pass
 
-    def propose(self, context_ids, max_tokens):
-        self.ks.append(max_tokens)
-        return Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name)
+    def propose(self, requests):
+        self.ks.extend(r.budget.max_tokens for r in requests)
+        return [Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name) for _ in requests]
 
-    def observe(self, new_ids, num_accepted):
+    def observe(self, new_ids, num_accepted, seq=0):
         self.observed.append((list(new_ids), num_accepted))
 
-    def end(self):
+    def end(self, seq=0):
         pass
 
 

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import pytest
 
+from specstack.drafters.base import DraftRequest, propose_one
 from specstack.drafters.cascade import CascadeConfig, CascadeDrafter, _outcome
 from specstack.errors import InvalidParameterError
 from specstack.types import Draft
@@ -26,17 +27,17 @@ class Scripted:
         self.asked = 0
         self.observed: list[list[int]] = []
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         pass
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        self.asked += 1
-        return Draft(self.tokens[:max_tokens], self.name)
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.asked += len(requests)
+        return [Draft(self.tokens[: r.budget.max_tokens], self.name) for r in requests]
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         self.observed.append(list(new_ids))
 
-    def end(self) -> None:
+    def end(self, seq: int = 0) -> None:
         pass
 
 
@@ -47,7 +48,7 @@ def cascade(*sources: Scripted, min_len: int = 3) -> CascadeDrafter:
 def test_first_long_enough_draft_stops_the_cascade():
     a, b = Scripted("a", [1, 2, 3]), Scripted("b", [4, 5, 6, 7])
     c = cascade(a, b)
-    assert c.propose([0], 8).source == "a"
+    assert propose_one(c, [0], 8).source == "a"
     assert b.asked == 0  # later (costlier) sources are not asked
 
 
@@ -55,39 +56,39 @@ def test_a_later_source_replaces_a_short_first_draft_only_when_worth_more():
     a, b = Scripted("a", [1]), Scripted("b", [4, 5, 6, 7])
     c = cascade(a, b)
     for _ in range(30):  # the target follows b
-        c.propose([0], 8)
+        propose_one(c, [0], 8)
         c.observe([4, 5, 6, 7, 8], 4)
-    assert c.propose([0], 8).token_ids == (4, 5, 6, 7)
+    assert propose_one(c, [0], 8).token_ids == (4, 5, 6, 7)
     assert a.asked == b.asked == 31
     for _ in range(60):  # now it follows a
-        c.propose([0], 8)
+        propose_one(c, [0], 8)
         c.observe([1, 2], 1)
-    assert c.propose([0], 8).token_ids == (1,)
+    assert propose_one(c, [0], 8).token_ids == (1,)
 
 
 def test_a_reliable_short_draft_beats_an_unreliable_long_one():
     a, b = Scripted("a", [1, 2]), Scripted("b", [4, 5, 6])
     c = cascade(a, b, min_len=4)
     for _ in range(30):  # the target keeps following a and never b
-        c.propose([0], 8)
+        propose_one(c, [0], 8)
         c.observe([1, 2, 9], 2)
-    assert c.propose([0], 8).source == "a"
-    cond_b = c.trackers[1].conditional()
+    assert propose_one(c, [0], 8).source == "a"
+    cond_b = c._own_book.conditional("b")
     assert cond_b[0] < 0.1  # b learnt from steps it did not win
-    assert c.trackers[0].conditional()[0] > 0.9
+    assert c._own_book.conditional("a")[0] > 0.9
 
 
 def test_every_source_observes_every_step():
     a, b = Scripted("a", [1, 2, 3]), Scripted("b", [4])
     c = cascade(a, b)
-    c.propose([0], 4)
+    propose_one(c, [0], 4)
     c.observe([1, 2, 7], 2)
     assert a.observed == b.observed == [[1, 2, 7]]
 
 
 def test_nothing_drafted_gives_an_empty_draft():
     c = cascade(Scripted("a", []), Scripted("b", []))
-    draft = c.propose([0], 4)
+    draft = propose_one(c, [0], 4)
     assert len(draft) == 0 and draft.source.startswith("cascade")
 
 
@@ -111,21 +112,21 @@ def test_config_errors_name_the_fix():
         CascadeConfig(("suffix",), min_len=0)
 
 
-def test_a_later_source_that_keeps_failing_is_cut_to_the_free_token():
-    """A plain step is padded to two tokens, so one draft token costs nothing; more would."""
+def test_a_later_source_that_keeps_failing_is_dropped():
+    """Every verified token costs something, so a source that is never right loses to a plain step."""
     a, b = Scripted("a", []), Scripted("b", [4, 5, 6])
     c = cascade(a, b)
-    assert len(c.propose([0], 8)) > 0  # no history yet: worth a try
+    assert len(propose_one(c, [0], 8)) > 0  # no history yet: worth a try
     for _ in range(30):
-        c.propose([0], 8)
+        propose_one(c, [0], 8)
         c.observe([9], 0)
-    assert c.propose([0], 8).token_ids == (4,)
+    assert propose_one(c, [0], 8).token_ids == ()
 
 
 def test_a_later_draft_is_cut_to_its_most_valuable_length():
     a, b = Scripted("a", []), Scripted("b", [4, 5, 6, 7, 8, 9])
     c = cascade(a, b)
     for _ in range(40):  # b is right for two tokens, then wrong
-        c.propose([0], 8)
+        propose_one(c, [0], 8)
         c.observe([4, 5, 1], 2)
-    assert c.propose([0], 8).token_ids == (4, 5)
+    assert propose_one(c, [0], 8).token_ids == (4, 5)

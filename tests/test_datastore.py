@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specstack.drafters.base import propose_one
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -327,7 +329,7 @@ def test_rest_drafter_docstring_example(tmp_path):
     write_store(tmp_path / "s", [[5, 6, 7, 5, 6, 8, 5, 6, 7]], n_vocab=10)
     d = RestDrafter(RestConfig(datastore=str(tmp_path / "s")))
     d.begin([4, 5, 6])
-    draft = d.propose([4, 5, 6], 2)
+    draft = propose_one(d, [4, 5, 6], 2)
     assert draft.token_ids == (7, 5) and draft.source == "rest" and draft.q is None
     d.observe([7], 1)
     d.end()
@@ -336,7 +338,7 @@ def test_rest_drafter_docstring_example(tmp_path):
 def test_rest_propose_tree_has_parents(tmp_path):
     write_store(tmp_path / "s", [[5, 6, 7, 5, 6, 8, 5, 6, 7]], n_vocab=10)
     d = RestDrafter(RestConfig(datastore=str(tmp_path / "s")))
-    t = d.propose_tree([4, 5, 6], 3, depth=2)
+    t = d.retrieve_tree([4, 5, 6], 3, depth=2)
     assert t.token_ids == (7, 8, 5) and t.parents == (-1, -1, 0)
 
 

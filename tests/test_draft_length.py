@@ -26,6 +26,14 @@ def outcome(drafted, accepted, source="s", draft_s=1e-6, verify_s=0.0):
     return StepOutcome(source, drafted, accepted, draft_s, verify_s)
 
 
+def next_k(p) -> int:
+    return p.budget(64).max_tokens
+
+
+def trim(p, source, n) -> int:
+    return p.budget(64).worth(source, n)
+
+
 def linear_costs(base=1e-3, per_token=1e-4, n=40) -> CostModel:
     return CostModel([base + per_token * (i) for i in range(n)])
 
@@ -33,7 +41,8 @@ def linear_costs(base=1e-3, per_token=1e-4, n=40) -> CostModel:
 def test_fixed_never_changes_and_refuses_k_below_one():
     p = FixedK(6)
     p.observe(outcome(6, 0))
-    assert p.next_k() == 6 and p.trim("s", 9) == 9
+    assert next_k(p) == 6 and trim(p, "s", 3) == 3
+    assert trim(p, "s", 9) == 6  # never more than the budget
     with pytest.raises(InvalidParameterError):
         FixedK(0)
 
@@ -43,28 +52,28 @@ def test_window_grows_above_80_shrinks_below_60_within_bounds():
     for _ in range(10):
         for _ in range(8):
             p.observe(outcome(8, 8))
-    assert p.next_k() == 24  # capped at k_max
+    assert next_k(p) == 24  # capped at k_max
     for _ in range(20):
         for _ in range(8):
             p.observe(outcome(8, 2))
-    assert p.next_k() == 4  # floored at k_min
+    assert next_k(p) == 4  # floored at k_min
 
 
 def test_window_waits_for_a_full_window():
     p = WindowK(k=8, window=64)
     p.observe(outcome(8, 8))
-    assert p.next_k() == 8
+    assert next_k(p) == 8
 
 
 def test_heuristic_plus_two_minus_one():
     p = HeuristicK(k=4, k_max=10)
     p.observe(outcome(4, 4))
-    assert p.next_k() == 6
+    assert next_k(p) == 6
     p.observe(outcome(6, 5))
-    assert p.next_k() == 5
+    assert next_k(p) == 5
     for _ in range(10):
-        p.observe(outcome(p.next_k(), p.next_k()))
-    assert p.next_k() == 10
+        p.observe(outcome(next_k(p), next_k(p)))
+    assert next_k(p) == 10
 
 
 def test_expected_accepted_is_sum_of_prefix_products():
@@ -101,14 +110,14 @@ def test_cost_choice_equals_brute_force_argmax(seed):
 def test_cost_picks_zero_when_drafts_are_never_accepted():
     p = CostK(linear_costs(), k_max=16)
     for _ in range(50):
-        p.observe(outcome(p.trim("s", p.next_k()) or 2, 0))
+        p.observe(outcome(trim(p, "s", next_k(p)) or 2, 0))
     assert p.best_k_for("s") == 0
 
 
 def test_cost_picks_large_k_when_always_accepted_and_verification_is_cheap():
     p = CostK(linear_costs(base=1e-2, per_token=1e-5), k_max=16)
     for _ in range(60):
-        k = max(p.trim("s", p.next_k()), 1)
+        k = max(trim(p, "s", next_k(p)), 1)
         p.observe(outcome(k, k))
     assert p.best_k_for("s") == 16
 
@@ -117,7 +126,7 @@ def test_cost_picks_small_k_when_verification_is_compute_bound():
     # Each extra verified token costs as much as a whole plain step.
     p = CostK(CostModel([1e-2 * n for n in range(1, 40)]), k_max=16)
     for _ in range(60):
-        k = max(p.trim("s", p.next_k()), 1)
+        k = max(trim(p, "s", next_k(p)), 1)
         p.observe(outcome(k, min(k, 1)))
     assert p.best_k_for("s") <= 1
 
@@ -128,7 +137,7 @@ def test_cost_probes_after_a_run_of_plain_steps():
         p.observe(outcome(2, 0))
     ks = []
     for _ in range(10):
-        k = p.next_k()
+        k = next_k(p)
         ks.append(k)
         p.observe(outcome(0, 0) if k == 0 else outcome(2, 0))
     assert 2 in ks and 0 in ks
@@ -141,13 +150,14 @@ def test_cost_keeps_estimates_per_source():
         p.observe(outcome(4, 4, source="good"))
         p.observe(outcome(4, 0, source="bad"))
     assert p.best_k_for("good") > 0 and p.best_k_for("bad") == 0
-    assert p.trim("bad", 8) == 0 and p.trim("good", 8) > 0
+    assert trim(p, "bad", 8) == 0 and trim(p, "good", 8) > 0
 
 
 def test_continue_rule_stops_on_low_confidence_when_verification_is_costly():
     # Each verified token adds 20% of a plain step.
     p = CostK(CostModel([1e-2 + 2e-3 * n for n in range(40)]), k_max=16)
-    rule = p.continue_rule("draft-model")
+    keep = p.budget(64).keep_going
+    rule = lambda confs, spent: keep("draft-model", confs, spent)  # noqa: E731
     assert rule([0.99], 1e-4) is True
     # Teach it: confident tokens are accepted, unsure ones rejected (and the second
     # position is usually rejected), then an unsure second token is not worth verifying.

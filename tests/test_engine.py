@@ -101,18 +101,18 @@ class _ForeignDrafter:
 
     name = "foreign"
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, seq=0):
         pass
 
-    def propose(self, context_ids, max_tokens):
+    def propose(self, requests):
         from specstack.types import Draft
 
-        return Draft((int(context_ids[-1]), 10**6), self.name)
+        return [Draft((int(r.context[-1]), 10**6), self.name) for r in requests]
 
-    def observe(self, new_ids, num_accepted):
+    def observe(self, new_ids, num_accepted, seq=0):
         pass
 
-    def end(self):
+    def end(self, seq=0):
         pass
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specstack.drafters.base import propose_one
+
 import pytest
 
 from specstack.drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
@@ -16,46 +18,46 @@ def drafter(prompt, n_min=1, n_max=3):
 
 def test_copies_what_followed_the_matching_suffix():
     d = drafter([1, 2, 3, 9, 1, 2])
-    assert d.propose([], 4).token_ids == (3, 9, 1, 2)
+    assert propose_one(d, [], 4).token_ids == (3, 9, 1, 2)
 
 
 def test_caps_draft_at_k():
     d = drafter([1, 2, 3, 9, 1, 2])
-    assert d.propose([], 2).token_ids == (3, 9)
+    assert propose_one(d, [], 2).token_ids == (3, 9)
 
 
 def test_prefers_longest_match_over_more_recent_shorter_one():
     # Suffix (7, 8) matched at the start; the lone 8 is also followed by 5 later.
     d = drafter([7, 8, 1, 8, 5, 7, 8])
-    assert d.propose([], 1).token_ids == (1,)
+    assert propose_one(d, [], 1).token_ids == (1,)
 
 
 def test_prefers_most_recent_of_equal_length_matches():
     d = drafter([4, 1, 4, 2, 4])
-    assert d.propose([], 1).token_ids == (2,)
+    assert propose_one(d, [], 1).token_ids == (2,)
 
 
 def test_no_match_gives_empty_draft():
     d = drafter([1, 2, 3])
-    assert len(d.propose([], 4)) == 0
+    assert len(propose_one(d, [], 4)) == 0
 
 
 def test_respects_n_min():
     # Only a 1-gram matches; with n_min=2 that is not enough.
     d = drafter([5, 6, 7, 5], n_min=2)
-    assert len(d.propose([], 4)) == 0
+    assert len(propose_one(d, [], 4)) == 0
 
 
 def test_observe_extends_the_index_incrementally():
     d = drafter([1, 2, 3])
     d.observe([4, 1, 2], num_accepted=0)
-    assert d.propose([], 3).token_ids == (3, 4, 1)
+    assert propose_one(d, [], 3).token_ids == (3, 4, 1)
 
 
 def test_begin_resets_previous_request():
     d = drafter([1, 2, 1])
     d.begin([3, 4])
-    assert len(d.propose([], 2)) == 0
+    assert len(propose_one(d, [], 2)) == 0
 
 
 def test_invalid_config_is_refused():

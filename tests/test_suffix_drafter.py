@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from specstack.draft_length import Budget
+from specstack.drafters.base import propose_one
+
 import pytest
 
 from specstack.drafters.base import BuildContext, create
@@ -25,7 +28,7 @@ def test_docstring_example_request_tree():
     d.begin(prompt)
     s = d.speculate(prompt, 8)
     assert (s.token_ids, s.probs, s.match_len) == ((3, 9), (0.5, 0.5), 2)
-    assert d.propose(prompt, 8).token_ids == (3, 9)
+    assert propose_one(d, prompt, 8).token_ids == (3, 9)
 
 
 def test_docstring_example_global_tree_wins_with_higher_score():
@@ -43,7 +46,7 @@ def test_draft_is_deterministic_and_tagged():
     # Suffix drafts are point masses (q=None) from source "suffix".
     d = SuffixDrafter()
     d.begin([1, 2, 3, 1, 2])
-    draft = d.propose([1, 2, 3, 1, 2], 4)
+    draft = propose_one(d, [1, 2, 3, 1, 2], 4)
     assert draft.source == "suffix" and draft.q is None and draft.parents is None
     assert draft.token_ids == (3, 1)
 
@@ -52,7 +55,7 @@ def test_nothing_to_draft_gives_an_empty_draft():
     # A context whose last token never appeared before has no match worth drafting.
     d = SuffixDrafter()
     d.begin([1, 2, 3, 4])
-    assert d.propose([1, 2, 3, 4], 8).token_ids == ()
+    assert propose_one(d, [1, 2, 3, 4], 8).token_ids == ()
 
 
 def test_max_tokens_caps_the_draft():
@@ -61,8 +64,8 @@ def test_max_tokens_caps_the_draft():
     run_request(d, [0], list(range(10, 30)))
     ctx = [0] + list(range(10, 20))
     d.begin(ctx)
-    assert d.propose(ctx, 3).token_ids == (20, 21, 22)
-    assert d.propose(ctx, 0).token_ids == ()
+    assert propose_one(d, ctx, 3).token_ids == (20, 21, 22)
+    assert propose_one(d, ctx, 0).token_ids == ()
 
 
 def test_spec_factor_caps_draft_by_match_length():
@@ -72,7 +75,7 @@ def test_spec_factor_caps_draft_by_match_length():
         d = SuffixDrafter(SuffixConfig(max_spec_factor=factor))
         run_request(d, [0], [5, 6, 7, 8, 4])
         d.begin(ctx)
-        assert d.propose(ctx, 8).token_ids == expect
+        assert propose_one(d, ctx, 8).token_ids == expect
 
 
 def test_spec_offset_adds_to_the_cap():
@@ -80,7 +83,7 @@ def test_spec_offset_adds_to_the_cap():
     d = SuffixDrafter(SuffixConfig(max_spec_offset=2.0))
     run_request(d, [0], [5, 6, 7, 8, 4])
     d.begin([9, 5])
-    assert d.propose([9, 5], 8).token_ids == (6, 7, 8)
+    assert propose_one(d, [9, 5], 8).token_ids == (6, 7, 8)
 
 
 def test_min_token_prob_stops_at_uncertain_branches():
@@ -91,7 +94,7 @@ def test_min_token_prob_stops_at_uncertain_branches():
         d = SuffixDrafter(SuffixConfig(min_token_prob=floor))
         run_request(d, [0], history)
         d.begin([8, 1, 2])
-        assert d.propose([8, 1, 2], 2).token_ids == expect
+        assert propose_one(d, [8, 1, 2], 2).token_ids == expect
 
 
 def test_observe_feeds_the_request_tree():
@@ -100,7 +103,7 @@ def test_observe_feeds_the_request_tree():
     d.begin([0])
     d.observe([4, 5, 6], 0)
     d.observe([4, 5], 0)
-    assert d.propose([0, 4, 5, 6, 4, 5], 8).token_ids == (6, 4)
+    assert propose_one(d, [0, 4, 5, 6, 4, 5], 8).token_ids == (6, 4)
 
 
 def test_context_out_of_step_with_observe_is_matched_from_scratch():
@@ -108,7 +111,7 @@ def test_context_out_of_step_with_observe_is_matched_from_scratch():
     # the draft must still continue *that* context.
     d = SuffixDrafter()
     d.begin([1, 2, 3, 4, 1, 2, 3, 4])
-    assert d.propose([1, 2, 3, 4, 1, 2], 2).token_ids == (3, 4)
+    assert propose_one(d, [1, 2, 3, 4, 1, 2], 2).token_ids == (3, 4)
 
 
 def test_prompts_and_outputs_go_to_the_global_tree_unless_outputs_only():
@@ -118,7 +121,7 @@ def test_prompts_and_outputs_go_to_the_global_tree_unless_outputs_only():
     run_request(d, [1, 2, 3], [4, 5, 6])
     assert d.global_tree.count([1, 2, 3, 4, 5, 6]) == 1
     d.begin([7, 2, 3])
-    assert d.propose([7, 2, 3], 8).token_ids == (4, 5)  # match [2, 3] (m=2, alpha=1)
+    assert propose_one(d, [7, 2, 3], 8).token_ids == (4, 5)  # match [2, 3] (m=2, alpha=1)
     d = SuffixDrafter(SuffixConfig(global_prompts=False))
     run_request(d, [1, 2, 3], [4, 5, 6])
     assert d.global_tree.count([4, 5, 6]) == 1 and d.global_tree.count([1, 2]) == 0
@@ -129,7 +132,7 @@ def test_global_tree_persists_across_requests():
     d = SuffixDrafter()
     run_request(d, [0], [3, 4, 5, 6])
     d.begin([9, 3, 4])
-    assert d.propose([9, 3, 4], 8).token_ids == (5, 6)
+    assert propose_one(d, [9, 3, 4], 8).token_ids == (5, 6)
 
 
 def test_global_matches_follow_observed_tokens():
@@ -140,7 +143,7 @@ def test_global_matches_follow_observed_tokens():
     d.begin([9])
     d.observe([3], 1)
     d.observe([4], 0)
-    assert d.propose([9, 3, 4], 8).token_ids == (5, 6)
+    assert propose_one(d, [9, 3, 4], 8).token_ids == (5, 6)
 
 
 def test_request_tree_wins_ties():
@@ -199,7 +202,7 @@ def test_cache_path_loads_at_start_and_saves_at_end(tmp_path):
     run_request(SuffixDrafter(cfg), [0], [3, 4, 5, 6])
     d = SuffixDrafter(cfg)
     d.begin([9, 3, 4])
-    assert d.propose([9, 3, 4], 8).token_ids == (5, 6)
+    assert propose_one(d, [9, 3, 4], 8).token_ids == (5, 6)
 
 
 def test_corrupt_cache_is_a_clear_error(tmp_path):
@@ -212,10 +215,11 @@ def test_corrupt_cache_is_a_clear_error(tmp_path):
 
 def test_propose_tree_has_parents():
     # The tree draft keeps both continuations of `1` (3 and 4) as siblings.
-    d = SuffixDrafter(SuffixConfig(max_spec_factor=4.0))
+    d = SuffixDrafter(SuffixConfig(max_spec_factor=4.0, tree=True))
     run_request(d, [0], [1, 3, 5, 1, 4, 6, 1, 3, 5])
     d.begin([9, 1])
-    t = d.propose_tree([9, 1], 4)
+    assert propose_one(d, [9, 1], 4).parents is None  # a budget without trees gets a chain
+    t = propose_one(d, [9, 1], Budget(4, tree=True))
     assert t.parents is not None and t.parents[0] == -1
     assert set(t.token_ids) >= {3, 4}
     assert sum(p == -1 for p in t.parents) == 2
@@ -223,7 +227,7 @@ def test_propose_tree_has_parents():
 
 def test_propose_before_begin_is_empty():
     # The engine may ask before a generation starts; never crash.
-    assert SuffixDrafter().propose([1, 2], 4).token_ids == ()
+    assert propose_one(SuffixDrafter(), [1, 2], 4).token_ids == ()
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specstack.drafters.base import propose_one
+
 import os
 from pathlib import Path
 
@@ -107,19 +109,19 @@ class CountingDrafter:
     def __init__(self, inner):
         self.inner, self.name, self.trees = inner, inner.name, 0
 
-    def begin(self, prompt_ids):
-        self.inner.begin(prompt_ids)
+    def begin(self, prompt_ids, seq=0):
+        self.inner.begin(prompt_ids, seq)
 
-    def propose(self, context_ids, max_tokens):
-        draft = self.inner.propose(context_ids, max_tokens)
-        self.trees += draft.is_tree and draft.branches() > 1
-        return draft
+    def propose(self, requests):
+        drafts = self.inner.propose(requests)
+        self.trees += sum(d.is_tree and d.branches() > 1 for d in drafts)
+        return drafts
 
-    def observe(self, new_ids, num_accepted):
-        self.inner.observe(new_ids, num_accepted)
+    def observe(self, new_ids, num_accepted, seq=0):
+        self.inner.observe(new_ids, num_accepted, seq)
 
-    def end(self):
-        self.inner.end()
+    def end(self, seq=0):
+        self.inner.end(seq)
 
 
 @pytest.fixture(scope="module")
@@ -181,16 +183,16 @@ def test_fusion_is_lossless_on_the_real_pair(tree_target, target, store, spec, r
 
 
 def test_sampling_with_tree_drafts_verifies_the_best_branch_as_a_chain(tree_target):
-    """Trees are greedy-only: with sampling the best branch goes through rejection sampling
-    (point mass, lossless for any deterministic draft), so no tree batch may run."""
+    """Trees are greedy-only: with sampling the budget allows chains only, verified by rejection
+    sampling (point mass, lossless for any deterministic draft), so no tree batch may run."""
     from specstack.sampling import SamplingParams
 
     drafter = CountingDrafter(create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
     engine = Engine(tree_target, drafter)
     sampling = SamplingParams(temperature=0.7, seed=11)
     runs = [engine.generate(p, GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run() for p in held_out_prompts(4)]
-    assert drafter.trees > 0  # the drafter did offer trees...
-    assert sum(g.stats.n_tree_steps for g in runs) == 0  # ...but none was verified as a tree
+    assert drafter.trees == 0  # the budget asked for chains...
+    assert sum(g.stats.n_tree_steps for g in runs) == 0  # ...and none was verified as a tree
     assert sum(g.stats.n_accepted for g in runs) > 0
     again = Engine(tree_target, create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
     assert again.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run().output_ids == runs[0].output_ids
@@ -204,31 +206,28 @@ def test_fusion_puts_the_source_that_keeps_winning_first():
         def __init__(self, name, draft):
             self.name, self.draft = name, draft
 
-        def begin(self, prompt_ids):
+        def begin(self, prompt_ids, seq=0):
             pass
 
-        def propose(self, context_ids, max_tokens):
-            return self.draft
+        def propose(self, requests):
+            return [self.draft for _ in requests]
 
-        def propose_tree(self, context_ids, max_tokens):
-            return self.draft
-
-        def observe(self, new_ids, num_accepted):
+        def observe(self, new_ids, num_accepted, seq=0):
             pass
 
-        def end(self):
+        def end(self, seq=0):
             pass
 
     retrieval = Source("suffix", Draft((5, 6, 9), "suffix", parents=(-1, 0, -1)))
     model = Source("draft-model", Draft((7, 8), "draft-model"))
     fusion = FusionDrafter(retrieval, model)
-    assert fusion.propose([0], 8).token_ids[:2] == (7, 8)  # the model's chain first at the start
+    assert propose_one(fusion, [0], 8).token_ids[:2] == (7, 8)  # the model's chain first at the start
     for _ in range(3):  # the target keeps following the retrieved branch
-        fusion.propose([0], 8)
+        propose_one(fusion, [0], 8)
         fusion.observe([5, 6, 1], 2)
-    fused = fusion.propose([0], 8)
+    fused = propose_one(fusion, [0], 8)
     assert fused.token_ids == (5, 6, 9, 7, 8) and fused.parents == (-1, 0, -1, -1, 3)
     for _ in range(6):  # and now the model's
-        fusion.propose([0], 8)
+        propose_one(fusion, [0], 8)
         fusion.observe([7, 8, 1], 2)
-    assert fusion.propose([0], 8).token_ids[:2] == (7, 8)
+    assert propose_one(fusion, [0], 8).token_ids[:2] == (7, 8)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..drafters import BuildContext, create
+from ..drafters.base import propose_one
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..types import Draft
@@ -47,6 +48,7 @@ class ReplayTarget:
     n_threads: int
     n_vocab: int
     capacity: int
+    n_slots: int = 1
 
 
 def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int,
@@ -64,7 +66,7 @@ def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence
                 break
             kk = max(0, min(k, max_tokens - done - 1, room))
             t0 = time.perf_counter()
-            draft = drafter.propose(context, kk) if kk > 0 else Draft.empty(stats.drafter)
+            draft = propose_one(drafter, context, kk) if kk > 0 else Draft.empty(stats.drafter)
             t1 = time.perf_counter()
             tokens = tuple(draft.token_ids[:kk])
             truth = recorded[done : done + len(tokens) + 1]  # the target's tokens at these positions

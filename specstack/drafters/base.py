@@ -2,9 +2,12 @@
 
 Lifecycle per generation (as in llama.cpp's common_speculative and
 ArcticInference's suffix cache): ``begin`` with the prompt, then per step
-``propose`` a draft and ``observe`` what was committed, then ``end``.
-Drafters never see the target's logits; policies for k never see drafters'
-internals.
+``propose`` a draft and ``observe`` what was committed, then ``end``.  One
+drafter instance serves every generation of an engine: per-generation
+state is kept by sequence id (``seq``), and ``propose`` takes the requests
+of all generations in a step at once, so a draft model can batch them.
+Each request carries the policy's ``Budget``: drafters never decide draft
+length themselves.  Drafters never see the target's logits.
 """
 
 from __future__ import annotations
@@ -12,27 +15,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..draft_length import Budget
 from ..errors import InvalidParameterError
 from ..types import Draft
 
 
+@dataclass(frozen=True, slots=True)
+class DraftRequest:
+    """One generation's ask in a step: draft what follows ``context`` within ``budget``."""
+
+    seq: int
+    context: Sequence[int]
+    budget: Budget
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source.  One instance serves one generation at a time."""
+    """A draft source.  Generations are told apart by ``seq`` (0 when there is one)."""
 
     name: str
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a generation whose context is ``prompt_ids``."""
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        """Start generation ``seq`` whose context is ``prompt_ids``."""
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        """Propose up to ``max_tokens`` tokens to follow ``context_ids`` (prompt + output so far)."""
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One draft per request (prompt + output so far), never longer than its budget."""
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         """``new_ids`` were committed after the last proposal, of which ``num_accepted`` came from it."""
 
-    def end(self) -> None:
-        """The generation is over (finished or aborted); release per-request state."""
+    def end(self, seq: int = 0) -> None:
+        """Generation ``seq`` is over (finished or cancelled); release its state."""
+
+
+def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, seq: int = 0) -> Draft:
+    """Propose for a single generation (tests, replay): ``budget`` may be a plain token cap."""
+    if isinstance(budget, int):
+        budget = Budget(budget)
+    return drafter.propose([DraftRequest(seq, context, budget)])[0]
 
 
 @dataclass

@@ -29,18 +29,12 @@ replaces it only if prompt lookup's record says it is worth more.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
-from ..draft_length import AcceptanceTracker, best_k, expected_accepted
+from ..draft_length import AcceptanceBook, Advice, best_k, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
-from .base import BuildContext, Drafter, create, register
-
-# Relative verification cost t(n)/t(2) = 1 + VERIFY_SLOPE * (n - 2) when the
-# policy has no measured curve (a plain step is padded to 2 tokens, so a
-# 1-token draft is free): the slope was 0.2 on pycoder-6m and 0.1 on a 1B
-# model with 2 cores here (t(17) = 1.28 vs t(2) = 0.32 ms; 142 vs 67 ms).
-VERIFY_SLOPE = 0.15
+from .base import BuildContext, Drafter, DraftRequest, create, register
 
 
 @dataclass(frozen=True)
@@ -61,6 +55,16 @@ class CascadeConfig:
             raise InvalidParameterError(f"cascade min_len must be >= 1 (got {self.min_len})")
 
 
+@dataclass
+class _Step:
+    """One generation's drafts in the current step, and the advice they were chosen with."""
+
+    drafts: list[tuple[int, Draft]]
+    chosen: int | None
+    advice: Advice
+    learn_chosen: bool
+
+
 class CascadeDrafter:
     name = "cascade"
 
@@ -68,68 +72,64 @@ class CascadeDrafter:
         self.drafters = list(drafters)
         self.config = config
         self.name = "cascade:" + ",".join(d.name for d in self.drafters)
-        self.trackers = [AcceptanceTracker(k_max=16) for _ in self.drafters]
-        self._verify_cost: Callable[[int], float] = lambda n: 1.0 + VERIFY_SLOPE * max(0, n - 2)
-        self._drafts: list[tuple[int, Draft]] = []  # this step's drafts by source index
+        # Used only when a budget brings no advice (no policy): then it learns every draft itself.
+        self._own_book = AcceptanceBook(k_max=16)
+        self._steps: dict[int, _Step] = {}
 
-    def bind_policy(self, policy: object) -> None:
-        """Pass the policy on; a policy with a measured cost curve also prices this cascade's choice."""
-        costs = getattr(policy, "costs", None)
-        if costs is not None and hasattr(costs, "verify_s"):
-            self._verify_cost = costs.verify_s
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        self._steps.pop(seq, None)
         for d in self.drafters:
-            bind = getattr(d, "bind_policy", None)
-            if bind is not None:
-                bind(policy)
+            d.begin(prompt_ids, seq)
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._drafts = []
-        for d in self.drafters:
-            d.begin(prompt_ids)
-
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        need = min(self.config.min_len, max_tokens)
-        self._drafts = []
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        found: dict[int, list[tuple[int, Draft]]] = {r.seq: [] for r in requests}
+        asking = [r for r in requests if r.budget.max_tokens > 0]
         for i, d in enumerate(self.drafters):
-            draft = d.propose(context_ids, max_tokens)
-            if draft.token_ids:
-                self._drafts.append((i, draft))
-                if len(draft) >= need:
-                    break
-        if not self._drafts:
+            if not asking:
+                break
+            short = []
+            for r, draft in zip(asking, d.propose(asking)):
+                if draft.token_ids:
+                    found[r.seq].append((i, draft))
+                if len(draft) < min(self.config.min_len, r.budget.max_tokens):
+                    short.append(r)
+            asking = short
+        return [self._choose(r, found[r.seq]) for r in requests]
+
+    def _choose(self, request: DraftRequest, drafts: list[tuple[int, Draft]]) -> Draft:
+        """The first source's draft stands unless a later one is worth more per unit of verification cost."""
+        advice = request.budget.advice or Advice(self._own_book)
+        step = self._steps[request.seq] = _Step(drafts, None, advice, request.budget.advice is None)
+        if not drafts:
             return Draft.empty(self.name)
-        if len(self._drafts) == 1 and self._drafts[0][0] == 0:
-            return self._drafts[0][1]  # the first source's draft, nothing to weigh it against
-        # The first source's draft stands unless a later one is worth more, so a
-        # cascade drafts at least as well as its first source alone would.
-        best, best_value = Draft.empty(self.name), 1.0 / self._verify_cost(1)  # a plain step
-        for i, draft in self._drafts:
-            cond = self._conditional(i, len(draft))
-            n = len(draft) if i == 0 else best_k(cond, _no_cost, self._verify_cost, len(draft))
+        if len(drafts) == 1 and drafts[0][0] == 0:
+            step.chosen = 0
+            return drafts[0][1]  # the first source's draft, nothing to weigh it against
+        cost = advice.verify_cost
+        best, best_value = Draft.empty(self.name), 1.0 / cost(1)  # a plain step
+        for j, (i, draft) in enumerate(drafts):
+            cond = advice.conditional(draft.source, len(draft))
+            n = len(draft) if i == 0 else best_k(cond, _no_cost, cost, len(draft))
             if n == 0:
                 continue  # no prefix of it beats a plain step
-            value = (1.0 + expected_accepted(cond, n)) / self._verify_cost(n + 1)
+            value = (1.0 + expected_accepted(cond, n)) / cost(n + 1)
             if i == 0 or value > best_value:
-                best, best_value = draft.truncated(n), value
+                best, best_value, step.chosen = draft.truncated(n), value, j
         return best
 
-    def _conditional(self, source: int, n: int) -> list[float]:
-        """The source's acceptance at positions 1..n; deep positions keep the last tracked rate."""
-        cond = self.trackers[source].conditional()
-        return cond + [cond[-1]] * (n - len(cond)) if n > len(cond) else cond
-
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
-        for i, draft in self._drafts:
-            drafted, accepted = _outcome(draft.token_ids, new_ids)
-            self.trackers[i].update(drafted, accepted)
-        self._drafts = []
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+        step = self._steps.pop(seq, None)
+        if step is not None:
+            for j, (_, draft) in enumerate(step.drafts):
+                if j != step.chosen or step.learn_chosen:  # the policy learns the verified one from the step
+                    step.advice.learn(draft.source, *_outcome(draft.token_ids, new_ids))
         for d in self.drafters:
-            d.observe(new_ids, num_accepted)
+            d.observe(new_ids, num_accepted, seq)
 
-    def end(self) -> None:
-        self._drafts = []
+    def end(self, seq: int = 0) -> None:
+        self._steps.pop(seq, None)
         for d in self.drafters:
-            d.end()
+            d.end(seq)
 
 
 def _no_cost(k: int) -> float:

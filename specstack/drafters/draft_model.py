@@ -8,6 +8,9 @@ Drafting stops early when the draft's confidence falls below ``p_min``
 otherwise tokens are sampled at ``draft_temp`` and q is returned for
 rejection sampling, which keeps the output distribution the target's.
 
+Several generations share one draft context, one sequence each, and are
+drafted in lockstep batches.
+
 Example: after drafting ``x, y`` the draft KV holds ``[a, b, c, x]`` (the
 last drafted token is never evaluated).  The target accepts ``x`` and then
 emits ``z``, so the context is ``[a, b, c, x, z]``: the drafter keeps its KV,
@@ -17,7 +20,7 @@ evaluates just ``[z]`` and drafts from those logits.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -26,9 +29,9 @@ import numpy as np
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
-from ..target import LlamaModel, ModelConfig
+from ..target import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import BuildContext, config_from_options, register
+from .base import BuildContext, DraftRequest, config_from_options, register
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,23 @@ class DraftModelConfig:
             raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
 
 
+@dataclass
+class _Seq:
+    """What the draft context holds for one generation."""
+
+    cached: list[int] = field(default_factory=list)  # tokens in its KV cache, in order
+    synced: int = 0  # prefix of ``cached`` known to equal the committed context
+
+
 class DraftModelDrafter:
-    """Proposes by running a small model autoregressively, one token per forward pass."""
+    """Proposes by running a small model autoregressively, one token per forward pass.
+
+    One draft context serves every generation (one sequence each); a step's
+    requests are drafted in lockstep, one batched forward pass per draft
+    position.  Tokens committed while a generation did not draft are caught
+    up lazily, in that same batch, when it drafts again: steps that do not
+    draft cost the draft model nothing.
+    """
 
     name = "draft-model"
 
@@ -62,73 +80,83 @@ class DraftModelDrafter:
         self.temperature = config.draft_temp if config.draft_temp is not None else temperature
         self._sampled = temperature > 0.0 and self.temperature > 0.0
         self._rng = np.random.default_rng(None if config.seed is None else config.seed + 1)
-        self._rule = None  # policy hook: is one more draft token worth verifying?
-        self._cached: list[int] = []  # tokens in the draft KV cache, in order
-        self._synced = 0  # prefix of _cached known to equal the committed context
+        self._seqs: dict[int, _Seq] = {}
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.model.reset()
-        self._cached = []
-        self._synced = 0
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        self.model.reset(seq)
+        self._seqs[seq] = _Seq()
 
-    def bind_policy(self, policy: object) -> None:
-        """Let a cost-aware policy decide token by token, from the draft's confidence."""
-        make_rule = getattr(policy, "continue_rule", None)
-        self._rule = make_rule(self.name) if make_rule is not None else None
-
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() re-syncs against the context
 
-    def end(self) -> None:
-        pass
+    def end(self, seq: int = 0) -> None:
+        if self._seqs.pop(seq, None) is not None:
+            self.model.reset(seq)
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        if max_tokens <= 0:
-            return Draft.empty(self.name)
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
-        logits = self._sync(context_ids)
-        tokens: list[int] = []
-        confs: list[float] = []
-        qs: list[np.ndarray] = []
-        while True:
-            tok, conf, q = self._pick(logits)
-            if conf < self.config.p_min:
-                break
-            confs.append(conf)
-            if self._rule is not None and not self._rule(confs, time.perf_counter() - t0):
-                break
-            tokens.append(tok)
-            if q is not None:
-                qs.append(q)
-            if len(tokens) == max_tokens:
-                break
-            logits = self._eval([tok])
-        q_arr = np.stack(qs) if qs else None
-        return Draft(token_ids=tuple(tokens), source=self.name, q=q_arr)
+        live = [r for r in requests if r.budget.max_tokens > 0]
+        drafts = {r.seq: _Draft() for r in live}
+        logits = self._sync(live)
+        while live:
+            going: list[DraftRequest] = []
+            for r in live:
+                d = drafts[r.seq]
+                tok, conf, q = self._pick(logits[r.seq], r.budget.keep_going is not None)
+                if conf < self.config.p_min:
+                    continue
+                d.confs.append(conf)
+                keep = r.budget.keep_going
+                if keep is not None and not keep(self.name, d.confs, time.perf_counter() - t0):
+                    continue
+                d.tokens.append(tok)
+                if q is not None:
+                    d.qs.append(q)
+                if len(d.tokens) < r.budget.max_tokens:
+                    going.append(r)
+            live = going
+            if live:
+                logits = self._eval({r.seq: [drafts[r.seq].tokens[-1]] for r in live})
+        out = []
+        for r in requests:
+            d = drafts.get(r.seq)
+            if d is None or not d.tokens:
+                out.append(Draft.empty(self.name))
+            else:
+                out.append(Draft(tuple(d.tokens), self.name, np.stack(d.qs) if d.qs else None))
+        return out
 
-    def _sync(self, context_ids: Sequence[int]) -> np.ndarray:
-        """Make the draft KV equal ``context_ids[:-1]`` plus evaluate the rest; return last logits."""
-        cached, n = self._cached, len(context_ids)
-        i = min(self._synced, n)
-        limit = min(len(cached), n - 1)  # always re-evaluate at least the last token
-        while i < limit and cached[i] == context_ids[i]:
-            i += 1
-        if i < len(cached):
-            self.model.truncate(i)
-            del cached[i:]
-        self._synced = n
-        return self._eval(context_ids[i:])
+    def _sync(self, requests: Sequence[DraftRequest]) -> dict[int, np.ndarray]:
+        """Make each sequence's KV equal its ``context[:-1]``, evaluate the rest; return last logits."""
+        todo: dict[int, list[int]] = {}
+        for r in requests:
+            st = self._seqs.setdefault(r.seq, _Seq())
+            cached, ctx, n = st.cached, r.context, len(r.context)
+            i = min(st.synced, n)
+            limit = min(len(cached), n - 1)  # always re-evaluate at least the last token
+            while i < limit and cached[i] == ctx[i]:
+                i += 1
+            if i < len(cached):
+                self.model.truncate(i, r.seq)
+                del cached[i:]
+            st.synced = n
+            todo[r.seq] = [int(t) for t in ctx[i:]]
+        return self._eval(todo) if todo else {}
 
-    def _eval(self, tokens: Sequence[int]) -> np.ndarray:
-        self._cached.extend(tokens)
-        return self.model.eval(tokens)[-1]  # [V] view of the last row
+    def _eval(self, tokens: dict[int, list[int]]) -> dict[int, np.ndarray]:
+        """One batched forward pass; the last row of logits per sequence (copied)."""
+        segments = [Segment(seq, toks, logits_from=len(toks) - 1) for seq, toks in tokens.items()]
+        rows = self.model.decode(segments)
+        for seq, toks in tokens.items():
+            self._seqs[seq].cached.extend(toks)
+        return {s.seq: r[-1] for s, r in zip(segments, rows)}
 
-    def _pick(self, logits: np.ndarray) -> tuple[int, float, np.ndarray | None]:
+    def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
         """(token, confidence, q row or None).  Confidence is the draft's probability of its token."""
         logits = logits[: self.n_vocab]
         if not self._sampled:
             tok = int(logits.argmax())
-            if self.config.p_min <= 0.0 and self._rule is None:
+            if self.config.p_min <= 0.0 and not need_conf:
                 return tok, 1.0, None
             conf = float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum())
             return tok, conf, None
@@ -137,6 +165,13 @@ class DraftModelDrafter:
             q = np.pad(q, (0, self.n_vocab - q.shape[0]))
         tok = sample(q, self._rng)
         return tok, float(q[tok]), q
+
+
+@dataclass
+class _Draft:
+    tokens: list[int] = field(default_factory=list)
+    confs: list[float] = field(default_factory=list)
+    qs: list[np.ndarray] = field(default_factory=list)
 
 
 def _load_checked(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
@@ -150,6 +185,9 @@ def _load_checked(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
             n_ctx=ctx.target.n_ctx,
             n_threads=config.draft_threads or ctx.target.n_threads,
             min_batch=1,  # draft logits need not be batch-invariant
+            exact=False,
+            n_slots=ctx.target.n_slots,
+            unified=True,  # one shared cache: drafts need no exact cell layout
         ),
         role="draft model",
     )

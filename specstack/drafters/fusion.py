@@ -2,13 +2,14 @@
 
 The RASD idea (retrieval-augmented speculative decoding): retrieved
 continuations and model drafts are complementary, so verify both at once.
-The source that has been winning goes in first: its tokens become the first
-depth-first branch, the one tree verification keeps without re-decoding
-the KV cache (a win by the other branch costs one extra chain batch).  The
-other source's nodes follow, sharing any prefix the two agree on, until the
-token budget is spent.  After each step the committed tokens tell which
-source's draft matched further; a decayed tally of those wins decides the
-order (the model's chain first until retrieval has won more).
+The source expected to match further goes in first: its tokens become the
+first depth-first branch, the one tree verification keeps without
+re-decoding the KV cache (a win by the other branch costs one extra chain
+batch).  The other source's nodes follow, sharing any prefix the two agree
+on, until the token budget is spent.  After each step the committed tokens
+score both parts (greedy verification accepts a draft exactly as far as it
+matches them) in the policy's acceptance statistics (``Budget.advice``),
+which decide the order: the model's chain first on ties.
 
 Example, budget 5, model first: model chain ``[4, 7]``, retrieval tree
 ``4 -> 9``, ``2``: fused tree ``4 -> 7``, ``4 -> 9``, ``2`` (the shared
@@ -19,56 +20,80 @@ sampling needs the proposal distribution of the tokens it verifies).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from ..draft_length import AcceptanceBook, Advice, Budget, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
-from .base import BuildContext, Drafter, create, register
+from .base import BuildContext, Drafter, DraftRequest, create, register
+
+
+@dataclass
+class _Step:
+    chain: Draft
+    tree: Draft
+    advice: Advice
 
 
 class FusionDrafter:
     name = "fusion"
 
     def __init__(self, retrieval: Drafter, model: Drafter) -> None:
-        if not hasattr(retrieval, "propose_tree"):
+        if retrieval.name not in ("suffix", "rest"):
             raise InvalidParameterError(f"fusion needs a tree-capable retrieval source first (suffix or rest), not {retrieval.name!r}")
         self.retrieval, self.model = retrieval, model
         self.name = f"fusion:{retrieval.name},{model.name}"
-        self.retrieval_lead = 0.0  # decayed (retrieval wins - model wins); > 0 puts retrieval first
-        self._last: tuple[Draft, Draft] | None = None
+        self._own_book = AcceptanceBook(k_max=16)  # only when a budget brings no advice
+        self._steps: dict[int, _Step] = {}
 
-    def bind_policy(self, policy: object) -> None:
-        bind = getattr(self.model, "bind_policy", None)
-        if bind is not None:
-            bind(policy)
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        self._steps.pop(seq, None)
+        self.retrieval.begin(prompt_ids, seq)
+        self.model.begin(prompt_ids, seq)
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.retrieval.begin(prompt_ids)
-        self.model.begin(prompt_ids)
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        half = [replace(r, budget=replace(r.budget, max_tokens=max(1, r.budget.max_tokens // 2))) for r in requests]
+        chains = self.model.propose(half)
+        whole = [DraftRequest(r.seq, r.context, Budget(r.budget.max_tokens, tree=True)) for r in requests]
+        trees = self.retrieval.propose(whole)
+        out = []
+        for r, chain, tree in zip(requests, chains, trees):
+            if chain.q is not None or r.budget.max_tokens <= 0:
+                out.append(chain.truncated(r.budget.max_tokens))  # sampling: rejection needs the chain's q
+                continue
+            advice = r.budget.advice or Advice(self._own_book)
+            self._steps[r.seq] = _Step(chain, tree, advice)
+            k = r.budget.max_tokens
+            lead = expected_accepted(advice.conditional(self.retrieval.name, k), k) - expected_accepted(
+                advice.conditional(self.model.name, k), k)
+            first, second = (tree, chain) if lead > 0 else (chain, tree)
+            out.append(fuse(first, second, k, self.name))
+        return out
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        chain = self.model.propose(context_ids, max(1, max_tokens // 2))
-        if chain.q is not None:
-            return chain
-        tree = self.retrieval.propose_tree(context_ids, max_tokens)
-        self._last = (chain, tree)
-        if self.retrieval_lead > 0:
-            return fuse(tree, chain, max_tokens, self.name)
-        return fuse(chain, tree, max_tokens, self.name)
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+        step = self._steps.pop(seq, None)
+        if step is not None:
+            for part, source in ((step.chain, self.model.name), (step.tree, self.retrieval.name)):
+                if part.token_ids:
+                    m = _matched(part, new_ids)
+                    step.advice.learn(source, min(m + 1, len(new_ids), _depth(part)), m)
+        self.retrieval.observe(new_ids, num_accepted, seq)
+        self.model.observe(new_ids, num_accepted, seq)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
-        if self._last is not None:
-            chain, tree = self._last
-            model_run, retrieval_run = _matched(chain, new_ids), _matched(tree, new_ids)
-            if model_run != retrieval_run:
-                self.retrieval_lead = 0.9 * self.retrieval_lead + (1.0 if retrieval_run > model_run else -1.0)
-            self._last = None
-        self.retrieval.observe(new_ids, num_accepted)
-        self.model.observe(new_ids, num_accepted)
+    def end(self, seq: int = 0) -> None:
+        self._steps.pop(seq, None)
+        self.retrieval.end(seq)
+        self.model.end(seq)
 
-    def end(self) -> None:
-        self.retrieval.end()
-        self.model.end()
+
+def _depth(draft: Draft) -> int:
+    """Longest root-to-leaf path of a chain or tree."""
+    parents = _parents(draft)
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
 
 
 def _parents(draft: Draft) -> tuple[int, ...]:

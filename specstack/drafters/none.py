@@ -9,22 +9,22 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..types import Draft
-from .base import BuildContext, register
+from .base import BuildContext, DraftRequest, register
 
 
 class NoDrafter:
     name = "none"
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         pass
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        return Draft.empty(self.name)
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft.empty(self.name) for _ in requests]
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass
 
-    def end(self) -> None:
+    def end(self, seq: int = 0) -> None:
         pass
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError
 from ..types import Draft
-from .base import BuildContext, config_from_options, register
+from .base import BuildContext, DraftRequest, config_from_options, register
 
 
 @dataclass(frozen=True)
@@ -35,55 +35,66 @@ class PromptLookupConfig:
             )
 
 
+class _Index:
+    """One generation's tokens and n-gram index: _index[n][ngram] = j with tokens[j-n:j] == ngram."""
+
+    def __init__(self, n_min: int, n_max: int) -> None:
+        self.tokens: list[int] = []
+        self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.n_min, self.n_max = n_min, n_max
+
+    def extend(self, ids: Sequence[int]) -> None:
+        """Append tokens; each new token gives the n-grams just before it a follower."""
+        toks = self.tokens
+        for t in ids:
+            j = len(toks)  # position of the token being appended
+            for n, table in self.index.items():
+                if j >= n:
+                    table[tuple(toks[j - n : j])] = j
+            toks.append(int(t))
+
+    def find(self) -> int | None:
+        """Start position of the continuation of the longest matching suffix, if any."""
+        toks = self.tokens
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(toks) < n:
+                continue
+            j = self.index[n].get(tuple(toks[-n:]))
+            if j is not None:
+                return j
+        return None
+
+
 class PromptLookupDrafter:
-    """Longest, most recent n-gram match over prompt + output, indexed incrementally."""
+    """Longest, most recent n-gram match over prompt + output, indexed incrementally per generation."""
 
     name = "prompt-lookup"
 
     def __init__(self, config: PromptLookupConfig | None = None) -> None:
         self.config = config or PromptLookupConfig()
-        self._tokens: list[int] = []
-        # _index[n][ngram] = j: tokens[j-n:j] == ngram and tokens[j] exists.
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._seqs: dict[int, _Index] = {}
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._tokens = []
-        self._index = {n: {} for n in range(self.config.n_min, self.config.n_max + 1)}
-        self._extend(prompt_ids)
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        index = self._seqs[seq] = _Index(self.config.n_min, self.config.n_max)
+        index.extend(prompt_ids)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
-        self._extend(new_ids)
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+        index = self._seqs.get(seq)
+        if index is not None:
+            index.extend(new_ids)
 
-    def end(self) -> None:
-        self._tokens = []
-        self._index = {}
+    def end(self, seq: int = 0) -> None:
+        self._seqs.pop(seq, None)
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        j = self._find_match()
-        if j is None or max_tokens <= 0:
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [self._one(r.seq, r.budget.max_tokens) for r in requests]
+
+    def _one(self, seq: int, max_tokens: int) -> Draft:
+        index = self._seqs.get(seq)
+        j = index.find() if index is not None and max_tokens > 0 else None
+        if j is None:
             return Draft.empty(self.name)
-        return Draft(token_ids=tuple(self._tokens[j : j + max_tokens]), source=self.name)
-
-    def _extend(self, ids: Sequence[int]) -> None:
-        """Append tokens; each new token gives the n-grams just before it a follower."""
-        toks = self._tokens
-        for t in ids:
-            j = len(toks)  # position of the token being appended
-            for n, table in self._index.items():
-                if j >= n:
-                    table[tuple(toks[j - n : j])] = j
-            toks.append(int(t))
-
-    def _find_match(self) -> int | None:
-        """Start position of the continuation of the longest matching suffix, if any."""
-        toks = self._tokens
-        for n in range(self.config.n_max, self.config.n_min - 1, -1):
-            if len(toks) < n:
-                continue
-            j = self._index[n].get(tuple(toks[-n:]))
-            if j is not None:
-                return j
-        return None
+        return Draft(token_ids=tuple(index.tokens[j : j + max_tokens]), source=self.name)
 
 
 @register("prompt-lookup")

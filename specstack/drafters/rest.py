@@ -15,7 +15,7 @@ from typing import Sequence
 from ..datastore import Datastore
 from ..errors import InvalidParameterError, VocabMismatchError
 from ..types import Draft
-from .base import BuildContext, config_from_options, register
+from .base import BuildContext, DraftRequest, config_from_options, register
 
 DEMO_STORE = Path("~/.cache/specstack/datastore-stdlib")
 
@@ -73,13 +73,18 @@ class RestDrafter:
         self.config = config
         self.store = store or Datastore(Path(str(config.datastore)).expanduser())
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         pass  # the datastore is static: nothing per request
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [self._one(r.context, r.budget.max_tokens, self.config.tree and r.budget.tree) for r in requests]
+
+    def _one(self, context_ids: Sequence[int], max_tokens: int, tree: bool) -> Draft:
         c = self.config
-        if c.tree:
-            return self.propose_tree(context_ids, max_tokens)
+        if max_tokens <= 0:
+            return Draft.empty(self.name)
+        if tree:
+            return self.retrieve_tree(context_ids, max_tokens)
         r = self.store.retrieve(
             context_ids[-c.max_match :], max_tokens, c.max_match, c.min_match, c.max_candidates, c.min_token_prob
         )
@@ -87,7 +92,7 @@ class RestDrafter:
             return Draft.empty(self.name)
         return Draft(token_ids=r.token_ids, source=self.name)
 
-    def propose_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
+    def retrieve_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
         """REST's candidate trie: the ``max_tokens`` most frequent prefixes, ``Draft.parents`` set."""
         c = self.config
         r = self.store.retrieve_tree(
@@ -98,10 +103,10 @@ class RestDrafter:
             return Draft.empty(self.name)
         return Draft(token_ids=r.token_ids, source=self.name, parents=r.parents)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass
 
-    def end(self) -> None:
+    def end(self, seq: int = 0) -> None:
         pass
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 from ..errors import InvalidParameterError
 from ..suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
 from ..types import Draft
-from .base import BuildContext, config_from_options, register
+from .base import BuildContext, DraftRequest, config_from_options, register
 
 _LOCAL = 0  # sequence id of the request in its own tree
 
@@ -71,6 +71,16 @@ class SuffixConfig:
             )
 
 
+@dataclass
+class _Generation:
+    """One generation's request tree and its streaming match in the global tree."""
+
+    prompt: list[int]
+    output: list[int]
+    local: SuffixTree
+    matcher: SuffixMatcher
+
+
 class SuffixDrafter:
     """Suffix-tree drafts from this request's text and from earlier outputs.
 
@@ -88,75 +98,67 @@ class SuffixDrafter:
         self.config = cfg = config or SuffixConfig()
         self.global_tree = SuffixTree(cfg.max_depth)
         self._next_seq = 0
-        self._local: SuffixTree | None = None
-        self._matcher: SuffixMatcher | None = None
-        self._prompt: list[int] = []
-        self._output: list[int] = []
+        self._gens: dict[int, _Generation] = {}
         if cfg.cache_path and Path(cfg.cache_path).exists():
             self.load(cfg.cache_path)
 
     # --- Drafter protocol -------------------------------------------------------------
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._prompt = [int(t) for t in prompt_ids]
-        self._output = []
-        self._local = SuffixTree(self.config.max_depth)
-        self._local.extend(_LOCAL, self._prompt)
-        self._matcher = SuffixMatcher(self.global_tree, self._prompt)
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        prompt = [int(t) for t in prompt_ids]
+        local = SuffixTree(self.config.max_depth)
+        local.extend(_LOCAL, prompt)
+        self._gens[seq] = _Generation(prompt, [], local, SuffixMatcher(self.global_tree, prompt))
 
-    def propose(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        if self.config.tree:
-            return self.propose_tree(context_ids, max_tokens)
-        best = self.speculate(context_ids, max_tokens)
-        if not best.token_ids:
-            return Draft.empty(self.name)
-        return Draft(token_ids=best.token_ids, source=self.name)
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            tree = self.config.tree and r.budget.tree
+            best = self._best(r.seq, r.context, r.budget.max_tokens, tree)
+            if not best.token_ids:
+                out.append(Draft.empty(self.name))
+            else:
+                out.append(Draft(token_ids=best.token_ids, source=self.name, parents=best.parents if tree else None))
+        return out
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int) -> None:
-        if self._local is None:
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+        gen = self._gens.get(seq)
+        if gen is None:
             return
         ids = [int(t) for t in new_ids]
-        self._local.extend(_LOCAL, ids)
-        self._matcher.extend(ids)  # type: ignore[union-attr]
-        self._output.extend(ids)
+        gen.local.extend(_LOCAL, ids)
+        gen.matcher.extend(ids)
+        gen.output.extend(ids)
 
-    def end(self) -> None:
-        if self._local is None:
+    def end(self, seq: int = 0) -> None:
+        gen = self._gens.pop(seq, None)
+        if gen is None:
             return
-        seq = self._prompt + self._output if self.config.global_prompts else self._output
-        self._add_global(seq)
-        self._local = self._matcher = None
-        self._prompt, self._output = [], []
+        self._add_global(gen.prompt + gen.output if self.config.global_prompts else gen.output)
         if self.config.cache_path:
             self.save(self.config.cache_path)
 
     # --- drafts -----------------------------------------------------------------------
-    def speculate(self, context_ids: Sequence[int], max_tokens: int) -> SuffixDraft:
+    def speculate(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> SuffixDraft:
         """The better of the request-tree and global-tree path drafts (request wins ties)."""
-        return self._best(context_ids, max_tokens, tree=False)
+        return self._best(seq, context_ids, max_tokens, tree=False)
 
-    def propose_tree(self, context_ids: Sequence[int], max_tokens: int) -> Draft:
-        """A best-first token tree (``Draft.parents`` set) within ``max_tokens``, for tree verification."""
-        best = self._best(context_ids, max_tokens, tree=True)
-        if not best.token_ids:
-            return Draft.empty(self.name)
-        return Draft(token_ids=best.token_ids, source=self.name, parents=best.parents)
-
-    def _best(self, context_ids: Sequence[int], max_tokens: int, tree: bool) -> SuffixDraft:
+    def _best(self, seq: int, context_ids: Sequence[int], max_tokens: int, tree: bool) -> SuffixDraft:
         """Query both trees (paths or best-first trees); the higher score wins, the request tree on ties."""
-        if self._local is None or max_tokens <= 0:
+        gen = self._gens.get(seq)
+        if gen is None or max_tokens <= 0:
             return SuffixDraft()
-        local_states, global_states = self._states(context_ids)
+        local_states, global_states = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
         method = "speculate_tree" if tree else "speculate"
-        best = getattr(self._local, method)(local_states, *args) if local_states else SuffixDraft()
+        best = getattr(gen.local, method)(local_states, *args) if local_states else SuffixDraft()
         if global_states:
             other = getattr(self.global_tree, method)(global_states, *args)
             if other.score > best.score:
                 best = other
         return best
 
-    def _states(self, context_ids: Sequence[int]) -> tuple[list, list]:
+    def _states(self, gen: "_Generation", context_ids: Sequence[int]) -> tuple[list, list]:
         """Match states in both trees for the end of ``context_ids``.
 
         Normally the context is exactly prompt + observed output, so the
@@ -164,13 +166,12 @@ class SuffixDrafter:
         O(1); any other context (the engine skipped an observe, or rolled back)
         is matched from scratch.
         """
-        local, matcher = self._local, self._matcher
-        n = len(self._prompt) + len(self._output)
-        last = self._output[-1] if self._output else self._prompt[-1] if self._prompt else None
+        n = len(gen.prompt) + len(gen.output)
+        last = gen.output[-1] if gen.output else gen.prompt[-1] if gen.prompt else None
         if len(context_ids) == n and (n == 0 or int(context_ids[-1]) == last):
-            return local.active_states(_LOCAL), matcher.states()  # type: ignore[union-attr]
+            return gen.local.active_states(_LOCAL), gen.matcher.states()
         tail = [int(t) for t in context_ids[-self.config.max_depth :]]
-        return local.match_states(tail), self.global_tree.match_states(tail)  # type: ignore[union-attr]
+        return gen.local.match_states(tail), self.global_tree.match_states(tail)
 
     # --- the global tree --------------------------------------------------------------
     def _add_global(self, seq: Sequence[int]) -> None:
@@ -197,8 +198,8 @@ class SuffixDrafter:
             tree.close(sid)
         self.global_tree = tree
         self._next_seq = max(tree.seq_ids(), default=-1) + 1
-        if self._matcher is not None:
-            self._matcher = SuffixMatcher(tree, (self._prompt + self._output)[-self.config.max_depth :])
+        for gen in self._gens.values():
+            gen.matcher = SuffixMatcher(tree, (gen.prompt + gen.output)[-self.config.max_depth :])
 
 
 @register("suffix")
