@@ -164,7 +164,7 @@ def measure_shapes(model, n_ref: int = 17, depth: int = 160, probes: Sequence[in
     min_rows, end, match = (1, end1, match1) if same or end1 >= end2 else (2, end2, match2)
     unbounded = end == sizes[-1]
     return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
-                       prefill_exact=unbounded, measured=True)
+                       prefill_exact=unbounded, settled=True)
 
 
 def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
@@ -226,37 +226,62 @@ def _cache_key(model, n_max: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def calibrate(model, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
-    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now.
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
 
-    Sets ``model``'s shapes.  ``exact=False`` skips the shape measurement:
-    no padding and no splitting (fastest, but speculative output may then
-    differ from plain decoding where llama.cpp's numerics depend on shape).
+
+def _write_cache(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache dir only costs a re-measurement
+
+
+def ensure_shapes(model, exact: bool = True, use_cache: bool = True) -> BatchShapes:
+    """Give ``model`` its measured exact shapes (cached on disk next to the cost curves).
+
+    ``exact=False`` skips the measurement: no padding and no splitting
+    (fastest, but speculative output may then differ from plain decoding
+    where llama.cpp's numerics depend on the call shape).
     """
     from .target import INEXACT
 
+    if not exact:
+        model.set_shapes(INEXACT)
+        return model.shapes
+    if model.shapes.settled:
+        return model.shapes
     path = cache_dir() / "costs.json"
-    key = _cache_key(model, n_max) + ("" if exact else "-inexact")
-    cache: dict = {}
-    if use_cache and path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}
-        if key in cache and "shapes" in cache[key]:
-            shapes = BatchShapes(**cache[key]["shapes"], measured=exact)
-            model.set_shapes(shapes)
-            return CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
-    model.set_shapes(measure_shapes(model) if exact else INEXACT)
+    key = "shapes-" + _cache_key(model, 0)
+    cache = _read_cache(path) if use_cache else {}
+    if key in cache:
+        model.set_shapes(BatchShapes(**cache[key], settled=True))
+        return model.shapes
+    model.set_shapes(measure_shapes(model))
+    if use_cache:
+        cache = _read_cache(path)
+        cache[key] = model.shapes.to_dict()
+        _write_cache(path, cache)
+    return model.shapes
+
+
+def calibrate(model, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
+    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now."""
+    ensure_shapes(model, exact, use_cache)
+    path = cache_dir() / "costs.json"
+    key = _cache_key(model, n_max) + repr(model.shapes.to_dict())
+    cache = _read_cache(path) if use_cache else {}
+    if key in cache:
+        return CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
     curve = measure_curve(model, n_max)
     if use_cache:
-        cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve,
-                      "shapes": model.shapes.to_dict(), "measured": time.time()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache dir only costs a re-measurement
+        cache = _read_cache(path)
+        cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}
+        _write_cache(path, cache)
     return CostModel(curve, shapes=model.shapes)

@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .costs import CostModel
+from .costs import ensure_shapes
 from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
@@ -41,6 +41,7 @@ from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 # Verification batches stay within 63 tokens: with flash attention on,
 # llama.cpp switches kernels at 64 query rows (see README, "Exactness").
 MAX_DRAFT = 62
+MIN_REUSE = 32  # a shorter shared prefix does not earn a cached slot over the least recently used one
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,8 @@ class Engine:
         self.target = target
         self.drafter = drafter
         self.policy = policy
+        if not target.shapes.settled:
+            ensure_shapes(target)  # which call shapes keep output exact: measured once per model, cached
         self._eog = target.eog_ids()
         self._slots = [_Slot(s) for s in range(target.n_slots)]
         self._waiting: deque[Generation] = deque()
@@ -268,13 +271,19 @@ class Engine:
             if not free:
                 return
             gen = self._waiting[0]
-            slot = max(free, key=lambda s: (self._reusable(s, gen.prompt_ids), -s.released))
+            slot = max(free, key=lambda s: (self._worth_reusing(s, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
                 self._start(gen, slot, self._reusable(slot, gen.prompt_ids))
             except BaseException:
                 self.cancel(gen)
                 raise
+
+    def _worth_reusing(self, slot: _Slot, prompt: Sequence[int]) -> int:
+        """A slot's reusable prefix, or 0 when it is too short to be worth overwriting that slot's cache
+        (a shared BOS alone would otherwise send every request to the same slot)."""
+        m = self._reusable(slot, prompt)
+        return m if m >= min(MIN_REUSE, len(prompt) - 1) else 0
 
     def _reusable(self, slot: _Slot, prompt: Sequence[int]) -> int:
         """How much of ``slot``'s cached KV a cold prefill of ``prompt`` would compute identically.

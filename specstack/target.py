@@ -107,7 +107,7 @@ class BatchShapes:
     min_rows: int = 2
     max_rows: int = 1 << 20
     prefill_exact: bool = True
-    measured: bool = False
+    settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
@@ -117,7 +117,7 @@ class BatchShapes:
         return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact}
 
 
-INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True)  # draft models, --exact off
+INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True)  # draft models, --exact off
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +270,7 @@ class LlamaModel:
     def set_shapes(self, shapes: BatchShapes) -> None:
         """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
         cap = min(shapes.max_rows, self._batch_cap)
-        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.measured)
+        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.settled)
         self.min_batch = self.shapes.min_rows
         # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)
@@ -392,6 +392,10 @@ class LlamaModel:
         if not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
             raise UnsupportedModelError(f"llama.cpp refused to remove KV entries after position {n_keep} for {self.path.name}")
         self.seq_len[seq] = n_keep
+
+    def seq_pos_max(self, seq: int = 0) -> int:
+        """The last position llama.cpp holds for ``seq`` (-1 when empty): checks that cells were freed."""
+        return int(self._lc.llama_memory_seq_pos_max(self._mem, seq))
 
     # -- evaluation --------------------------------------------------------
 

@@ -12,6 +12,20 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_cache(tmp_path_factory):
+    """Cost curves, shapes and scans go to a temporary cache, never the user's ~/.cache/specstack."""
+    import os
+
+    old = os.environ.get("SPECSTACK_CACHE_DIR")
+    os.environ["SPECSTACK_CACHE_DIR"] = str(tmp_path_factory.mktemp("specstack-cache"))
+    yield
+    if old is None:
+        os.environ.pop("SPECSTACK_CACHE_DIR", None)
+    else:
+        os.environ["SPECSTACK_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def target():
     from specstack.target import LlamaModel, ModelConfig

@@ -10,13 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..costs import calibrate
+from ..costs import calibrate, ensure_shapes
 from ..draft_length import POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
-from ..target import LlamaModel, ModelConfig, set_verbose
+from ..target import INEXACT, LlamaModel, ModelConfig, set_verbose
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +25,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-md", "--model-draft", type=Path, default=DEFAULT_DRAFT, help="draft GGUF for --drafter draft-model (default: bundled pycoder-1m)")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: number of physical cores)")
     g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size in tokens (default: the model's trained context)")
+    g.add_argument("--exact", choices=("on", "off"), default="on",
+                   help="on (default): keep every target call in the batch shapes measured to compute exactly as plain "
+                   "decoding (pad one-token steps where a one-row call differs, as on F16; split verification where a larger "
+                   "call differs, as on some Q4_K_M models), so greedy speculative output is identical to plain output. "
+                   "off: never pad or split: faster plain steps on such models, but speculative output may then differ from "
+                   "plain decoding at near-ties (see README, Exactness)")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -68,12 +74,16 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
 
 
-def load_target(args: argparse.Namespace) -> LlamaModel:
+def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
+    """The target with its exact batch shapes settled (measured once per model and cached)."""
     set_verbose(getattr(args, "verbose", False))
-    # Every target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
+    # A one-slot target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
     # unified KV cache gave bit-identical chain logits, so plain decoding is unaffected.
     branches = max(1, getattr(args, "tree_branches", 8))
-    return LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads, n_seq_max=branches), role="target")
+    target = LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads,
+                                    n_seq_max=branches, n_slots=slots), role="target")
+    ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
+    return target
 
 
 def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
@@ -82,7 +92,7 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
     costs = None
     if name == "cost":
         k_max = args.k_max or 16
-        costs = calibrate(target, n_max=k_max + 1)
+        costs = calibrate(target, n_max=k_max + 1, exact=target.shapes != INEXACT)
     return make_policy(name, args.k, costs=costs, k_max=args.k_max)
 
 

@@ -132,8 +132,8 @@ class DraftModelDrafter:
         for r in requests:
             st = self._seqs.setdefault(r.seq, _Seq())
             cached, ctx, n = st.cached, r.context, len(r.context)
-            i = min(st.synced, n)
             limit = min(len(cached), n - 1)  # always re-evaluate at least the last token
+            i = min(st.synced, limit)
             while i < limit and cached[i] == ctx[i]:
                 i += 1
             if i < len(cached):

@@ -68,7 +68,8 @@ class FusionDrafter:
             lead = expected_accepted(advice.conditional(self.retrieval.name, k), k) - expected_accepted(
                 advice.conditional(self.model.name, k), k)
             first, second = (tree, chain) if lead > 0 else (chain, tree)
-            out.append(fuse(first, second, k, self.name))
+            fused = fuse(first, second, k, self.name)
+            out.append(fused if r.budget.tree else fused.best_chain())  # no tree allowed: the leading branch
         return out
 
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:

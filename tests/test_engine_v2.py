@@ -1,0 +1,240 @@
+"""Engine v2: concurrent generations, cancellation, prefix reuse, the Budget contract, measured shapes.
+
+Every equivalence check compares against plain decoding of the same
+target, and every speculative run must really have accepted drafts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specstack.costs import _filler, ensure_shapes, measure_shapes
+from specstack.draft_length import Budget, FixedK
+from specstack.drafters import BuildContext, create
+from specstack.drafters.base import DraftRequest
+from specstack.engine import Engine, GenerationConfig
+from specstack.paths import DEFAULT_TARGET
+from specstack.prompts import held_out_prompts
+from specstack.target import LlamaModel, ModelConfig, plan_calls
+
+PROMPTS = held_out_prompts(6)
+
+
+@pytest.fixture(scope="module")
+def multi():
+    """The bundled target with four slots (one KV stream each)."""
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=4), role="target")
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from specstack.cli import main
+
+    lib = Path(os.path.dirname(os.__file__))
+    files = [str(lib / f) for f in ("typing.py", "functools.py", "argparse.py") if (lib / f).exists()]
+    out = tmp_path_factory.mktemp("rest") / "store"
+    assert main(["datastore", "build", *files, "-o", str(out)]) == 0
+    return out
+
+
+def plain(target, prompt, n) -> list[int]:
+    """Plain decoding, alone, on a one-slot target."""
+    return Engine(target, create("none", BuildContext(target))).generate(prompt, GenerationConfig(max_tokens=n)).run().output_ids
+
+
+def test_four_concurrent_generations_match_their_solo_plain_runs(target, multi):
+    jobs = [("prompt-lookup", PROMPTS[0], 64), ("draft-model", PROMPTS[1], 48), ("suffix", PROMPTS[2], 80), ("none", PROMPTS[3], 40)]
+    engine = Engine(multi, create("none", BuildContext(multi)))
+    gens = [engine.generate(p, GenerationConfig(max_tokens=n, k=6), drafter=create(name, BuildContext(multi)))
+            for name, p, n in jobs]
+    assert engine.waiting == 4
+    engine.step()
+    assert engine.running == 4  # one batch carries all four
+    for g in gens:
+        g.run()
+    for (name, prompt, n), g in zip(jobs, gens):
+        assert g.output_ids == plain(target, prompt, n), name
+        assert len(g.output_ids) == n
+        if name != "none":
+            assert g.stats.n_accepted > 0, name
+
+
+def test_generations_join_and_leave_between_steps(target, multi):
+    engine = Engine(multi, create("prompt-lookup", BuildContext(multi)))
+    first = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=60))
+    for _ in range(5):
+        engine.step()
+    late = engine.generate(PROMPTS[4], GenerationConfig(max_tokens=30))
+    short = engine.generate(PROMPTS[5], GenerationConfig(max_tokens=5))
+    short.run()
+    assert engine.running == 2  # the short one left, the others go on
+    late.run(), first.run()
+    assert first.output_ids == plain(target, PROMPTS[0], 60)
+    assert late.output_ids == plain(target, PROMPTS[4], 30)
+    assert short.output_ids == plain(target, PROMPTS[5], 5)
+    assert first.stats.n_accepted > 0 and late.stats.n_accepted > 0
+
+
+def test_more_generations_than_slots_wait_for_one(target, multi):
+    engine = Engine(multi, create("prompt-lookup", BuildContext(multi)))
+    gens = [engine.generate(p, GenerationConfig(max_tokens=24)) for p in PROMPTS]
+    engine.step()
+    assert engine.running == 4 and engine.waiting == 2
+    for g in gens:
+        g.run()
+    assert [g.output_ids for g in gens] == [plain(target, p, 24) for p in PROMPTS]
+    assert gens[-1].stats.queue_s > 0
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "draft-model", "suffix", "rest", "cascade:suffix,prompt-lookup,draft-model",
+                                  "fusion:suffix,draft-model"])
+def test_every_drafter_serves_concurrent_generations(target, multi, store, name):
+    """One drafter instance, two generations: per-sequence state, lossless, drafts accepted in each."""
+    drafter = create(name, BuildContext(multi, options={"datastore": store}))
+    engine = Engine(multi, drafter, FixedK(5))
+    a = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=48))
+    b = engine.generate(PROMPTS[2], GenerationConfig(max_tokens=40))
+    for piece in a:  # streaming one drives both
+        assert piece
+    b.run()
+    assert a.output_ids == plain(target, PROMPTS[0], 48)
+    assert b.output_ids == plain(target, PROMPTS[2], 40)
+    assert a.stats.n_accepted > 0 and b.stats.n_accepted > 0
+
+
+def test_cancel_frees_the_slot_cells_and_drafter_state(target, multi):
+    drafter = create("draft-model", BuildContext(multi))
+    engine = Engine(multi, drafter, FixedK(4))
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=200))
+    for _ in range(4):
+        engine.step()
+    seq = gen.seq
+    assert multi.seq_len[seq] > 0 and multi.seq_pos_max(seq) >= 0
+    gen.cancel()
+    assert gen.status == "cancelled" and gen.stats.stop_reason == "cancelled"
+    assert multi.seq_len[seq] == 0 and multi.seq_pos_max(seq) == -1  # llama.cpp really dropped the cells
+    assert seq not in drafter._seqs and drafter.model.seq_pos_max(seq) == -1
+    assert not engine.busy
+    again = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=32)).run()
+    assert again.stats.n_reused == 0  # the next request sees an empty sequence
+    assert again.output_ids == plain(target, PROMPTS[0], 32)
+
+
+def test_a_waiting_generation_can_be_cancelled(multi):
+    engine = Engine(multi, create("none", BuildContext(multi)))
+    gens = [engine.generate(p, GenerationConfig(max_tokens=8)) for p in PROMPTS[:5]]
+    engine.step()
+    gens[4].cancel()
+    assert engine.waiting == 0 and list(gens[4]) == []
+
+
+def test_prefix_reuse_gives_the_cold_output(target):
+    engine = Engine(target, create("prompt-lookup", BuildContext(target)))
+    first = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=32)).run()
+    assert first.stats.n_reused == 0
+    again = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=32)).run()
+    n_prompt = len(target.tokenize(PROMPTS[1]))
+    assert again.stats.n_reused == n_prompt - 1  # F16: prefill and decode compute KV alike
+    assert again.output_ids == first.output_ids
+    # A follow-up that extends prompt + output reuses both; the output equals a cold run's.
+    follow = target.tokenize(PROMPTS[1]) + first.output_ids + target.tokenize("\n\ndef", add_special=False)
+    warm = engine.generate(follow, GenerationConfig(max_tokens=32)).run()
+    assert warm.stats.n_reused >= n_prompt - 1 + len(first.output_ids) - 1
+    assert warm.output_ids == plain(target, follow, 32)
+
+
+def test_prefix_reuse_prefers_the_slot_with_the_longest_match(multi):
+    engine = Engine(multi, create("none", BuildContext(multi)))
+    for p in PROMPTS[:3]:
+        engine.generate(p, GenerationConfig(max_tokens=4)).run()
+    gen = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=4)).run()
+    assert gen.stats.n_reused == len(multi.tokenize(PROMPTS[1])) - 1
+
+
+@pytest.mark.parametrize("name", ["none", "prompt-lookup", "draft-model", "suffix", "rest", "cascade:suffix,prompt-lookup",
+                                  "fusion:suffix,draft-model"])
+def test_a_drafter_never_returns_more_than_its_budget(target, store, name):
+    drafter = create(name, BuildContext(target, options={"datastore": store, "tree": True}))
+    ids = target.tokenize(PROMPTS[0])
+    for seq in (0,):
+        drafter.begin(ids, seq)
+    for cap in (0, 1, 2, 3, 5, 8, 16):
+        for tree in (False, True):
+            draft = drafter.propose([DraftRequest(0, ids, Budget(cap, tree=tree))])[0]
+            assert len(draft) <= cap
+            assert tree or not draft.is_tree
+    drafter.end(0)
+
+
+def test_call_plan_keeps_every_call_within_the_exact_shapes():
+    for rows in ([1], [3, 1], [17], [2, 2, 2, 2], [9, 1, 4], [5] * 7):
+        for min_rows, max_rows in ((1, 3), (2, 7), (2, 512), (1, 1)):
+            calls = plan_calls(rows, list(range(len(rows))), min_rows, max_rows)
+            done = [0] * len(rows)
+            for call in calls:
+                total = sum(p.count + p.pad for p in call)
+                assert min(min_rows, max_rows) <= total <= max(max_rows, min_rows)
+                assert len({p.count + p.pad for p in call}) == 1  # equal rows per sequence
+                for p in call:
+                    assert p.start == done[p.segment]  # pieces of a segment in order
+                    done[p.segment] += p.count
+            assert done == rows
+
+
+# -- stand-ins: shapes measured per weight type, exact at k = 16 ------------------------
+
+@pytest.fixture(scope="module", params=["f16", "q8_0", "q4_k_m"])
+def standin(request, tmp_path_factory):
+    from specstack.bench.standin import make_standin
+
+    out = tmp_path_factory.mktemp("standin") / f"s512-{request.param}.gguf"
+    make_standin(DEFAULT_TARGET, out, width=512, layers=6, ftype=request.param, progress=False)
+    model = LlamaModel(ModelConfig(out, n_ctx=512), role="target")
+    ensure_shapes(model)
+    yield request.param, model
+    model.close()
+
+
+def test_measured_shapes_hold_on_fresh_tokens(standin):
+    """Calls within the measured shapes reproduce plain decoding on tokens the measurement never saw;
+    where the measurement found a limit, the next larger call really computes differently."""
+    ftype, model = standin
+    shapes = model.shapes
+    depth, n = 100, 20
+    toks = _filler(model, depth + n + 8)[::-1]
+    model.reset()
+    model.prefill(toks[:depth])
+    ref = []
+    for j in range(n):  # plain decoding: one call per token, padded to min_rows
+        ref.append(model.raw_call([toks[depth + j]] * 1 + [toks[depth + j]] * (shapes.min_rows - 1))[0].copy())
+        model.truncate(depth + j + 1)
+    model.truncate(depth)
+    for t in range(shapes.min_rows, min(shapes.max_rows, n) + 1):
+        rows = model.raw_call(toks[depth : depth + t])
+        assert np.array_equal(rows, np.stack(ref[:t])), (ftype, t)
+        model.truncate(depth)
+    if shapes.max_rows < n:
+        rows = model.raw_call(toks[depth : depth + n])
+        assert not np.array_equal(rows, np.stack(ref)), ftype
+    model.reset()
+
+
+def test_standins_are_lossless_at_k16_with_drafts_accepted_beyond_8(standin):
+    ftype, model = standin
+    fresh = measure_shapes(model)
+    assert (fresh.min_rows, fresh.max_rows) == (model.shapes.min_rows, model.shapes.max_rows)  # the cache is right
+    none = Engine(model, create("none", BuildContext(model)))
+    spec = Engine(model, create("prompt-lookup", BuildContext(model)), FixedK(16))
+    deep = 0
+    for p in held_out_prompts(4):
+        want = none.generate(p, GenerationConfig(max_tokens=96)).run().output_ids
+        gen = spec.generate(p, GenerationConfig(max_tokens=96)).run()
+        assert gen.output_ids == want, ftype
+        deep += sum(gen.stats.accepted_at[8:])
+    assert deep > 0  # verification batches past 8 rows were accepted (split where the shapes require)
