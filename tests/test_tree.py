@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specstack.draft_length import Budget
 from specstack.drafters.base import propose_one
 
 import os
@@ -221,13 +222,13 @@ def test_fusion_puts_the_source_that_keeps_winning_first():
     retrieval = Source("suffix", Draft((5, 6, 9), "suffix", parents=(-1, 0, -1)))
     model = Source("draft-model", Draft((7, 8), "draft-model"))
     fusion = FusionDrafter(retrieval, model)
-    assert propose_one(fusion, [0], 8).token_ids[:2] == (7, 8)  # the model's chain first at the start
+    assert propose_one(fusion, [0], Budget(8, tree=True)).token_ids[:2] == (7, 8)  # the model's chain first at the start
     for _ in range(3):  # the target keeps following the retrieved branch
-        propose_one(fusion, [0], 8)
+        propose_one(fusion, [0], Budget(8, tree=True))
         fusion.observe([5, 6, 1], 2)
-    fused = propose_one(fusion, [0], 8)
+    fused = propose_one(fusion, [0], Budget(8, tree=True))
     assert fused.token_ids == (5, 6, 9, 7, 8) and fused.parents == (-1, 0, -1, -1, 3)
     for _ in range(6):  # and now the model's
-        propose_one(fusion, [0], 8)
+        propose_one(fusion, [0], Budget(8, tree=True))
         fusion.observe([7, 8, 1], 2)
-    assert propose_one(fusion, [0], 8).token_ids[:2] == (7, 8)
+    assert propose_one(fusion, [0], Budget(8, tree=True)).token_ids[:2] == (7, 8)
