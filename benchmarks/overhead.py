@@ -18,7 +18,7 @@ from specstack.drafters import BuildContext, create
 from specstack.engine import Engine, GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig, default_threads
+from specstack.target import INEXACT, LlamaModel, ModelConfig, default_threads
 
 
 def main() -> None:
@@ -35,6 +35,7 @@ def main() -> None:
     # The same loop without the exactness padding (one-token batches, like llama.cpp's own plain decoding):
     # separates the cost of the Python loop from the cost of batch-invariant evaluation.
     raw = LlamaModel(ModelConfig(args.model, n_ctx=512, n_threads=threads, min_batch=1))
+    raw.set_shapes(INEXACT)  # never pad or split: llama.cpp's own plain shapes
     raw_engine = Engine(raw, create("none", BuildContext(raw)))
     theirs = llama_cpp.Llama(model_path=args.model, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     prompts = held_out_prompts(args.prompts)

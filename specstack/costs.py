@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from .paths import cache_dir
-from .target import BatchShapes, plan_calls
+from .target import BatchShapes, EngineTarget, plan_calls
 
 CURVE_VERSION = 3  # bump when the measurement method changes: old cache entries are ignored
 
@@ -109,14 +109,14 @@ class CostModel:
         self._scale += self.ema * (seconds / self._calibrated(n) - self._scale)
 
 
-def _filler(model, n: int) -> list[int]:
+def _filler(model: EngineTarget, n: int) -> list[int]:
     """Deterministic ordinary token ids (BOS first) for timing and shape probes."""
     first = model.bos_id if model.bos_id >= 0 else 0
     rng = np.random.default_rng(1234)  # varied ids: equal kernels on repetitive input can hide a difference
     return [first] + rng.integers(min(50, model.n_vocab - 1), model.n_vocab, n - 1).tolist()
 
 
-def measure_shapes(model, n_ref: int = 17, depth: int = 160, probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
+def measure_shapes(model: EngineTarget, n_ref: int = 17, depth: int = 160, probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
     """Which call shapes compute every row exactly as plain decoding (see ``BatchShapes``).
 
     After ``depth`` prompt tokens, the reference is plain decoding of the
@@ -127,7 +127,7 @@ def measure_shapes(model, n_ref: int = 17, depth: int = 160, probes: Sequence[in
     ``max_rows`` is the end of that run.  Probes are compared on their first
     ``n_ref`` rows.  Takes about 2 x n_ref single steps plus the batches.
     """
-    cap = model._batch_cap
+    cap = model.batch_cap
     n_ref = max(2, min(n_ref, cap, (model.n_ctx - 2) // 2))
     depth = max(1, min(depth, model.n_ctx - n_ref - 2))
     sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
@@ -167,7 +167,7 @@ def measure_shapes(model, n_ref: int = 17, depth: int = 160, probes: Sequence[in
                        prefill_exact=unbounded, settled=True)
 
 
-def measure_curve(model, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
+def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
     """Time of one call of n rows after ``depth`` context tokens, n = 1..n_max.
 
     Calls are unsplit and padded to the model's ``min_rows`` (the engine
@@ -216,7 +216,7 @@ def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
     return curve
 
 
-def _cache_key(model, n_max: int) -> str:
+def _cache_key(model: EngineTarget, n_max: int) -> str:
     from .target import system_info
 
     st = os.stat(model.path)
@@ -243,19 +243,20 @@ def _write_cache(path: Path, cache: dict) -> None:
         pass  # a read-only cache dir only costs a re-measurement
 
 
-def ensure_shapes(model, exact: bool = True, use_cache: bool = True) -> BatchShapes:
+def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = True) -> BatchShapes:
     """Give ``model`` its measured exact shapes (cached on disk next to the cost curves).
 
-    ``exact=False`` skips the measurement: no padding and no splitting
+    Shapes already settled (measured, or chosen with ``exact=False``) are
+    kept.  ``exact=False`` skips the measurement: no padding and no splitting
     (fastest, but speculative output may then differ from plain decoding
     where llama.cpp's numerics depend on the call shape).
     """
     from .target import INEXACT
 
+    if model.shapes.settled:
+        return model.shapes
     if not exact:
         model.set_shapes(INEXACT)
-        return model.shapes
-    if model.shapes.settled:
         return model.shapes
     path = cache_dir() / "costs.json"
     key = "shapes-" + _cache_key(model, 0)
@@ -271,7 +272,7 @@ def ensure_shapes(model, exact: bool = True, use_cache: bool = True) -> BatchSha
     return model.shapes
 
 
-def calibrate(model, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
+def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
     """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now."""
     ensure_shapes(model, exact, use_cache)
     path = cache_dir() / "costs.json"

@@ -252,11 +252,10 @@ class LlamaModel:
         self.unified = config.unified if config.unified is not None else self.n_slots == 1
         self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified else 1)
         self._ctx = self._new_context()
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // (self.n_slots if self.unified else 1)
-        if not self.unified:
-            self.n_ctx = int(lc.llama_n_ctx_seq(self._ctx)) if hasattr(lc, "llama_n_ctx_seq") else self.n_ctx // self.n_slots
+        # Positions per sequence: a unified cache is shared (sized slots x n_ctx), streams are per sequence.
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
         self._mem = lc.llama_get_memory(self._ctx)
-        self._batch_cap = max(1, min(config.n_batch, self.n_ctx))
+        self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx))
         self.seq_len = [0] * self.n_seq_max
         self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max)
         self._init_batch_views()
@@ -660,39 +659,46 @@ class LlamaModel:
 
 
 class Target(Protocol):
-    """What the engine, drafters, cost calibration and replay need from a target model.
+    """What drafter factories may read from a target (``BuildContext.target``).
 
-    ``LlamaModel`` is the implementation; ``bench.replay.ReplayTarget`` fills
-    the metadata part (no model loaded) for drafter factories.
+    ``LlamaModel`` implements it, and so does ``bench.replay.ReplayTarget``
+    (metadata from a results file, no model loaded).
     """
 
-    path: Path
+    path: Path | None
     n_vocab: int
     n_ctx: int  # positions per sequence
     n_threads: int
     n_slots: int  # generations held at once (one KV stream each when > 1)
     capacity: int  # positions usable by real tokens (padding needs spare ones)
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-    def token_bytes(self, token: int) -> bytes: ...
-    def eog_ids(self) -> frozenset[int]: ...
-
 
 class EngineTarget(Target, Protocol):
-    """The evaluating part, used by the engine."""
+    """A target the engine can run: tokenizer, sequences, exact batch shapes, tree batches."""
 
+    config: ModelConfig
     unified: bool
     n_seq_max: int
     shapes: BatchShapes
     seq_len: list[int]
     tree_relayouts: int
 
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def eog_ids(self) -> frozenset[int]: ...
     def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]: ...
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
     def truncate(self, n_keep: int, seq: int = 0) -> None: ...
     def reset(self, seq: int | None = None) -> None: ...
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
     def commit_tree(self, path: Sequence[int]) -> None: ...
+    # shape measurement and cost calibration
+    batch_cap: int
+    min_batch: int
+    bos_id: int
+
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0) -> np.ndarray: ...
+    def set_shapes(self, shapes: BatchShapes) -> None: ...
 
 
 def system_info() -> str:

@@ -16,7 +16,7 @@ from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
-from ..target import INEXACT, LlamaModel, ModelConfig, set_verbose
+from ..target import LlamaModel, ModelConfig, set_verbose
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -92,7 +92,7 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
     costs = None
     if name == "cost":
         k_max = args.k_max or 16
-        costs = calibrate(target, n_max=k_max + 1, exact=target.shapes != INEXACT)
+        costs = calibrate(target, n_max=k_max + 1)  # load_target settled the shapes (--exact)
     return make_policy(name, args.k, costs=costs, k_max=args.k_max)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..draft_length import Budget
 from ..errors import InvalidParameterError
+from ..target import Target
 from ..types import Draft
 
 
@@ -63,7 +64,7 @@ class BuildContext:
     ``draft_model`` ...); each factory picks the fields of its own config.
     """
 
-    target: Any
+    target: Target
     options: Mapping[str, Any] = field(default_factory=dict)
     temperature: float = 0.0
 

@@ -150,10 +150,10 @@ class SuffixDrafter:
         local_states, global_states = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
-        method = "speculate_tree" if tree else "speculate"
-        best = getattr(gen.local, method)(local_states, *args) if local_states else SuffixDraft()
+        query = SuffixTree.speculate_tree if tree else SuffixTree.speculate
+        best = query(gen.local, local_states, *args) if local_states else SuffixDraft()
         if global_states:
-            other = getattr(self.global_tree, method)(global_states, *args)
+            other = query(self.global_tree, global_states, *args)
             if other.score > best.score:
                 best = other
         return best
