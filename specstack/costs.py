@@ -262,7 +262,7 @@ def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = Tru
     key = "shapes-" + _cache_key(model, 0)
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
-        model.set_shapes(BatchShapes(**cache[key], settled=True))
+        model.set_shapes(BatchShapes(**cache[key], settled=True))  # cached dicts carry exact=True
         return model.shapes
     model.set_shapes(measure_shapes(model))
     if use_cache:
@@ -276,7 +276,7 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now."""
     ensure_shapes(model, exact, use_cache)
     path = cache_dir() / "costs.json"
-    key = _cache_key(model, n_max) + repr(model.shapes.to_dict())
+    key = _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
         return CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")

@@ -108,16 +108,17 @@ class BatchShapes:
     max_rows: int = 1 << 20
     prefill_exact: bool = True
     settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
+    exact: bool = True  # False: never pad or split (--exact off)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
             raise ValueError(f"bad batch shapes: min_rows={self.min_rows}, max_rows={self.max_rows}")
 
     def to_dict(self) -> dict:
-        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact}
+        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact, "exact": self.exact}
 
 
-INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True)  # draft models, --exact off
+INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False)  # draft models, --exact off
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,7 @@ class LlamaModel:
     def set_shapes(self, shapes: BatchShapes) -> None:
         """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
         cap = min(shapes.max_rows, self._batch_cap)
-        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.settled)
+        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.settled, shapes.exact)
         self.min_batch = self.shapes.min_rows
         # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..engine import Engine, GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
+from ..target import BatchShapes
 from .common import add_drafter_args, add_model_args, add_sampling_args, build_drafter, build_policy, load_target, sampling_from_args
 
 
@@ -63,18 +64,31 @@ def run(args: argparse.Namespace) -> int:
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
-        out = {"text": gen.text, **gen.stats.to_dict()}
+        out = {"text": gen.text, **gen.stats.to_dict(), "exact_shapes": exactness(target.shapes)}
         print(json.dumps(out))
         return 0
     for piece in gen:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    print(format_stats(gen.stats), file=sys.stderr)
+    print(format_stats(gen.stats, target.shapes), file=sys.stderr)
     return 0
 
 
-def format_stats(s: GenerationStats) -> str:
+def exactness(shapes: BatchShapes) -> dict:
+    """How the target's calls were kept exact (``--exact``), for the JSON output."""
+    return shapes.to_dict()
+
+
+def describe_shapes(shapes: BatchShapes) -> str:
+    if not shapes.exact:
+        return "off (--exact off): calls are never padded or split"
+    top = "any size" if shapes.max_rows >= 512 else f"at most {shapes.max_rows} rows (longer verifications are split)"
+    pad = "one-token steps padded to 2 rows" if shapes.min_rows > 1 else "no padding"
+    return f"on: {pad}; calls of {top}"
+
+
+def format_stats(s: GenerationStats, shapes: BatchShapes | None = None) -> str:
     t = s.to_dict()["time_s"]
     by_pos = " ".join(f"{x:.2f}" for x in s.acceptance_by_position[:16]) or "-"
     rows = [
@@ -86,5 +100,7 @@ def format_stats(s: GenerationStats) -> str:
         ("time (s)", f"prefill {t['prefill']:.3f}  draft {t['draft']:.3f}  verify {t['verify']:.3f}  other {t['other']:.3f}"),
         ("decode speed", f"{s.tokens_per_second:.1f} tok/s"),
     ]
+    if shapes is not None:
+        rows.append(("exact shapes", describe_shapes(shapes)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(["-" * 60] + [f"{k:<{width}}  {v}" for k, v in rows])
