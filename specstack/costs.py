@@ -116,40 +116,36 @@ def _filler(model: EngineTarget, n: int) -> list[int]:
     return [first] + rng.integers(min(50, model.n_vocab - 1), model.n_vocab, n - 1).tolist()
 
 
-def measure_shapes(model: EngineTarget, n_ref: int = 17, depth: int = 160, probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
+def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] = (160, -1),
+                   probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
     """Which call shapes compute every row exactly as plain decoding (see ``BatchShapes``).
 
     After ``depth`` prompt tokens, the reference is plain decoding of the
     next ``n_ref`` tokens one call at a time, unpadded (``ref1``) and padded
     to two rows (``ref2``).  Then calls of T = 2..n_ref tokens (and the
-    larger ``probes``) are compared row by row, bit for bit.  The reference
-    that admits the longer run of exact sizes wins (unpadded on ties), and
-    ``max_rows`` is the end of that run.  Probes are compared on their first
-    ``n_ref`` rows.  Takes about 2 x n_ref single steps plus the batches.
+    larger ``probes``) are compared row by row, bit for bit.  A size counts
+    as exact only if it matches at every depth (-1: as deep as the context
+    allows), since some kernels choose their path by KV length.  The
+    reference that admits the longer run of exact sizes wins (unpadded on
+    ties), and ``max_rows`` is the end of that run.  Probes are compared on
+    their first ``n_ref`` rows.  Takes about 4 x n_ref single steps plus the
+    batches.
     """
     cap = model.batch_cap
     n_ref = max(2, min(n_ref, cap, (model.n_ctx - 2) // 2))
-    depth = max(1, min(depth, model.n_ctx - n_ref - 2))
-    sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
-    toks = _filler(model, depth + sizes[-1])
-    model.reset()
-    model.prefill(toks[:depth])
-    ref1 = np.stack([model.raw_call([toks[depth + j]])[0].copy() for j in range(n_ref)])
-    model.truncate(depth)
-    ref2 = []
-    for j in range(n_ref):
-        ref2.append(model.raw_call([toks[depth + j], toks[depth + j]])[0].copy())
-        model.truncate(depth + j + 1)
-    ref2 = np.stack(ref2)
-    model.truncate(depth)
-    match1, match2 = {1: True}, {2: True}
-    for t in sizes:
-        rows = model.raw_call(toks[depth : depth + t])[: n_ref]
-        m = min(t, n_ref)
-        match1[t] = bool(np.array_equal(rows[:m], ref1[:m]))
-        match2[t] = bool(np.array_equal(rows[:m], ref2[:m]))
-        model.truncate(depth)
-    model.reset()
+    match1: dict[int, bool] = {1: True}
+    match2: dict[int, bool] = {2: True}
+    same = True
+    sizes: list[int] = []
+    for want in depths:
+        room = model.n_ctx - n_ref - 2
+        depth = max(1, min(room, want if want > 0 else room - max(probes)))
+        sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
+        m1, m2, s1 = _match_at(model, depth, n_ref, sizes)
+        for t in sizes:
+            match1[t] = match1.get(t, True) and m1[t]
+            match2[t] = match2.get(t, True) and m2[t]
+        same = same and s1
 
     def run(match: dict[int, bool], first: int) -> int:
         last = first
@@ -160,11 +156,34 @@ def measure_shapes(model: EngineTarget, n_ref: int = 17, depth: int = 160, probe
         return last
 
     end1, end2 = run(match1, 1), run(match2, 2)
-    same = bool(np.array_equal(ref1, ref2))
-    min_rows, end, match = (1, end1, match1) if same or end1 >= end2 else (2, end2, match2)
+    min_rows, end = (1, end1) if same or end1 >= end2 else (2, end2)
     unbounded = end == sizes[-1]
     return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
                        prefill_exact=unbounded, settled=True)
+
+
+def _match_at(model: EngineTarget, depth: int, n_ref: int, sizes: Sequence[int]) -> tuple[dict[int, bool], dict[int, bool], bool]:
+    """Per size: do its rows equal the unpadded (1) / padded (2) plain references after ``depth`` tokens?"""
+    toks = _filler(model, depth + max(sizes))
+    model.reset()
+    model.prefill(toks[:depth])
+    ref1 = np.stack([model.raw_call([toks[depth + j]])[0].copy() for j in range(n_ref)])
+    model.truncate(depth)
+    ref2_rows = []
+    for j in range(n_ref):
+        ref2_rows.append(model.raw_call([toks[depth + j], toks[depth + j]])[0].copy())
+        model.truncate(depth + j + 1)
+    ref2 = np.stack(ref2_rows)
+    model.truncate(depth)
+    m1, m2 = {}, {}
+    for t in sizes:
+        rows = model.raw_call(toks[depth : depth + t])[:n_ref]
+        m = min(t, n_ref)
+        m1[t] = bool(np.array_equal(rows[:m], ref1[:m]))
+        m2[t] = bool(np.array_equal(rows[:m], ref2[:m]))
+        model.truncate(depth)
+    model.reset()
+    return m1, m2, bool(np.array_equal(ref1, ref2))
 
 
 def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
@@ -262,7 +281,7 @@ def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = Tru
     key = "shapes-" + _cache_key(model, 0)
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
-        model.set_shapes(BatchShapes(**cache[key], settled=True))  # cached dicts carry exact=True
+        model.set_shapes(BatchShapes(**cache[key], settled=True))
         return model.shapes
     model.set_shapes(measure_shapes(model))
     if use_cache:
