@@ -433,7 +433,7 @@ class CostK(_Policy):
         k = max(self._k_for(name, load) for name in self._sources)
         if k == 0 and self._plain_steps >= self._probe_interval:
             # Back off while probes keep saying "not worth it": probes cost time too.
-            self._probe_interval = min(self._probe_interval * 2, 16 * self.probe_every)
+            self._probe_interval = min(self._probe_interval * 2, 64 * self.probe_every)
             self._plain_steps = 0
             return self._probe(cap, tree, keep, advice)
         if k > 0:
@@ -502,15 +502,16 @@ class CostK(_Policy):
             st.last_confidences = []
         per_token = outcome.draft_s / n
         # The first call of a source is a warm-up (buffers, graphs, cold caches: it
-        # measured 1000x a normal step here), so it is not used.  After that the
-        # update is asymmetric: a model drafter that sat out plain steps first
-        # catches up on the tokens it missed, which inflates that one step; such
-        # spikes must not convince the policy that drafting is expensive for good.
+        # measured 1000x a normal step here), so it is not used.  After that a plain
+        # running mean, with each sample clipped to 3x the estimate: a model drafter
+        # that sat out plain steps catches up on the tokens it missed in its next
+        # call (one batch), a spike that must not dominate.  An asymmetric update
+        # (fast down, slow up) underestimated pycoder-1m's cost by ~2x here, so the
+        # policy drafted where it did not pay.
         if st.calls == 1:
             st.per_token_s = per_token
         elif st.calls > 1:
-            alpha = 0.3 if per_token < st.per_token_s else 0.05
-            st.per_token_s += alpha * (per_token - st.per_token_s)
+            st.per_token_s += 0.15 * (min(per_token, 3.0 * st.per_token_s) - st.per_token_s)
         st.calls += 1
         st.best_k.clear()
 
