@@ -74,11 +74,13 @@ class CostModel:
         return max(known, default=0.0)
 
     def _calibrated(self, n: int) -> float:
+        """Beyond the curve: the mean slope of its upper half (the last step alone can be ~0 from noise)."""
         c = self.curve
         if n <= len(c):
             return c[n - 1]
-        slope = max(c[-1] - c[-2], 0.0) if len(c) > 1 else c[-1]
-        return c[-1] + slope * (n - len(c))
+        half = len(c) // 2
+        slope = (c[-1] - c[half - 1]) / (len(c) - half) if len(c) > 1 else c[-1]
+        return c[-1] + max(slope, 0.0) * (n - len(c))
 
     def observe_step(self, rows: Sequence[int], seconds: float) -> None:
         """Refine from a real step (seconds <= 0 means not measured)."""
@@ -292,8 +294,12 @@ def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = Tru
 
 
 def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
-    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now."""
+    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now.
+
+    With several slots the curve reaches further (calls then carry many generations' rows).
+    """
     ensure_shapes(model, exact, use_cache)
+    n_max = max(n_max, min(model.batch_cap, 64, 4 * model.n_slots))
     path = cache_dir() / "costs.json"
     key = _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
     cache = _read_cache(path) if use_cache else {}

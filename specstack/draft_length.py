@@ -20,6 +20,7 @@ maximise expected committed tokens per second from measured costs).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -73,6 +74,12 @@ class DraftLengthPolicy(Protocol):
 
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from the step just verified."""
+
+    def fork(self) -> "DraftLengthPolicy":
+        """The policy one generation runs with (its own acceptance statistics, shared costs)."""
+
+    def adopt(self, child: "DraftLengthPolicy") -> None:
+        """Take a finished generation's statistics as the prior for later ones."""
 
 
 def _check_k(k: int, what: str = "k") -> int:
@@ -147,6 +154,11 @@ class AcceptanceBook:
     def update(self, source: str, num_drafted: int, num_accepted: int) -> None:
         self.tracker(source).update(num_drafted, num_accepted)
 
+    def copy(self) -> "AcceptanceBook":
+        book = AcceptanceBook(self.k_max)
+        book.trackers = {name: copy.deepcopy(t) for name, t in self.trackers.items()}
+        return book
+
     def conditional(self, source: str, n: int = 0) -> list[float]:
         """Acceptance at positions 1..max(n, k_max); deep positions keep the last tracked rate."""
         cond = self.tracker(source).conditional()
@@ -186,6 +198,8 @@ class Budget:
       engine applies it once the draft's source is known); None keeps all.
     expected: tokens the step is expected to commit for this generation
       (the engine tells the next generation's policy, for batch pricing).
+    rows: rows this generation is expected to verify (1 + expected draft
+      length; None: 1 + max_tokens), also for batch pricing.
     """
 
     max_tokens: int
@@ -194,6 +208,7 @@ class Budget:
     advice: Advice | None = None
     cut: Callable[[str, int], int] | None = None
     expected: float = 1.0
+    rows: int | None = None
 
     def worth(self, source: str, n: int) -> int:
         """Tokens of a ``source`` draft of ``n`` to verify: within the cap, and as the policy cut it."""
@@ -216,6 +231,21 @@ class _Policy:
 
     def _advice(self) -> Advice:
         return Advice(self.book)
+
+    def fork(self) -> "_Policy":
+        """A policy for one generation: its own acceptance statistics (content differs between
+        generations), starting from this one's; costs and draft-cost estimates stay shared."""
+        child = copy.copy(self)
+        child.book = self.book.copy()
+        child._reset_generation()
+        return child
+
+    def adopt(self, child: "_Policy") -> None:
+        """A generation ended: what it learnt about acceptance is the prior for the next one."""
+        self.book = child.book.copy()
+
+    def _reset_generation(self) -> None:
+        """Per-generation state of a forked policy (none here)."""
 
     def _learn(self, outcome: StepOutcome) -> None:
         if outcome.num_drafted:
@@ -364,10 +394,8 @@ class HeuristicK(_Policy):
 @dataclass
 class _SourceState:
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
-    last_confidences: list[float] = field(default_factory=list)
     per_token_s: float = 0.0  # EMA of draft time per drafted token
     calls: int = 0
-    best_k: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # load rows -> (k, step)
 
 
 class CostK(_Policy):
@@ -397,6 +425,20 @@ class CostK(_Policy):
         self._steps = 0
         self._overhead_s = 0.0
         self._ruled: set[str] = set()  # sources that decide token by token (keep_going)
+        self._best: dict[tuple, tuple[int, int]] = {}  # (source, load) -> (best k, step computed)
+        self._confidences: dict[str, list[float]] = {}  # the last draft's, per source, for calibration
+
+    def _reset_generation(self) -> None:
+        self._best = {}
+        self._confidences = {}
+
+    def adopt(self, child: "_Policy") -> None:
+        """Acceptance, probe back-off and overhead carry over to later generations (draft costs are shared)."""
+        super().adopt(child)
+        if isinstance(child, CostK):
+            self._plain_steps, self._probe_interval = child._plain_steps, child._probe_interval
+            self._overhead_s, self._steps = child._overhead_s, child._steps
+            self._best = {}
 
     def source(self, name: str) -> _SourceState:
         st = self._sources.get(name)
@@ -411,14 +453,14 @@ class CostK(_Policy):
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        key = tuple(sorted(load.rows))
-        hit = st.best_k.get(key)
+        key = (name, tuple(sorted(load.rows)), round(load.tokens, 1))
+        hit = self._best.get(key)
         if hit is None or self._steps - hit[1] >= 16:
             hit = (best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
                           lambda n: self._step_cost(n, load), self.k_max, load.tokens), self._steps)
-            if len(st.best_k) > 64:
-                st.best_k.clear()
-            st.best_k[key] = hit
+            if len(self._best) > 256:
+                self._best.clear()
+            self._best[key] = hit
         return hit[0]
 
     def _step_cost(self, n: int, load: BatchLoad = SOLO) -> float:
@@ -445,9 +487,9 @@ class CostK(_Policy):
             return self._k_for(source, load)
 
         k = min(k, cap)
-        expected = 1.0 + max(expected_accepted(self.book.conditional(name), min(k, self._k_for(name, load)))
-                             for name in self._sources)
-        return Budget(k, tree, keep, advice, cut, expected)
+        likely = max(min(k, self.best_k_for(name, load)) for name in self._sources)  # a model draft stops early
+        expected = 1.0 + max(expected_accepted(self.book.conditional(name), likely) for name in self._sources)
+        return Budget(k, tree, keep, advice, cut, expected, 1 + likely)
 
     def _probe(self, cap: int, tree: bool, keep: KeepGoing, advice: Advice) -> Budget:
         return Budget(min(self.probe_k, cap), tree, keep, advice)
@@ -469,7 +511,7 @@ class CostK(_Policy):
             st = self.source(source)
             self._ruled.add(source)
             n = len(confidences)
-            st.last_confidences = list(confidences)
+            self._confidences[source] = list(confidences)
             # P(accept token i | tokens < i accepted), learned from this source's own
             # history of (confidence, outcome) pairs: a draft model's confidence is a
             # far better per-token predictor than the average rate at that position.
@@ -497,9 +539,9 @@ class CostK(_Policy):
         self._plain_steps = 0
         self._learn(outcome)
         st = self.source(outcome.source)
-        if st.last_confidences:
-            st.calibration.update(st.last_confidences[:n], outcome.num_accepted)
-            st.last_confidences = []
+        confidences = self._confidences.pop(outcome.source, None)
+        if confidences:
+            st.calibration.update(confidences[:n], outcome.num_accepted)
         per_token = outcome.draft_s / n
         # The first call of a source is a warm-up (buffers, graphs, cold caches: it
         # measured 1000x a normal step here), so it is not used.  After that a plain
@@ -513,7 +555,7 @@ class CostK(_Policy):
         elif st.calls > 1:
             st.per_token_s += 0.15 * (min(per_token, 3.0 * st.per_token_s) - st.per_token_s)
         st.calls += 1
-        st.best_k.clear()
+        self._best.clear()
 
 
 POLICIES = ("cost", "fixed", "window", "heuristic")

@@ -120,6 +120,7 @@ class Generation:
         self.config = config
         self.drafter = drafter
         self.policy = policy
+        self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
         self.seq: int | None = None  # the target sequence (slot) while running
         self.status = "waiting"  # -> running -> done | cancelled
         self.output_ids: list[int] = []
@@ -222,8 +223,12 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.target.n_vocab]
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
-        policy = policy or self.policy or FixedK(config.k)
+        parent = None
+        if policy is None:
+            parent = self.policy
+            policy = parent.fork() if parent is not None else FixedK(config.k)
         gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
+        gen.parent_policy = parent
         self._waiting.append(gen)
         return gen
 
@@ -346,6 +351,8 @@ class Engine:
         gen.stats.total_s = time.perf_counter() - gen.started
         self._release(gen, keep_cache=True)
         gen.status = "done"
+        if gen.parent_policy is not None:
+            gen.parent_policy.adopt(gen.policy)  # what it learnt is the next generation's prior
 
     # -- the step ------------------------------------------------------------
 
@@ -388,7 +395,7 @@ class Engine:
             load = SOLO if len(gens) == 1 else BatchLoad(tuple(rows) + (1,) * later, tokens + later)
             tree = gen.config.sampling.greedy and target.unified and target.n_seq_max > 1
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
-            rows.append(1 + budget.max_tokens)
+            rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
             tokens += budget.expected
             work.append(_Work(gen, budget))
         return work
