@@ -220,6 +220,9 @@ class Budget:
             raise InvalidParameterError(f"a draft budget cannot be negative (got {self.max_tokens})")
 
 
+_PLAIN = Budget(0)
+
+
 class _Policy:
     """Shared parts: the acceptance book (every policy keeps one) and a cap on k."""
 
@@ -468,18 +471,19 @@ class CostK(_Policy):
         return self.costs.batch_s(load.rows + (n,)) + self._overhead_s
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
+        if not self._sources:
+            return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
+        k = max(self._k_for(name, load) for name in self._sources)
+        if k == 0:
+            if self._plain_steps >= self._probe_interval:
+                # Back off while probes keep saying "not worth it": probes cost time too.
+                self._probe_interval = min(self._probe_interval * 2, 64 * self.probe_every)
+                self._plain_steps = 0
+                return self._probe(cap, load, tree)
+            return _PLAIN  # the common case when drafting does not pay: keep it cheap
+        self._probe_interval = self.probe_every
         keep = self._keep_going(load)
         advice = Advice(self.book, lambda n: self._step_cost(n, load))
-        if not self._sources:
-            return self._probe(cap, tree, keep, advice)  # nothing known yet: a cheap first look
-        k = max(self._k_for(name, load) for name in self._sources)
-        if k == 0 and self._plain_steps >= self._probe_interval:
-            # Back off while probes keep saying "not worth it": probes cost time too.
-            self._probe_interval = min(self._probe_interval * 2, 64 * self.probe_every)
-            self._plain_steps = 0
-            return self._probe(cap, tree, keep, advice)
-        if k > 0:
-            self._probe_interval = self.probe_every
 
         def cut(source: str, n: int) -> int:
             if self.book.tracker(source).n_observed() < 1.0:
@@ -491,8 +495,9 @@ class CostK(_Policy):
         expected = 1.0 + max(expected_accepted(self.book.conditional(name), likely) for name in self._sources)
         return Budget(k, tree, keep, advice, cut, expected, 1 + likely)
 
-    def _probe(self, cap: int, tree: bool, keep: KeepGoing, advice: Advice) -> Budget:
-        return Budget(min(self.probe_k, cap), tree, keep, advice)
+    def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
+        advice = Advice(self.book, lambda n: self._step_cost(n, load))
+        return Budget(min(self.probe_k, cap), tree, self._keep_going(load), advice)
 
     def _k_for(self, name: str, load: BatchLoad) -> int:
         """k for one source: its best k, or k_max for a source that stops token by token.
