@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
 
 from .costs import ensure_shapes
 from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome

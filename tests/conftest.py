@@ -42,3 +42,17 @@ def shared_dir() -> Path:
     return SHARED
 
 
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory) -> Path:
+    """A small REST datastore built from three standard-library files."""
+    import os
+
+    from specstack.cli import main
+
+    lib = Path(os.path.dirname(os.__file__))
+    files = [str(lib / f) for f in ("typing.py", "functools.py", "argparse.py") if (lib / f).exists()]
+    out = tmp_path_factory.mktemp("rest") / "store"
+    assert main(["datastore", "build", *files, "-o", str(out)]) == 0
+    return out

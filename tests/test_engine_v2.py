@@ -6,8 +6,6 @@ target, and every speculative run must really have accepted drafts.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,17 +28,6 @@ def multi():
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=4), role="target")
     yield model
     model.close()
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    from specstack.cli import main
-
-    lib = Path(os.path.dirname(os.__file__))
-    files = [str(lib / f) for f in ("typing.py", "functools.py", "argparse.py") if (lib / f).exists()]
-    out = tmp_path_factory.mktemp("rest") / "store"
-    assert main(["datastore", "build", *files, "-o", str(out)]) == 0
-    return out
 
 
 def plain(target, prompt, n) -> list[int]:

@@ -5,13 +5,10 @@ from __future__ import annotations
 from specstack.draft_length import Budget
 from specstack.drafters.base import propose_one
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from specstack.cli import main
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine, GenerationConfig
 from specstack.paths import DEFAULT_TARGET
@@ -123,15 +120,6 @@ class CountingDrafter:
 
     def end(self, seq=0):
         self.inner.end(seq)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    lib = Path(os.path.dirname(os.__file__))
-    files = [str(lib / f) for f in ("typing.py", "functools.py", "argparse.py") if (lib / f).exists()]
-    out = tmp_path_factory.mktemp("rest-tree") / "store"
-    assert main(["datastore", "build", *files, "-o", str(out)]) == 0
-    return out
 
 
 @pytest.mark.parametrize("name", ["suffix", "rest"])
