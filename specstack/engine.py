@@ -123,6 +123,7 @@ class Generation:
         self.seq: int | None = None  # the target sequence (slot) while running
         self.status = "waiting"  # -> running -> done | cancelled
         self.output_ids: list[int] = []
+        self.origins: list[str] = []  # per output token: the draft source that proposed it, or "target"
         self.context = list(prompt_ids)  # committed tokens, including pending
         self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
         self.stop_text = _StopText(config.stop)
@@ -371,6 +372,7 @@ class Engine:
             verify_s = (t2 - t1) * share
             gen.stats.record_step(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
+            gen.origins.extend(w.draft.source if i < result.num_accepted else "target" for i in range(len(committed)))
             gen.drafter.observe(committed, result.num_accepted, gen.seq)
             other = ((t0 - t_begin) + (time.perf_counter() - t2)) * share  # bookkeeping, not the consumer's time
             gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s, other))

@@ -18,6 +18,7 @@ class SourceStats:
     num_steps: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: steps whose token i was accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,6 +73,10 @@ class GenerationStats:
             s.num_steps += 1
             s.num_drafted += num_drafted
             s.num_accepted += num_accepted
+            if len(s.accepted_at) < num_accepted:
+                s.accepted_at.extend([0] * (num_accepted - len(s.accepted_at)))
+            for i in range(num_accepted):
+                s.accepted_at[i] += 1
         self.steps.append((source, num_drafted, num_accepted))
 
     @property

@@ -1,0 +1,83 @@
+"""``specstack serve``: an OpenAI-compatible server with speculation per request, roles and a live page."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..errors import InvalidParameterError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (completions, chat, metrics, live page)",
+        description="Serve one or more models over an OpenAI-compatible API: /v1/completions, /v1/chat/completions "
+        "(streaming with stream_options.include_usage), /v1/models, /health, /metrics (Prometheus) and a live page at /. "
+        "Every request may override speculation with a 'speculative' object, e.g. "
+        '{"drafter": "draft-model", "k_policy": "fixed", "k": 8}; responses report drafted/accepted tokens by source. '
+        "Without --config the bundled pair is served as one role.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="roles.toml example (the request's 'model' picks the role; the first is the default):\n\n"
+        "  [roles.frontdoor]\n  model = \"small.gguf\"\n  drafter = \"prompt-lookup\"\n  parallel = 4\n\n"
+        "  [roles.coder]\n  model = \"coder-q4_k_m.gguf\"\n  draft = \"coder-draft.gguf\"\n"
+        "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
+        "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
+        "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, profile, category",
+    )
+    p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("-np", "--parallel", type=int, default=4, help="slots per role without --config: generations batched together (default 4)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for a slot; past it the answer is 429 with Retry-After (default 16)")
+    p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSTACK_API_KEY, else none); /health stays open")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take before it is stopped (default 600; 0 = none)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for (default 4096)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="longest prompt in tokens (default: the context)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+    p.add_argument("--drafter", default="prompt-lookup", help="default drafter without --config (default prompt-lookup)")
+    p.add_argument("--k-policy", default="cost", help="default k policy without --config (default cost)")
+    p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF without --config (default: bundled pycoder-6m)")
+    p.add_argument("-md", "--model-draft", type=Path, default=None, help="draft GGUF without --config (default: bundled pycoder-1m)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads without --config (default: physical cores)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context per slot without --config (default: the model's)")
+    p.add_argument("--exact", choices=("on", "off"), default="on", help="exact call shapes (see `specstack generate --help`)")
+    p.set_defaults(func=run)
+
+
+def build_roles(args: argparse.Namespace):
+    from ..server.roles import default_roles, load_roles
+
+    if args.config is not None:
+        return load_roles(args.config)
+    overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
+                 "exact": args.exact == "on"}
+    if args.model is not None:
+        overrides["model"] = args.model
+    if args.model_draft is not None:
+        overrides["draft"] = args.model_draft
+    return default_roles(parallel=args.parallel, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..server.app import Limits, create_app
+    except ImportError as exc:
+        raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
+                                    "pip install 'specstack[serve]'") from None
+    roles = build_roles(args)
+    for role in roles:
+        from ..target import check_gguf_file
+
+        check_gguf_file(role.model, f"role {role.name!r} model")
+    limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
+                    timeout_s=args.timeout)
+    app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
+    print(f"specstack serve: http://{args.host}:{args.port}/ roles: {', '.join(r.name for r in roles)}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None)
+    return 0

@@ -1,0 +1,355 @@
+"""The OpenAI-compatible HTTP API: completions, chat, models, health, metrics and the live page.
+
+Every error body is OpenAI's ``{"error": {message, type, param, code}}``;
+invalid input is a 400 that names the field.  A request's ``speculative``
+object overrides its role's defaults (``drafter``, ``k_policy``, ``k``,
+``k_max`` and drafter options); every response reports what speculation did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..drafters import available
+from ..engine import GenerationConfig
+from ..errors import SpecstackError
+from ..sampling import SamplingParams
+from .chat import load_template, render
+from .metrics import ServerMetrics
+from .roles import Role
+from .worker import Job, QueueFull, RoleWorker
+
+STATIC = Path(__file__).resolve().parent / "static"
+SPEC_KEYS = {"drafter", "k_policy", "k", "k_max", "n_min", "n_max", "draft_temp", "p_min", "max_spec_factor",
+             "min_token_prob", "cascade_min_len", "tree"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (the security defaults of `specstack serve`)."""
+
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int = 0  # 0: the role's context
+    max_tokens: int = 4096
+    timeout_s: float = 600.0
+    retry_after_s: int = 1
+
+
+class Speculative(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    drafter: str | None = None
+    k_policy: Literal["cost", "fixed", "window", "heuristic"] | None = None
+    k: int | None = Field(None, ge=1, le=62)
+    k_max: int | None = Field(None, ge=1, le=62)
+    n_min: int | None = Field(None, ge=1)
+    n_max: int | None = Field(None, ge=1)
+    draft_temp: float | None = Field(None, ge=0)
+    p_min: float | None = Field(None, ge=0, lt=1)
+    max_spec_factor: float | None = Field(None, ge=0)
+    min_token_prob: float | None = Field(None, ge=0, le=1)
+    cascade_min_len: int | None = Field(None, ge=1)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    speculative: Speculative | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.response = error(status, message, kind, param, code, headers)
+
+
+def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16) -> FastAPI:
+    metrics = ServerMetrics()
+    workers = {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
+    templates: dict[str, str | None] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for w in workers.values():
+            w.start()
+        yield
+        for w in workers.values():  # after uvicorn has drained in-flight requests
+            await asyncio.to_thread(w.stop)
+
+    app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.workers = workers
+    app.state.metrics = metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "json_invalid":
+            return error(400, f"the request body is not valid JSON: {first.get('msg')}", param=None, code="invalid_json")
+        return error(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error")
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > limits.max_body_bytes:
+            return error(413, f"the request body has {length} bytes; the limit is {limits.max_body_bytes} "
+                              "(start the server with a larger --max-body)", code="body_too_large")
+        path = request.url.path
+        if api_key and path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
+                             code="invalid_api_key")
+        return await call_next(request)
+
+    def worker_for(model: str | None) -> RoleWorker:
+        if model is None or model not in workers:
+            if model is not None and len(workers) > 1:
+                raise ApiError(404, f"model {model!r} is not served here; choose one of: {', '.join(workers)}",
+                               "not_found_error", "model", "model_not_found")
+            w = next(iter(workers.values()))
+        else:
+            w = workers[model]
+        if not w.ready.is_set():
+            raise ApiError(503, "the model is still loading; retry shortly", "unavailable_error", headers={"Retry-After": "2"})
+        if w.load_error:
+            raise ApiError(503, f"role {w.role.name!r} failed to load: {w.load_error}", "unavailable_error")
+        return w
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        failed = [f"{w.role.name}: {w.load_error}" for w in workers.values() if w.load_error]
+        if failed:
+            return error(503, "; ".join(failed), "unavailable_error", code="503")
+        if not all(w.ready.is_set() for w in workers.values()):
+            return error(503, "Loading model", "unavailable_error", code="503")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": w.role.name, "object": "model", "created": 0, "owned_by": "specstack",
+             "speculative": {"drafter": w.role.drafter, "k_policy": w.role.k_policy, "k": w.role.k,
+                             "parallel": w.role.parallel, "exact": w.role.exact}}
+            for w in workers.values()]})
+
+    @app.get("/")
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        w = worker_for(body.model)
+        ids = body.prompt if isinstance(body.prompt, list) else w.target.tokenize(body.prompt)
+        return await run(request, w, body, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        w = worker_for(body.model)
+        if w.role.name not in templates:
+            templates[w.role.name] = load_template(w.role.model)
+        try:
+            prompt = render([m.model_dump() for m in body.messages], templates[w.role.name])
+        except SpecstackError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await run(request, w, body, w.target.tokenize(prompt), chat=True)
+
+    async def run(request: Request, w: RoleWorker, body: _Common, ids: list[int], chat: bool) -> Response:
+        job = make_job(w, body, ids)
+        try:
+            w.submit(job)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(limits.retry_after_s)}) from None
+        first = await next_event(request, w, job)
+        if first is None:
+            return Response(status_code=499)  # client gone; the job was cancelled
+        if first["type"] == "error":
+            return error(first["status"], first["message"], first["kind"])
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EventSourceResponse(stream(request, w, job, first, rid, chat, include_usage), ping=15)
+        text, event = "", first
+        while event["type"] == "delta":
+            text += event["text"]
+            event = await next_event(request, w, job)
+            if event is None:
+                return Response(status_code=499)
+        if event["type"] == "error":
+            return error(event["status"], event["message"], event["kind"])
+        return JSONResponse(final_body(rid, w.role.name, text, event, chat))
+
+    def make_job(w: RoleWorker, body: _Common, ids: list[int]) -> Job:
+        target = w.target
+        limit = limits.max_prompt_tokens or target.capacity - 1
+        if not ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        if len(ids) > min(limit, target.capacity - 1):
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context allows {min(limit, target.capacity - 1)} "
+                                "(prompt plus at least one new token)", param="prompt", code="context_length_exceeded")
+        if any(not 0 <= t < target.n_vocab for t in ids):
+            raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1}", param="prompt")
+        max_tokens = body.max_tokens or 16
+        if max_tokens > limits.max_tokens:
+            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens}",
+                           param="max_tokens")
+        spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
+        if "drafter" in spec:
+            check_drafter(spec["drafter"])
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if any(not s for s in stops):
+            raise ApiError(400, "stop strings must be non-empty", param="stop")
+        try:
+            sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                      min_p=body.min_p, seed=body.seed)
+            config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stops), sampling=sampling,
+                                      k=spec.get("k", w.role.k))
+        except SpecstackError as exc:
+            raise ApiError(400, str(exc)) from None
+        return Job(ids, config, spec, asyncio.get_running_loop(), asyncio.Queue(),
+                   time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None)
+
+    def check_drafter(name: str) -> None:
+        base, _, spec = name.partition(":")
+        parts = [p for p in spec.replace("+", ",").split(",") if p] if base in ("cascade", "fusion") else []
+        for n in [base, *parts]:
+            if n not in available():
+                raise ApiError(400, f"unknown drafter {n!r} in speculative.drafter; choose from: {', '.join(available())}",
+                               param="speculative.drafter")
+
+    async def next_event(request: Request, w: RoleWorker, job: Job) -> dict[str, Any] | None:
+        """The job's next event; None (and the job cancelled) when the client disconnects."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    w.cancel(job)
+                    return None
+
+    async def stream(request: Request, w: RoleWorker, job: Job, event: dict[str, Any], rid: str, chat: bool,
+                     include_usage: bool) -> AsyncIterator[str]:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        done = False
+        try:
+            if chat:
+                yield chunk(rid, obj, created, w.role.name, {"delta": {"role": "assistant"}, "finish_reason": None}, include_usage)
+            while True:
+                if event["type"] == "delta":
+                    choice = {"delta": {"content": event["text"]}} if chat else {"text": event["text"], "logprobs": None}
+                    yield chunk(rid, obj, created, w.role.name, {**choice, "finish_reason": None}, include_usage,
+                                {"tokens": event["tokens"]})
+                elif event["type"] == "done":
+                    done = True
+                    choice = {"delta": {}} if chat else {"text": "", "logprobs": None}
+                    yield chunk(rid, obj, created, w.role.name, {**choice, "finish_reason": event["finish_reason"]},
+                                include_usage, {"speculative": summary(event["stats"])})
+                    if include_usage:
+                        yield json.dumps({"id": rid, "object": obj, "created": created, "model": w.role.name,
+                                          "choices": [], "usage": event["usage"]})
+                    yield "[DONE]"
+                    return
+                else:
+                    done = True
+                    yield json.dumps({"error": {"message": event["message"], "type": event["kind"], "param": None,
+                                                "code": event["status"]}})
+                    return
+                event = await job.events.get()
+        finally:
+            if not done:
+                w.cancel(job)  # the client went away mid-stream: stop within one step, free the slot
+
+    return app
+
+
+def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], include_usage: bool,
+          extra: dict[str, Any] | None = None) -> str:
+    body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
+                            "choices": [{"index": 0, **choice}]}
+    if include_usage:
+        body["usage"] = None
+    if extra:
+        body["specstack"] = extra
+    return json.dumps(body)
+
+
+def summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """What speculation did for one request: drafted, accepted, acceptance, mean accepted length, by source."""
+    keys = ("drafter", "k_policy", "n_drafted", "n_accepted", "acceptance_rate", "mean_accepted_length", "by_source",
+            "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason")
+    return {k: stats[k] for k in keys if k in stats}
+
+
+def final_body(rid: str, model: str, text: str, event: dict[str, Any], chat: bool) -> dict[str, Any]:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": event["finish_reason"],
+                  "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": event["finish_reason"], "logprobs": None}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": event["usage"], "speculative": summary(event["stats"])}

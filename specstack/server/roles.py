@@ -1,0 +1,107 @@
+"""Roles: the models a server offers, each with its own draft, drafter stack, k policy and resources.
+
+A roles file is TOML, one ``[roles.NAME]`` table per model; the request's
+``model`` field picks the role (the first one is the default)::
+
+    [roles.frontdoor]               # fast answers
+    model = "small.gguf"
+    drafter = "prompt-lookup"
+    parallel = 4
+
+    [roles.coder]
+    model = "coder-7b-q4_k_m.gguf"
+    draft = "coder-0.5b-q8_0.gguf"
+    drafter = "cascade:suffix,prompt-lookup,draft-model"
+    k_policy = "cost"
+    threads = 16
+    ctx = 8192
+
+    [roles.architect]               # slow and careful: a tuned profile
+    model = "big-q4_k_m.gguf"
+    draft = "big-draft.gguf"
+    profile = "architect.toml"      # from `specstack tune`; its [default] sets drafter/k_policy/k
+
+Relative paths are relative to the roles file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..draft_length import POLICIES
+from ..errors import InvalidParameterError
+from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..profile import load_profile
+
+
+@dataclass(frozen=True)
+class Role:
+    """One served model and its speculation defaults (a request's ``speculative`` may override them)."""
+
+    name: str
+    model: Path = DEFAULT_TARGET
+    draft: Path = DEFAULT_DRAFT
+    drafter: str = "prompt-lookup"
+    k_policy: str = "cost"
+    k: int = 4
+    k_max: int | None = None
+    threads: int = 0
+    ctx: int = 0  # per slot; 0 = the model's trained context
+    parallel: int = 4  # slots: generations decoded together
+    exact: bool = True
+    profile: Path | None = None
+    category: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.k_policy not in POLICIES:
+            raise InvalidParameterError(f"role {self.name!r}: k_policy must be one of {', '.join(POLICIES)} (got {self.k_policy!r})")
+        if self.parallel < 1:
+            raise InvalidParameterError(f"role {self.name!r}: parallel must be >= 1 (got {self.parallel})")
+        if self.k < 1 or (self.k_max is not None and self.k_max < 1):
+            raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
+        if self.threads < 0 or self.ctx < 0:
+            raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
+
+
+def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
+    """No roles file: the bundled pair as one role, named after its target."""
+    return [Role(name=DEFAULT_TARGET.stem, parallel=parallel, **overrides)]
+
+
+def load_roles(path: Path) -> list[Role]:
+    """Roles from a TOML file; errors name the role, the key and the fix."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read roles file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidParameterError(f"roles file {path} is not valid TOML: {exc}") from None
+    tables = data.get("roles")
+    if not isinstance(tables, dict) or not tables:
+        raise InvalidParameterError(f"roles file {path} has no [roles.NAME] tables; see `specstack serve --help`")
+    base = Path(path).resolve().parent
+    known = {f.name for f in fields(Role)} - {"name"}
+    roles = []
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise InvalidParameterError(f"roles file {path}: roles.{name} must be a table")
+        unknown = set(table) - known
+        if unknown:
+            raise InvalidParameterError(f"roles file {path}: role {name!r} has unknown keys {', '.join(sorted(unknown))}; "
+                                        f"known: {', '.join(sorted(known))}")
+        values = dict(table)
+        for key in ("model", "draft", "profile"):
+            if key in values:
+                p = Path(values[key]).expanduser()
+                values[key] = p if p.is_absolute() else base / p
+        if values.get("profile") is not None:  # a `specstack tune` profile; the role's own keys win
+            for key, value in load_profile(values["profile"], values.get("category")).items():
+                values.setdefault(key, value)
+        try:
+            roles.append(Role(name=name, **values))
+        except TypeError as exc:
+            raise InvalidParameterError(f"roles file {path}: role {name!r}: {exc}") from None
+    return roles

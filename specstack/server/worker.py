@@ -1,0 +1,239 @@
+"""One engine thread per role: requests in, text and token origins out.
+
+llama.cpp contexts are not thread-safe, so each role's target, drafters and
+engine live on one thread that owns them.  HTTP handlers (asyncio) submit a
+``Job`` and read its events from an ``asyncio.Queue``; the thread runs
+``Engine.step()`` while anything is in flight, and between steps it admits
+new jobs and carries out cancellations, so a disconnected client's
+generation stops within one step and its slot, KV cells and drafter state
+are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..costs import calibrate, ensure_shapes
+from ..draft_length import DraftLengthPolicy, make_policy
+from ..drafters import BuildContext, create
+from ..drafters.base import Drafter
+from ..engine import Engine, Generation, GenerationConfig
+from ..errors import SpecstackError
+from ..target import LlamaModel, ModelConfig
+from .metrics import ServerMetrics
+from .roles import Role
+
+FINISH = {"length": "length", "context": "length", "eos": "stop", "stop": "stop", "cancelled": "cancelled",
+          "timeout": "length"}
+
+
+class QueueFull(SpecstackError):
+    """Every slot is busy and the wait queue is full: answer 429 with Retry-After."""
+
+
+@dataclass
+class Job:
+    """One request on its way through a role's engine."""
+
+    prompt_ids: list[int]
+    config: GenerationConfig
+    speculative: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    deadline: float | None = None
+    gen: Generation | None = None
+    sent: int = 0  # output tokens already reported
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class RoleWorker:
+    """Owns one role's models and engine on a dedicated thread."""
+
+    def __init__(self, role: Role, metrics: ServerMetrics, max_queue: int = 16) -> None:
+        self.role = role
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.target: LlamaModel | None = None
+        self.engine: Engine | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._jobs: list[Job] = []
+        self._lock = threading.Lock()
+        self._active = 0  # submitted and not finished (running or waiting)
+        self._drafters: dict[str, Drafter] = {}
+        self._policies: dict[str, DraftLengthPolicy] = {}
+        self._costs = None
+        self._thread = threading.Thread(target=self._run, name=f"specstack-{role.name}", daemon=True)
+
+    # -- called from the HTTP side ------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise ``QueueFull`` when every slot and queue place is taken."""
+        with self._lock:
+            if self._active >= self.role.parallel + self.max_queue:
+                raise QueueFull(f"role {self.role.name!r} is at capacity ({self.role.parallel} slots busy, "
+                                f"{self.max_queue} requests waiting); retry later")
+            self._active += 1
+        self._inbox.put(("submit", job))
+        self._wake.set()
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job between steps (the client went away)."""
+        self._inbox.put(("cancel", job))
+        self._wake.set()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    # -- the engine thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except Exception as exc:  # reported by /health and every request
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            self.ready.set()
+            return
+        self.ready.set()
+        while not self._stop.is_set() or self._jobs:
+            self._drain_inbox()
+            self._expire()
+            if self.engine.busy:
+                try:
+                    self.engine.step()
+                except Exception as exc:  # the engine cancelled its generations: fail their requests
+                    for job in list(self._jobs):
+                        self._fail(job, 500, f"generation failed: {exc}", "server_error")
+                self._report()
+            else:
+                self._wake.wait(0.2)
+                self._wake.clear()
+        if self.target is not None:
+            self.target.close()
+
+    def _load(self) -> None:
+        role = self.role
+        self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel),
+                                 role=f"target of role {role.name!r}")
+        ensure_shapes(self.target, role.exact)
+        default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
+        self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default))
+
+    def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
+        """One drafter instance per distinct setting (it serves every generation that uses it)."""
+        options = {k: v for k, v in spec.items() if k not in ("drafter", "k_policy", "k", "k_max")}
+        options.setdefault("draft_model", self.role.draft)
+        sampled = temperature > 0 and spec["drafter"] != "none"
+        key = json.dumps([spec["drafter"], sampled, sorted((k, str(v)) for k, v in options.items())])
+        drafter = self._drafters.get(key)
+        if drafter is None:
+            drafter = self._drafters[key] = create(spec["drafter"], BuildContext(self.target, options, 1.0 if sampled else 0.0))
+        return drafter
+
+    def _policy(self, spec: dict[str, Any]) -> DraftLengthPolicy:
+        key = json.dumps([spec["k_policy"], spec["k"], spec.get("k_max")])
+        policy = self._policies.get(key)
+        if policy is None:
+            costs = None
+            if spec["k_policy"] == "cost":
+                self._costs = self._costs or calibrate(self.target, n_max=(spec.get("k_max") or 16) + 1)
+                costs = self._costs
+            policy = self._policies[key] = make_policy(spec["k_policy"], spec["k"], costs=costs, k_max=spec.get("k_max"))
+        return policy
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                self._start(job)
+            elif job in self._jobs:
+                job.gen.cancel()
+                self._finish(job)
+
+    def _start(self, job: Job) -> None:
+        role = self.role
+        spec = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max, **job.speculative}
+        try:
+            drafter = self._drafter(spec, job.config.sampling.temperature)
+            policy = self._policy(spec).fork()
+            job.gen = self.engine.generate(job.prompt_ids, job.config, drafter=drafter, policy=policy)
+        except SpecstackError as exc:
+            self._fail(job, 400, str(exc), "invalid_request_error")
+            return
+        except Exception as exc:
+            self._fail(job, 500, f"could not start the generation: {exc}", "server_error")
+            return
+        self._jobs.append(job)
+        self.metrics.requests_started(role.name, len(job.prompt_ids))
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for job in list(self._jobs):
+            if job.deadline is not None and now > job.deadline:
+                job.gen.stats.stop_reason = "timeout"
+                job.gen.cancel()
+                self._fail(job, 504, f"the request took longer than its timeout; raise the server's --timeout "
+                                     "or ask for fewer tokens", "timeout")
+
+    def _report(self) -> None:
+        """Send each job what its generation produced in the last step."""
+        for job in list(self._jobs):
+            gen = job.gen
+            text = ""
+            while gen._ready:
+                text += gen._ready.popleft()
+            new = range(job.sent, len(gen.output_ids))
+            if text or len(new):
+                tokens = [[self.target.token_bytes(gen.output_ids[i]).decode("utf-8", "replace"), gen.origins[i]] for i in new]
+                job.sent = len(gen.output_ids)
+                job.emit({"type": "delta", "text": text, "tokens": tokens})
+            if gen.done:
+                self._finish(job)
+        self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
+
+    def _finish(self, job: Job) -> None:
+        gen = job.gen
+        self._jobs.remove(job)
+        self._release_capacity()
+        stats = gen.stats
+        self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled")
+        job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": stats.to_dict(),
+                  "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_tokens,
+                            "total_tokens": stats.n_prompt + stats.n_tokens}})
+
+    def _fail(self, job: Job, status: int, message: str, kind: str) -> None:
+        if job in self._jobs:
+            self._jobs.remove(job)
+            if not job.gen.done:
+                job.gen.cancel()
+        self._release_capacity()
+        self.metrics.requests_failed(self.role.name, kind)
+        job.emit({"type": "error", "status": status, "message": message, "kind": kind})
+
+    def _release_capacity(self) -> None:
+        with self._lock:
+            self._active -= 1
