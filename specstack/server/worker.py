@@ -129,6 +129,7 @@ class RoleWorker:
             else:
                 self._wake.wait(0.2)
                 self._wake.clear()
+            self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
         if self.target is not None:
             self.target.close()
 
@@ -213,7 +214,6 @@ class RoleWorker:
                 job.emit({"type": "delta", "text": text, "tokens": tokens})
             if gen.done:
                 self._finish(job)
-        self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
 
     def _finish(self, job: Job) -> None:
         gen = job.gen

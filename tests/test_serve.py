@@ -1,0 +1,235 @@
+"""`specstack serve` over real HTTP, driven by the official `openai` client (and raw httpx for the rest).
+
+The server runs in this process on a free loopback port (uvicorn in a thread),
+serving the bundled pair with two slots.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from specstack.drafters import BuildContext, create
+from specstack.engine import Engine, GenerationConfig
+from specstack.prompts import held_out_prompts
+from specstack.server.app import Limits, create_app
+from specstack.server.roles import Role, default_roles, load_roles
+
+KEY = "test-key"
+PROMPT = held_out_prompts(3)[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real uvicorn server in a thread."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health").status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become healthy")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    app = create_app(default_roles(parallel=2), Limits(max_tokens=512, max_body_bytes=64_000), api_key=KEY, max_queue=1)
+    with Server(app) as s:
+        s.app = app
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def plain_ids(target, prompt: str, n: int) -> list[int]:
+    engine = Engine(target, create("none", BuildContext(target)))
+    return engine.generate(prompt, GenerationConfig(max_tokens=n)).run().output_ids
+
+
+def test_completion_is_plain_decoding_and_reports_speculation(client, target):
+    r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=48, temperature=0)
+    assert r.choices[0].text == target.detokenize(plain_ids(target, PROMPT, 48))
+    assert r.usage.completion_tokens == 48 and r.choices[0].finish_reason == "length"
+    spec = r.model_extra["speculative"]
+    assert spec["n_accepted"] > 0 and spec["by_source"]["prompt-lookup"]["accepted"] == spec["n_accepted"]
+
+
+def test_per_request_speculation_changes_the_stats_not_the_text(client):
+    texts, drafted = [], []
+    for spec in ({"drafter": "none"}, {"drafter": "draft-model", "k_policy": "fixed", "k": 6},
+                 {"drafter": "cascade:suffix,prompt-lookup", "k_policy": "fixed", "k": 8}):
+        r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=40, temperature=0,
+                                      extra_body={"speculative": spec})
+        texts.append(r.choices[0].text)
+        drafted.append(r.model_extra["speculative"])
+    assert texts[0] == texts[1] == texts[2]
+    assert drafted[0]["n_drafted"] == 0
+    assert drafted[1]["by_source"]["draft-model"]["accepted"] > 0
+    assert drafted[2]["n_accepted"] > 0 and drafted[2]["drafter"].startswith("cascade")
+
+
+def test_streaming_with_usage_joins_to_the_same_text(client):
+    whole = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=32, temperature=0).choices[0].text
+    chunks = list(client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=32, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 32
+    assert all(c.usage is None for c in chunks[:-1])
+    tokens = [t for c in chunks for t in (c.model_extra.get("specstack") or {}).get("tokens", [])]
+    assert "".join(t for t, _ in tokens) == whole and {s for _, s in tokens} >= {"target", "prompt-lookup"}
+
+
+def test_chat_streaming_and_not(client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A stack class."}]
+    r = client.chat.completions.create(model="pycoder-6m", messages=messages, max_tokens=24, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens == 24
+    stream = client.chat.completions.create(model="pycoder-6m", messages=messages, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    parts = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in parts if c.choices) == r.choices[0].message.content
+    assert parts[-1].usage.total_tokens == r.usage.total_tokens
+
+
+def test_models_health_and_metrics(client, server):
+    assert [m.id for m in client.models.list()] == ["pycoder-6m"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # open without a key
+    text = httpx.get(server.url + "/metrics").text
+    assert 'specstack_spec_decode_num_accepted_tokens_total{role="pycoder-6m",source="prompt-lookup"}' in text
+    assert "specstack_spec_decode_num_accepted_tokens_per_pos_total" in text and "specstack_busy_slots" in text
+
+
+def test_errors_have_openai_bodies(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, extra_body={"speculative": {"drafter": "nope"}})
+    assert e.value.body["param"] == "speculative.drafter"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="pycoder-6m", prompt="x " * 2000, max_tokens=8)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=10_000)
+    assert e.value.body["param"] == "max_tokens"
+    # One role serves whatever model name a client sends (clients often hard-code one); with several
+    # roles an unknown name is a 404 (test_two_roles_pick_by_model).
+    assert client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4).model == "pycoder-6m"
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    bad = httpx.post(server.url + "/v1/completions", content=b"{not json", headers=headers)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    wrong = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "temperature": "hot"}, headers=headers)
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "temperature"
+    many = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "n": 2}, headers=headers)
+    assert many.status_code == 400 and many.json()["error"]["param"] == "n"
+    big = httpx.post(server.url + "/v1/completions", content=b" " * 70_000, headers=headers)
+    assert big.status_code == 413
+    assert httpx.get(server.url + "/nope").json()["error"]["type"] == "not_found_error"
+
+
+def test_api_key_is_enforced(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_full_queue_answers_429_with_retry_after(server, client):
+    """Two slots and one queue place: a fourth concurrent request is refused; the client retries it by itself."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    results: list[int] = []
+
+    def long_request() -> None:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 400, "temperature": 0},
+                       headers=headers, timeout=120)
+        results.append(r.status_code)
+
+    threads = [threading.Thread(target=long_request) for _ in range(3)]
+    for t in threads:
+        t.start()
+    worker = next(iter(server.app.state.workers.values()))
+    deadline = time.time() + 30
+    while worker.active < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    refused = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=headers)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    patient = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=30)
+    assert patient.completions.create(model="pycoder-6m", prompt="import os\n", max_tokens=2, temperature=0).usage.completion_tokens == 2
+    for t in threads:
+        t.join()
+    assert results == [200, 200, 200]
+
+
+def test_disconnect_mid_stream_frees_the_slot(server, client):
+    """Regression test for llama-server's repeated bug: a client that goes away must stop its generation."""
+    worker = next(iter(server.app.state.workers.values()))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and json.loads(line[5:])["choices"]:
+                break  # got a token: now hang up
+    deadline = time.time() + 10
+    while (worker.engine.running or worker.active) and time.time() < deadline:
+        time.sleep(0.02)
+    assert worker.engine.running == 0 and worker.active == 0
+    assert all(worker.target.seq_pos_max(s) < 300 for s in range(worker.target.n_slots))  # nothing ran on to 500 tokens
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'specstack_busy_slots{role="pycoder-6m"} 0.0' in metrics
+    assert 'status="cancelled"' in metrics
+    r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, temperature=0)  # the next request is served
+    assert r.usage.completion_tokens == 8
+
+
+def test_roles_file(tmp_path):
+    (tmp_path / "roles.toml").write_text(
+        '[roles.frontdoor]\ndrafter = "prompt-lookup"\nparallel = 2\n\n'
+        '[roles.coder]\ndrafter = "draft-model"\nk_policy = "fixed"\nk = 6\n'
+    )
+    roles = load_roles(tmp_path / "roles.toml")
+    assert [r.name for r in roles] == ["frontdoor", "coder"] and roles[1].k == 6
+    (tmp_path / "bad.toml").write_text('[roles.x]\nspeed = "fast"\n')
+    with pytest.raises(Exception, match="unknown keys speed"):
+        load_roles(tmp_path / "bad.toml")
+    with pytest.raises(Exception, match="k_policy"):
+        Role(name="x", k_policy="magic")
+
+
+def test_two_roles_pick_by_model(tmp_path):
+    roles = [Role(name="fast", drafter="prompt-lookup", parallel=1), Role(name="careful", drafter="none", parallel=1)]
+    with Server(create_app(roles)) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in c.models.list()] == ["fast", "careful"]
+        a = c.completions.create(model="fast", prompt=PROMPT, max_tokens=24, temperature=0)
+        b = c.completions.create(model="careful", prompt=PROMPT, max_tokens=24, temperature=0)
+        assert a.choices[0].text == b.choices[0].text
+        assert a.model_extra["speculative"]["n_accepted"] > 0 and b.model_extra["speculative"]["n_drafted"] == 0
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
