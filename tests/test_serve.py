@@ -233,3 +233,39 @@ def test_two_roles_pick_by_model(tmp_path):
         assert a.model_extra["speculative"]["n_accepted"] > 0 and b.model_extra["speculative"]["n_drafted"] == 0
         with pytest.raises(openai.NotFoundError):
             c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+
+
+def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
+    """A real `specstack serve` process: SIGTERM lets the running request finish, then the process exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specstack", "serve", "--port", str(port), "-np", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        result: dict = {}
+
+        def request() -> None:
+            r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0}, timeout=60)
+            result["status"], result["tokens"] = r.status_code, r.json()["usage"]["completion_tokens"]
+
+        t = threading.Thread(target=request)
+        t.start()
+        time.sleep(0.3)  # the request is decoding now
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        assert result == {"status": 200, "tokens": 200}
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from pathlib import Path
 
 from ..errors import InvalidParameterError
@@ -79,5 +81,8 @@ def run(args: argparse.Namespace) -> int:
                     timeout_s=args.timeout)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
     print(f"specstack serve: http://{args.host}:{args.port}/ roles: {', '.join(r.name for r in roles)}", flush=True)
+    # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler
+    # that was there before it started: make that a clean exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None)
     return 0
