@@ -17,16 +17,18 @@ NICE="${NICE:-10}"
 BIN_DIR="${CACHE_DIR}/bin"
 # llama-simple is plain generation without the chat machinery; llama-completion is the
 # non-interactive completion tool (this tree has no llama-cli).
-TARGETS=(llama-speculative-simple llama-speculative llama-lookup llama-simple llama-completion llama-bench)
+# llama-server is the serving peer of `specstack serve` (benchmarks/serve_load.py).
+TARGETS=(llama-speculative-simple llama-speculative llama-lookup llama-simple llama-completion llama-bench llama-server)
 
 log() { echo "build_llama_bins: $*" >&2; }
 
-# BIN_DIR/VERSION is written last and lists the version, then the binaries that were built.
+# BIN_DIR/VERSION is written last: the version, the targets asked for, then the binaries built.
 all_built() {
     [[ -f "${BIN_DIR}/VERSION" ]] || return 1
     [[ "$(head -n1 "${BIN_DIR}/VERSION")" == "${VERSION}" ]] || return 1
+    [[ "$(sed -n 2p "${BIN_DIR}/VERSION")" == "targets: ${TARGETS[*]}" ]] || return 1
     local t
-    for t in $(tail -n +2 "${BIN_DIR}/VERSION"); do
+    for t in $(tail -n +3 "${BIN_DIR}/VERSION"); do
         [[ -x "${BIN_DIR}/${t}" ]] || return 1
     done
 }
@@ -64,7 +66,7 @@ log "configuring ${LLAMA_DIR}"
 cmake -S "${LLAMA_DIR}" -B "${BUILD_DIR}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF >&2
+    -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF >&2
 
 # Build only the targets this tree defines (names change between llama.cpp versions).
 HELP="$(cmake --build "${BUILD_DIR}" --target help 2>/dev/null || true)"
@@ -85,6 +87,6 @@ mkdir -p "${BIN_DIR}"
 for t in "${AVAILABLE[@]}"; do
     cp -f "${BUILD_DIR}/bin/${t}" "${BIN_DIR}/${t}"
 done
-{ echo "${VERSION}"; printf '%s\n' "${AVAILABLE[@]}"; } >"${BIN_DIR}/VERSION"
+{ echo "${VERSION}"; echo "targets: ${TARGETS[*]}"; printf '%s\n' "${AVAILABLE[@]}"; } >"${BIN_DIR}/VERSION"
 log "done"
 echo "${BIN_DIR}"
