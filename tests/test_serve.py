@@ -269,3 +269,27 @@ def test_sigterm_drains_in_flight_requests_then_exits(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_role_that_cannot_load_is_reported_by_health(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    app = create_app([Role(name="broken", model=bad, parallel=1)])
+    s = Server(app)
+    s.thread.start()
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                r = httpx.get(s.url + "/health")
+                if "broken" in r.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert r.status_code == 503 and "could not load" in r.json()["error"]["message"]  # never healthy, and says why
+        c = httpx.post(s.url + "/v1/completions", json={"prompt": "x"})
+        assert c.status_code == 503 and "failed to load" in c.json()["error"]["message"]
+    finally:
+        s.server.should_exit = True
+        s.thread.join(30)
