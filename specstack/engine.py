@@ -154,6 +154,12 @@ class Generation:
     def cancel(self) -> None:
         self.engine.cancel(self)
 
+    def take_text(self) -> str:
+        """Text produced since the last call (for callers that drive ``engine.step()`` themselves)."""
+        text = "".join(self._ready)
+        self._ready.clear()
+        return text
+
     @property
     def text(self) -> str:
         return "".join(self._pieces)
@@ -176,6 +182,50 @@ class _Slot:
 
 
 @dataclass
+class _Saved:
+    tokens: list[int]
+    prefilled: int
+    data: bytes
+    used: float
+
+
+class PromptCache:
+    """Finished prompts' KV in host memory (llama.cpp's per-sequence state), least recently used first out.
+
+    Slots hold one cached prefix each; this keeps more of them (llama-server's
+    ``--cache-ram``), so a prompt that comes back after its slot was reused is
+    restored with a memory copy instead of a prefill.  A restored sequence has
+    exactly the cells it had, so output does not change (tested).
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.entries: list[_Saved] = []
+        self.bytes = 0
+        self.hits = 0
+
+    def put(self, tokens: Sequence[int], prefilled: int, data: bytes) -> None:
+        self.entries = [e for e in self.entries if e.tokens != list(tokens)]
+        self.entries.append(_Saved(list(tokens), prefilled, data, time.perf_counter()))
+        self.bytes = sum(len(e.data) for e in self.entries)
+        while self.bytes > self.budget and self.entries:
+            oldest = min(self.entries, key=lambda e: e.used)
+            self.entries.remove(oldest)
+            self.bytes -= len(oldest.data)
+
+    def best(self, score) -> tuple[_Saved | None, int]:
+        """The entry with the highest ``score(entry)`` (reusable tokens), and that score."""
+        best, top = None, 0
+        for e in self.entries:
+            m = score(e)
+            if m > top:
+                best, top = e, m
+        if best is not None:
+            best.used = time.perf_counter()
+        return best, top
+
+
+@dataclass
 class _Work:
     """One generation's part of a step."""
 
@@ -195,8 +245,10 @@ class Engine:
     generation drafts a fixed ``config.k``.
     """
 
-    def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None) -> None:
+    def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None,
+                 prompt_cache_bytes: int = 0) -> None:
         self.target = target
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.drafter = drafter
         self.policy = policy
         if not target.shapes.settled:
@@ -276,35 +328,50 @@ class Engine:
             if not free:
                 return
             gen = self._waiting[0]
-            slot = max(free, key=lambda s: (self._worth_reusing(s, gen.prompt_ids), -s.released))
+            slot = max(free, key=lambda s: (self._worth_reusing(s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
-                self._start(gen, slot, self._reusable(slot, gen.prompt_ids))
+                self._swap(slot, gen.prompt_ids)
+                self._start(gen, slot, self._reusable(slot.cached, slot.prefilled, gen.prompt_ids))
             except BaseException:
                 self.cancel(gen)
                 raise
 
-    def _worth_reusing(self, slot: _Slot, prompt: Sequence[int]) -> int:
-        """A slot's reusable prefix, or 0 when it is too short to be worth overwriting that slot's cache
+    def _swap(self, slot: _Slot, prompt: Sequence[int]) -> None:
+        """Host-memory prompt cache: keep what the slot holds before it is overwritten, and bring back
+        a saved prefix when one reuses more of ``prompt`` than the slot does."""
+        cache = self.prompt_cache
+        if cache is None:
+            return
+        here = self._reusable(slot.cached, slot.prefilled, prompt)
+        saved, there = cache.best(lambda e: self._worth_reusing(e.tokens, e.prefilled, prompt))
+        if here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
+            cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))
+        if saved is not None and there > here and self.target.load_seq(slot.seq, saved.data, len(saved.tokens)):
+            slot.cached, slot.prefilled = list(saved.tokens), saved.prefilled
+            cache.hits += 1
+
+    def _worth_reusing(self, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
+        """A cached prefix's reusable part, or 0 when it is too short to be worth overwriting a slot's cache
         (a shared BOS alone would otherwise send every request to the same slot)."""
-        m = self._reusable(slot, prompt)
+        m = self._reusable(cached, prefilled, prompt)
         return m if m >= min(MIN_REUSE, len(prompt) - 1) else 0
 
-    def _reusable(self, slot: _Slot, prompt: Sequence[int]) -> int:
-        """How much of ``slot``'s cached KV a cold prefill of ``prompt`` would compute identically.
+    def _reusable(self, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
+        """How much of a cached KV (``cached`` tokens) a cold prefill of ``prompt`` would compute identically.
 
         Where prefill calls and decode steps compute KV alike (measured:
         ``shapes.prefill_exact``), the whole common prefix.  Otherwise only
         tokens the earlier prompt's prefill computed, up to a prefill chunk
         edge, so the rest is prefilled in the very calls a cold run makes.
         """
-        limit = min(len(slot.cached), len(prompt) - 1)
+        limit = min(len(cached), len(prompt) - 1)
         m = 0
-        while m < limit and slot.cached[m] == prompt[m]:
+        while m < limit and cached[m] == prompt[m]:
             m += 1
         if not self.target.shapes.prefill_exact:
             chunk = self.target.config.prefill_chunk
-            m = min(m, slot.prefilled)
+            m = min(m, prefilled)
             m -= m % chunk
         return m
 

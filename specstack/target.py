@@ -396,6 +396,25 @@ class LlamaModel:
             raise UnsupportedModelError(f"llama.cpp refused to remove KV entries after position {n_keep} for {self.path.name}")
         self.seq_len[seq] = n_keep
 
+    def save_seq(self, seq: int) -> bytes:
+        """A copy of one sequence's KV cache (llama.cpp's per-sequence state), for a host-memory prompt cache."""
+        lc = self._lc
+        size = int(lc.llama_state_seq_get_size(self._ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        n = int(lc.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        return bytes(buf[:n])
+
+    def load_seq(self, seq: int, data: bytes, n_tokens: int) -> bool:
+        """Replace ``seq``'s KV with a saved copy of ``n_tokens`` positions; False if llama.cpp refuses it."""
+        lc = self._lc
+        self.reset(seq)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
+            self.reset(seq)
+            return False
+        self.seq_len[seq] = n_tokens
+        return True
+
     def seq_pos_max(self, seq: int = 0) -> int:
         """The last position llama.cpp holds for ``seq`` (-1 when empty): checks that cells were freed."""
         return int(self._lc.llama_memory_seq_pos_max(self._mem, seq))

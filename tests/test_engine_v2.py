@@ -225,3 +225,16 @@ def test_standins_are_lossless_at_k16_with_drafts_accepted_beyond_8(standin):
         assert gen.output_ids == want, ftype
         deep += sum(gen.stats.accepted_at[8:])
     assert deep > 0  # verification batches past 8 rows were accepted (split where the shapes require)
+
+
+def test_host_prompt_cache_restores_a_prefix_exactly(target):
+    """One slot: prompt A, then B (A's KV goes to host memory), then A again (restored, not prefilled)."""
+    engine = Engine(target, create("prompt-lookup", BuildContext(target)), prompt_cache_bytes=64 << 20)
+    a = PROMPTS[0] + "\n"
+    first = engine.generate(a, GenerationConfig(max_tokens=24)).run()
+    engine.generate(PROMPTS[1], GenerationConfig(max_tokens=24)).run()
+    assert len(engine.prompt_cache.entries) == 1
+    again = engine.generate(a, GenerationConfig(max_tokens=24)).run()
+    assert engine.prompt_cache.hits == 1
+    assert again.stats.n_reused == len(target.tokenize(a)) - 1
+    assert again.output_ids == first.output_ids == plain(target, a, 24)

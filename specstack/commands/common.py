@@ -31,6 +31,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "call differs, as on some Q4_K_M models), so greedy speculative output is identical to plain output. "
                    "off: never pad or split: faster plain steps on such models, but speculative output may then differ from "
                    "plain decoding at near-ties (see README, Exactness)")
+    g.add_argument("--experts", type=int, default=None,
+                   help="LOSSY: run an MoE target with this many active experts (llama.cpp's expert_used_count "
+                   "override). Faster, but the output is no longer the model's; it is labelled lossy everywhere. "
+                   "For a lossless speed-up use --drafter moe-self")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -59,6 +63,8 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
                    help="suffix/rest: draft token trees and verify all branches in one batch (greedy only; "
                    "with sampling the best branch is verified)")
     g.add_argument("--tree-branches", type=int, default=8, help="most branches a tree draft may have (default 8)")
+    g.add_argument("--draft-experts", dest="draft_experts", type=int, default=None,
+                   help="moe-self: active experts in the self-draft (default 1); output stays the full model's")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -80,10 +86,37 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
     # A one-slot target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
     # unified KV cache gave bit-identical chain logits, so plain decoding is unaffected.
     branches = max(1, getattr(args, "tree_branches", 8))
+    overrides: tuple[tuple[str, int], ...] = ()
+    if getattr(args, "experts", None) is not None:
+        from ..drafters.moe_self import expert_override
+
+        overrides = (expert_override(args.model, args.experts, "--experts"),)
     target = LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                    n_seq_max=branches, n_slots=slots), role="target")
+                                    n_seq_max=branches, n_slots=slots, kv_overrides=overrides), role="target")
     ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
     return target
+
+
+def experts(args: argparse.Namespace) -> dict[str, Any] | None:
+    """An MoE target's experts: how many it has, uses by default, and runs with; ``lossy`` if fewer.
+
+    None for a dense target.  Every output of a reduced-expert run carries this label.
+    """
+    from ..gguf_meta import read_gguf
+
+    meta = read_gguf(args.model, tensors=False)
+    if not meta.expert_count:
+        return None
+    used = meta.expert_used_count
+    running = getattr(args, "experts", None) or used
+    return {"count": meta.expert_count, "model_used": used, "used": running, "lossy": running != used}
+
+
+def lossy_label(info: dict[str, Any] | None) -> str | None:
+    if not info or not info["lossy"]:
+        return None
+    return (f"LOSSY: the target runs {info['used']} of {info['count']} experts (the model uses {info['model_used']}); "
+            "output is not the model's own")
 
 
 def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
@@ -111,6 +144,7 @@ def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
         "datastore": getattr(args, "datastore", None),
         "cascade_min_len": getattr(args, "cascade_min_len", None),
         "tree": getattr(args, "tree", None),
+        "draft_experts": getattr(args, "draft_experts", None),
     }
 
 

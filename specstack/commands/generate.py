@@ -11,7 +11,17 @@ from ..engine import Engine, GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..target import BatchShapes
-from .common import add_drafter_args, add_model_args, add_sampling_args, build_drafter, build_policy, load_target, sampling_from_args
+from .common import (
+    add_drafter_args,
+    add_model_args,
+    add_sampling_args,
+    build_drafter,
+    build_policy,
+    experts,
+    load_target,
+    lossy_label,
+    sampling_from_args,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,18 +70,24 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
     target = load_target(args)
+    moe = experts(args)
+    if lossy_label(moe):
+        print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)
     engine = Engine(target, build_drafter(args.drafter, target, args), build_policy(args, target))
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
-        out = {"text": gen.text, **gen.stats.to_dict(), "exact_shapes": exactness(target.shapes)}
+        out = {"text": gen.text, **gen.stats.to_dict(), "exact_shapes": exactness(target.shapes),
+               "lossy": bool(moe and moe["lossy"])}
+        if moe:
+            out["experts"] = moe
         print(json.dumps(out))
         return 0
     for piece in gen:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    print(format_stats(gen.stats, target.shapes), file=sys.stderr)
+    print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
     return 0
 
 
@@ -88,7 +104,7 @@ def describe_shapes(shapes: BatchShapes) -> str:
     return f"on: {pad}; calls of {top}"
 
 
-def format_stats(s: GenerationStats, shapes: BatchShapes | None = None) -> str:
+def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dict | None = None) -> str:
     t = s.to_dict()["time_s"]
     by_pos = " ".join(f"{x:.2f}" for x in s.acceptance_by_position[:16]) or "-"
     rows = [
@@ -102,5 +118,7 @@ def format_stats(s: GenerationStats, shapes: BatchShapes | None = None) -> str:
     ]
     if shapes is not None:
         rows.append(("exact shapes", describe_shapes(shapes)))
+    if moe is not None:
+        rows.append(("experts", lossy_label(moe) or f"{moe['used']} of {moe['count']} active (the model's own setting)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(["-" * 60] + [f"{k:<{width}}  {v}" for k, v in rows])

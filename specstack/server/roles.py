@@ -52,6 +52,7 @@ class Role:
     ctx: int = 0  # per slot; 0 = the model's trained context
     parallel: int = 4  # slots: generations decoded together
     exact: bool = True
+    cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
     profile: Path | None = None
     category: str | None = None
 

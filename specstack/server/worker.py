@@ -139,7 +139,8 @@ class RoleWorker:
                                  role=f"target of role {role.name!r}")
         ensure_shapes(self.target, role.exact)
         default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
-        self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default))
+        self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default),
+                             prompt_cache_bytes=role.cache_mb << 20)
 
     def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
         """One drafter instance per distinct setting (it serves every generation that uses it)."""
@@ -204,9 +205,7 @@ class RoleWorker:
         """Send each job what its generation produced in the last step."""
         for job in list(self._jobs):
             gen = job.gen
-            text = ""
-            while gen._ready:
-                text += gen._ready.popleft()
+            text = gen.take_text()
             new = range(job.sent, len(gen.output_ids))
             if text or len(new):
                 tokens = [[self.target.token_bytes(gen.output_ids[i]).decode("utf-8", "replace"), gen.origins[i]] for i in new]
