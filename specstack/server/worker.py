@@ -198,7 +198,7 @@ class RoleWorker:
             if job.deadline is not None and now > job.deadline:
                 job.gen.stats.stop_reason = "timeout"
                 job.gen.cancel()
-                self._fail(job, 504, f"the request took longer than its timeout; raise the server's --timeout "
+                self._fail(job, 504, "the request took longer than its timeout; raise the server's --timeout "
                                      "or ask for fewer tokens", "timeout")
 
     def _report(self) -> None:
