@@ -32,14 +32,19 @@ def _table(settings: dict[str, Any]) -> list[str]:
     return out
 
 
+def read_toml(path: Path, what: str, fix: str) -> dict[str, Any]:
+    """A TOML file's tables; a missing or malformed file is an error that names it and ``fix``."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read {what} {path}: {exc.strerror}; {fix}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidParameterError(f"{what} {path} is not valid TOML ({exc}); {fix}") from None
+
+
 def load_profile(path: Path, category: str | None = None) -> dict[str, Any]:
     """Settings for ``category`` (falling back to [default]) from a profile file."""
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidParameterError(f"cannot read profile {path}: {exc.strerror}; write one with `specstack tune -o {path}`") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidParameterError(f"profile {path} is not valid TOML ({exc}); rewrite it with `specstack tune`") from None
+    data = read_toml(path, "profile", f"write one with `specstack tune -o {path}`")
     settings = dict(data.get("default", {}))
     if category is not None:
         cats = data.get("category", {})

@@ -26,7 +26,6 @@ Relative paths are relative to the roles file.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from typing import Any
 from ..draft_length import POLICIES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
-from ..profile import load_profile
+from ..profile import load_profile, read_toml
 
 
 @dataclass(frozen=True)
@@ -74,12 +73,7 @@ def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
 
 def load_roles(path: Path) -> list[Role]:
     """Roles from a TOML file; errors name the role, the key and the fix."""
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidParameterError(f"cannot read roles file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidParameterError(f"roles file {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "roles file", "see `specstack serve --help` for the format")
     tables = data.get("roles")
     if not isinstance(tables, dict) or not tables:
         raise InvalidParameterError(f"roles file {path} has no [roles.NAME] tables; see `specstack serve --help`")
