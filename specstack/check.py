@@ -33,8 +33,9 @@ from .gguf_meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
 
 IDENTICAL = "identical"
 COMPATIBLE = "compatible"
+TRANSLATABLE = "translatable"  # ids mean different text, but drafts can be translated through text
 INCOMPATIBLE = "incompatible"
-EXIT_CODES = {IDENTICAL: 0, COMPATIBLE: 1, INCOMPATIBLE: 2}
+EXIT_CODES = {IDENTICAL: 0, COMPATIBLE: 1, INCOMPATIBLE: 2, TRANSLATABLE: 3}
 
 N_EXAMPLES = 5
 SPECIAL_NAMES = ("bos", "eos", "eot", "pad", "add_bos", "add_eos")
@@ -298,15 +299,66 @@ def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
     if rep.option_differences:
         soft.append("tokenizer options differ: " + ", ".join(rep.option_differences))
 
-    if fatal:
+    if fatal and tt and dt:
+        rep.verdict = TRANSLATABLE
+        rep.reasons = fatal + soft
+        overlap = vocabulary_overlap(target, draft)
+        rep.scores["text_overlap"] = round(overlap, 4)
+        rep.notes = [f"draft token ids mean different text to the target, so drafts are translated: draft tokens -> "
+                     f"text -> the target's tokens, verified by exact match (lossless). {overlap:.1%} of the "
+                     "target's tokens have a draft token with the same text"]
+    elif fatal:
         rep.verdict = INCOMPATIBLE
         rep.reasons = fatal + soft
-        rep.notes = ["draft token ids would mean different text to the target; use a draft with "
-                     "the target's tokenizer, or a drafter that translates through text"]
+        rep.notes = ["a model without a vocabulary cannot draft or be drafted for"]
     elif soft:
         rep.verdict = COMPATIBLE
         rep.reasons = soft
     return rep
+
+
+def token_text_bytes(info: GGUFInfo) -> list[bytes | None]:
+    """Each token's text as raw bytes (None for control tokens): GPT-2 byte-level and SentencePiece pieces."""
+    types = info.token_types
+    if info.tokenizer_model == "gpt2":
+        table = _gpt2_unicode_to_byte()
+        out = []
+        for i, t in enumerate(info.tokens):
+            if types is not None and int(types[i]) in _NEVER_FROM_TEXT:
+                out.append(None)
+                continue
+            out.append(bytes(table[c] for c in t) if all(c in table for c in t) else t.encode())
+        return out
+    out = []
+    for i, t in enumerate(info.tokens):
+        kind = int(types[i]) if types is not None else _TOKT_NORMAL
+        if kind in _NEVER_FROM_TEXT:
+            out.append(None)
+        elif kind == 6 and t.startswith("<0x") and t.endswith(">"):  # byte fallback
+            out.append(bytes([int(t[3:-1], 16)]))
+        else:
+            out.append(t.replace("\u2581", " ").encode())
+    return out
+
+
+def _gpt2_unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: printable stand-in characters back to bytes."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def vocabulary_overlap(target: GGUFInfo, draft: GGUFInfo) -> float:
+    """Share of the target's text tokens that some draft token spells the same (translation quality)."""
+    have = {b for b in token_text_bytes(draft) if b}
+    want = [b for b in token_text_bytes(target) if b]
+    return sum(b in have for b in want) / len(want) if want else 0.0
 
 
 def check_pair(target_path: str | Path, draft_path: str | Path) -> CompatReport:

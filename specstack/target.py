@@ -637,9 +637,9 @@ class LlamaModel:
 
     # -- vocabulary --------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        """Text to token ids; ``add_special`` adds BOS when the model asks for it."""
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, add_special: bool = True) -> list[int]:
+        """Text (or raw UTF-8 bytes) to token ids; ``add_special`` adds BOS when the model asks for it."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         cap = len(data) + 8
         buf = (ctypes.c_int32 * cap)()
         n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, False)

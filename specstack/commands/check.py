@@ -11,8 +11,9 @@ _VERDICT_LINE = {
     "identical": "identical: the vocabularies are the same; DRAFT can draft for TARGET",
     "compatible": "compatible: every shared id means the same text; DRAFT can draft for TARGET "
                   "(see the notes)",
-    "incompatible": "incompatible: token ids mean different things; DRAFT cannot draft for TARGET "
-                    "by id",
+    "translatable": "translatable: token ids mean different text; DRAFT drafts for TARGET through text "
+                    "(draft tokens -> text -> target tokens, verified by exact match: lossless)",
+    "incompatible": "incompatible: a side has no vocabulary; DRAFT cannot draft for TARGET",
 }
 
 
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
         "check",
         help="vocabulary compatibility verdict for a target/draft pair",
         description="Compare the vocabularies of a target and a draft GGUF (metadata only, no "
-        "weights are loaded). Exit status: 0 identical, 1 compatible, 2 incompatible (or error).",
+        "weights are loaded). Exit status: 0 identical, 1 compatible, 3 translatable (different vocabularies: drafts are translated through text), 2 incompatible (or error).",
     )
     p.add_argument("target", nargs="?", default=str(DEFAULT_TARGET),
                    help="target model GGUF (default: bundled pycoder-6m)")

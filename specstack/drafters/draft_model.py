@@ -26,12 +26,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..target import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import BuildContext, DraftRequest, config_from_options, register
+from .base import BuildContext, Drafter, DraftRequest, config_from_options, register
 
 
 @dataclass(frozen=True)
@@ -174,11 +174,14 @@ class _Draft:
     qs: list[np.ndarray] = field(default_factory=list)
 
 
-def _load_checked(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
-    """Refuse a draft whose vocabulary differs from the target's, before loading any weights."""
-    from ..check import require_draftable
+def _load_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
+    """The draft GGUF on its own context: one sequence per target slot, in one shared cache."""
+    from ..gguf_meta import read_gguf
+    from ..errors import ModelLoadError
 
-    require_draftable(ctx.target.path, config.draft_model)
+    if read_gguf(config.draft_model).tensor_count == 0:
+        raise ModelLoadError(f"{config.draft_model} is a vocabulary-only GGUF (no weights): it can be compared with "
+                             "`specstack check` but cannot draft; pass a model with weights to -md")
     return LlamaModel(
         ModelConfig(
             path=Path(config.draft_model),
@@ -194,6 +197,18 @@ def _load_checked(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
 
 
 @register("draft-model")
-def _build(ctx: BuildContext) -> DraftModelDrafter:
+def _build(ctx: BuildContext) -> Drafter:
+    """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""
+    from ..check import TRANSLATABLE, require_draftable
+
     config = config_from_options(DraftModelConfig, ctx.options)
-    return DraftModelDrafter(_load_checked(ctx, config), ctx.temperature, config, target_vocab=ctx.target.n_vocab)
+    report = require_draftable(ctx.target.path, config.draft_model)
+    if report.verdict != TRANSLATABLE:
+        return DraftModelDrafter(_load_draft(ctx, config), ctx.temperature, config, target_vocab=ctx.target.n_vocab)
+    from .translate import TranslatingDrafter
+
+    if not isinstance(ctx.target, LlamaModel):
+        raise VocabMismatchError(f"{config.draft_model} has another vocabulary than the target; translating its "
+                                 "drafts needs the target's tokenizer, so a loaded target (not a replay)")
+    draft = _load_draft(ctx, config)
+    return TranslatingDrafter(DraftModelDrafter(draft, ctx.temperature, config), ctx.target, draft)

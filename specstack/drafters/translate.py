@@ -1,0 +1,111 @@
+"""Drafting with a model from another tokenizer: draft tokens -> text -> the target's tokens.
+
+As in Hugging Face's universal assisted generation.  The draft model keeps
+its own token context, the committed text tokenized with *its* tokenizer
+(with its own BOS), kept in step incrementally: on new text the last two
+draft tokens are taken back and the tail is tokenized again, so merges at
+the boundary come out as a whole tokenization would make them.  Its draft
+is turned into text and tokenized with the target's tokenizer together with
+the last committed target tokens; only whole tokens after an unchanged
+boundary are kept, and the last one is dropped (more text could still
+merge into it).  Verification is an exact match against the target's own
+tokens, so greedy output stays the target's.  With sampling the translated
+draft is verified as a point mass, which is lossless for any deterministic
+proposal.
+
+Example: committed text ``"def f"``, draft (SentencePiece) ``["(x", "):"]``:
+text ``"(x):"``; target-tokenized with the tail ``" f"`` as ``[" f", "(", "x", "):"]``;
+the boundary ``" f"`` is unchanged, ``"):"`` is dropped as possibly
+incomplete, so the draft is ``["(", "x"]`` in target ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from ..target import LlamaModel
+from ..types import Draft
+from .base import DraftRequest
+from .draft_model import DraftModelDrafter
+
+BACKOFF = 2  # draft tokens re-tokenized at the boundary when new text arrives
+TAIL = 3  # committed target tokens tokenized again with the draft's text, to check the boundary
+
+
+@dataclass
+class _Text:
+    """One generation's committed text and its tokenization in the draft's vocabulary."""
+
+    n_target: int = 0  # committed target tokens turned into text so far
+    data: bytearray = field(default_factory=bytearray)
+    dtoks: list[int] = field(default_factory=list)  # draft tokens (BOS first if the draft wants one)
+    covered: int = 0  # bytes of ``data`` the draft tokens spell
+
+
+class TranslatingDrafter:
+    """Wraps a draft model whose vocabulary differs from the target's."""
+
+    def __init__(self, inner: DraftModelDrafter, target: LlamaModel, draft: LlamaModel) -> None:
+        self.inner, self.target, self.draft = inner, target, draft
+        self.name = inner.name
+        self._texts: dict[int, _Text] = {}
+        self._bos = [draft.bos_id] if draft.add_bos and draft.bos_id >= 0 else []
+
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+        self._texts[seq] = _Text(dtoks=list(self._bos))
+        self.inner.begin(prompt_ids, seq)
+
+    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+        pass  # the next propose() catches up from the context
+
+    def end(self, seq: int = 0) -> None:
+        self._texts.pop(seq, None)
+        self.inner.end(seq)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        asks = []
+        for r in requests:
+            dctx = self._draft_context(r.seq, r.context)
+            # Draft tokens are shorter than target tokens about as often as longer: ask for one more,
+            # the one the translation drops at the end.
+            asks.append(DraftRequest(r.seq, dctx, replace(r.budget, max_tokens=r.budget.max_tokens + 1 if r.budget.max_tokens else 0,
+                                                          tree=False)))
+        drafts = self.inner.propose(asks)
+        return [self._translate(r.context, d, r.budget.max_tokens) for r, d in zip(requests, drafts)]
+
+    def _draft_context(self, seq: int, context: Sequence[int]) -> list[int]:
+        """The committed text, tokenized for the draft, updated from the last call."""
+        st = self._texts.setdefault(seq, _Text(dtoks=list(self._bos)))
+        if len(context) < st.n_target:  # not a continuation (should not happen): start over
+            st.__init__(dtoks=list(self._bos))  # type: ignore[misc]
+        for t in context[st.n_target :]:
+            st.data += self.target.token_bytes(int(t))
+        st.n_target = len(context)
+        back = 0
+        while len(st.dtoks) > len(self._bos) and back < BACKOFF:
+            st.covered -= len(self.draft.token_bytes(st.dtoks.pop()))
+            back += 1
+        tail = bytes(st.data[st.covered :])
+        if tail:
+            st.dtoks.extend(self.draft.tokenize(tail, add_special=False))
+            st.covered = len(st.data)
+        return st.dtoks
+
+    def _translate(self, context: Sequence[int], draft: Draft, budget: int) -> Draft:
+        return Draft(tuple(translate(self.target, self.draft, context, draft.token_ids, budget)), self.name)
+
+
+def translate(target: LlamaModel, draft: LlamaModel, context: Sequence[int], draft_ids: Sequence[int], budget: int) -> list[int]:
+    """Target token ids for the text of ``draft_ids`` following ``context`` (whole, stable tokens only)."""
+    if not draft_ids or budget <= 0:
+        return []
+    text = b"".join(draft.token_bytes(int(t)) for t in draft_ids)
+    tail = [int(t) for t in context[-TAIL:]]
+    head = b"".join(target.token_bytes(t) for t in tail)
+    ids = target.tokenize(head + text, add_special=False)
+    if ids[: len(tail)] == tail:
+        ids = ids[len(tail) :]
+    else:  # the draft's text merges into the last committed token: translate it on its own
+        ids = target.tokenize(text, add_special=False)
+    return ids[: max(0, len(ids) - 1)][:budget]

@@ -1,0 +1,68 @@
+"""Drafting across tokenizers: pycoder-6m (byte-level BPE) with pycoder-1m-spm (SentencePiece)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specstack.draft_length import FixedK
+from specstack.drafters import BuildContext, create
+from specstack.drafters.translate import TranslatingDrafter, translate
+from specstack.engine import Engine, GenerationConfig
+from specstack.paths import MODELS_DIR
+from specstack.prompts import held_out_prompts
+from specstack.sampling import SamplingParams
+from specstack.target import LlamaModel, ModelConfig
+
+SPM = MODELS_DIR / "pycoder-1m-spm.gguf"
+
+
+@pytest.fixture(scope="module")
+def spm():
+    model = LlamaModel(ModelConfig(SPM, min_batch=1, exact=False), role="draft")
+    yield model
+    model.close()
+
+
+def test_a_draft_with_another_vocabulary_is_translated_and_lossless(target):
+    drafter = create("draft-model", BuildContext(target, options={"draft_model": SPM}))
+    assert isinstance(drafter, TranslatingDrafter)
+    plain = Engine(target, create("none", BuildContext(target)))
+    spec = Engine(target, drafter, FixedK(4))
+    for p in held_out_prompts(5):
+        want = plain.generate(p, GenerationConfig(max_tokens=80)).run().output_ids
+        gen = spec.generate(p, GenerationConfig(max_tokens=80)).run()
+        assert gen.output_ids == want
+        assert gen.stats.n_accepted > 0, p[:40]
+
+
+def test_translated_drafts_with_sampling_run_and_reproduce_under_a_seed(target):
+    sampling = SamplingParams(temperature=0.8, seed=7)
+    runs = []
+    for _ in range(2):
+        drafter = create("draft-model", BuildContext(target, options={"draft_model": SPM, "seed": 7}, temperature=0.8))
+        gen = Engine(target, drafter, FixedK(4)).generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=48, sampling=sampling)).run()
+        runs.append(gen.output_ids)
+        assert gen.stats.n_drafted > 0
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("text", [
+    "    return self._data\n",      # leading spaces and indentation
+    " café → naïve",                 # multi-byte UTF-8
+    "x = '日本語' + \"😀\"\n",         # characters the SentencePiece vocabulary spells with byte-fallback pieces
+    "def f(x):\n\treturn x",         # a tab
+])
+def test_translation_keeps_only_whole_stable_target_tokens(target, spm, text):
+    context = target.tokenize("import os\n")
+    draft_ids = spm.tokenize(text, add_special=False)
+    got = translate(target, spm, context, draft_ids, budget=64)
+    want = target.tokenize(text.encode(), add_special=False)
+    assert got == want[:-1]  # all but the last, which more text could still change
+    assert b"".join(target.token_bytes(t) for t in got) == text.encode()[: len(b"".join(target.token_bytes(t) for t in got))]
+
+
+def test_translation_respects_the_budget_and_an_unstable_boundary(target, spm):
+    context = target.tokenize("fib")
+    ids = translate(target, spm, context, spm.tokenize("onacci(n - 1)", add_special=False), budget=2)
+    assert len(ids) <= 2
+    assert translate(target, spm, context, [], budget=4) == []
