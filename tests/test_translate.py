@@ -66,3 +66,29 @@ def test_translation_respects_the_budget_and_an_unstable_boundary(target, spm):
     ids = translate(target, spm, context, spm.tokenize("onacci(n - 1)", add_special=False), budget=2)
     assert len(ids) <= 2
     assert translate(target, spm, context, [], budget=4) == []
+
+
+def test_tli_sampler_follows_the_target_distribution(target):
+    """Token-level intersection: the draft samples shared tokens only, q over the target's ids; the first
+    sampled token must still follow p (the same check as test_equivalence's, with a cross-tokenizer draft)."""
+    import numpy as np
+
+    from specstack.sampling import target_probs
+
+    sampling = dict(temperature=1.0, top_k=6)
+    ids = target.tokenize(held_out_prompts(4)[3])[:40]
+    target.reset()
+    p = target_probs(target.eval(ids, logits_from=len(ids) - 1).copy(), SamplingParams(**sampling))[0]
+    target.reset()
+    drafter = create("draft-model", BuildContext(target, options={"draft_model": SPM, "seed": 0}, temperature=1.0))
+    assert drafter.to_target is not None and drafter.overlap > 0.5  # TLI is on for this pair
+    engine = Engine(target, drafter)
+    counts = np.zeros_like(p)
+    n, drafted, accepted = 500, 0, 0
+    for seed in range(n):
+        gen = engine.generate(ids, GenerationConfig(max_tokens=3, k=2, sampling=SamplingParams(**sampling, seed=seed))).run()
+        counts[gen.output_ids[0]] += 1
+        drafted += gen.stats.n_drafted
+        accepted += gen.stats.n_accepted
+    assert drafted > 0 and accepted > 0
+    assert 0.5 * np.abs(counts / n - p).sum() < 0.1

@@ -81,6 +81,18 @@ class DraftModelDrafter:
         self._sampled = temperature > 0.0 and self.temperature > 0.0
         self._rng = np.random.default_rng(None if config.seed is None else config.seed + 1)
         self._seqs: dict[int, _Seq] = {}
+        self._tli: tuple[np.ndarray, np.ndarray, int] | None = None  # see restrict_to()
+
+    def restrict_to(self, draft_to_target: np.ndarray, target_vocab: int) -> None:
+        """Token-level intersection (TLI, Timor et al. 2025) for a draft with another vocabulary.
+
+        Sampled drafts come only from draft tokens whose text is one target
+        token (``draft_to_target[d] >= 0``), from q renormalised over them, and
+        q is returned over the *target's* vocabulary, so standard rejection
+        sampling against the target stays exact.
+        """
+        allowed = np.flatnonzero(draft_to_target >= 0)
+        self._tli = (allowed, draft_to_target[allowed], target_vocab)
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         self.model.reset(seq)
@@ -161,6 +173,14 @@ class DraftModelDrafter:
             conf = float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum())
             return tok, conf, None
         q = softmax(logits[None, :], self.temperature)[0]
+        if self._tli is not None:
+            allowed, to_target, target_vocab = self._tli
+            q_in = q[allowed]
+            q_in = q_in / q_in.sum()
+            i = sample(q_in, self._rng)
+            qt = np.zeros(target_vocab, dtype=np.float64)
+            np.add.at(qt, to_target, q_in)
+            return int(allowed[i]), float(q_in[i]), qt
         if q.shape[0] < self.n_vocab:  # a smaller draft vocabulary: the target's extra ids get q = 0
             q = np.pad(q, (0, self.n_vocab - q.shape[0]))
         tok = sample(q, self._rng)

@@ -9,9 +9,12 @@ is turned into text and tokenized with the target's tokenizer together with
 the last committed target tokens; only whole tokens after an unchanged
 boundary are kept, and the last one is dropped (more text could still
 merge into it).  Verification is an exact match against the target's own
-tokens, so greedy output stays the target's.  With sampling the translated
-draft is verified as a point mass, which is lossless for any deterministic
-proposal.
+tokens, so greedy output stays the target's.  With sampling, where enough
+of the vocabularies overlap (``TLI_MIN_OVERLAP``), the draft samples only
+tokens that exist in both vocabularies with the same text (token-level
+intersection, Timor et al. 2025) and hands rejection sampling its
+renormalised distribution over the target's ids; otherwise the translated
+text is verified as a point mass.  Both are lossless.
 
 Example: committed text ``"def f"``, draft (SentencePiece) ``["(x", "):"]``:
 text ``"(x):"``; target-tokenized with the tail ``" f"`` as ``[" f", "(", "x", "):"]``;
@@ -24,12 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
+
 from ..target import LlamaModel
 from ..types import Draft
 from .base import DraftRequest
 from .draft_model import DraftModelDrafter
 
 BACKOFF = 2  # draft tokens re-tokenized at the boundary when new text arrives
+TLI_MIN_OVERLAP = 0.5  # share of draft tokens with a same-text target token needed for TLI sampling
 TAIL = 3  # committed target tokens tokenized again with the draft's text, to check the boundary
 
 
@@ -51,6 +57,13 @@ class TranslatingDrafter:
         self.name = inner.name
         self._texts: dict[int, _Text] = {}
         self._bos = [draft.bos_id] if draft.add_bos and draft.bos_id >= 0 else []
+        self.to_target: np.ndarray | None = None  # draft id -> target id with the same text (TLI), -1 if none
+        if inner._sampled:
+            to_target = intersection(target, draft)
+            self.overlap = float((to_target >= 0).mean())
+            if self.overlap >= TLI_MIN_OVERLAP:
+                self.to_target = to_target
+                inner.restrict_to(to_target, target.n_vocab)
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         self._texts[seq] = _Text(dtoks=list(self._bos))
@@ -72,6 +85,9 @@ class TranslatingDrafter:
             asks.append(DraftRequest(r.seq, dctx, replace(r.budget, max_tokens=r.budget.max_tokens + 1 if r.budget.max_tokens else 0,
                                                           tree=False)))
         drafts = self.inner.propose(asks)
+        if self.to_target is not None:  # TLI: every draft token is one target token, q is over the target's ids
+            return [Draft(tuple(int(self.to_target[t]) for t in d.token_ids[: r.budget.max_tokens]), self.name,
+                          None if d.q is None else d.q[: r.budget.max_tokens]) for r, d in zip(requests, drafts)]
         return [self._translate(r.context, d, r.budget.max_tokens) for r, d in zip(requests, drafts)]
 
     def _draft_context(self, seq: int, context: Sequence[int]) -> list[int]:
@@ -94,6 +110,17 @@ class TranslatingDrafter:
 
     def _translate(self, context: Sequence[int], draft: Draft, budget: int) -> Draft:
         return Draft(tuple(translate(self.target, self.draft, context, draft.token_ids, budget)), self.name)
+
+
+def intersection(target: LlamaModel, draft: LlamaModel) -> np.ndarray:
+    """Draft id -> the target id whose text is byte for byte the same, or -1 (control tokens never match)."""
+    by_text: dict[bytes, int] = {}
+    for t in range(target.n_vocab):
+        b = target.token_bytes(t)
+        if b and not target.is_eog(t):
+            by_text.setdefault(b, t)
+    return np.array([by_text.get(draft.token_bytes(d), -1) if draft.token_bytes(d) else -1 for d in range(draft.n_vocab)],
+                    dtype=np.int64)
 
 
 def translate(target: LlamaModel, draft: LlamaModel, context: Sequence[int], draft_ids: Sequence[int], budget: int) -> list[int]:
