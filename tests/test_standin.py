@@ -243,3 +243,25 @@ def test_cli_make_standin(tmp_path, capsys):
     args = parser.parse_args(["make-standin", "--width", "100", "--layers", "7", "-o", str(out)])
     with pytest.raises(SpecstackError):
         args.func(args)
+
+
+def test_moe_standin_keeps_the_routers_choice_and_the_logits(tmp_path):
+    """Experts and router are padded like the dense matrices: the router reads the same normalised input,
+    picks the same experts, and the stand-in's logits are bit-identical to the source's."""
+    from specstack.paths import MODELS_DIR
+    from specstack.target import INEXACT, LlamaModel, ModelConfig
+
+    src_path = MODELS_DIR / "pycoder-moe.gguf"
+    out = make_standin(src_path, tmp_path / "moe.gguf", width=384, layers=6, progress=False)
+    shape = read_shape(gguf.GGUFReader(out))
+    assert (shape.n_expert, shape.n_expert_used, shape.n_embd, shape.n_layer) == (8, 2, 384, 6)
+    src, big = LlamaModel(ModelConfig(src_path, n_ctx=512)), LlamaModel(ModelConfig(out, n_ctx=512))
+    for m in (src, big):
+        m.set_shapes(INEXACT)
+    for prompt in _prompts(2):
+        ids = src.tokenize(prompt)[:150]
+        a = src.eval(ids, logits_from=0).copy()
+        b = big.eval(ids, logits_from=0).copy()
+        assert np.array_equal(a, b)
+        src.reset(), big.reset()
+    src.close(), big.close()

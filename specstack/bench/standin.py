@@ -56,6 +56,9 @@ _BLOCK = {"f16": 1, "q8_0": 32, "q4_k_m": 256}
 _ARCH = "llama"
 _PER_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# Mixture of experts: a router (F32) and stacked expert matrices [n_expert, rows, cols].
+_PER_LAYER_MOE = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                  "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 class StandinError(SpecstackError):
@@ -71,15 +74,21 @@ class LlamaShape:
     n_head: int
     n_head_kv: int
     head_dim: int
-    n_ff: int
+    n_ff: int  # per expert for MoE models
     n_vocab: int
     tied_output: bool
+    n_expert: int = 0  # 0: dense
+    n_expert_used: int = 0
+
+    @property
+    def per_layer(self) -> tuple[str, ...]:
+        return _PER_LAYER_MOE if self.n_expert else _PER_LAYER
 
     @property
     def n_params(self) -> int:
         d, hd = self.n_embd, self.head_dim
         attn = d * hd * (2 * self.n_head + 2 * self.n_head_kv)
-        ffn = 3 * d * self.n_ff
+        ffn = 3 * d * self.n_ff * max(1, self.n_expert) + d * self.n_expert
         norms = 2 * d
         embd = self.n_vocab * d * (1 if self.tied_output else 2)
         return self.n_layer * (attn + ffn + norms) + embd + d
@@ -177,7 +186,8 @@ def plan_standin(src: LlamaShape, width: int, layers: int, ffn: int | None = Non
                 f"({n_new}) must both be multiples of {block}, or the quantized stand-in would not match")
     n_head = width // hd
     out = LlamaShape(n_embd=width, n_layer=layers, n_head=n_head, n_head_kv=n_head // ratio, head_dim=hd,
-                     n_ff=n_ff, n_vocab=src.n_vocab, tied_output=src.tied_output)
+                     n_ff=n_ff, n_vocab=src.n_vocab, tied_output=src.tied_output, n_expert=src.n_expert,
+                     n_expert_used=src.n_expert_used)
     slots = live_layer_slots(src.n_layer, layers)
     source = [i % src.n_layer for i in range(layers)]
     live = [False] * layers
@@ -203,8 +213,6 @@ def read_shape(reader) -> LlamaShape:
     if arch != _ARCH:
         raise UnsupportedModelError(
             f"stand-ins need a dense llama-architecture model; this one is {arch!r}")
-    if _field(reader, f"{_ARCH}.expert_count"):
-        raise UnsupportedModelError("stand-ins of mixture-of-experts models are not supported")
 
     def need(key: str) -> int:
         v = _field(reader, f"{_ARCH}.{key}")
@@ -222,9 +230,13 @@ def read_shape(reader) -> LlamaShape:
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise UnsupportedModelError("source has no token_embd.weight")
+    n_expert = _field(reader, f"{_ARCH}.expert_count") or 0
+    n_ff = (_field(reader, f"{_ARCH}.expert_feed_forward_length") or need("feed_forward_length")) if n_expert \
+        else need("feed_forward_length")
     return LlamaShape(n_embd=d, n_layer=need("block_count"), n_head=n_head, n_head_kv=n_head_kv,
-                      head_dim=head_dim, n_ff=need("feed_forward_length"), n_vocab=int(emb.shape[1]),
-                      tied_output="output.weight" not in names)
+                      head_dim=head_dim, n_ff=n_ff, n_vocab=int(emb.shape[1]),
+                      tied_output="output.weight" not in names, n_expert=n_expert,
+                      n_expert_used=_field(reader, f"{_ARCH}.expert_used_count") or 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +266,11 @@ def _layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, live: bool, dtype
     q_dim, kv_dim = o.n_head * o.head_dim, o.n_head_kv * o.head_dim
     if kind in ("attn_norm", "ffn_norm"):
         return _pad_norm(a, plan)
+    if kind == "ffn_gate_inp":  # the router reads the norm output: its choice stays the source's
+        return _pad2(a, o.n_expert, o.n_embd, np.dtype(np.float32))
+    if kind.endswith("_exps"):
+        base = kind[: -len("_exps")]
+        return np.stack([_layer_tensor(base, e, plan, live, dtype) for e in a])
     if kind in ("attn_output", "ffn_down") and not live:
         cols = q_dim if kind == "attn_output" else o.n_ff
         return np.zeros((o.n_embd, cols), dtype=dtype)
@@ -289,7 +306,7 @@ def _tensor_jobs(reader, plan: StandinPlan) -> Iterator[tuple[str, Callable[[], 
     o, s = plan.out, plan.src
     by_name = {t.name: t for t in reader.tensors}
     known = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
-    known |= {f"blk.{i}.{k}.weight" for i in range(s.n_layer) for k in _PER_LAYER}
+    known |= {f"blk.{i}.{k}.weight" for i in range(s.n_layer) for k in s.per_layer}
     unknown = sorted(set(by_name) - known)
     if unknown:
         raise UnsupportedModelError(
@@ -309,9 +326,9 @@ def _tensor_jobs(reader, plan: StandinPlan) -> Iterator[tuple[str, Callable[[], 
         yield "rope_freqs.weight", lambda: np.array(_as_float(by_name["rope_freqs.weight"]), dtype=np.float32)
     for i in range(o.n_layer):
         j, live = plan.layer_source[i], plan.layer_live[i]
-        for kind in _PER_LAYER:
+        for kind in o.per_layer:
             src = by_name[f"blk.{j}.{kind}.weight"]
-            dtype = np.dtype(np.float32) if kind.endswith("norm") else f16
+            dtype = np.dtype(np.float32) if kind.endswith("norm") or kind == "ffn_gate_inp" else f16
             yield (f"blk.{i}.{kind}.weight",
                    (lambda src=src, kind=kind, live=live, dtype=dtype:
                     _layer_tensor(kind, _as_float(src), plan, live, dtype)))
@@ -332,6 +349,11 @@ def _shape_of(name: str, plan: StandinPlan) -> tuple[tuple[int, ...], np.dtype]:
     if name == "rope_freqs.weight":
         return (o.head_dim // 2,), f32
     kind = name.split(".")[2]
+    if kind == "ffn_gate_inp":
+        return (o.n_expert, o.n_embd), f32
+    if kind.endswith("_exps"):
+        inner, dtype = _shape_of(name.replace(kind, kind[: -len("_exps")]), plan)
+        return (o.n_expert, *inner), dtype
     return {
         "attn_norm": ((o.n_embd,), f32), "ffn_norm": ((o.n_embd,), f32),
         "attn_q": ((q_dim, o.n_embd), f16), "attn_k": ((kv_dim, o.n_embd), f16),
@@ -348,6 +370,7 @@ def _copy_metadata(reader, writer, plan: StandinPlan, eps: float) -> None:
     updates = {
         f"{_ARCH}.embedding_length": o.n_embd,
         f"{_ARCH}.feed_forward_length": o.n_ff,
+        f"{_ARCH}.expert_feed_forward_length": o.n_ff,
         f"{_ARCH}.attention.head_count": o.n_head,
         f"{_ARCH}.attention.head_count_kv": o.n_head_kv,
         f"{_ARCH}.block_count": o.n_layer,
