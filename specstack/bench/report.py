@@ -318,6 +318,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         + (f"; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end" if load0 and load1 else "")
         + ". Methods ran interleaved per request, so only ratios from one run are comparable."
     )
+    if cfg["target"].get("lossy"):
+        parts += ["", f"**LOSSY: the target ran with {cfg['target']['experts_used']} active expert(s) (`--experts`), "
+                      "not its own setting: every output here is the reduced model's, not the model's.**"]
     if results.get("interrupted"):
         parts += ["", "**Interrupted: partial results.**"]
     parts += ["", "## Summary (all requests)", ""]

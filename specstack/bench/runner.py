@@ -342,6 +342,9 @@ def _config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:
         "capacity": target.capacity,
         "n_vocab": target.n_vocab,
         "threads": target.n_threads,
+        # --experts N: every result of this run comes from a reduced model and is labelled lossy
+        "experts_used": next((v for k, v in target.config.kv_overrides if k.endswith("expert_used_count")), None),
+        "lossy": any(k.endswith("expert_used_count") for k, _ in target.config.kv_overrides),
     }
     draft = config.drafter_options.get("draft_model")
     d["draft"] = {"path": str(draft), "name": Path(draft).name} if draft else None
