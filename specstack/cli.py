@@ -35,13 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f".commands.{name}", __package__)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.endswith(f"commands.{name}"):
-                continue  # command not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f".commands.{name}", __package__).register(sub)
     return parser
 
 

@@ -263,10 +263,6 @@ class GGUFInfo:
         return self._id("padding")
 
     @property
-    def unk_id(self) -> int | None:
-        return self._id("unknown")
-
-    @property
     def add_bos(self) -> bool | None:
         v = self.metadata.get("tokenizer.ggml.add_bos_token")
         return bool(v) if v is not None else None
@@ -300,30 +296,6 @@ class GGUFInfo:
         h = hashlib.sha256(self.string_array_bytes("tokenizer.ggml.tokens"))
         h.update(repr(sorted(self.special_tokens().items())).encode())
         return h.hexdigest()
-
-    def summary(self) -> dict[str, Any]:
-        """A JSON-friendly digest (no token arrays)."""
-        return {
-            "path": str(self.path),
-            "gguf_version": self.version,
-            "architecture": self.architecture,
-            "name": self.name,
-            "n_params": self.n_params,
-            "tensor_count": self.tensor_count,
-            "tensor_bytes": self.tensor_bytes,
-            "file_size": self.file_size,
-            "file_type": self.file_type_name,
-            "context_length": self.context_length,
-            "n_vocab": self.n_vocab,
-            "tokenizer_model": self.tokenizer_model,
-            "pre": self.pre,
-            "special_tokens": self.special_tokens(),
-            "vocab_fingerprint": self.vocab_fingerprint,
-            "expert_count": self.expert_count,
-            "expert_used_count": self.expert_used_count,
-            "recurrence": self.recurrence,
-            "warnings": list(self.warnings),
-        }
 
 
 class _Truncated(Exception):

@@ -675,10 +675,6 @@ class LlamaModel:
             self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
         return self._eog
 
-    def describe(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        self._lc.llama_model_desc(self._model, buf, 256)
-        return buf.value.decode(errors="replace")
 
 
 class Target(Protocol):

@@ -8,7 +8,6 @@ rejection) and *bonus* (the extra target token when every draft token is kept).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -108,16 +107,4 @@ class VerifyResult:
     num_accepted: int
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationEvent:
-    """One streamed piece of output text, with the tokens that produced it."""
-
-    text: str
-    token_ids: tuple[int, ...]
-
-
-def as_token_tuple(ids: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(t) for t in ids)
-
-
-__all__ = ["Draft", "VerifyResult", "GenerationEvent", "as_token_tuple"]
+__all__ = ["Draft", "VerifyResult"]

@@ -34,7 +34,6 @@ from ..metrics import GenerationStats
 from ..types import Draft
 from .costcurve import cost_at
 from .report import ALL, _categories, _pct, _table
-from .runner import register_all_drafters
 
 DEFAULT_METHODS = ("prompt-lookup", "suffix")
 
@@ -115,7 +114,6 @@ def _units(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks: Sequence[int] | None = None,
            options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Replay every (method, k) over the recorded outputs; per-request counts plus aggregates."""
-    register_all_drafters()
     cfg = results["config"]
     ks = list(ks or cfg["ks"])
     tcfg = cfg["target"]

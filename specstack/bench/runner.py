@@ -13,10 +13,8 @@ the same seed for a given request.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pkgutil
 import platform
 import sys
 import time
@@ -82,17 +80,6 @@ class BenchConfig:
         for m in self.methods:
             out += [(m, max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
         return out
-
-
-def register_all_drafters() -> None:
-    """Import every module under specstack.drafters, so each registers its name."""
-    from .. import drafters
-
-    for info in pkgutil.iter_modules(drafters.__path__):
-        try:
-            importlib.import_module(f"{drafters.__name__}.{info.name}")
-        except ImportError:  # a drafter whose optional dependency is missing stays unavailable
-            pass
 
 
 def request_seed(base: int, request_id: str) -> int:
@@ -173,7 +160,6 @@ class _Tokenized:
 
 def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) -> dict[str, Any]:
     """Run the whole benchmark; returns the results dict (see docs/bench.md for its fields)."""
-    register_all_drafters()
     wl = config.workload
     reqs = [_Tokenized(r, target.tokenize(r.prompt), request_seed(config.seed, r.id)) for r in wl.requests]
     by_id = {t.request.id: t for t in reqs}

@@ -64,19 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_run(bsub)
     _register_report(bsub)
     _register_replay(bsub)
-    try:
-        from ..bench import standin
-    except ImportError as exc:  # pragma: no cover - standin is built alongside
-        msg = f"specstack.bench.standin is not available ({exc})"
-        q = bsub.add_parser("make-standin", help="write a cost-faithful stand-in target (unavailable)")
-        q.set_defaults(func=lambda args: _unavailable(msg))
-    else:
-        standin.register_cli(bsub)
+    from ..bench import standin
+
+    standin.register_cli(bsub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-
-
-def _unavailable(msg: str) -> int:
-    raise InvalidParameterError(msg)
 
 
 def _register_run(bsub: argparse._SubParsersAction) -> None:
