@@ -568,6 +568,10 @@ POLICIES = ("cost", "fixed", "window", "heuristic")
 
 def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None) -> DraftLengthPolicy:
     """Build a policy by its --k-policy name; ``k`` is the fixed/initial budget."""
+    for what, value in (("k", k), ("k_max", k_max)):
+        if value is not None and value > 62:
+            raise InvalidParameterError(f"{what} must be at most 62 (got {value}): a verification batch holds the "
+                                        "pending token and at most 62 draft tokens")
     if name == "fixed":
         return FixedK(k)
     if name == "window":

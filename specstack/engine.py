@@ -57,6 +57,9 @@ class GenerationConfig:
             raise InvalidParameterError(f"max_tokens must be >= 1 (got {self.max_tokens})")
         if self.k < 1:
             raise InvalidParameterError(f"k must be >= 1 (got {self.k}); use --drafter none for plain decoding")
+        if self.k > MAX_DRAFT:
+            raise InvalidParameterError(f"k must be at most {MAX_DRAFT} (got {self.k}): a verification batch holds "
+                                        f"the pending token and at most {MAX_DRAFT} draft tokens")
         if any(not s for s in self.stop):
             raise InvalidParameterError("stop strings must be non-empty")
 

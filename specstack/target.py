@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
+from .errors import ContextOverflowError, InvalidParameterError, ModelLoadError, UnsupportedModelError
 
 _GGUF_MAGIC = b"GGUF"
 _backend_lock = threading.Lock()
@@ -216,6 +216,14 @@ class ModelConfig:
     # does (the output count selects kernels of the last layer).  Draft models ask
     # only for the rows they read.
     exact: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_threads < 0:
+            raise InvalidParameterError(f"threads must be >= 0 (got {self.n_threads}); 0 means one per physical core")
+        if self.n_ctx < 0:
+            raise InvalidParameterError(f"the context size must be >= 0 (got {self.n_ctx}); 0 means the model's own")
+        if self.n_slots < 1 or self.n_batch < 1:
+            raise InvalidParameterError(f"slots and batch size must be >= 1 (got {self.n_slots}, {self.n_batch})")
 
 
 def default_threads() -> int:

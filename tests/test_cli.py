@@ -81,3 +81,14 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-t", "-3"], "threads must be >= 0"),
+    (["--k-policy", "fixed", "-k", "1000"], "at most 62"),
+    (["--k-max", "100"], "at most 62"),
+    (["--drafter", "suffix", "--suffix-cache", "/nonexistent-dir/x.npz"], "not writable"),
+])
+def test_bad_flags_fail_before_generating(capsys, args, message):
+    code, out, err = run_cli(capsys, "generate", "-p", "import os", "-n", "4", *args)
+    assert code == 2 and out == "" and message in err and "Traceback" not in err

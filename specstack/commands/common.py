@@ -49,7 +49,9 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     g.add_argument("--k-policy", choices=POLICIES, default="cost",
                    help="how k is chosen each step: cost (default: maximise expected tokens/s from measured costs and acceptance), "
                    "fixed (always -k), window (research controller), heuristic (+2/-1, as in transformers)")
-    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, help="draft tokens per step for --k-policy fixed, initial k otherwise (default 4)")
+    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4,
+                   help="draft tokens per step for --k-policy fixed, the starting k for window and heuristic; the cost "
+                   "policy chooses k itself up to --k-max (default 4, at most 62)")
     g.add_argument("--k-max", type=int, default=None, help="upper bound on k for adaptive policies (default: 16 for cost, 24 window, 32 heuristic)")
     g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram to match (default 1)")
     g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram to match (default 4)")

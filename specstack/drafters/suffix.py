@@ -64,6 +64,14 @@ class SuffixConfig:
             raise InvalidParameterError(
                 f"suffix needs 0 <= min_token_prob <= 1 (got {self.min_token_prob})"
             )
+        if self.cache_path:
+            import os
+
+            parent = Path(self.cache_path).expanduser().resolve().parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK):
+                raise InvalidParameterError(
+                    f"suffix cache {self.cache_path}: folder {parent} does not exist or is not writable; the global "
+                    "tree is saved there after each request, so pick a writable path")
         if self.global_budget_tokens < 0:
             raise InvalidParameterError(
                 f"suffix needs global_budget_tokens >= 0 (got {self.global_budget_tokens}); "
