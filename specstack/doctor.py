@@ -68,12 +68,9 @@ def gather_facts() -> dict[str, Any]:
 
 
 def _llama_version() -> str | None:
-    try:
-        import llama_cpp  # noqa: PLC0415
+    from .target import llama_version
 
-        return getattr(llama_cpp, "__version__", None)
-    except Exception:  # noqa: BLE001
-        return None
+    return llama_version()
 
 
 def _gib(n: int | None) -> str:

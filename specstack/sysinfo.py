@@ -163,16 +163,10 @@ def parse_llama_system_info(raw: bytes | str) -> dict[str, str]:
 
 
 def llama_system_info() -> tuple[str | None, str | None]:
-    """(raw system info text, error). Imports llama_cpp lazily; never raises."""
-    try:
-        import llama_cpp  # noqa: PLC0415
-    except Exception as exc:  # noqa: BLE001 - report any import failure
-        return None, f"{type(exc).__name__}: {exc}"
-    try:
-        raw = llama_cpp.llama_print_system_info()
-    except Exception as exc:  # noqa: BLE001
-        return None, f"{type(exc).__name__}: {exc}"
-    return (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)).strip(), None
+    """(raw system info text, error); never raises (llama.cpp is reached through target.py)."""
+    from .target import llama_system_info as info
+
+    return info()
 
 
 def numa_nodes() -> int:

@@ -728,6 +728,64 @@ class EngineTarget(Target, Protocol):
     def set_shapes(self, shapes: BatchShapes) -> None: ...
 
 
+class VocabModel:
+    """A GGUF's tokenizer alone (llama.cpp's vocab-only load: no weights, no context)."""
+
+    def __init__(self, path: str | Path, role: str = "tokenizer model") -> None:
+        self.path = check_gguf_file(path, role)
+        _init_backend()
+        self._lc = lc = _llama()
+        params = lc.llama_model_default_params()
+        params.vocab_only = True
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelLoadError(f"cannot load the tokenizer of {self.path}")
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+
+    tokenize = LlamaModel.tokenize
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            self._lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def quantize(src: Path, out: Path, ftype: str, *, threads: int = 2) -> int:
+    """llama.cpp's own quantizer (``llama_model_quantize``); ftype "q8_0" or "q4_k_m". Returns its code."""
+    lc = _llama()
+    _init_backend()
+    ftypes = {"q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_k_m": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M}
+    if ftype not in ftypes:
+        raise UnsupportedModelError(f"cannot quantize to {ftype!r}; choose one of {', '.join(ftypes)}")
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = ftypes[ftype]
+    params.nthread = threads
+    return int(lc.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)))
+
+
+def llama_version() -> str | None:
+    """llama-cpp-python's version, or None when it cannot be imported (never raises)."""
+    try:
+        return getattr(_llama(), "__version__", None)
+    except Exception:  # noqa: BLE001 - doctor and bench report it, they must not fail on it
+        return None
+
+
+def llama_system_info() -> tuple[str | None, str | None]:
+    """(llama.cpp's system info line, error): never raises, for doctor and bench."""
+    try:
+        return system_info().strip(), None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def system_info() -> str:
     """llama.cpp's build and CPU feature line (AVX2, AVX512, ...)."""
     _init_backend()

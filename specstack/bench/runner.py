@@ -138,12 +138,9 @@ def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
         "physical_cores": sysinfo.physical_cores(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    try:
-        import llama_cpp
+    from ..target import llama_version
 
-        info["llama_cpp_python"] = getattr(llama_cpp, "__version__", None)
-    except ImportError:
-        info["llama_cpp_python"] = None
+    info["llama_cpp_python"] = llama_version()
     raw, _err = sysinfo.llama_system_info()
     info["llama_system_info"] = raw
     if target is not None:

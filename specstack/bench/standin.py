@@ -36,7 +36,6 @@ get the same types as in the source; the zero layers fill the other slots.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import math
 import os
@@ -477,22 +476,18 @@ def _open(path: Path):
 
 
 def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False) -> Path:
-    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``)."""
-    import llama_cpp
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, via target.py)."""
+    from ..target import quantize
 
-    ftypes = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}
-    if ftype not in ftypes:
-        raise InvalidParameterError(f"cannot quantize to {ftype!r}; choose one of {', '.join(ftypes)}")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftypes[ftype]
-    params.nthread = threads
+    if ftype not in ("q8_0", "q4_k_m"):
+        raise InvalidParameterError(f"cannot quantize to {ftype!r}; choose one of q8_0, q4_k_m")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger("llama-cpp-python")  # llama-cpp-python's log callback filters on it
     old_level = log.level
     log.setLevel(logging.DEBUG if verbose else logging.ERROR)
     try:
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
+        rc = quantize(src, out, ftype, threads=threads)
     finally:
         log.setLevel(old_level)
     if rc != 0:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..datastore import Datastore, build_from_files
-from ..errors import ModelLoadError, SpecstackError
+from ..errors import SpecstackError
 from ..paths import DEFAULT_TARGET
 
 
@@ -62,19 +62,11 @@ def _read_excludes(files: list[str]) -> list[str]:
 def load_tokenizer(model: str):
     """A vocab-only llama.cpp model: tokenizes without loading weights."""
     from ..gguf_meta import read_gguf
-    from ..target import _init_backend, check_gguf_file
+    from ..target import VocabModel
 
-    path = check_gguf_file(model, "tokenizer model")
-    info = read_gguf(path, tensors=False)
-    _init_backend()  # route llama.cpp's log through specstack's quiet callback
-    try:
-        import llama_cpp
-
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of {path}: {exc}") from None
-    meta = {"model": str(Path(path).resolve()), "fingerprint": info.vocab_fingerprint,
-            "n_vocab": int(llm.n_vocab())}
+    llm = VocabModel(model)
+    info = read_gguf(llm.path, tensors=False)
+    meta = {"model": str(Path(llm.path).resolve()), "fingerprint": info.vocab_fingerprint, "n_vocab": llm.n_vocab}
     return llm, meta
 
 
@@ -84,7 +76,7 @@ def run_build(args) -> int:
     llm, tok_meta = load_tokenizer(args.model)
 
     def tokenize(text: str) -> list[int]:
-        return llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        return llm.tokenize(text, add_special=False)
 
     result = build_from_files(
         args.corpus,
