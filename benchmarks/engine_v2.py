@@ -48,7 +48,7 @@ class AlwaysWrong:
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         pass
 
 

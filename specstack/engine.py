@@ -402,7 +402,7 @@ class Engine:
         if gen in self._running:
             self._running.remove(gen)
         try:
-            gen.drafter.end(slot.seq)
+            gen.drafter.end(slot.seq, complete=keep_cache)
         finally:
             if keep_cache:
                 self.target.truncate(len(gen.context) - 1, slot.seq)  # a stop may cut accepted tokens

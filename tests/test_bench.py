@@ -232,7 +232,7 @@ class _Scripted:
     def observe(self, new_ids, num_accepted, seq=0):
         self.observed.append((list(new_ids), num_accepted))
 
-    def end(self, seq=0):
+    def end(self, seq=0, complete=True):
         pass
 
 

@@ -37,7 +37,7 @@ class Scripted:
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         self.observed.append(list(new_ids))
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         pass
 
 

@@ -112,7 +112,7 @@ class _ForeignDrafter:
     def observe(self, new_ids, num_accepted, seq=0):
         pass
 
-    def end(self, seq=0):
+    def end(self, seq=0, complete=True):
         pass
 
 

@@ -238,3 +238,15 @@ def test_host_prompt_cache_restores_a_prefix_exactly(target):
     assert engine.prompt_cache.hits == 1
     assert again.stats.n_reused == len(target.tokenize(a)) - 1
     assert again.output_ids == first.output_ids == plain(target, a, 24)
+
+
+def test_a_cancelled_generation_is_not_filed_as_a_whole_answer(target):
+    drafter = create("suffix", BuildContext(target))
+    engine = Engine(target, drafter)
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=100))
+    for _ in range(5):
+        engine.step()
+    gen.cancel()
+    assert drafter.global_tree.num_tokens == 0  # nothing learnt from the abandoned output
+    engine.generate(PROMPTS[1], GenerationConfig(max_tokens=8)).run()
+    assert drafter.global_tree.num_tokens > 0  # a finished one is filed

@@ -44,7 +44,7 @@ class Oracle:
     def observe(self, new_ids, num_accepted, seq=0):
         pass
 
-    def end(self, seq=0):
+    def end(self, seq=0, complete=True):
         pass
 
 

@@ -118,7 +118,7 @@ class CountingDrafter:
     def observe(self, new_ids, num_accepted, seq=0):
         self.inner.observe(new_ids, num_accepted, seq)
 
-    def end(self, seq=0):
+    def end(self, seq=0, complete=True):
         self.inner.end(seq)
 
 
@@ -204,7 +204,7 @@ def test_fusion_puts_the_source_that_keeps_winning_first():
         def observe(self, new_ids, num_accepted, seq=0):
             pass
 
-        def end(self, seq=0):
+        def end(self, seq=0, complete=True):
             pass
 
     retrieval = Source("suffix", Draft((5, 6, 9), "suffix", parents=(-1, 0, -1)))

@@ -45,8 +45,9 @@ class Drafter(Protocol):
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         """``new_ids`` were committed after the last proposal, of which ``num_accepted`` came from it."""
 
-    def end(self, seq: int = 0) -> None:
-        """Generation ``seq`` is over (finished or cancelled); release its state."""
+    def end(self, seq: int = 0, complete: bool = True) -> None:
+        """Generation ``seq`` is over; release its state.  ``complete`` is False for a cancelled one,
+        whose partial output must not be learnt from as if it were a whole answer."""
 
 
 def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, seq: int = 0) -> Draft:

@@ -126,10 +126,10 @@ class CascadeDrafter:
         for d in self.drafters:
             d.observe(new_ids, num_accepted, seq)
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)
         for d in self.drafters:
-            d.end(seq)
+            d.end(seq, complete)
 
 
 def _no_cost(k: int) -> float:

@@ -101,7 +101,7 @@ class DraftModelDrafter:
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() re-syncs against the context
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         if self._seqs.pop(seq, None) is not None:
             self.model.reset(seq)
 

@@ -82,10 +82,10 @@ class FusionDrafter:
         self.retrieval.observe(new_ids, num_accepted, seq)
         self.model.observe(new_ids, num_accepted, seq)
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)
-        self.retrieval.end(seq)
-        self.model.end(seq)
+        self.retrieval.end(seq, complete)
+        self.model.end(seq, complete)
 
 
 def _depth(draft: Draft) -> int:

@@ -83,7 +83,7 @@ class PromptLookupDrafter:
         if index is not None:
             index.extend(new_ids)
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         self._seqs.pop(seq, None)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:

@@ -137,9 +137,9 @@ class SuffixDrafter:
         gen.matcher.extend(ids)
         gen.output.extend(ids)
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         gen = self._gens.pop(seq, None)
-        if gen is None:
+        if gen is None or not complete:  # a cancelled generation's partial output is not a whole answer
             return
         self._add_global(gen.prompt + gen.output if self.config.global_prompts else gen.output)
         if self.config.cache_path:

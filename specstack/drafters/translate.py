@@ -72,9 +72,9 @@ class TranslatingDrafter:
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() catches up from the context
 
-    def end(self, seq: int = 0) -> None:
+    def end(self, seq: int = 0, complete: bool = True) -> None:
         self._texts.pop(seq, None)
-        self.inner.end(seq)
+        self.inner.end(seq, complete)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         asks = []
