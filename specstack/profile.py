@@ -8,6 +8,7 @@ applies it; flags given explicitly on the command line still win.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,20 @@ def write_profile(path: Path, best: dict[str, dict[str, Any]], default: dict[str
     lines = [f"# {line}" for line in header.splitlines()]
     lines += ["", "[default]", *_table(default)]
     for category, settings in best.items():
-        lines += ["", f'[category."{category}"]', *_table(settings)]
+        lines += ["", f"[category.{_string(category)}]", *_table(settings)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _string(value: str) -> str:
+    """A TOML basic string: JSON's escaping (quotes, backslashes, control characters) is valid TOML."""
+    return json.dumps(str(value))
 
 
 def _table(settings: dict[str, Any]) -> list[str]:
     out = []
     for key, value in settings.items():
-        out.append(f"{key} = {value!r}" if isinstance(value, (int, float)) else f'{key} = "{value}"')
+        plain = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out.append(f"{key} = {value!r}" if plain else f"{key} = {_string(value)}")
     return out
 
 

@@ -37,3 +37,14 @@ def test_bad_profiles_are_reported(tmp_path):
     ok.write_text('[default]\ndrafter = "none"\n')
     with pytest.raises(InvalidParameterError, match="no category 'prose'"):
         load_profile(ok, "prose")
+
+
+def test_profile_strings_are_escaped(tmp_path):
+    """Category names and drafter specs with quotes, backslashes or newlines survive a write and read."""
+    from specstack.profile import load_profile, write_profile
+
+    odd = 'code "with" \\\\ quotes\nand a newline'
+    path = tmp_path / "p.toml"
+    write_profile(path, {odd: {"drafter": 'cascade:suffix,"x"', "k_policy": "fixed", "k": 6}},
+                  {"drafter": "prompt-lookup", "k_policy": "cost", "k": 4}, "a header")
+    assert load_profile(path, odd) == {"drafter": 'cascade:suffix,"x"', "k_policy": "fixed", "k": 6}
