@@ -180,6 +180,7 @@ class _Slot:
     seq: int
     cached: list[int] = field(default_factory=list)
     prefilled: int = 0  # leading cached tokens computed by a prefill (not by decode steps)
+    writes: int = 0  # the target's write count for this sequence when ``cached`` was last true
     gen: Generation | None = None
     released: float = 0.0  # for least-recently-used reuse
 
@@ -331,6 +332,9 @@ class Engine:
             if not free:
                 return
             gen = self._waiting[0]
+            for s in free:
+                if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
+                    s.cached, s.prefilled = [], 0
             slot = max(free, key=lambda s: (self._worth_reusing(s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
@@ -412,6 +416,7 @@ class Engine:
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
             slot.gen, slot.released = None, time.perf_counter()
+            slot.writes = self.target.writes[slot.seq]
 
     def _finish(self, gen: Generation) -> None:
         gen._emit(gen.stop_text.take(final=True))

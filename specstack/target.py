@@ -269,6 +269,9 @@ class LlamaModel:
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx))
         self.seq_len = [0] * self.n_seq_max
+        # Writes per sequence (decode, truncate, reset): a cache that remembers what a sequence held
+        # checks this to know nobody else (another engine, a calibration) has changed it since.
+        self.writes = [0] * self.n_seq_max
         self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max)
         self._init_batch_views()
         self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
@@ -387,9 +390,11 @@ class LlamaModel:
         if seq is None:
             self._lc.llama_memory_clear(self._mem, True)
             self.seq_len = [0] * self.n_seq_max
+            self.writes = [w + 1 for w in self.writes]
         else:
             self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self.seq_len[seq] = 0
+            self.writes[seq] += 1
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         """Drop KV entries of ``seq`` from position ``n_keep`` on (rollback after a rejection)."""
@@ -403,6 +408,7 @@ class LlamaModel:
         if not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
             raise UnsupportedModelError(f"llama.cpp refused to remove KV entries after position {n_keep} for {self.path.name}")
         self.seq_len[seq] = n_keep
+        self.writes[seq] += 1
 
     def save_seq(self, seq: int) -> bytes:
         """A copy of one sequence's KV cache (llama.cpp's per-sequence state), for a host-memory prompt cache."""
@@ -546,6 +552,7 @@ class LlamaModel:
             )
         for seq, toks, pad, _ in entries:
             self.seq_len[seq] += len(toks)
+            self.writes[seq] += 1
             if pad:
                 lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)
         if out_row == 0:
@@ -708,6 +715,7 @@ class EngineTarget(Target, Protocol):
     n_seq_max: int
     shapes: BatchShapes
     seq_len: list[int]
+    writes: list[int]
     tree_relayouts: int
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...

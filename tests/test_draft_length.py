@@ -210,5 +210,13 @@ def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monk
 
 
 def test_measure_curve_leaves_target_reusable(target):
+    from specstack.drafters import BuildContext, create
+    from specstack.engine import Engine, GenerationConfig
+    from specstack.prompts import held_out_prompts
+
+    plain = Engine(target, create("none", BuildContext(target)))
+    before = plain.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=24)).run().output_ids
     measure_curve(target, 3, reps=1)
-    assert target.n_past == 0
+    assert target.n_past == 0 and target.seq_pos_max(0) == -1  # nothing left in the KV cache
+    fresh = Engine(target, create("none", BuildContext(target)))  # no cached prefix to lean on
+    assert fresh.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=24)).run().output_ids == before

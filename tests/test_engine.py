@@ -69,11 +69,41 @@ def test_invalid_k_is_refused():
         GenerationConfig(k=0)
 
 
+class _FailsMidway:
+    """Drafts like prompt lookup, then raises in the middle of a generation (after KV was written)."""
+
+    name = "fails-midway"
+
+    def __init__(self, target, after: int) -> None:
+        self.inner, self.after, self.calls = create("prompt-lookup", BuildContext(target)), after, 0
+
+    def begin(self, prompt_ids, seq=0):
+        self.inner.begin(prompt_ids, seq)
+
+    def propose(self, requests):
+        self.calls += 1
+        if self.calls > self.after:
+            raise RuntimeError("drafter broke")
+        return self.inner.propose(requests)
+
+    def observe(self, new_ids, num_accepted, seq=0):
+        self.inner.observe(new_ids, num_accepted, seq)
+
+    def end(self, seq=0, complete=True):
+        self.inner.end(seq, complete)
+
+
 def test_target_state_is_clean_after_a_failed_request(target):
     e = engine(target)
     first = e.generate(PROMPT, GenerationConfig(max_tokens=20)).run().output_ids
     with pytest.raises(ContextOverflowError):
         e.generate([1] * (target.n_ctx + 1))
+    broken = Engine(target, _FailsMidway(target, after=5))
+    gen = broken.generate(PROMPT, GenerationConfig(max_tokens=40))
+    with pytest.raises(RuntimeError, match="drafter broke"):
+        gen.run()
+    assert len(gen.output_ids) > 0 and gen.status == "cancelled"  # it failed mid-generation...
+    assert target.seq_pos_max(0) == -1 and not broken.busy  # ...and left no KV or slot behind
     assert e.generate(PROMPT, GenerationConfig(max_tokens=20)).run().output_ids == first
 
 

@@ -56,8 +56,20 @@ def test_sampled_output_is_reproducible_with_a_seed(target, name):
 
 
 def test_draft_model_sampling_returns_q_and_gets_accepted(target):
+    import numpy as np
+
+    from specstack.drafters.base import propose_one
+
     sampling = SamplingParams(temperature=1.0, seed=5)
-    engine = Engine(target, create("draft-model", BuildContext(target, options={"seed": 5}, temperature=1.0)))
+    drafter = create("draft-model", BuildContext(target, options={"seed": 5}, temperature=1.0))
+    ids = target.tokenize(PROMPTS[0])
+    drafter.begin(ids)
+    draft = propose_one(drafter, ids, 4)
+    assert draft.q is not None and draft.q.shape == (len(draft), target.n_vocab)
+    assert np.allclose(draft.q.sum(axis=1), 1.0)  # each row is the distribution its token was sampled from
+    assert all(draft.q[i, t] > 0 for i, t in enumerate(draft.token_ids))
+    drafter.end(0)
+    engine = Engine(target, drafter)
     gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=64, sampling=sampling)).run()
     assert gen.stats.n_accepted > 0
 
