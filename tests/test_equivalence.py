@@ -31,8 +31,8 @@ def test_greedy_speculation_equals_plain_decoding(target, plain_outputs, name, k
     for prompt, expected in zip(PROMPTS, plain_outputs):
         gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS, k=k)).run()
         assert gen.output_ids == expected, f"{name} k={k} diverged on prompt {prompt[:60]!r}"
-        accepted += gen.stats.n_accepted
-    assert accepted > 0, f"{name} never had a draft token accepted: the test would pass trivially"
+        # Per prompt: a prompt with nothing accepted would prove nothing about verification.
+        assert gen.stats.n_accepted > 0, f"{name} k={k}: nothing accepted on {prompt[:60]!r}"
 
 
 def test_draft_model_with_p_min_still_lossless(target, plain_outputs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specstack.draft_length import Budget
+from specstack.draft_length import Budget, FixedK
 from specstack.drafters.base import propose_one
 
 
@@ -128,13 +128,15 @@ def test_tree_drafts_are_lossless_on_the_real_pair(tree_target, target, store, n
     plain = Engine(target, create("none", BuildContext(target)))
     drafter = CountingDrafter(create(name, BuildContext(tree_target, options={"tree": True, "datastore": store, "min_token_prob": 0.05})))
     spec = Engine(tree_target, drafter)
-    accepted = 0
+    accepted = tree_steps = 0
     for prompt in prompts:
         expected = plain.generate(prompt, GenerationConfig(max_tokens=64)).run().output_ids
         gen = spec.generate(prompt, GenerationConfig(max_tokens=64, k=8)).run()
         assert gen.output_ids == expected, f"{name} tree diverged on {prompt[:60]!r}"
         accepted += gen.stats.n_accepted
+        tree_steps += gen.stats.n_tree_steps
     assert accepted > 0 and drafter.trees > 0
+    assert tree_steps > 0  # trees were verified as trees, not only proposed
 
 
 def test_depth_first_puts_the_best_branch_first():
@@ -158,17 +160,21 @@ def test_fusion_is_lossless_on_the_real_pair(tree_target, target, store, spec, r
     prompts = held_out_prompts(8)[4:8]
     plain = Engine(target, create("none", BuildContext(target)))
     fusion = create(spec, BuildContext(tree_target, options={"datastore": store, "min_token_prob": 0.05}))
-    if retrieval_first:  # a lead no run of model wins can undo: every tree starts with the retrieval branch
-        fusion.retrieval_lead = 1e12
+    policy = FixedK(8)
+    if retrieval_first:  # the policy's statistics say retrieval wins, so trees start with its branch
+        for _ in range(200):
+            policy.book.update(fusion.retrieval.name, 8, 8)
+            policy.book.update(fusion.model.name, 8, 0)
     drafter = CountingDrafter(fusion)
-    spec_engine = Engine(tree_target, drafter)
-    accepted = 0
+    spec_engine = Engine(tree_target, drafter, policy)
+    accepted = tree_steps = 0
     for prompt in prompts:
         expected = plain.generate(prompt, GenerationConfig(max_tokens=48)).run().output_ids
-        gen = spec_engine.generate(prompt, GenerationConfig(max_tokens=48, k=8)).run()
+        gen = spec_engine.generate(prompt, GenerationConfig(max_tokens=48)).run()
         assert gen.output_ids == expected
         accepted += gen.stats.n_accepted
-    assert accepted > 0 and drafter.trees > 0
+        tree_steps += gen.stats.n_tree_steps
+    assert accepted > 0 and drafter.trees > 0 and tree_steps > 0
 
 
 def test_sampling_with_tree_drafts_verifies_the_best_branch_as_a_chain(tree_target):
