@@ -251,6 +251,11 @@ class LlamaModel:
         self.config = config
         self.role = role
         self.path = check_gguf_file(config.path, role)
+        from .gguf_meta import read_gguf
+
+        if read_gguf(self.path).tensor_count == 0:
+            raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
+                                 "compare its tokenizer, but it cannot run; pass a model with weights")
         _init_backend()
         self._lc = lc = _llama()
         self._model = self._load_model()

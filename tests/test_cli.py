@@ -46,6 +46,23 @@ def test_a_vocab_only_gguf_is_refused_as_draft_before_generation(capsys, shared_
     assert "vocabulary-only" in err and "ggml-vocab-gpt-2.gguf" in err
 
 
+def test_a_vocab_only_gguf_is_refused_as_target(capsys, shared_dir):
+    vocab = shared_dir / "vocab" / "ggml-vocab-gpt-2.gguf"
+    code, out, err = run_cli(capsys, "generate", "-p", "x", "-m", str(vocab))
+    assert code == 2 and out == "" and "vocabulary-only" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temp", "nan"], "temperature must be >= 0"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--drafter", "draft-model", "-md", "/etc/hostname"], "not a GGUF file"),
+    (["--drafter", "draft-model", "-md", "/nonexistent.gguf"], "no such file"),
+])
+def test_bad_sampling_and_draft_inputs_are_refused(capsys, args, message):
+    code, out, err = run_cli(capsys, "generate", "-p", "x", "-n", "4", *args)
+    assert code == 2 and out == "" and message in err and "Traceback" not in err
+
+
 def test_cross_tokenizer_draft_of_same_domain_drafts_through_text(capsys, shared_dir):
     spm = shared_dir / "models" / "pycoder-1m-spm.gguf"
     code, out, _ = run_cli(capsys, "generate", "-p", "import os\n", "-n", "24", "--json", "--drafter", "draft-model",

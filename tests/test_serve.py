@@ -287,7 +287,7 @@ def test_a_role_that_cannot_load_is_reported_by_health(tmp_path):
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        assert r.status_code == 503 and "could not load" in r.json()["error"]["message"]  # never healthy, and says why
+        assert r.status_code == 503 and "broken.gguf" in r.json()["error"]["message"]  # never healthy, and says why
         c = httpx.post(s.url + "/v1/completions", json={"prompt": "x"})
         assert c.status_code == 503 and "failed to load" in c.json()["error"]["message"]
     finally:

@@ -196,12 +196,6 @@ class _Draft:
 
 def _load_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
     """The draft GGUF on its own context: one sequence per target slot, in one shared cache."""
-    from ..gguf_meta import read_gguf
-    from ..errors import ModelLoadError
-
-    if read_gguf(config.draft_model).tensor_count == 0:
-        raise ModelLoadError(f"{config.draft_model} is a vocabulary-only GGUF (no weights): it can be compared with "
-                             "`specstack check` but cannot draft; pass a model with weights to -md")
     return LlamaModel(
         ModelConfig(
             path=Path(config.draft_model),
