@@ -92,9 +92,9 @@ class TranslatingDrafter:
 
     def _draft_context(self, seq: int, context: Sequence[int]) -> list[int]:
         """The committed text, tokenized for the draft, updated from the last call."""
-        st = self._texts.setdefault(seq, _Text(dtoks=list(self._bos)))
-        if len(context) < st.n_target:  # not a continuation (should not happen): start over
-            st.__init__(dtoks=list(self._bos))  # type: ignore[misc]
+        st = self._texts.get(seq)
+        if st is None or len(context) < st.n_target:  # new, or not a continuation: start over
+            st = self._texts[seq] = _Text(dtoks=list(self._bos))
         for t in context[st.n_target :]:
             st.data += self.target.token_bytes(int(t))
         st.n_target = len(context)
