@@ -56,8 +56,20 @@ def _side(info: GGUFInfo) -> dict[str, Any]:
         "n_merges": len(info.merges),
         "special_tokens": info.special_tokens(),
         "vocab_fingerprint": info.vocab_fingerprint,
+        "recurrence": info.recurrence,
+        "rewind": info.rewind,
         "warnings": list(info.warnings),
     }
+
+
+def rewind_line(recurrence: str, rewind: str) -> str:
+    """What speculation does with rejected tokens on such a model (``recurrent``), in one phrase."""
+    if recurrence == "none":
+        return "attention KV: rejected tokens are cut by position"
+    if rewind == "rollback":
+        return f"{recurrence}: rejected tokens are rolled back by llama.cpp (n_rs_seq snapshots)"
+    return (f"{recurrence}: no rollback for this architecture; the state is checkpointed before each "
+            "draft and restored after a rejection")
 
 
 def _text(info: GGUFInfo, i: int | None) -> str | None:

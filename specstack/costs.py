@@ -46,6 +46,10 @@ class CostModel:
     ema: float = 0.1  # weight of one online observation
     source: str = "calibrated"
     min_seen: int = 3
+    # Recurrent targets: seconds a step with a draft spends beyond its call (a checkpoint, a restore
+    # and re-decode), learnt online; a step without a draft pays none of it.
+    rewind_s: float = 0.0
+    _rewind_seen: int = 0
     _online: dict[int, float] = field(default_factory=dict)
     _seen: dict[int, int] = field(default_factory=dict)
     _scale: float = 1.0
@@ -59,10 +63,23 @@ class CostModel:
 
     def batch_s(self, rows: Sequence[int]) -> float:
         """A step in which generation i evaluates ``rows[i]`` rows (its pending token plus its draft)."""
+        return self._calls_s(rows) + self.rewind_s * sum(1 for r in rows if r > 1)
+
+    def _calls_s(self, rows: Sequence[int]) -> float:
+        """The llama.cpp calls alone of such a step."""
         if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
             return self.call_s(rows[0])
         calls = plan_calls(rows, range(len(rows)), self.shapes.min_rows, self.shapes.max_rows)
         return sum(self.call_s(sum(p.count + p.pad for p in call)) for call in calls)
+
+    def observe_rewind(self, seconds: float, drafted: int) -> None:
+        """A step's recurrent-state overhead, spread over its ``drafted`` generations with a draft."""
+        if drafted <= 0:
+            return
+        per = seconds / drafted
+        self._rewind_seen += 1
+        first = self._rewind_seen == 1
+        self.rewind_s = per if first else self.rewind_s + self.ema * (per - self.rewind_s)
 
     def verify_s(self, n: int) -> float:
         """One generation verifying n rows alone (split into exact calls where needed)."""
@@ -83,13 +100,13 @@ class CostModel:
         return c[-1] + max(slope, 0.0) * (n - len(c))
 
     def observe_step(self, rows: Sequence[int], seconds: float) -> None:
-        """Refine from a real step (seconds <= 0 means not measured)."""
+        """Refine from a real step's calls (seconds <= 0 means not measured; rewind time is not included)."""
         if not rows or seconds <= 0:
             return
         if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
             self.observe_call(max(rows[0], self.shapes.min_rows), seconds)
             return
-        predicted = self.batch_s(rows)
+        predicted = self._calls_s(rows)
         ratio = min(seconds / predicted, 3.0) if predicted > 0 else 1.0
         self._scale += 0.25 * self.ema * (ratio * self._scale - self._scale)
 
@@ -169,13 +186,10 @@ def _match_at(model: EngineTarget, depth: int, n_ref: int, sizes: Sequence[int])
     toks = _filler(model, depth + max(sizes))
     model.reset()
     model.prefill(toks[:depth])
+    model.checkpoint(0)  # a recurrent model comes back here by restoring its state
     ref1 = np.stack([model.raw_call([toks[depth + j]])[0].copy() for j in range(n_ref)])
     model.truncate(depth)
-    ref2_rows = []
-    for j in range(n_ref):
-        ref2_rows.append(model.raw_call([toks[depth + j], toks[depth + j]])[0].copy())
-        model.truncate(depth + j + 1)
-    ref2 = np.stack(ref2_rows)
+    ref2 = np.stack([model.raw_call([toks[depth + j]], pad=1)[0].copy() for j in range(n_ref)])
     model.truncate(depth)
     m1, m2 = {}, {}
     for t in sizes:
@@ -202,11 +216,15 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     pad = model.min_batch
     model.reset()
     model.prefill(filler[:depth])
+    model.checkpoint(0)
 
-    def call(n: int) -> None:
-        toks = filler[depth : depth + n]
-        model.raw_call(toks + [toks[-1]] * max(0, pad - n))
+    def call(n: int) -> float:
+        """The call alone: cutting a recurrent state back is priced apart (``CostModel.rewind_s``)."""
+        t0 = time.perf_counter()
+        model.raw_call(filler[depth : depth + n], pad=max(0, pad - n))
+        spent = time.perf_counter() - t0
         model.truncate(depth)
+        return spent
 
     call(2)  # warm-up
     sizes = [n for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if n < n_max] + [n_max]
@@ -214,9 +232,7 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     start = time.perf_counter()
     for _ in range(reps):
         for n in sizes:
-            t0 = time.perf_counter()
-            call(n)
-            best[n] = min(best[n], time.perf_counter() - t0)
+            best[n] = min(best[n], call(n))
         if time.perf_counter() - start > budget_s:
             break
     model.reset()

@@ -205,10 +205,13 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
             desc = (f"{Path(model).name}: {info.architecture}, "
                     f"{info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
                     f"{_gib(info.file_size)} on disk")
-            checks.append(Check("model", "info" if info.recurrence == "none" else "warn",
+            from .check import rewind_line
+
+            checks.append(Check("model", "warn" if info.rewind == "checkpoint" else "info",
                                 desc + ("" if info.recurrence == "none" else
-                                        f"; {info.recurrence} architecture: rollback of rejected "
-                                        "drafts needs state checkpoints")))
+                                        f"; {rewind_line(info.recurrence, info.rewind)}"),
+                                None if info.rewind != "checkpoint" else
+                                "speculation pays a state copy per drafted step; `specstack bench` shows whether it pays"))
             if avail is None:
                 checks.append(Check("memory", "info", f"available memory unknown; the model needs "
                                     f"about {_gib(need)}"))

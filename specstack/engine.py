@@ -31,6 +31,7 @@ from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, St
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
+from .recurrent import RewindStats
 from .sampling import SamplingParams, target_probs
 from .target import EngineTarget, Segment
 from .types import Draft, VerifyResult
@@ -239,6 +240,25 @@ class _Work:
     draft_s: float = 0.0
 
 
+class _RewindMark:
+    """What cutting a recurrent target's state back cost during one step (``recurrent``), shared out per generation."""
+
+    def __init__(self, target: EngineTarget) -> None:
+        self.stats = target.rewind
+        self.start = RewindStats(**vars(target.rewind))
+
+    def seconds(self) -> float:
+        return self.stats.seconds - self.start.seconds
+
+    def charge(self, stats: GenerationStats, share: float) -> None:
+        now, was = self.stats, self.start
+        stats.n_rollbacks += now.rollbacks - was.rollbacks
+        stats.n_checkpoints += now.checkpoints - was.checkpoints
+        stats.n_restores += now.restores - was.restores
+        stats.n_redecoded += now.redecoded - was.redecoded
+        stats.rewind_s += (now.seconds - was.seconds) * share
+
+
 class Engine:
     """One target serving many generations: continuous batching, prefix reuse, speculation per generation.
 
@@ -376,6 +396,8 @@ class Engine:
         m = 0
         while m < limit and cached[m] == prompt[m]:
             m += 1
+        if self.target.is_recurrent and m < len(cached):
+            return 0  # a recurrent state holds all of ``cached``: it cannot be cut back to a shorter prefix
         if not self.target.shapes.prefill_exact:
             chunk = self.target.config.prefill_chunk
             m = min(m, prefilled)
@@ -397,6 +419,9 @@ class Engine:
         slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
         gen.drafter.begin(gen.prompt_ids, slot.seq)  # indexing the prompt is prompt processing, like the prefill
         gen.stats.n_reused = reuse
+        gen.stats.rewind = self.target.strategy
+        if self.target.is_recurrent:
+            gen.stats.trees = f"chains: a {self.target.memory} target needs one recurrent state per branch"
         gen.stats.queue_s = t0 - gen.submitted
         gen.stats.prefill_s = time.perf_counter() - t0
 
@@ -408,10 +433,10 @@ class Engine:
         try:
             gen.drafter.end(slot.seq, complete=keep_cache)
         finally:
-            if keep_cache:
+            if keep_cache and self.target.can_truncate(len(gen.context) - 1, slot.seq):
                 self.target.truncate(len(gen.context) - 1, slot.seq)  # a stop may cut accepted tokens
                 slot.cached = gen.context[:-1]
-            else:
+            else:  # cancelled, or a recurrent state that cannot be cut back that far: nothing to reuse
                 self.target.reset(slot.seq)
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
@@ -437,14 +462,19 @@ class Engine:
         t0 = time.perf_counter()
         self._propose(work)
         t1 = time.perf_counter()
+        rewound = _RewindMark(self.target)
         results = self._verify(work)
         t2 = time.perf_counter()
+        rewind_s = rewound.seconds()
+        drafted = sum(1 for w in work if w.draft.token_ids)
         for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
-            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1)
+            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1 - rewind_s)
+            cm.observe_rewind(rewind_s, drafted)
         share = 1.0 / max(len(work), 1)
         for w, result in zip(work, results):
             gen = w.gen
             verify_s = (t2 - t1) * share
+            rewound.charge(gen.stats, share)
             gen.stats.record_step(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
             gen.origins.extend(w.draft.source if i < result.num_accepted else "target" for i in range(len(committed)))
@@ -466,10 +496,10 @@ class Engine:
                 gen.stats.stop_reason = "context"
                 self._finish(gen)
                 continue
-            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT))
+            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft))
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
             load = SOLO if len(gens) == 1 else BatchLoad(tuple(rows) + (1,) * later, tokens + later)
-            tree = gen.config.sampling.greedy and target.unified and target.n_seq_max > 1
+            tree = gen.config.sampling.greedy and target.unified and target.n_seq_max > 1 and not target.is_recurrent
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
             tokens += budget.expected
@@ -518,6 +548,8 @@ class Engine:
             return [self._verify_tree(work[0])]
         segments = [Segment(w.gen.seq, [w.gen.context[-1], *w.draft.token_ids]) for w in work]
         n_past = [target.seq_len[w.gen.seq] for w in work]
+        for seg in segments:
+            target.protect(seg.seq, len(seg.tokens))  # a recurrent state must be able to come back
         all_logits = target.decode(segments)
         results = []
         for w, logits, start in zip(work, all_logits, n_past):

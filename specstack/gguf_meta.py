@@ -72,10 +72,18 @@ FILE_TYPES: dict[int, str] = {
 }
 
 # Architecture names (general.architecture) whose models carry recurrent state.
-RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
+# From llm_arch_is_recurrent / llm_arch_is_hybrid / llm_arch_supports_rs_rollback in the llama.cpp
+# vendored by llama-cpp-python 0.3.36 (src/llama-arch.cpp).  The loaded model is asked too
+# (``target.LlamaModel.memory`` / ``.strategy``); these lists let `check` answer without loading.
+RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
 HYBRID_ARCHS = (
-    "jamba", "falcon-h1", "granitehybrid", "lfm2", "plamo2", "nemotron_h", "qwen3next",
-    "zamba", "bamba",
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
+    "deepseek4", "minimax-01",
+)
+ROLLBACK_ARCHS = (
+    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
+    "lfm2", "lfm2moe", "bailingmoe3",
 )
 
 # llama token types
@@ -193,19 +201,24 @@ class GGUFInfo:
 
     @property
     def is_recurrent(self) -> bool:
-        """Purely recurrent (state-space / RWKV): cannot roll back the KV cache by position."""
-        a = (self.architecture or "").lower()
-        return any(a == r or a.startswith(r) for r in RECURRENT_ARCHS)
+        """Purely recurrent (state-space / RWKV): its state cannot be cut back by position."""
+        return (self.architecture or "").lower() in RECURRENT_ARCHS
 
     @property
     def is_hybrid(self) -> bool:
-        """Attention + recurrent layers: also needs state checkpoints for rollback."""
-        a = (self.architecture or "").lower()
-        return a in HYBRID_ARCHS
+        """Attention plus recurrent layers: the recurrent part needs rollback or checkpoints too."""
+        return (self.architecture or "").lower() in HYBRID_ARCHS
 
     @property
     def recurrence(self) -> str:
         return "recurrent" if self.is_recurrent else "hybrid" if self.is_hybrid else "none"
+
+    @property
+    def rewind(self) -> str:
+        """How speculation takes rejected tokens back (``recurrent``): truncate, rollback or checkpoint."""
+        if self.recurrence == "none":
+            return "truncate"
+        return "rollback" if (self.architecture or "").lower() in ROLLBACK_ARCHS else "checkpoint"
 
     # ---- tokenizer ------------------------------------------------------
     @property

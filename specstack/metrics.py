@@ -40,6 +40,13 @@ class GenerationStats:
     n_committed: int = 0  # tokens produced by steps, before any cut by a stop condition
     n_tree_steps: int = 0  # steps that verified a multi-branch tree
     n_tree_relayouts: int = 0  # of those, steps whose winning branch was re-decoded (extra batch)
+    trees: str = ""  # why trees were verified as chains, when they were ("" = trees allowed)
+    rewind: str = "truncate"  # how rejected tokens leave the target (``recurrent``): truncate, rollback, checkpoint
+    n_rollbacks: int = 0  # recurrent targets: cuts done by llama.cpp's rollback
+    n_checkpoints: int = 0  # states saved before a verification
+    n_restores: int = 0  # states restored after a partial acceptance
+    n_redecoded: int = 0  # accepted tokens decoded again after a restore
+    rewind_s: float = 0.0  # time spent saving, restoring and re-decoding
     stop_reason: str = ""
     n_reused: int = 0  # prompt tokens whose KV was reused from an earlier request (not prefilled)
     queue_s: float = 0.0  # waiting for a free slot
@@ -134,6 +141,10 @@ class GenerationStats:
             },
             "tree_steps": self.n_tree_steps,
             "tree_relayouts": self.n_tree_relayouts,
+            **({"trees": self.trees} if self.trees else {}),
+            "rewind": {"strategy": self.rewind, "rollbacks": self.n_rollbacks, "checkpoints": self.n_checkpoints,
+                       "restores": self.n_restores, "redecoded_tokens": self.n_redecoded,
+                       "seconds": round(self.rewind_s, 6)},
             "stop_reason": self.stop_reason,
             "reused_prompt_tokens": self.n_reused,
             "time_s": {

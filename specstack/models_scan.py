@@ -23,7 +23,7 @@ from . import check as _check
 from .errors import ModelLoadError, SpecstackError
 from .gguf_meta import GGUFInfo, read_gguf
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries carry "rewind"
 CACHE_NAME = "models-scan.json"
 
 ProgressFn = Callable[[int, int, Path], None]
@@ -93,6 +93,7 @@ def _entry(path: Path, st: os.stat_result) -> tuple[dict[str, Any], GGUFInfo | N
         "expert_count": info.expert_count,
         "expert_used_count": info.expert_used_count,
         "recurrence": info.recurrence,
+        "rewind": info.rewind,
         "split": split,
         "digests": _digests(info),
     }
@@ -269,10 +270,9 @@ def _matrix(res: ScanResult, cache: dict, infos: dict[str, GGUFInfo]) -> tuple[l
             if v["verdict"] == _check.INCOMPATIBLE:
                 continue
             notes = list(v["notes"])
-            if d["recurrence"] != "none":
-                notes.append(f"draft is {d['recurrence']}: rollback needs state checkpoints")
-            if t["recurrence"] != "none":
-                notes.append(f"target is {t['recurrence']}: rollback needs state checkpoints")
+            for role, side in (("draft", d), ("target", t)):
+                if side["recurrence"] != "none":
+                    notes.append(f"{role} is {_check.rewind_line(side['recurrence'], side['rewind'])}")
             if (d["context_length"] or 0) and (t["context_length"] or 0) and d["context_length"] < t["context_length"]:
                 notes.append(f"draft context {d['context_length']} < target {t['context_length']}")
             drafts.append({
@@ -319,7 +319,7 @@ def render(res: ScanResult) -> str:
                      fmt_bytes(e["size"]), str(e["context_length"] or "-"),
                      f"{e['n_vocab']} {e['tokenizer_model'] or '-'}",
                      (e["vocab_fingerprint"] or "-")[:12], moe,
-                     e["recurrence"] if e["recurrence"] != "none" else "-"))
+                     f"{e['recurrence']}: {e['rewind']}" if e["recurrence"] != "none" else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{len(res.entries)} .gguf file(s): {len(res.models)} readable, {len(res.errors)} unreadable "
              f"({res.files_read} read, {res.cache_hits} from cache)"]

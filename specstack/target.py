@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -20,8 +21,10 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidParameterError, ModelLoadError, UnsupportedModelError
+from .recurrent import DEFAULT_DEPTH, RollbackError, STRATEGIES, Memory, RewindStats, SeqLog, Strategy, describe, needs_checkpoint, plan_cut
 
 _GGUF_MAGIC = b"GGUF"
+_PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: just the recurrent part of a sequence's state
 _backend_lock = threading.Lock()
 _backend_ready = False
 _recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
@@ -216,8 +219,16 @@ class ModelConfig:
     # does (the output count selects kernels of the last layer).  Draft models ask
     # only for the rows they read.
     exact: bool = True
+    # Recurrent/hybrid models (see ``recurrent``): "auto" rolls back where the
+    # architecture can, else checkpoints; ``rollback_depth`` is n_rs_seq.
+    rollback: str = "auto"
+    rollback_depth: int = DEFAULT_DEPTH
 
     def __post_init__(self) -> None:
+        if self.rollback not in STRATEGIES:
+            raise InvalidParameterError(f"rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
+        if not 2 <= self.rollback_depth <= 256:
+            raise InvalidParameterError(f"rollback depth (n_rs_seq) must be in 2..256 (got {self.rollback_depth})")
         if self.n_threads < 0:
             raise InvalidParameterError(f"threads must be >= 0 (got {self.n_threads}); 0 means one per physical core")
         if self.n_ctx < 0:
@@ -262,22 +273,29 @@ class LlamaModel:
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
-        self.is_recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
+        self.memory: Memory = ("hybrid" if lc.llama_model_is_hybrid(self._model) else
+                               "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
+        self.is_recurrent = self.memory != "attention"
         self.n_threads = config.n_threads or default_threads()
         self.n_slots = max(1, config.n_slots)
         self.unified = config.unified if config.unified is not None else self.n_slots == 1
-        self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified else 1)
+        # Tree branches need one recurrent state each; recurrent targets verify chains.
+        self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
+        # Padding rows of a recurrent model go to a scratch sequence: on the real one they would advance its state.
+        self._scratch = self.n_seq_max if self.is_recurrent else -1
         self.flash_attn = config.flash_attn
         self._ctx = self._new_context()
+        self._init_rewind()
         # Positions per sequence: a unified cache is shared (sized slots x n_ctx), streams are per sequence.
         self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx))
         self.seq_len = [0] * self.n_seq_max
+        self._logs = [SeqLog() for _ in range(self.n_seq_max)]
         # Writes per sequence (decode, truncate, reset): a cache that remembers what a sequence held
         # checks this to know nobody else (another engine, a calibration) has changed it since.
         self.writes = [0] * self.n_seq_max
-        self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max)
+        self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max + (1 if self.is_recurrent else 0))
         self._init_batch_views()
         self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
         self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
@@ -338,10 +356,13 @@ class LlamaModel:
         lc = self._lc
         params = lc.llama_context_default_params()
         per_seq = self.config.n_ctx or self.n_ctx_train
-        params.n_ctx = per_seq * self.n_slots
+        scratch = 1 if self.is_recurrent else 0
+        params.n_ctx = per_seq * (self.n_slots + (scratch if not self.unified else 0))
         params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = self.n_threads
-        params.n_seq_max = self.n_seq_max
+        params.n_seq_max = self.n_seq_max + scratch
+        if self.is_recurrent and self.config.rollback != "checkpoint":
+            params.n_rs_seq = self.config.rollback_depth
         params.kv_unified = self.unified  # tree branches share the cached prefix
         params.flash_attn_type = 1 if self.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
@@ -351,6 +372,31 @@ class LlamaModel:
             self._model = None  # freed here: close() must not free it again
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
+
+    def _init_rewind(self) -> None:
+        """Pick how this model's state is cut back (``recurrent``): llama.cpp reports whether rollback took."""
+        self.rewind = RewindStats()
+        self.rollback_depth = int(self._lc.llama_n_rs_seq(self._ctx)) if self.is_recurrent else 0
+        if not self.is_recurrent:
+            self.strategy: Strategy = "truncate"
+        elif self.rollback_depth > 0:
+            self.strategy = "rollback"
+        elif self.config.rollback == "rollback":
+            arch = self._arch()
+            self.close()
+            raise UnsupportedModelError(
+                f"{self.path.name} ({arch}) cannot roll back its recurrent state in this llama.cpp "
+                "(llm_arch_supports_rs_rollback is false for it); use --rollback checkpoint (or auto)")
+        else:
+            self.strategy = "checkpoint"
+        # Longest draft one verification may carry: a rollback reaches n_rs_seq - 1 tokens back.
+        self.max_draft = self.rollback_depth - 1 if self.strategy == "rollback" else 1 << 30
+        self.rewind_note = describe(self.memory, self.strategy, self.rollback_depth)
+
+    def _arch(self) -> str:
+        buf = ctypes.create_string_buffer(64)
+        n = self._lc.llama_model_meta_val_str(self._model, b"general.architecture", buf, 64)
+        return buf.value.decode(errors="replace") if n > 0 else "unknown architecture"
 
     def _init_batch_views(self) -> None:
         """numpy views over the batch arrays: filling a batch is then vectorised."""
@@ -396,24 +442,95 @@ class LlamaModel:
             self._lc.llama_memory_clear(self._mem, True)
             self.seq_len = [0] * self.n_seq_max
             self.writes = [w + 1 for w in self.writes]
+            for log in self._logs:
+                log.forget()
         else:
             self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self.seq_len[seq] = 0
             self.writes[seq] += 1
+            self._logs[seq].forget()
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
-        """Drop KV entries of ``seq`` from position ``n_keep`` on (rollback after a rejection)."""
-        if n_keep >= self.seq_len[seq]:
+        """Drop ``seq``'s tokens from position ``n_keep`` on (rollback after a rejection).
+
+        Attention KV is cut by position.  A recurrent state is rolled back or
+        restored from a checkpoint (``recurrent.plan_cut``); where neither can
+        reach ``n_keep``, ``RollbackError`` is raised and nothing changes.
+        """
+        length = self.seq_len[seq]
+        if n_keep >= length:
             return
         if self.is_recurrent:
-            raise UnsupportedModelError(
-                f"{self.path.name} is a recurrent/hybrid model: its state cannot be rolled back, so it "
-                "cannot be used for speculation yet; use --drafter none"
-            )
-        if not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+            self._cut_recurrent(n_keep, seq)
+        elif not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
             raise UnsupportedModelError(f"llama.cpp refused to remove KV entries after position {n_keep} for {self.path.name}")
         self.seq_len[seq] = n_keep
         self.writes[seq] += 1
+
+    def can_truncate(self, n_keep: int, seq: int = 0) -> bool:
+        """Whether ``truncate(n_keep, seq)`` would succeed (always, for attention-only models)."""
+        if not self.is_recurrent or n_keep >= self.seq_len[seq]:
+            return True
+        try:
+            plan_cut(self._logs[seq], self.seq_len[seq], n_keep, self.strategy, self.rollback_depth)
+        except UnsupportedModelError:
+            return False
+        return True
+
+    def _cut_recurrent(self, n_keep: int, seq: int) -> None:
+        log, lc = self._logs[seq], self._lc
+        how = plan_cut(log, self.seq_len[seq], n_keep, self.strategy, self.rollback_depth)
+        if how == "rollback":
+            if not lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+                raise RollbackError(f"llama.cpp refused to roll {self.path.name} back to {n_keep} tokens")
+            log.rolled = True
+            log.last_call -= self.seq_len[seq] - n_keep
+            if log.ckpt is not None:
+                del log.since[n_keep - log.ckpt_pos:]
+            self.rewind.rollbacks += 1
+            return
+        t0 = time.perf_counter()
+        assert log.ckpt is not None
+        if int(lc.llama_state_seq_set_data_ext(self._ctx, log.ckpt, len(log.ckpt), seq, _PARTIAL)) == 0:
+            raise RollbackError(f"llama.cpp could not restore a checkpoint of {self.path.name}")
+        # Attention KV (hybrids) is cut by position; the recurrent part now ends at the checkpoint.
+        lc.llama_memory_seq_rm(self._mem, seq, log.ckpt_pos, -1)
+        redo = log.since[: n_keep - log.ckpt_pos]
+        self.seq_len[seq] = log.ckpt_pos
+        log.since, log.last_call, log.rolled = [], 0, False
+        if redo:
+            # Re-decoded as a verification call would be (padded alike, logits asked for), so the state
+            # is computed by the kernels that measured exact, and no new graph shape is built.
+            pad = max(0, self.min_batch - len(redo))
+            self._call([(seq, redo, pad, 0)])
+        self.rewind.restores += 1
+        self.rewind.redecoded += len(redo)
+        self.rewind.seconds += time.perf_counter() - t0
+
+    def checkpoint(self, seq: int = 0) -> None:
+        """Save ``seq``'s recurrent state so a later ``truncate`` can come back to here (no-op without one)."""
+        if not self.is_recurrent:
+            return
+        log, lc = self._logs[seq], self._lc
+        if log.ckpt is not None and log.ckpt_pos == self.seq_len[seq] and not log.since:
+            return
+        t0 = time.perf_counter()
+        size = int(lc.llama_state_seq_get_size_ext(self._ctx, seq, _PARTIAL))
+        buf = log.ckpt if log.ckpt is not None and len(log.ckpt) == size else (ctypes.c_uint8 * size)()
+        n = int(lc.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, _PARTIAL))
+        if n != size:
+            log.forget()
+            raise RollbackError(f"llama.cpp could not save the recurrent state of {self.path.name} "
+                                f"({self.memory}); it can neither roll back nor checkpoint it: use --drafter none")
+        # The ctypes buffer itself is kept (and reused): a copy into bytes would cost more than the save.
+        log.ckpt, log.ckpt_pos, log.since = buf, self.seq_len[seq], []
+        self.rewind.checkpoints += 1
+        self.rewind.seconds += time.perf_counter() - t0
+
+    def protect(self, seq: int, n: int, one_call: bool = True) -> None:
+        """About to append ``n`` tokens that may be cut again: checkpoint unless a rollback will reach them."""
+        if needs_checkpoint(self._logs[seq], n, self.strategy, self.rollback_depth, one_call and n <= self.shapes.max_rows):
+            self.checkpoint(seq)
 
     def save_seq(self, seq: int) -> bytes:
         """A copy of one sequence's KV cache (llama.cpp's per-sequence state), for a host-memory prompt cache."""
@@ -421,7 +538,7 @@ class LlamaModel:
         size = int(lc.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
         n = int(lc.llama_state_seq_get_data(self._ctx, buf, size, seq))
-        return bytes(buf[:n])
+        return ctypes.string_at(buf, n)
 
     def load_seq(self, seq: int, data: bytes, n_tokens: int) -> bool:
         """Replace ``seq``'s KV with a saved copy of ``n_tokens`` positions; False if llama.cpp refuses it."""
@@ -432,6 +549,7 @@ class LlamaModel:
             self.reset(seq)
             return False
         self.seq_len[seq] = n_tokens
+        self.writes[seq] += 1
         return True
 
     def seq_pos_max(self, seq: int = 0) -> int:
@@ -484,6 +602,10 @@ class LlamaModel:
         """
         for s in segments:
             self._check_room(s.seq, len(s.tokens))
+        if len(segments) > 1 and self.is_recurrent:
+            # One call per sequence: a recurrent ubatch needs equal rows per sequence, and
+            # padding rows on the sequence itself would advance its state.
+            return [None if (r := self.decode([seg])[0]) is None else r.copy() for seg in segments]
         if len(segments) == 1 and len(segments[0].tokens) <= self.shapes.max_rows:  # the common case, no planning
             s = segments[0]
             n = len(s.tokens)
@@ -526,6 +648,7 @@ class LlamaModel:
         all_out = exact and any(f < len(t) for _, t, _, f in entries)
         m = out_row = 0
         where: list[int | None] = []  # output row of each entry's first wanted row
+        scratch = self._scratch
         for seq, toks, pad, first in entries:
             n = len(toks) + pad
             wanted = first < len(toks)
@@ -535,6 +658,8 @@ class LlamaModel:
             self._b_token[m : m + len(toks)] = toks
             self._b_token[m + len(toks) : m + n] = toks[-1]
             self._b_pos[m : m + n] = np.arange(start, start + n, dtype=np.int32)
+            if scratch >= 0 and pad:  # pads of a recurrent model: the scratch sequence, from position 0
+                self._b_pos[m + len(toks) : m + n] = np.arange(pad, dtype=np.int32)
             if all_out:
                 self._b_logits[m : m + n] = 1
             else:
@@ -542,9 +667,10 @@ class LlamaModel:
                 if not exact and first < len(toks):
                     self._b_logits[m + first : m + len(toks)] = 1
             for i in range(m, m + n):
-                if self._b_seq0[i] != seq:
-                    b.seq_id[i][0] = seq
-                    self._b_seq0[i] = seq
+                row_seq = seq if i < m + len(toks) or scratch < 0 else scratch
+                if self._b_seq0[i] != row_seq:
+                    b.seq_id[i][0] = row_seq
+                    self._b_seq0[i] = row_seq
             m += n
         if m > self._batch_cap:
             raise ValueError(f"decode call of {m} rows exceeds the batch capacity {self._batch_cap}")
@@ -558,17 +684,21 @@ class LlamaModel:
         for seq, toks, pad, _ in entries:
             self.seq_len[seq] += len(toks)
             self.writes[seq] += 1
-            if pad:
+            if scratch >= 0:
+                self._logs[seq].appended(toks)
+                if pad:
+                    lc.llama_memory_seq_rm(self._mem, scratch, -1, -1)
+            elif pad:
                 lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)
         if out_row == 0:
             return [None] * len(entries)
         logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(out_row, self.n_vocab))
         return [None if w is None else logits[w : w + len(t) - f] for w, (_, t, _, f) in zip(where, entries)]
 
-    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0) -> np.ndarray:
-        """One unpadded, unsplit call (shape measurement and cost curves need exact shapes)."""
-        self._check_room(seq, len(tokens))
-        rows = self._call([(seq, list(tokens), 0, 0 if outputs else len(tokens))])[0]
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray:
+        """One unsplit call, padded by ``pad`` rows only (shape measurement and cost curves need exact shapes)."""
+        self._check_room(seq, len(tokens) + pad)
+        rows = self._call([(seq, list(tokens), pad, 0 if outputs else len(tokens))])[0]
         return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
 
     # -- tree batches ------------------------------------------------------
@@ -584,6 +714,8 @@ class LlamaModel:
         Only a one-slot (unified) target has branch sequences.
         """
         n = len(tokens)
+        if self.is_recurrent:
+            raise ValueError(f"{self.path.name} is {self.memory}: a tree needs one recurrent state per branch; verify chains")
         if n < 2 or n > self._batch_cap or self.n_past + n > self.capacity:
             raise ValueError(f"tree of {n} tokens does not fit (batch {self._batch_cap}, context {self.capacity - self.n_past} left)")
         depth = [0] * n
@@ -722,6 +854,12 @@ class EngineTarget(Target, Protocol):
     seq_len: list[int]
     writes: list[int]
     tree_relayouts: int
+    # recurrent/hybrid models (``recurrent``): how rejected tokens leave the state
+    is_recurrent: bool
+    memory: str
+    strategy: str
+    max_draft: int
+    rewind: RewindStats
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def token_bytes(self, token: int) -> bytes: ...
@@ -729,6 +867,9 @@ class EngineTarget(Target, Protocol):
     def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]: ...
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
     def truncate(self, n_keep: int, seq: int = 0) -> None: ...
+    def can_truncate(self, n_keep: int, seq: int = 0) -> bool: ...
+    def checkpoint(self, seq: int = 0) -> None: ...
+    def protect(self, seq: int, n: int, one_call: bool = True) -> None: ...
     def reset(self, seq: int | None = None) -> None: ...
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
     def commit_tree(self, path: Sequence[int]) -> None: ...
@@ -737,7 +878,7 @@ class EngineTarget(Target, Protocol):
     min_batch: int
     bos_id: int
 
-    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0) -> np.ndarray: ...
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray: ...
     def set_shapes(self, shapes: BatchShapes) -> None: ...
 
 

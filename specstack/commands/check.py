@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..check import CompatReport, check_pair
+from ..check import CompatReport, check_pair, rewind_line
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 
 _VERDICT_LINE = {
@@ -53,6 +53,9 @@ def render(rep: CompatReport) -> str:
     for role, s in (("target", t), ("draft", d)):
         out.append(f"  {role:7}{s['path']:{w}}  {s['n_vocab']:>7}  "
                    f"{s['tokenizer_model']}/{s['pre'] or '(none)'}")
+    for role, s in (("target", t), ("draft", d)):
+        if s["recurrence"] != "none":
+            out.append(f"  {role} state: {rewind_line(s['recurrence'], s['rewind'])}")
     if rep.reasons:
         out.append("")
         out.append("differences:")

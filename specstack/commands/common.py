@@ -16,6 +16,7 @@ from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
+from ..recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..target import LlamaModel, ModelConfig, set_verbose
 
 
@@ -35,6 +36,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="LOSSY: run an MoE target with this many active experts (llama.cpp's expert_used_count "
                    "override). Faster, but the output is no longer the model's; it is labelled lossy everywhere. "
                    "For a lossless speed-up use --drafter moe-self")
+    g.add_argument("--rollback", choices=STRATEGIES, default="auto",
+                   help="recurrent and hybrid targets (Mamba, RWKV, LFM2, Jamba, Qwen3.5, ...): how rejected draft tokens "
+                   "leave the model's state. auto (default): llama.cpp's rollback where the architecture supports it, else "
+                   "checkpoint; rollback: insist on it (error where unsupported); checkpoint: save the state before each "
+                   "draft and restore it after a rejection (any architecture; costs a copy per drafted step). "
+                   "Ignored for attention-only models")
+    g.add_argument("--rollback-depth", type=int, default=DEFAULT_DEPTH,
+                   help=f"rollback: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq); drafts are capped at this "
+                   f"minus one (default {DEFAULT_DEPTH}); memory for the recurrent state grows with it")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
@@ -94,7 +104,9 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
 
         overrides = (expert_override(args.model, args.experts, "--experts"),)
     target = LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                    n_seq_max=branches, n_slots=slots, kv_overrides=overrides), role="target")
+                                    n_seq_max=branches, n_slots=slots, kv_overrides=overrides,
+                                    rollback=getattr(args, "rollback", "auto"),
+                                    rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
     ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
     return target
 

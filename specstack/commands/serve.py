@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
-        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, cache_mb, profile, category",
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, profile, category",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=int, default=0, help="threads without --config (default: physical cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context per slot without --config (default: the model's)")
     p.add_argument("--exact", choices=("on", "off"), default="on", help="exact call shapes (see `specstack generate --help`)")
+    p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
+                   help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
+                   "(see `specstack generate --help`)")
     p.add_argument("--cache-ram", type=int, default=512, help="MiB of host memory for finished prompts' KV, restored "
                    "instead of prefilled when a prompt comes back (default 512; 0 = off)")
     p.set_defaults(func=run)
@@ -58,7 +61,7 @@ def build_roles(args: argparse.Namespace):
     if args.config is not None:
         return load_roles(args.config)
     overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
-                 "exact": args.exact == "on", "cache_mb": args.cache_ram}
+                 "exact": args.exact == "on", "cache_mb": args.cache_ram, "rollback": args.rollback}
     if args.model is not None:
         overrides["model"] = args.model
     if args.model_draft is not None:

@@ -110,6 +110,8 @@ class DraftModelDrafter:
         live = [r for r in requests if r.budget.max_tokens > 0]
         drafts = {r.seq: _Draft() for r in live}
         logits = self._sync(live)
+        for r in live:  # a recurrent draft model comes back here after a rejection (``recurrent``)
+            self.model.protect(r.seq, r.budget.max_tokens, one_call=False)
         while live:
             going: list[DraftRequest] = []
             for r in live:

@@ -34,6 +34,7 @@ from ..draft_length import POLICIES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..profile import load_profile, read_toml
+from ..recurrent import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Role:
     ctx: int = 0  # per slot; 0 = the model's trained context
     parallel: int = 4  # slots: generations decoded together
     exact: bool = True
+    rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
     profile: Path | None = None
     category: str | None = None
@@ -62,6 +64,8 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: parallel must be >= 1 (got {self.parallel})")
         if self.k < 1 or (self.k_max is not None and self.k_max < 1):
             raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
+        if self.rollback not in STRATEGIES:
+            raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or self.ctx < 0:
             raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
 

@@ -135,7 +135,8 @@ class RoleWorker:
 
     def _load(self) -> None:
         role = self.role
-        self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel),
+        self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
+                                             rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
         ensure_shapes(self.target, role.exact)
         default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
