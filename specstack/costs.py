@@ -23,7 +23,7 @@ import numpy as np
 from .paths import cache_dir
 from .target import BatchShapes, EngineTarget, plan_calls
 
-CURVE_VERSION = 3  # bump when the measurement method changes: old cache entries are ignored
+CURVE_VERSION = 4  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass

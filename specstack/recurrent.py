@@ -52,15 +52,16 @@ class SeqLog:
     ckpt_pos: int = -1  # position of the saved state (-1: none)
     ckpt: Any = None  # the saved state: a ctypes byte array owned by the target
     since: list[int] = field(default_factory=list)  # tokens appended after the checkpoint, to re-decode
+    phantom: int = 0  # padding rows still in the state after the real tokens (rolled back with the next cut)
 
-    def appended(self, tokens: list[int], one_call: bool = True) -> None:
-        self.last_call = len(tokens) if one_call else 0
-        self.rolled = False
+    def appended(self, tokens: list[int], pad: int = 0) -> None:
+        """One call appended ``tokens`` and then ``pad`` padding rows to this sequence."""
+        self.last_call, self.phantom, self.rolled = len(tokens) + pad, pad, False
         if self.ckpt is not None:
             self.since.extend(tokens)
 
     def forget(self) -> None:
-        self.last_call, self.rolled = 0, False
+        self.last_call, self.rolled, self.phantom = 0, False, 0
         self.ckpt_pos, self.ckpt, self.since = -1, None, []
 
 

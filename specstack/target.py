@@ -281,8 +281,6 @@ class LlamaModel:
         self.unified = config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.
         self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
-        # Padding rows of a recurrent model go to a scratch sequence: on the real one they would advance its state.
-        self._scratch = self.n_seq_max if self.is_recurrent else -1
         self.flash_attn = config.flash_attn
         self._ctx = self._new_context()
         self._init_rewind()
@@ -391,6 +389,12 @@ class LlamaModel:
             self.strategy = "checkpoint"
         # Longest draft one verification may carry: a rollback reaches n_rs_seq - 1 tokens back.
         self.max_draft = self.rollback_depth - 1 if self.strategy == "rollback" else 1 << 30
+        # Padding rows: on the sequence itself they would advance its state.  With rollback they stay
+        # there as "phantoms" and are rolled back with the next cut, so a padded call computes what a
+        # same-sequence call of that many rows computes (LFM2's conv layers batch rows per sequence:
+        # rows of two sequences are two one-row products, which differ).  Without rollback they go
+        # to a scratch sequence, cleared after the call.
+        self._scratch = self.n_seq_max if self.strategy == "checkpoint" else -1
         self.rewind_note = describe(self.memory, self.strategy, self.rollback_depth)
 
     def _arch(self) -> str:
@@ -457,8 +461,7 @@ class LlamaModel:
         restored from a checkpoint (``recurrent.plan_cut``); where neither can
         reach ``n_keep``, ``RollbackError`` is raised and nothing changes.
         """
-        length = self.seq_len[seq]
-        if n_keep >= length:
+        if n_keep >= self.seq_len[seq]:
             return
         if self.is_recurrent:
             self._cut_recurrent(n_keep, seq)
@@ -471,20 +474,18 @@ class LlamaModel:
         """Whether ``truncate(n_keep, seq)`` would succeed (always, for attention-only models)."""
         if not self.is_recurrent or n_keep >= self.seq_len[seq]:
             return True
+        log = self._logs[seq]
         try:
-            plan_cut(self._logs[seq], self.seq_len[seq], n_keep, self.strategy, self.rollback_depth)
+            plan_cut(log, self.seq_len[seq] + log.phantom, n_keep, self.strategy, self.rollback_depth)
         except UnsupportedModelError:
             return False
         return True
 
     def _cut_recurrent(self, n_keep: int, seq: int) -> None:
         log, lc = self._logs[seq], self._lc
-        how = plan_cut(log, self.seq_len[seq], n_keep, self.strategy, self.rollback_depth)
+        how = plan_cut(log, self.seq_len[seq] + log.phantom, n_keep, self.strategy, self.rollback_depth)
         if how == "rollback":
-            if not lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
-                raise RollbackError(f"llama.cpp refused to roll {self.path.name} back to {n_keep} tokens")
-            log.rolled = True
-            log.last_call -= self.seq_len[seq] - n_keep
+            self._roll_back(seq, n_keep)
             if log.ckpt is not None:
                 del log.since[n_keep - log.ckpt_pos:]
             self.rewind.rollbacks += 1
@@ -497,7 +498,7 @@ class LlamaModel:
         lc.llama_memory_seq_rm(self._mem, seq, log.ckpt_pos, -1)
         redo = log.since[: n_keep - log.ckpt_pos]
         self.seq_len[seq] = log.ckpt_pos
-        log.since, log.last_call, log.rolled = [], 0, False
+        log.since, log.last_call, log.rolled, log.phantom = [], 0, False, 0
         if redo:
             # Re-decoded as a verification call would be (padded alike, logits asked for), so the state
             # is computed by the kernels that measured exact, and no new graph shape is built.
@@ -507,10 +508,28 @@ class LlamaModel:
         self.rewind.redecoded += len(redo)
         self.rewind.seconds += time.perf_counter() - t0
 
+    def _roll_back(self, seq: int, n_keep: int) -> None:
+        """llama.cpp's rollback to ``n_keep`` tokens (``plan_cut`` has checked it may); drops phantom pads too."""
+        log = self._logs[seq]
+        if not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+            raise RollbackError(f"llama.cpp refused to roll {self.path.name} back to {n_keep} tokens")
+        log.last_call -= self.seq_len[seq] + log.phantom - n_keep
+        log.rolled, log.phantom = True, 0
+
+    def _settle(self, seq: int) -> None:
+        """Roll phantom pad rows out of ``seq``'s state before anything else reads or extends it."""
+        log, n = self._logs[seq], self.seq_len[seq]
+        if log.phantom:
+            if plan_cut(log, n + log.phantom, n, self.strategy, self.rollback_depth) == "rollback":
+                self._roll_back(seq, n)
+            else:
+                self._cut_recurrent(n, seq)
+
     def checkpoint(self, seq: int = 0) -> None:
         """Save ``seq``'s recurrent state so a later ``truncate`` can come back to here (no-op without one)."""
         if not self.is_recurrent:
             return
+        self._settle(seq)
         log, lc = self._logs[seq], self._lc
         if log.ckpt is not None and log.ckpt_pos == self.seq_len[seq] and not log.since:
             return
@@ -535,6 +554,8 @@ class LlamaModel:
     def save_seq(self, seq: int) -> bytes:
         """A copy of one sequence's KV cache (llama.cpp's per-sequence state), for a host-memory prompt cache."""
         lc = self._lc
+        if self.is_recurrent:
+            self._settle(seq)
         size = int(lc.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
         n = int(lc.llama_state_seq_get_data(self._ctx, buf, size, seq))
@@ -644,6 +665,9 @@ class LlamaModel:
         per entry the logits of its rows from ``logits_from`` (None if none).
         """
         lc, b = self._lc, self._batch
+        if self.is_recurrent:
+            for seq, *_ in entries:
+                self._settle(seq)
         exact = self.config.exact
         all_out = exact and any(f < len(t) for _, t, _, f in entries)
         m = out_row = 0
@@ -684,9 +708,9 @@ class LlamaModel:
         for seq, toks, pad, _ in entries:
             self.seq_len[seq] += len(toks)
             self.writes[seq] += 1
-            if scratch >= 0:
-                self._logs[seq].appended(toks)
-                if pad:
+            if self.is_recurrent:
+                self._logs[seq].appended(toks, pad if scratch < 0 else 0)
+                if pad and scratch >= 0:
                     lc.llama_memory_seq_rm(self._mem, scratch, -1, -1)
             elif pad:
                 lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)

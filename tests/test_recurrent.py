@@ -105,7 +105,10 @@ def test_cost_policy_learns_the_rewind_cost(setup):
     costs = calibrate(setup.target, n_max=8)
     policy = make_policy("cost", 4, costs)
     gens = setup.run("draft-model", policy=policy)
-    assert_lossless(setup, gens, "draft-model + cost policy")
+    # The policy may stop drafting where it does not pay (that is its job), so acceptance is
+    # required over the run, identity on every prompt.
+    assert [g.output_ids for g in gens] == setup.plain
+    assert sum(g.stats.n_accepted for g in gens) > 0
     if setup.target.strategy == "checkpoint":
         assert costs.rewind_s > 0  # a checkpoint costs something, and the policy prices it
         assert costs.batch_s((4,)) > costs.call_s(4)
@@ -220,3 +223,22 @@ def test_recurrent_prefix_reuse_only_from_the_whole_state():
         fresh = Engine(m, create("none", BuildContext(m))).generate(PROMPTS[0][: len(PROMPTS[0]) // 2],
                                                                     GenerationConfig(max_tokens=16)).run()
         assert other.output_ids == fresh.output_ids
+
+
+def test_cross_tokenizer_draft_for_a_hybrid_target():
+    """The SentencePiece draft, translated through text (``translate``), verifies on the LFM2 target."""
+    with LlamaModel(ModelConfig(LFM2), role="target") as t:
+        plain = Engine(t, create("none", BuildContext(t))).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+        engine = Engine(t, create("draft-model", BuildContext(t, options={"draft_model": SPM_DRAFT})))
+        gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS, k=4)).run()
+    assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
+
+
+def test_a_recurrent_draft_model_for_an_attention_target(target):
+    """The LFM2 model drafting for the bundled llama target: the *draft's* state is checkpointed."""
+    plain = Engine(target, create("none", BuildContext(target))).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    drafter = create("draft-model", BuildContext(target, options={"draft_model": LFM2}))
+    gen = Engine(target, drafter).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS, k=4)).run()
+    assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
+    draft = drafter.model
+    assert draft.is_recurrent and draft.rewind.checkpoints > 0 and draft.rewind.restores > 0
