@@ -20,6 +20,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from specstack.bench.standin import (  # noqa: E402
     LlamaShape,
     _use_more_bits,
+    lfm2_layer_layout,
     live_layer_slots,
     make_standin,
     plan_standin,
@@ -28,7 +29,7 @@ from specstack.bench.standin import (  # noqa: E402
     register_cli,
 )
 from specstack.errors import InvalidParameterError, ModelLoadError, SpecstackError, UnsupportedModelError  # noqa: E402
-from specstack.paths import DATA_DIR, DEFAULT_TARGET  # noqa: E402
+from specstack.paths import DATA_DIR, DEFAULT_DRAFT, DEFAULT_TARGET, MODELS_DIR  # noqa: E402
 
 N_PROMPTS = 6
 N_TOKENS = 48
@@ -180,7 +181,7 @@ def test_standin_gives_the_same_greedy_tokens(standin_f16, source_greedy):
         np.testing.assert_array_equal(ref_logits, logits)
 
 
-def _assert_same_quant_blocks(src_q: Path, standin_q: Path) -> None:
+def _assert_same_quant_blocks(src_q: Path, standin_q: Path, expect: int = 1 + 7 * 6) -> None:
     a, b = gguf.GGUFReader(src_q), gguf.GGUFReader(standin_q)
     live = b.fields["specstack.standin.live_layers"].contents()
     by_name = {t.name: t for t in b.tensors}
@@ -194,9 +195,12 @@ def _assert_same_quant_blocks(src_q: Path, standin_q: Path) -> None:
         assert u.tensor_type == t.tensor_type, (t.name, t.tensor_type.name, u.tensor_type.name)
         if t.data.ndim == 2 and t.tensor_type.name not in ("F32", "F16"):
             x, y = np.asarray(t.data), np.asarray(u.data)  # [rows, bytes per row]
+            if name.endswith("shortconv.in_proj.weight"):  # chunks B, C, x: d rows atop each W-row chunk
+                d, w = x.shape[0] // 3, y.shape[0] // 3
+                y = np.concatenate([y[k * w:k * w + d] for k in range(3)])
             assert np.array_equal(y[: x.shape[0], : x.shape[1]], x), t.name
             n_checked += 1
-    assert n_checked == 1 + 7 * 6
+    assert n_checked == expect
 
 
 def _quantized_pair(work: Path, ftype: str) -> tuple[Path, Path]:
@@ -265,3 +269,240 @@ def test_moe_standin_keeps_the_routers_choice_and_the_logits(tmp_path):
         assert np.array_equal(a, b)
         src.reset(), big.reset()
     src.close(), big.close()
+
+
+def test_kv_heads_regroups_query_heads_and_keeps_the_logits(tmp_path):
+    """--kv-heads 4 at width 512 puts 4 query heads on each KV head (the source has 2): source
+    head h moves to slot (h // 2) * 4 + h % 2 and still reads its own KV head; F16 stays exact."""
+    out = make_standin(DEFAULT_TARGET, tmp_path / "kv4.gguf", 512, 8, kv_heads=4, progress=False)
+    shape = read_shape(gguf.GGUFReader(out))
+    assert (shape.n_head, shape.n_head_kv) == (16, 4)
+    prompts = _prompts(1)
+    for ref, got in zip(_prompt_logits(DEFAULT_TARGET, prompts), _prompt_logits(out, prompts)):
+        np.testing.assert_array_equal(ref, got)
+    plan = plan_standin(SRC_SHAPE, 512, 8, kv_heads=4, ftype="q4_k_m")
+    assert plan.regrouped_heads and plan.exact_for("f16") and plan.exact_for("q8_0") and not plan.exact_for("q4_k_m")
+    with pytest.raises(InvalidParameterError, match="at least the source's 4 KV heads"):
+        plan_standin(SRC_SHAPE, 512, 8, kv_heads=2)
+    with pytest.raises(InvalidParameterError, match="--attn-layers applies to hybrid"):
+        plan_standin(SRC_SHAPE, 512, 8, attn_layers=2)
+
+
+# ----------------------------------------------------------------------------- LFM2 (short-conv hybrid)
+#
+# Sources: a random-weight LFM2 written here (always), in the shape of the bundled trained
+# pycoder-lfm2 (d 256, 6 layers, attention at 2 and 5, 8 heads / 4 KV, FFN 512, l_cache 3), and
+# the bundled model itself when it exists.
+
+LFM2_BUNDLED = MODELS_DIR / "pycoder-lfm2.gguf"
+LFM2_SHAPE = LlamaShape(n_embd=256, n_layer=6, n_head=8, n_head_kv=4, head_dim=32, n_ff=512, n_vocab=4096,
+                        tied_output=True, arch="lfm2", layer_kv=(0, 0, 4, 0, 0, 4), l_cache=3)
+
+
+def write_random_lfm2(path: Path, d: int = 256, n_layer: int = 6, attn: tuple[int, ...] = (2, 5), n_head: int = 8,
+                      n_kv: int = 4, n_ff: int = 512, l_cache: int = 3, seed: int = 0) -> Path:
+    """A random-weight LFM2 GGUF with the pycoder tokenizer (copied from the bundled draft)."""
+    tok = gguf.GGUFReader(DEFAULT_DRAFT)
+
+    def strings(key):
+        f = tok.fields[key]
+        return [bytes(f.parts[i]) for i in f.data]
+
+    w = gguf.GGUFWriter(path, "lfm2")
+    w.add_name("random-lfm2")
+    w.add_context_length(512)
+    w.add_embedding_length(d)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([n_kv if i in attn else 0 for i in range(n_layer)])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_shortconv_l_cache(l_cache)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(strings("tokenizer.ggml.tokens"))
+    w.add_token_types(tok.fields["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(strings("tokenizer.ggml.merges"))
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    rng = np.random.default_rng(seed)
+    n_vocab = len(tok.fields["tokenizer.ggml.tokens"].data)
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) * 0.08).astype(np.float16)
+
+    def norm(n):  # not all ones, so a wrong rescale would show
+        return (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    hd = d // n_head
+    w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, d)) * 0.5).astype(np.float16))
+    w.add_tensor("token_embd_norm.weight", norm(d))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(d))
+        w.add_tensor(p + "ffn_norm.weight", norm(d))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, d))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, d))
+        w.add_tensor(p + "ffn_down.weight", mat(d, n_ff))
+        if i in attn:
+            w.add_tensor(p + "attn_q.weight", mat(d, d))
+            w.add_tensor(p + "attn_k.weight", mat(n_kv * hd, d))
+            w.add_tensor(p + "attn_v.weight", mat(n_kv * hd, d))
+            w.add_tensor(p + "attn_output.weight", mat(d, d))
+            w.add_tensor(p + "attn_q_norm.weight", norm(hd))
+            w.add_tensor(p + "attn_k_norm.weight", norm(hd))
+        else:
+            w.add_tensor(p + "shortconv.conv.weight", (rng.standard_normal((d, l_cache)) * 0.5).astype(np.float32))
+            w.add_tensor(p + "shortconv.in_proj.weight", mat(3 * d, d))
+            w.add_tensor(p + "shortconv.out_proj.weight", mat(d, d))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def lfm2_random(work) -> Path:
+    return write_random_lfm2(work / "lfm2-random.gguf")
+
+
+@pytest.fixture(scope="module", params=["random", "bundled"])
+def lfm2_source(request, lfm2_random) -> Path:
+    if request.param == "random":
+        return lfm2_random
+    if not LFM2_BUNDLED.is_file():
+        pytest.skip(f"BUNDLED LFM2 MODEL MISSING: {LFM2_BUNDLED} does not exist (train it with "
+                    f"scripts/train_lfm2.py); only the random-weight LFM2 was checked")
+    return LFM2_BUNDLED
+
+
+def _lfm2_logits(path: Path, ids: list[int], n_gen: int = 12) -> np.ndarray:
+    """Logits of every prompt row (one call), then of ``n_gen`` greedy steps one token at a time
+    (the short-conv state's single-token path)."""
+    from specstack.target import LlamaModel, ModelConfig
+
+    # One thread: on a shared 2-core machine, two spinning threads can stall for seconds per call.
+    m = LlamaModel(ModelConfig(path, n_ctx=512, n_threads=1))
+    try:
+        rows = [m.eval(ids, logits_from=0).copy()]
+        for _ in range(n_gen):
+            rows.append(m.eval([int(rows[-1][-1].argmax())], logits_from=0).copy())
+        return np.concatenate(rows)
+    finally:
+        m.close()
+
+
+def _lfm2_prompt_ids(n: int = 64) -> list[int]:
+    from specstack.target import LlamaModel, ModelConfig
+
+    m = LlamaModel(ModelConfig(DEFAULT_DRAFT, n_ctx=512))  # same tokenizer
+    try:
+        return m.tokenize("".join(_prompts(3)))[:n]
+    finally:
+        m.close()
+
+
+def test_lfm2_layout_keeps_layer_types_and_q4_k_m_verdicts():
+    # Q4_K_M: ffn_down is Q6_K by layer index, attn_v by attention-layer index; each source layer
+    # must land on a slot of its own type with both verdicts, in order.
+    for src in ([False, False, True, False, False, True], [False, True, False, True],
+                [i in (2, 5, 8, 10, 12, 14) for i in range(16)]):  # LFM2-1.2B's pattern
+        n_src, a_src = len(src), sum(src)
+        for n_out in range(n_src, 70):
+            types, slots, ok = lfm2_layer_layout(src, n_out)
+            assert len(types) == n_out and slots == sorted(set(slots)) and len(slots) == n_src
+            assert [types[p] for p in slots] == src
+            n_attn = sum(types)
+            assert abs(n_attn - n_out * a_src / n_src) <= max(2, n_out * a_src / n_src / 4) + 1
+            if not ok:
+                continue
+            assert [_use_more_bits(p, n_out) for p in slots] == [_use_more_bits(j, n_src) for j in range(n_src)]
+            rank_out = [sum(types[:p]) for p in slots if types[p]]
+            assert [_use_more_bits(r, n_attn) for r in rank_out] == [_use_more_bits(k, a_src) for k in range(a_src)]
+        assert all(lfm2_layer_layout(src, n)[2] for n in range(n_src, n_src + 2))
+    types, slots, ok = lfm2_layer_layout([False, False, True, False, False, True], 16, 6)
+    assert sum(types) == 6 and ok  # LFM2-1.2B's mix: 6 attention layers of 16
+    with pytest.raises(InvalidParameterError, match="--attn-layers 13"):
+        lfm2_layer_layout([False, False, True, False, False, True], 16, 13)
+
+
+def test_lfm2_plan_keeps_epsilon_by_copying_the_residual():
+    # One epsilon serves the residual norms and the q/k norms, so LFM2 needs c = 1: m = W / d.
+    plan = plan_standin(LFM2_SHAPE, 2048, 16, ffn=8192, attn_layers=6, kv_heads=16)
+    o = plan.out
+    assert (plan.copies, plan.norm_scale, plan.bit_exact) == (8, 1.0, True)
+    assert (o.n_head, o.head_dim, o.n_ff) == (64, 32, 8192)
+    assert sum(k > 0 for k in o.layer_kv) == 6 and set(o.layer_kv) == {0, 16}
+    assert 0.98e9 < o.n_params < 1.1e9
+    assert plan.exact_for("f16") and plan.exact_for("q8_0") and not plan.exact_for("q4_k_m")
+    plain = plan_standin(LFM2_SHAPE, 2048, 16, ffn=8192, attn_layers=6)
+    assert set(plain.out.layer_kv) == {0, 32} and plain.exact_for("q4_k_m")
+    assert (plan_standin(LFM2_SHAPE, 768, 8).copies, plan_standin(LFM2_SHAPE, 1024, 8).copies) == (3, 4)
+    odd = plan_standin(LFM2_SHAPE, 320, 8)  # not a multiple of d: close, not exact
+    assert odd.copies == 1 and not odd.bit_exact
+    with pytest.raises(InvalidParameterError, match="multiple of 64"):
+        plan_standin(LFM2_SHAPE, 288, 8)
+
+
+def test_lfm2_standin_header(work, lfm2_random):
+    out = make_standin(lfm2_random, work / "lfm2-w512-l9.gguf", 512, 9, progress=False)
+    r = gguf.GGUFReader(out)
+    shape, src = read_shape(r), read_shape(gguf.GGUFReader(lfm2_random))
+    assert (shape.arch, shape.n_embd, shape.n_layer, shape.n_head, shape.n_ff, shape.l_cache) == ("lfm2", 512, 9, 16, 1024, 3)
+    assert set(shape.layer_kv) == {0, 8} and shape.n_attention_layers == 3  # 2 of 6 -> 3 of 9
+    assert r.fields["lfm2.attention.layer_norm_rms_epsilon"].contents() == pytest.approx(1e-5, rel=1e-7)
+    live = r.fields["specstack.standin.live_layers"].contents()
+    assert [shape.is_attention(i) for i in live] == [src.is_attention(j) for j in range(6)]
+    t = {x.name: np.asarray(x.data) for x in r.tensors}
+    assert t["blk.0.shortconv.conv.weight" if not shape.is_attention(0) else "blk.0.attn_norm.weight"].dtype == np.float32
+    for i in range(9):
+        written = [k for k in ("attn_output", "shortconv.out_proj", "ffn_down") if f"blk.{i}.{k}.weight" in t]
+        assert len(written) == 2
+        zero = all(not t[f"blk.{i}.{k}.weight"].any() for k in written)
+        assert zero == (i not in live), i  # filler layers write nothing to the residual
+    assert r.fields["tokenizer.ggml.tokens"].contents() == gguf.GGUFReader(lfm2_random).fields[
+        "tokenizer.ggml.tokens"].contents()
+
+
+@pytest.mark.parametrize("ftype", ["f16", "q8_0", "q4_k_m"])
+def test_lfm2_standin_gives_bit_identical_logits(work, lfm2_source, ftype):
+    """64 prompt tokens in one call and 12 greedy steps one at a time: the stand-in (width 512,
+    two residual copies, 8 layers of which 3 attention) against the source quantized the same way."""
+    tag = "random" if lfm2_source.parent == work else "bundled"
+    src, standin = lfm2_source, work / f"lfm2-{tag}-w512-l8.{ftype}.gguf"
+    if ftype != "f16":
+        src = quantize_gguf(lfm2_source, work / f"lfm2-{tag}.{ftype}.gguf", ftype)
+    make_standin(lfm2_source, standin, 512, 8, ftype, progress=False)
+    ids = _lfm2_prompt_ids()
+    ref, got = _lfm2_logits(src, ids), _lfm2_logits(standin, ids)
+    assert ref.shape == got.shape == (64 + 12, 4096)
+    np.testing.assert_array_equal(ref, got)
+    if ftype != "f16":
+        _assert_same_quant_blocks(src, standin, expect=1 + 5 * 4 + 7 * 2)
+
+
+def test_lfm2_kv_heads_and_attn_layers_keep_f16_logits(work, lfm2_random):
+    # LFM2-1.2B-like mix and KV grouping at a small width: 4 of 10 layers attention, 16 heads on 4 KV heads.
+    out = make_standin(lfm2_random, work / "lfm2-kv4.gguf", 512, 10, kv_heads=4, attn_layers=4, progress=False)
+    shape = read_shape(gguf.GGUFReader(out))
+    assert shape.n_attention_layers == 4 and set(shape.layer_kv) == {0, 4}
+    ids = _lfm2_prompt_ids(32)
+    np.testing.assert_array_equal(_lfm2_logits(lfm2_random, ids, 4), _lfm2_logits(out, ids, 4))
+
+
+def test_cli_make_standin_lfm2(tmp_path, capsys, lfm2_random):
+    parser = argparse.ArgumentParser(prog="specstack bench")
+    register_cli(parser.add_subparsers(dest="bench_command"))
+    out = tmp_path / "s.gguf"
+    args = parser.parse_args(["make-standin", "--from", str(lfm2_random), "--width", "512", "--layers", "8",
+                              "--attn-layers", "3", "-o", str(out)])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "3 attention + 5 short-conv layers" in text and text.rstrip().endswith("bit-exact")
+    args = parser.parse_args(["make-standin", "--from", str(lfm2_random), "--width", "512", "--layers", "8",
+                              "--kv-heads", "4", "--ftype", "q4_k_m", "-o", str(out)])
+    assert args.func(args) == 0
+    assert "not bit-exact in q4_k_m (--kv-heads" in capsys.readouterr().out
