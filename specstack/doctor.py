@@ -16,6 +16,7 @@ from typing import Any
 from . import sysinfo
 from .errors import ModelLoadError
 from .gguf_meta import read_gguf
+from .ui import fmt_bytes, table
 
 STATUSES = ("ok", "info", "warn", "fail")
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -74,12 +75,8 @@ def _llama_version() -> str | None:
 
 
 def _gib(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for div, suf in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= div:
-            return f"{n / div:.1f} {suf}"
-    return f"{n} B"
+    """A size inside a sentence, where an unknown one reads "?" rather than a table's "-"."""
+    return fmt_bytes(n, missing="?")
 
 
 def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
@@ -240,12 +237,12 @@ def to_dict(checks: list[Check], facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(checks: list[Check]) -> str:
-    w = max(len(c.name) for c in checks)
-    lines = []
-    for c in checks:
-        lines.append(f"[{c.status:^4}] {c.name:<{w}}  {c.message}")
+    rows = []
+    for c in checks:  # the status is always 6 wide, so a fix lines up under its message
+        rows.append([f"[{c.status:^4}] {c.name}", c.message])
         if c.fix:
-            lines.append(f"       {'':<{w}}  fix: {c.fix}")
+            rows.append(["", f"fix: {c.fix}"])
+    lines = [table([], rows, align="ll")]
     counts = {s: sum(1 for c in checks if c.status == s) for s in STATUSES}
     lines.append("")
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)

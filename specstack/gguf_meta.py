@@ -23,53 +23,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
+from gguf import GGUFValueType
 
 from .errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
-DEFAULT_ALIGNMENT = 32
+DEFAULT_ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT
 
-# GGUF value types
-T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL = range(8)
-T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(8, 13)
+# ggml's tables (value types, tensor types and their block sizes, file types, token types) come from
+# the `gguf` package, pinned beside llama-cpp-python, so they follow ggml as it adds types.
+# numpy dtype per scalar value type, as stored (a bool is one byte; any non-zero byte is true):
+_NP_DTYPE = {t: np.dtype(np.uint8 if t == GGUFValueType.BOOL else np_type)
+             for t, np_type in gguf.GGUFReader.gguf_scalar_to_np.items()}
 
-_SCALAR_FMT = {
-    T_UINT8: "B", T_INT8: "b", T_UINT16: "H", T_INT16: "h", T_UINT32: "I", T_INT32: "i",
-    T_FLOAT32: "f", T_BOOL: "?", T_UINT64: "Q", T_INT64: "q", T_FLOAT64: "d",
-}
-_NP_DTYPE = {
-    T_UINT8: "u1", T_INT8: "i1", T_UINT16: "u2", T_INT16: "i2", T_UINT32: "u4", T_INT32: "i4",
-    T_FLOAT32: "f4", T_BOOL: "u1", T_UINT64: "u8", T_INT64: "i8", T_FLOAT64: "f8",
-}
-VALUE_TYPE_NAMES = {
-    T_UINT8: "uint8", T_INT8: "int8", T_UINT16: "uint16", T_INT16: "int16", T_UINT32: "uint32",
-    T_INT32: "int32", T_FLOAT32: "float32", T_BOOL: "bool", T_STRING: "string", T_ARRAY: "array",
-    T_UINT64: "uint64", T_INT64: "int64", T_FLOAT64: "float64",
-}
+# llama_token_type: the `gguf` package leaves out 0 (LLAMA_TOKEN_TYPE_UNDEFINED in llama.h)
+TOKEN_TYPE_NAMES = {0: "undefined", **{t.value: t.name.lower() for t in gguf.TokenType}}
 
-# ggml tensor types: id -> (name, elements per block, bytes per block)
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
 
-# llama_ftype (general.file_type) -> name
-FILE_TYPES: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 5: "Q4_2", 6: "Q4_3",
-    7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L",
-    14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS",
-    20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
-    36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
-}
+def ggml_type_name(ggml_type: int) -> str:
+    """A tensor type's ggml name (``F16``, ``Q4_K``); ``typeN`` for one this gguf package does not know."""
+    try:
+        return gguf.GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type{ggml_type}"
+
+
+def file_type_name(file_type: int) -> str:
+    """``general.file_type`` (llama_ftype) as llama.cpp names it: ``Q4_K_M``, ``F16``; ``ftypeN`` if unknown."""
+    try:
+        name = gguf.LlamaFileType(file_type).name
+    except ValueError:
+        return f"ftype{file_type}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
 
 # Architecture names (general.architecture) whose models carry recurrent state.
 # From llm_arch_is_recurrent / llm_arch_is_hybrid / llm_arch_supports_rs_rollback in the llama.cpp
@@ -85,10 +73,6 @@ ROLLBACK_ARCHS = (
     "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
     "lfm2", "lfm2moe", "bailingmoe3",
 )
-
-# llama token types
-TOKEN_TYPE_NAMES = {0: "undefined", 1: "normal", 2: "unknown", 3: "control",
-                    4: "user_defined", 5: "unused", 6: "byte"}
 
 # sanity limits that tell garbage from a merely truncated file
 _MAX_STRING = 1 << 32
@@ -113,14 +97,15 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES.get(self.ggml_type, (f"type{self.ggml_type}", 0, 0))[0]
+        return ggml_type_name(self.ggml_type)
 
     @property
     def n_bytes(self) -> int | None:
-        t = GGML_TYPES.get(self.ggml_type)
-        if t is None:
+        """Bytes of tensor data (None for a type this gguf package does not know)."""
+        sizes = gguf.GGML_QUANT_SIZES.get(self.ggml_type)
+        if sizes is None:
             return None
-        _, block, size = t
+        block, size = sizes
         return (self.n_elements + block - 1) // block * size
 
 
@@ -178,7 +163,7 @@ class GGUFInfo:
         """Quantization name: from general.file_type, else the dominant tensor type."""
         ft = self.file_type
         if ft is not None:
-            return FILE_TYPES.get(ft, f"ftype{ft}")
+            return file_type_name(ft)
         if not self.tensors:
             return None
         by_type: dict[str, int] = {}
@@ -376,40 +361,37 @@ class _Parser:
         self.pos = pos
         return out
 
+    def numbers(self, vtype: int, count: int) -> np.ndarray:
+        """``count`` numbers of scalar value type ``vtype``, in native byte order (bools as bool)."""
+        dt = _NP_DTYPE[vtype].newbyteorder(self.e)
+        nbytes = count * dt.itemsize
+        self.need(nbytes)
+        arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).copy()
+        self.pos += nbytes
+        if vtype == GGUFValueType.BOOL:
+            return arr.astype(bool)
+        return arr.astype(arr.dtype.newbyteorder("=")) if self.e == ">" else arr
+
     def value(self, vtype: int, depth: int = 0):
-        if vtype in _SCALAR_FMT:
-            return self.scalar(_SCALAR_FMT[vtype])
-        if vtype == T_STRING:
+        if vtype in _NP_DTYPE:
+            return self.numbers(vtype, 1)[0].item()
+        if vtype == GGUFValueType.STRING:
             return self.string()
-        if vtype == T_ARRAY:
-            if depth > 4:
-                raise ValueError("arrays nested too deeply")
-            etype = self.scalar("I")
-            count = self.scalar("Q")
-            if etype in _NP_DTYPE:
-                itemsize = struct.calcsize(_SCALAR_FMT[etype])
-                nbytes = count * itemsize
-                if count > _MAX_COUNT:
-                    raise ValueError(f"implausible array length {count}")
-                self.need(nbytes)
-                dt = np.dtype(_NP_DTYPE[etype]).newbyteorder(self.e)
-                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).copy()
-                self.pos += nbytes
-                if etype == T_BOOL:
-                    arr = arr.astype(bool)
-                elif self.e == ">":
-                    arr = arr.astype(arr.dtype.newbyteorder("="))
-                return arr
-            if etype == T_STRING:
-                if count > _MAX_COUNT:
-                    raise ValueError(f"implausible array length {count}")
-                return self.string_array(count)
-            if etype == T_ARRAY:
-                if count > _MAX_COUNT:
-                    raise ValueError(f"implausible array length {count}")
-                return [self.value(T_ARRAY, depth + 1) for _ in range(count)]
-            raise ValueError(f"unknown array element type {etype}")
-        raise ValueError(f"unknown value type {vtype}")
+        if vtype != GGUFValueType.ARRAY:
+            raise ValueError(f"unknown value type {vtype}")
+        if depth > 4:
+            raise ValueError("arrays nested too deeply")
+        etype = self.scalar("I")
+        count = self.scalar("Q")
+        if count > _MAX_COUNT:
+            raise ValueError(f"implausible array length {count}")
+        if etype in _NP_DTYPE:
+            return self.numbers(etype, count)
+        if etype == GGUFValueType.STRING:
+            return self.string_array(count)
+        if etype == GGUFValueType.ARRAY:
+            return [self.value(GGUFValueType.ARRAY, depth + 1) for _ in range(count)]
+        raise ValueError(f"unknown array element type {etype}")
 
 
 def _fail(path: Path, problem: str, hint: str = _FIX_HINT) -> ModelLoadError:
@@ -506,12 +488,12 @@ def _parse(p: Path, buf, size: int, want_tensors: bool) -> GGUFInfo:
         metadata[key] = val
         if key in _RAW_KEYS:
             raw_arrays.pop(key, None)
-            if endian == "<" and vtype == T_ARRAY and isinstance(val, list) and (not val or isinstance(val[0], str)):
+            if endian == "<" and vtype == GGUFValueType.ARRAY and isinstance(val, list) and (not val or isinstance(val[0], str)):
                 raw_arrays[key] = bytes(buf[start + 12:ps.pos])
-        value_types[key] = VALUE_TYPE_NAMES.get(vtype, str(vtype))
-        if vtype == T_ARRAY and isinstance(val, np.ndarray):
+        value_types[key] = GGUFValueType(vtype).name.lower()
+        if vtype == GGUFValueType.ARRAY and isinstance(val, np.ndarray):
             value_types[key] = f"array[{val.dtype}]"
-        elif vtype == T_ARRAY:
+        elif vtype == GGUFValueType.ARRAY:
             value_types[key] = "array[string]" if (val and isinstance(val[0], str)) else "array"
 
     info = GGUFInfo(path=p, version=version, metadata=metadata, warnings=warnings,

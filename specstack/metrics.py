@@ -25,12 +25,16 @@ class SourceStats:
         return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
 
 
+# k policies that choose every step's draft length themselves and never read the configured k.
+K_CHOOSING_POLICIES = frozenset({"cost"})
+
+
 @dataclass
 class GenerationStats:
     """Filled in by the engine as it runs; read after the generation ends."""
 
     drafter: str = "none"
-    k: int = 0
+    k: int | None = 0  # the configured k (fixed k; window/heuristic start there); None if the policy chose k itself
     k_policy: str = "fixed"
     n_prompt: int = 0
     n_tokens: int = 0
@@ -59,6 +63,10 @@ class GenerationStats:
     accepted_at: list[int] = field(default_factory=list)
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     steps: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted), for replay
+
+    def __post_init__(self) -> None:
+        if self.k_policy in K_CHOOSING_POLICIES:
+            self.k = None  # record no k rather than one no step was drafted with (drafted_at has the lengths used)
 
     def record_step(self, source: str, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
         self.n_steps += 1

@@ -22,6 +22,7 @@ from .paths import cache_dir
 from . import check as _check
 from .errors import ModelLoadError, SpecstackError
 from .gguf_meta import GGUFInfo, read_gguf
+from .ui import fmt_bytes, table
 
 CACHE_VERSION = 2  # 2: entries carry "rewind"
 CACHE_NAME = "models-scan.json"
@@ -297,15 +298,6 @@ def fmt_params(n: int | None) -> str:
     return str(n)
 
 
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for div, suf in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= div:
-            return f"{n / div:.1f} {suf}"
-    return f"{n} B"
-
-
 def render(res: ScanResult) -> str:
     rows = [("FILE", "ARCH", "PARAMS", "QUANT", "SIZE", "CTX", "VOCAB", "FINGERPRINT", "EXPERTS",
              "RECURRENT")]
@@ -320,11 +312,9 @@ def render(res: ScanResult) -> str:
                      f"{e['n_vocab']} {e['tokenizer_model'] or '-'}",
                      (e["vocab_fingerprint"] or "-")[:12], moe,
                      f"{e['recurrence']}: {e['rewind']}" if e["recurrence"] != "none" else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{len(res.entries)} .gguf file(s): {len(res.models)} readable, {len(res.errors)} unreadable "
              f"({res.files_read} read, {res.cache_hits} from cache)"]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    lines.append(table(rows[0], rows[1:], align="l" * len(rows[0])))
     for e in res.models:
         for w in e.get("warnings", []):
             lines.append(f"warning: {e['name']}: {w}")
@@ -335,15 +325,16 @@ def render(res: ScanResult) -> str:
     else:
         lines.append("draft matrix (identical or compatible vocabulary; ratio = target/draft "
                      "active params, largest first):")
+        # one table over every target's drafts, so the columns line up down the whole matrix
+        draft_lines = iter(table([], [[d["name"], fmt_params(d["n_active_params"]), f"{d['size_ratio']:.1f}x",
+                                       d["verdict"]] for row in res.matrix for d in row["drafts"]],
+                                 align="lrrl", indent="    ").splitlines())
         for row in res.matrix:
             lines.append(f"  {row['name']} ({fmt_params(row['n_active_params'])}):")
             if not row["drafts"]:
                 lines.append("    (no smaller model with a compatible vocabulary)")
             for d in row["drafts"]:
-                lines.append(f"    {d['name']:<28} {fmt_params(d['n_active_params']):>7}  "
-                             f"{d['size_ratio']:>6.1f}x  {d['verdict']}")
-                for n in d["notes"]:
-                    lines.append(f"      note: {n}")
+                lines += [next(draft_lines)] + [f"      note: {n}" for n in d["notes"]]
     if res.errors:
         lines.append("")
         lines.append(f"unreadable files ({len(res.errors)}, skipped):")

@@ -15,19 +15,13 @@ from __future__ import annotations
 
 import heapq
 from array import array
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
-import numpy as np
-
-from .errors import SpecstackError
+from . import suffix_tree_file
 
 __all__ = ["SuffixDraft", "SuffixTree", "SuffixMatcher"]
-
-FORMAT = "specstack-suffix-tree"
-FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +72,8 @@ class _Node:
 
 
 _State = tuple[_Node, int]  # (node, tokens of its label matched so far, 1..length)
+_Grown = tuple[float, Callable[[], SuffixDraft]]  # a draft's score now, the draft itself on demand
+_Grow = Callable[[_Node, int, int, float, int], _Grown]  # (node, idx, cap, min_prob, m) -> grown draft
 
 
 class SuffixTree:
@@ -423,23 +419,7 @@ class SuffixTree:
         the highest score wins, the longer match on ties.  ``context`` is a token
         list or precomputed states (``match_states``/``active_states``/a matcher).
         """
-        states = self._states(context)
-        best_m, best_score = 0, 0.0
-        for m in range(len(states), 0, -1):
-            cap = _cap(m, max_tokens, max_spec_factor, max_spec_offset)
-            if cap <= best_score:
-                break  # caps shrink with m and a score never exceeds its cap
-            node, idx = states[m - 1]
-            if idx == node.length and node.best is None:
-                continue  # nothing ever followed this match
-            score = _path_score(node, idx, cap, min_token_prob)
-            if score > best_score:
-                best_m, best_score = m, score
-        if best_m == 0:
-            return SuffixDraft()
-        node, idx = states[best_m - 1]
-        cap = _cap(best_m, max_tokens, max_spec_factor, max_spec_offset)
-        return self._path(node, idx, cap, min_token_prob, best_m)
+        return self._best_draft(self._path, context, max_tokens, max_spec_factor, max_spec_offset, min_token_prob)
 
     def speculate_tree(
         self,
@@ -454,38 +434,48 @@ class SuffixTree:
         Nodes are taken in order of path probability (a priority queue), so the
         tree holds the most likely continuations within the token budget.
         """
+        return self._best_draft(self._tree, context, max_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+
+    def _best_draft(self, grow: _Grow, context: Sequence[int] | list[_State], max_tokens: int,
+                    factor: float, offset: float, min_prob: float) -> SuffixDraft:
+        """The best-scoring of ``grow``'s drafts over every match length m, the longest match on ties.
+
+        Caps shrink with m and a draft never scores above its cap, so the search
+        stops at the first m whose cap cannot beat the best score so far.
+        """
         states = self._states(context)
-        best = SuffixDraft()
+        best_score, best = 0.0, SuffixDraft
         for m in range(len(states), 0, -1):
-            cap = _cap(m, max_tokens, max_spec_factor, max_spec_offset)
-            if cap <= best.score:
+            cap = _cap(m, max_tokens, factor, offset)
+            if cap <= best_score:
                 break
             node, idx = states[m - 1]
-            draft = self._tree(node, idx, cap, min_token_prob, m)
-            if draft.score > best.score:
-                best = draft
-        return best
+            score, draft = grow(node, idx, cap, min_prob, m)
+            if score > best_score:
+                best_score, best = score, draft
+        return best()
 
     def _states(self, context: Sequence[int] | list[_State]) -> list[_State]:
         if context and isinstance(context[0], tuple):
             return context  # type: ignore[return-value]
         return self.match_states(context)  # type: ignore[arg-type]
 
-    def _path(self, node: _Node, idx: int, cap: int, min_prob: float, m: int) -> SuffixDraft:
-        """The greedy path from a match state; mirrors ``_path_score`` exactly."""
-        seqs = self._seqs
-        toks: list[int] = []
-        probs: list[float] = []
-        p, score = 1.0, 0.0
+    def _path(self, node: _Node, idx: int, cap: int, min_prob: float, m: int) -> _Grown:
+        """The greedy path from a match state: the most frequent child at every node.
+
+        It is scored as it is walked, one step per node; its tokens are read
+        only if it wins (``_chain``), which keeps trying every m cheap.
+        """
+        segments: list[tuple[_Node, int, int, float]] = []  # (node, label offset, tokens taken, path probability)
+        n, p, score = 0, 1.0, 0.0
         while True:
             rest = node.length - idx
             if rest > 0:
-                take = min(rest, cap - len(toks))
-                s = node.start + idx
-                toks.extend(seqs[node.seq][s : s + take])
-                probs.extend([p] * take)
+                take = rest if rest < cap - n else cap - n
+                segments.append((node, idx, take, p))
+                n += take
                 score += p * take
-                if len(toks) >= cap:
+                if n >= cap:
                     break
             b = node.best
             if b is None:
@@ -494,10 +484,20 @@ class SuffixTree:
             if p < min_prob:
                 break
             node, idx = b, 0
-        n = len(toks)
-        return SuffixDraft(tuple(toks), tuple(range(-1, n - 1)), tuple(probs), score, m)
+        return score, lambda: self._chain(segments, score, m)
 
-    def _tree(self, node: _Node, idx: int, cap: int, min_prob: float, m: int) -> SuffixDraft:
+    def _chain(self, segments: list[tuple[_Node, int, int, float]], score: float, m: int) -> SuffixDraft:
+        seqs = self._seqs
+        toks: list[int] = []
+        probs: list[float] = []
+        for node, idx, take, p in segments:
+            s = node.start + idx
+            toks.extend(seqs[node.seq][s : s + take])
+            probs.extend([p] * take)
+        return SuffixDraft(tuple(toks), tuple(range(-1, len(toks) - 1)), tuple(probs), score, m)
+
+    def _tree(self, node: _Node, idx: int, cap: int, min_prob: float, m: int) -> _Grown:
+        """The best-first tree from a match state (its score needs the whole tree, so it is built now)."""
         seqs = self._seqs
         toks: list[int] = []
         parents: list[int] = []
@@ -518,7 +518,8 @@ class SuffixTree:
                     if p >= min_prob:
                         tie += 1
                         heapq.heappush(heap, (-p, tie, ch, 0, parent))
-        return SuffixDraft(tuple(toks), tuple(parents), tuple(probs), sum(probs), m)
+        draft = SuffixDraft(tuple(toks), tuple(parents), tuple(probs), sum(probs), m)
+        return draft.score, lambda: draft
 
     # --- inspection -------------------------------------------------------------------
     def structure(self) -> dict[tuple[int, ...], int]:
@@ -562,30 +563,10 @@ class SuffixTree:
                 stack.append((ch, path + label))
         return bad
 
-    # --- persistence ------------------------------------------------------------------
+    # --- persistence (the file format: suffix_tree_file) -------------------------------
     def save(self, path: str | Path) -> None:
-        """Write the sequences (in order, open or closed) to an ``.npz``; ``load`` replays them.
-
-        The tree is a function of its sequences (canonical compression and a
-        fixed tie rule), so replaying them restores it exactly; storing tokens,
-        not nodes, keeps the file small and the save fast.
-        """
-        seq_ids = list(self._seqs)
-        parts = [np.frombuffer(self._seqs[s], dtype=np.int32) for s in seq_ids]
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez_compressed(
-                f,
-                format=np.array(FORMAT),
-                version=np.array(FORMAT_VERSION),
-                max_depth=np.array(self.max_depth),
-                seq_ids=np.array(seq_ids, dtype=np.int64),
-                seq_lengths=np.array([len(p) for p in parts], dtype=np.int64),
-                seq_open=np.array([s in self._active for s in seq_ids], dtype=np.bool_),
-                tokens=np.concatenate(parts) if parts else np.zeros(0, np.int32),
-            )
-        tmp.replace(path)  # atomic: a crash never leaves half a file
+        """Write the sequences (in order, open or closed) to an ``.npz``; ``load`` replays them."""
+        suffix_tree_file.write(path, self.max_depth, [(sid, seq, sid in self._active) for sid, seq in self._seqs.items()])
 
     @classmethod
     def load(cls, path: str | Path, max_depth: int | None = None) -> "SuffixTree":
@@ -593,48 +574,14 @@ class SuffixTree:
 
         Anything that is not such a file raises SpecstackError naming the file.
         """
-        path = Path(path)
-        fix = f"delete {path} (it is only a cache) or point cache_path at another file"
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                if "format" not in z.files or str(z["format"]) != FORMAT:
-                    raise SpecstackError(f"{path} is not a specstack suffix tree cache; {fix}")
-                version = int(z["version"])
-                if version != FORMAT_VERSION:
-                    raise SpecstackError(
-                        f"{path} has suffix tree format version {version}, this specstack reads "
-                        f"version {FORMAT_VERSION}; {fix}"
-                    )
-                seq_ids = z["seq_ids"].tolist()
-                lengths = z["seq_lengths"].tolist()
-                seq_open = z["seq_open"].tolist()
-                tokens = z["tokens"]
-                depth = int(z["max_depth"]) if max_depth is None else max_depth
-        except SpecstackError:
-            raise
-        except FileNotFoundError:
-            raise SpecstackError(f"suffix tree cache {path} does not exist") from None
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
-            raise SpecstackError(f"suffix tree cache {path} is unreadable ({exc}); {fix}") from None
-        if (
-            not len(lengths) == len(seq_ids) == len(seq_open)
-            or len(set(seq_ids)) != len(seq_ids)
-            or tokens.dtype != np.int32
-            or tokens.ndim != 1
-            or any(n < 0 for n in lengths)
-            or sum(lengths) != len(tokens)
-            or depth < 1
-        ):
-            raise SpecstackError(f"suffix tree cache {path} is corrupt (inconsistent arrays); {fix}")
-        tree = cls(depth)
-        off = 0
-        for sid, n, is_open in zip(seq_ids, lengths, seq_open):
-            tree.extend(sid, tokens[off : off + n].tolist())
-            tree._seqs.setdefault(sid, array("i"))
+        depth, sequences = suffix_tree_file.read(path)
+        tree = cls(depth if max_depth is None else max_depth)
+        for sid, tokens, is_open in sequences:
+            tree.extend(sid, tokens)
+            tree._seqs.setdefault(sid, array("i"))  # an empty sequence still exists
             tree._active.setdefault(sid, [])
             if not is_open:
                 tree.close(sid)
-            off += n
         return tree
 
 
@@ -694,26 +641,6 @@ class SuffixMatcher:
                     break  # longer suffixes cannot match either
                 out.append((ch, 1))
         return out  # no node is deeper than max_depth, so neither is any state
-
-
-def _path_score(node: _Node, idx: int, cap: int, min_prob: float) -> float:
-    """Score of the greedy path from (node, idx), one step per node, not per token."""
-    n, p, score = 0, 1.0, 0.0
-    while True:
-        rest = node.length - idx
-        if rest > 0:
-            take = rest if rest < cap - n else cap - n
-            n += take
-            score += p * take
-            if n >= cap:
-                return score
-        b = node.best
-        if b is None:
-            return score
-        p = p * b.count / node.count
-        if p < min_prob:
-            return score
-        node, idx = b, 0
 
 
 def _cap(m: int, max_tokens: int, factor: float, offset: float) -> int:

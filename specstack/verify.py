@@ -23,6 +23,38 @@ from .sampling import sample
 from .types import VerifyResult
 
 
+def matched_length(draft_ids: Sequence[int], truth: Sequence[int], parents: Sequence[int] | None = None) -> int:
+    """How many tokens of ``truth`` the draft predicts from its start: what greedy verification accepts.
+
+    The one definition of "longest matching prefix", for verification, replay and the drafters that
+    score their drafts against committed tokens.  A chain (``parents`` None) matches its longest
+    common prefix with ``truth``; a tree (``parents[i]`` is node i's parent, -1 the root) matches
+    along the path ``truth`` takes through it.
+
+    >>> matched_length([5, 6, 7], [5, 6, 9])
+    2
+    >>> matched_length([5, 6, 7], [6, 7, 1], parents=[-1, -1, 1])
+    2
+    """
+    if parents is None:
+        n = 0
+        for d, t in zip(draft_ids, truth):
+            if d != t:
+                break
+            n += 1
+        return n
+    children: dict[tuple[int, int], int] = {}
+    for i, (tok, par) in enumerate(zip(draft_ids, parents)):
+        children.setdefault((int(par), int(tok)), i)  # a duplicate sibling never wins: the first does
+    node, n = -1, 0
+    for t in truth:
+        node = children.get((node, int(t)))
+        if node is None:
+            break
+        n += 1
+    return n
+
+
 def verify_greedy(draft_ids: Sequence[int], target_argmax: Sequence[int]) -> VerifyResult:
     """Accept the longest draft prefix equal to the target's argmax, then add its next token.
 
@@ -32,11 +64,7 @@ def verify_greedy(draft_ids: Sequence[int], target_argmax: Sequence[int]) -> Ver
     >>> verify_greedy([5, 6, 7], [5, 6, 9, 1]).token_ids
     (5, 6, 9)
     """
-    n = 0
-    for d, t in zip(draft_ids, target_argmax):
-        if d != t:
-            break
-        n += 1
+    n = matched_length(draft_ids, target_argmax)
     return VerifyResult(token_ids=tuple(int(x) for x in draft_ids[:n]) + (int(target_argmax[n]),), num_accepted=n)
 
 

@@ -105,6 +105,35 @@ def test_request_too_long_for_the_context_is_refused(capsys, tmp_path):
     assert code == 2 and f"{path}:1:" in err and "lower max_tokens" in err
 
 
+def test_missing_matplotlib_is_reported_before_any_measurement(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from specstack.commands import bench as bench_cmd
+
+    def no_target(args):
+        raise AssertionError("the target was loaded before the plotting check")
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    monkeypatch.setattr(bench_cmd, "load_target", no_target)
+    code, out, err = run_cli(capsys, "bench", "run", "--workload", "code-grounded", "-o", str(tmp_path / "o"))
+    assert code == 2 and "pip install matplotlib" in err and "--no-plots" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_config_refuses_a_saved_suffix_tree_and_a_large_k_max():
+    from specstack.bench.runner import BenchConfig
+    from specstack.errors import InvalidParameterError
+
+    wl = workloads.load("code-grounded")
+    with pytest.raises(InvalidParameterError, match="cache_path is not allowed"):
+        BenchConfig(workload=wl, methods=["suffix"], ks=[4], drafter_options={"cache_path": "x.npz"})
+    with pytest.raises(InvalidParameterError, match="k must be <= 62"):
+        BenchConfig(workload=wl, methods=["suffix@cost"], ks=[4], k_max=100)
+    config = BenchConfig(workload=wl, methods=["suffix", "suffix@cost"], ks=[2, 4], k_max=16)
+    assert config.configurations() == [("none", 0), ("suffix", 2), ("suffix", 4), ("suffix@cost", 16)]
+    assert BenchConfig(workload=wl, methods=["suffix@cost"], ks=[2, 8]).configurations()[1] == ("suffix@cost", 8)
+
+
 def test_unknown_workload_lists_the_bundled_ones(capsys):
     code, _, err = run_cli(capsys, "bench", "run", "--workload", "nope")
     assert code == 2 and "unknown workload 'nope'" in err and "code-grounded" in err
@@ -323,3 +352,17 @@ def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():
     assert curve["group"] == "g" and (curve["method"], curve["k"]) == ("suffix", 4)
     assert curve["speedups"] == [2.0, 4.0] and curve["acceptance"] == [0.5, 1.0]
     assert curve["last_quarter"] == 4.0
+
+
+# -- demo: a preset of the runner ------------------------------------------------------------------
+
+
+def test_demo_prints_one_row_per_method_from_the_runner(capsys):
+    code, out, err = run_cli(capsys, "demo", "--prompts", "1", "-n", "8")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["method", "tok/s", "speedup", "accept", "mean", "len", "identical"]
+    rows = {line.split()[0]: line.split() for line in lines[2:7]}
+    assert list(rows) == ["none", "prompt-lookup", "prompt-lookup+cost", "draft-model", "draft-model+cost"]
+    assert rows["none"][2] == "1.00x" and rows["none"][-1] == "-"
+    assert all(r[-1] == "1/1" for m, r in rows.items() if m != "none")  # greedy: identical to plain
+    assert "MISMATCH" not in err

@@ -112,6 +112,16 @@ def test_config_errors_name_the_fix():
         CascadeConfig(("suffix",), min_len=0)
 
 
+@pytest.mark.parametrize("options,min_len", [({}, 3), ({"cascade_min_len": 2}, 2), ({"cascade_min_len": None}, 3)])
+def test_cascade_min_len_option_sets_the_config_field(options, min_len):
+    # The option is called cascade_min_len (one namespace for every drafter); the field is min_len.
+    from specstack.drafters import BuildContext, create
+
+    c = create("cascade:prompt-lookup,suffix", BuildContext(target=None, options=options))
+    assert c.config.min_len == min_len
+    assert c.config.sources == ("prompt-lookup", "suffix")
+
+
 def test_a_later_source_that_keeps_failing_is_dropped():
     """Every verified token costs something, so a source that is never right loses to a plain step."""
     a, b = Scripted("a", []), Scripted("b", [4, 5, 6])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,67 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
 def test_bad_flags_fail_before_generating(capsys, args, message):
     code, out, err = run_cli(capsys, "generate", "-p", "import os", "-n", "4", *args)
     assert code == 2 and out == "" and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "-p", "x"], ["demo"], ["tune"], ["bench", "run", "--workload", "w"], ["bench", "replay", "r.json"],
+])
+def test_k_is_spelled_as_in_generate_everywhere(argv):
+    """-k and --draft-max set args.k in every command that runs drafts; --k stays as an old spelling
+    where it was one (without it argparse would read --k as an abbreviation of --k-max)."""
+    from specstack.cli import build_parser
+
+    parser = build_parser()
+    listed = argv[0] in ("tune", "bench")  # these take a comma-separated list of k
+    for flag in ("-k", "--draft-max", *(["--k"] if listed else [])):
+        args = parser.parse_args([*argv, flag, "3"])
+        assert args.k == ([3] if listed else 3), flag
+
+
+def test_generate_statistics_are_one_aligned_table(capsys):
+    code, _, err = run_cli(capsys, "generate", "-p", "def f(x):\n", "-n", "8")
+    rows = err[err.index("-" * 60):].splitlines()[1:]
+    assert code == 0 and [r.split("  ")[0] for r in rows[:2]] == ["drafter", "tokens"]
+    starts = {len(r) - len(r[r.index("  "):].lstrip()) for r in rows}
+    assert len(starts) == 1, rows  # every value starts in the same column
+
+
+def test_every_drafter_flag_reaches_its_config_field(tmp_path):
+    """The flag table is the one mapping: each flag's value arrives in each config field it names."""
+    from dataclasses import fields
+
+    from specstack.cli import build_parser
+    from specstack.commands.common import DRAFTER_FLAGS, drafter_options
+    from specstack.drafters.base import config_from_options
+
+    samples = {int: "2", float: "0.5", Path: str(tmp_path / "x")}
+    argv = ["generate", "-p", "x"]
+    for f in DRAFTER_FLAGS:
+        argv += [f.flag] if f.type is None else [f.flag, samples[f.type]]
+    options = drafter_options(build_parser().parse_args(argv))
+    for f in DRAFTER_FLAGS:
+        expected = True if f.type is None else f.type(samples[f.type])
+        for cls in f.configs.values():
+            given = {"sources": ("suffix",)} if "sources" in {x.name for x in fields(cls)} else {}
+            assert getattr(config_from_options(cls, options, **given), f.field) == expected, (f.flag, cls.__name__)
+
+
+def test_drafter_flag_help_reads_the_config_defaults():
+    from specstack.commands.common import DRAFTER_FLAGS
+    from specstack.drafters.cascade import CascadeConfig
+
+    helps = {f.flag: f.help_text() for f in DRAFTER_FLAGS}
+    assert f"(default {CascadeConfig(('x',)).min_len})" in helps["--cascade-min-len"]
+    assert helps["--min-token-prob"].startswith("suffix/rest: ")
+    assert "(default: suffix 0.1, rest 0.2)" in helps["--min-token-prob"]
+
+
+@pytest.mark.parametrize("args,k,note", [
+    (["-k", "8"], None, True),  # the default cost policy chooses k itself: -k is not used, and not recorded
+    ([], None, False),
+    (["--k-policy", "fixed", "-k", "3"], 3, False),
+])
+def test_k_is_recorded_only_where_it_is_used(capsys, args, k, note):
+    code, out, err = run_cli(capsys, "generate", "-p", "def f(x):\n", "-n", "8", "--json", *args)
+    assert code == 0 and json.loads(out)["k"] == k
+    assert ("-k 8 is not used by --k-policy cost" in err) == note

@@ -195,3 +195,14 @@ def test_model_too_big_fails_and_close_warns():
 def test_governor():
     assert by_name(doctor.evaluate(facts(governor="powersave")))["cpu governor"].fix.startswith("sudo cpupower")
     assert by_name(doctor.evaluate(facts(governor=None)))["cpu governor"].status == "info"
+
+
+def test_render_lines_fixes_up_under_their_message():
+    text = doctor.render([doctor.Check("numa", "ok", "1 node"),
+                          doctor.Check("huge pages", "warn", "never", "echo always")])
+    assert text.splitlines()[:3] == [
+        "[ ok ] numa        1 node",
+        "[warn] huge pages  never",
+        "                   fix: echo always",
+    ]
+    assert doctor._gib(None) == "?" and doctor._gib(3 * 2**30) == "3.0 GiB"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -288,3 +289,79 @@ def test_big_endian_fingerprint_matches_little_endian(tmp_path):
     le, be = read_gguf(tmp_path / "le.gguf"), read_gguf(tmp_path / "be.gguf")
     assert "tokenizer.ggml.tokens" in le.raw_arrays and not be.raw_arrays
     assert le.vocab_fingerprint == be.vocab_fingerprint
+
+
+# --- a truncated file that llama.cpp still loads -------------------------------------------
+def _rewrite(src: Path, out: Path, alignment: int, last: str) -> None:
+    """Copy a GGUF (with gguf-py) at another data alignment, with tensor ``last`` moved to the end."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    writer.add_custom_alignment(alignment)
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
+            continue
+        vtype, sub = f.types[0], f.types[-1]
+        if vtype == VT.ARRAY:
+            value = [bytes(f.parts[i]) for i in f.data] if sub == VT.STRING else f.contents()
+            writer.add_key_value(f.name, value, vtype, sub_type=sub)
+        else:
+            writer.add_key_value(f.name, bytes(f.parts[-1]) if vtype == VT.STRING else f.contents(), vtype)
+    for t in sorted(reader.tensors, key=lambda t: t.name == last):
+        writer.add_tensor(t.name, np.array(t.data), raw_shape=tuple(int(d) for d in reversed(t.shape)),
+                          raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def padded_draft(tmp_path_factory) -> Path:
+    """The bundled draft model ending in 512 bytes of padding, the bytes a truncation can lose unnoticed.
+
+    GGUF pads each tensor's data to the alignment, the last one included, but llama.cpp checks only
+    that every tensor's own bytes are in the file.  The bundled files have no trailing padding (their
+    tensors are multiples of 32 bytes), so this copy uses a 1 KiB alignment and puts a 512-byte
+    tensor (output_norm.weight, 128 floats) last.
+    """
+    out = tmp_path_factory.mktemp("padded") / "padded.gguf"
+    _rewrite(Path(DEFAULT_DRAFT), out, 1024, "output_norm.weight")
+    return out
+
+
+def _cut(src: Path, tmp_path: Path, n_bytes: int) -> Path:
+    p = tmp_path / f"cut{n_bytes}.gguf"
+    p.write_bytes(src.read_bytes()[:-n_bytes])
+    return p
+
+
+def _generate(capsys, model: Path) -> tuple[int, str, str]:
+    from specstack.cli import main
+
+    code = main(["generate", "-m", str(model), "-p", "def add(a, b):", "-n", "12", "--json", "--k-policy", "fixed"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_padding_cut_from_the_end_reads_and_runs_like_the_whole_file(capsys, tmp_path, padded_draft):
+    whole = read_gguf(padded_draft)
+    assert [(t.name, t.shape) for t in sorted(whole.tensors, key=lambda t: t.name)] == \
+        [(t.name, t.shape) for t in sorted(read_gguf(DEFAULT_DRAFT).tensors, key=lambda t: t.name)]
+    cut = read_gguf(_cut(padded_draft, tmp_path, 512))
+    assert cut.warnings == [] and cut.file_size == whole.file_size - 512
+    assert (cut.n_params, cut.tensor_bytes, cut.vocab_fingerprint) == (whole.n_params, whole.tensor_bytes, whole.vocab_fingerprint)
+    code_whole, out_whole, _ = _generate(capsys, padded_draft)
+    code_cut, out_cut, err = _generate(capsys, tmp_path / "cut512.gguf")  # llama.cpp loads it, and so does specstack
+    assert code_whole == code_cut == 0 and "Traceback" not in err
+    assert json.loads(out_cut)["text"] == json.loads(out_whole)["text"]
+
+
+def test_one_byte_into_the_last_tensor_is_refused_clearly(capsys, tmp_path, padded_draft):
+    p = _cut(padded_draft, tmp_path, 513)
+    assert any("tensor data is truncated" in w for w in read_gguf(p).warnings)
+    code, out, err = _generate(capsys, p)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"could not load target {p}" in err and "not within the file bounds" in err

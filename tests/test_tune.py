@@ -48,3 +48,46 @@ def test_profile_strings_are_escaped(tmp_path):
     write_profile(path, {odd: {"drafter": 'cascade:suffix,"x"', "k_policy": "fixed", "k": 6}},
                   {"drafter": "prompt-lookup", "k_policy": "cost", "k": 4}, "a header")
     assert load_profile(path, odd) == {"drafter": 'cascade:suffix,"x"', "k_policy": "fixed", "k": 6}
+
+
+def _row(method, k, cat, speedup):
+    return {"method": method, "k": k, "category": cat, "speedup": speedup}
+
+
+def test_choose_ranks_by_the_bench_speedup_per_category():
+    from specstack.commands.tune import Setting, choose
+
+    rows = [_row("none", 0, c, 1.0) for c in ("all", "a", "b")] + [
+        _row("prompt-lookup", 2, "all", 1.5), _row("prompt-lookup", 2, "a", 2.0), _row("prompt-lookup", 2, "b", 1.1),
+        _row("draft-model@cost", 16, "all", 1.4), _row("draft-model@cost", 16, "a", 1.2),
+        _row("draft-model@cost", 16, "b", 1.7)]
+    best, overall, text = choose(rows, ["a", "b"])
+    assert best == {"a": Setting("prompt-lookup", "fixed", 2), "b": Setting("draft-model", "cost", 4)}
+    assert overall == Setting("prompt-lookup", "fixed", 2)
+    lines = text.splitlines()
+    assert lines[2].split() == ["a", "prompt-lookup", "/", "fixed", "k=2", "2.00x", "*"]
+    assert lines[4].split() == ["b", "draft-model", "/", "cost", "1.70x", "*"]
+
+
+def test_choose_with_one_category_reads_the_all_rows():
+    from specstack.commands.tune import Setting, choose
+
+    rows = [_row("none", 0, "all", 1.0), _row("suffix", 4, "all", 1.3), _row("suffix", 8, "all", 1.6)]
+    best, overall, _ = choose(rows, ["code"])
+    assert best == {"code": Setting("suffix", "fixed", 8)} and overall == Setting("suffix", "fixed", 8)
+
+
+def test_tune_samples_per_category_and_maps_policies_to_bench_methods():
+    import argparse
+
+    from specstack.bench.workloads import load
+    from specstack.commands.tune import methods, sample
+
+    wl = load("code-grounded")
+    picked = sample(wl, 1, 7)
+    assert [r.category for r in picked.requests] == wl.categories
+    assert all(r.max_tokens == 7 for r in picked.requests)
+    ns = argparse.Namespace(sources="prompt-lookup,suffix", policies="fixed,cost")
+    assert methods(ns) == ["prompt-lookup", "prompt-lookup@cost", "suffix", "suffix@cost"]
+    with pytest.raises(InvalidParameterError, match="unknown k policy 'nope'"):
+        methods(argparse.Namespace(sources="suffix", policies="nope"))

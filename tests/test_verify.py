@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specstack.verify import verify_greedy, verify_sampling
+from specstack.verify import matched_length, verify_greedy, verify_sampling
 
 V = 6
 
@@ -15,6 +15,26 @@ def onehot_rows(ids: list[int], eps: float = 0.0) -> np.ndarray:
     for i, t in enumerate(ids):
         p[i, t] = 1.0
     return p / p.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("draft,truth,n", [
+    ([], [1, 2], 0), ([1, 2], [], 0), ([1, 2, 3], [1, 2, 3], 3),
+    ([1, 2, 3], [1, 2], 2),  # the truth ran out: matched as far as it goes
+    ([1, 9, 3], [1, 2, 3], 1),  # a later match after a mismatch does not count
+])
+def test_matched_length_of_a_chain_is_the_common_prefix(draft, truth, n):
+    assert matched_length(draft, truth) == n
+
+
+def test_matched_length_of_a_tree_follows_the_branch_the_truth_takes():
+    # 4 -> (7 -> 1), (9); 2: the truth 4, 9 leaves the first branch for the second.
+    tokens, parents = [4, 7, 1, 9, 2], [-1, 0, 1, 0, -1]
+    assert matched_length(tokens, [4, 9, 5], parents) == 2
+    assert matched_length(tokens, [4, 7, 1, 8], parents) == 3
+    assert matched_length(tokens, [2, 4], parents) == 1
+    assert matched_length(tokens, [5], parents) == 0
+    chain = [4, 7, 1]
+    assert matched_length(chain, [4, 7, 3], [-1, 0, 1]) == matched_length(chain, [4, 7, 3]) == 2
 
 
 def test_greedy_empty_draft_returns_the_target_token():

@@ -32,8 +32,10 @@ from ..drafters.base import propose_one
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..types import Draft
+from ..verify import matched_length
 from .costcurve import cost_at
-from .report import ALL, _categories, _pct, _table
+from ..ui import markdown_table
+from .report import ALL, _categories, _pct
 
 DEFAULT_METHODS = ("prompt-lookup", "suffix")
 
@@ -69,9 +71,7 @@ def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence
             t1 = time.perf_counter()
             tokens = tuple(draft.token_ids[:kk])
             truth = recorded[done : done + len(tokens) + 1]  # the target's tokens at these positions
-            n_acc = 0
-            while n_acc < len(tokens) and n_acc < len(truth) and tokens[n_acc] == truth[n_acc]:
-                n_acc += 1
+            n_acc = matched_length(tokens, truth)
             committed = truth[: n_acc + 1]
             stats.record_step(draft.source, len(tokens), n_acc, t1 - t0, 0.0)
             context.extend(committed)
@@ -214,7 +214,7 @@ def render_markdown(out: dict[str, Any]) -> str:
     notes = (f"\nReplayed on the recorded plain outputs of `{out['source']}` ({n_req} requests, temperature 0), no "
              "target loaded. est. speedup: plain cost n_tokens x t(2) over sum of t(drafted + 1) per step plus the "
              "measured draft time, from the run's cost curve.\n")
-    return f"# specstack bench replay: {out['source']}\n\n" + _table(head, rows) + "\n" + notes
+    return f"# specstack bench replay: {out['source']}\n\n" + markdown_table(head, rows) + "\n" + notes
 
 
 def write_json(out: dict[str, Any], path: str | Path) -> None:

@@ -19,9 +19,10 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import SpecstackError
+from ..ui import markdown_table
 from .costcurve import cost_at
 
 ALL = "all"
@@ -256,12 +257,6 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _table(head: list[str], rows: Iterable[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _best_speedups(rows: list[dict[str, Any]]) -> set[int]:
     """ids of the rows with the best speedup per (temperature, category), for bold."""
     best: dict[tuple, dict[str, Any]] = {}
@@ -326,7 +321,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     parts += ["", "## Summary (all requests)", ""]
     head = ["method", "k", "temp", "tok/s", "speedup", "median speedup", "acceptance", "mean accepted length",
             "draft", "verify", "other", "identical"]
-    parts.append(_table(head, _summary_rows([r for r in rows if r["category"] == ALL], False)))
+    parts.append(markdown_table(head, _summary_rows([r for r in rows if r["category"] == ALL], False)))
     parts.append("")
     parts.append("tok/s: generated tokens / decode time (prefill excluded); speedup: tok/s over plain tok/s; median "
                  "speedup: median over requests of each request's speedup (robust to one slow run on a noisy machine). "
@@ -334,12 +329,12 @@ def render_markdown(results: dict[str, Any]) -> str:
     if len(cats) > 1:
         parts += ["", "## By category", ""]
         by_cat = [r for r in rows if r["category"] != ALL]
-        parts.append(_table(head[:3] + ["category"] + head[3:], _summary_rows(by_cat, True)))
+        parts.append(markdown_table(head[:3] + ["category"] + head[3:], _summary_rows(by_cat, True)))
     pos = acceptance_by_position(results)
     for group_curves in _by_group(sequence_curves(results)):
         group, n = group_curves[0]["group"], len(group_curves[0]["speedups"])
         parts += ["", f"## Sequence: group `{group}` ({n} requests in order, one drafter)", ""]
-        parts.append(_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)] + ["last quarter"],
+        parts.append(markdown_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)] + ["last quarter"],
                             [[c["method"], str(c["k"]), f"{c['temperature']:g}"] + [f"{x:.2f}x" for x in c["speedups"]]
                              + [f"**{c['last_quarter']:.2f}x**"] for c in group_curves]))
         parts.append("")
@@ -348,7 +343,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     if pos:
         n = max(len(v) for v in pos.values())
         parts += ["", "## Acceptance by draft position", ""]
-        parts.append(_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)],
+        parts.append(markdown_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)],
                             [[m, str(k), f"{t:g}"] + [_pct(v[i]) if i < len(v) else "" for i in range(n)]
                              for (m, k, t), v in pos.items()]))
         parts.append("")
@@ -360,7 +355,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         ns = sorted({n for n in curve["n"] if n <= 8 or n in (12, 16, 17, 24, 32)} |
                     {k + 1 for k in cfg["ks"] if k + 1 in curve["n"]})
         mins = dict(zip(curve["n"], curve["min_s"]))
-        parts.append(_table(["n", "t(n) ms", "t(n) / t(1)", "ms per token", "fastest rep ms"],
+        parts.append(markdown_table(["n", "t(n) ms", "t(n) / t(1)", "ms per token", "fastest rep ms"],
                             [[str(n), f"{1000 * cost_at(curve, n):.2f}", f"{cost_at(curve, n) / t1:.2f}",
                               f"{1000 * cost_at(curve, n) / n:.2f}", f"{1000 * mins[n]:.2f}"] for n in ns]))
         parts.append("")
@@ -368,7 +363,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                      "for every row. t(1) is a true one-token batch; specstack pads one-token steps to two "
                      "(batch-invariant logits), so a plain step costs t(2).")
     parts += ["", "## Workload", ""]
-    parts.append(_table(["category", "requests", "groups", "prompt tokens (mean)", "plain output tokens (mean)",
+    parts.append(markdown_table(["category", "requests", "groups", "prompt tokens (mean)", "plain output tokens (mean)",
                          "repeated lines in plain output"],
                         [[w["category"], str(w["requests"]), str(w["groups"]), f"{w['prompt_tokens']:.0f}",
                           _num(w["output_tokens"], ".0f"), _pct(w["repeated_lines"])] for w in workload_summary(results)]))
@@ -379,7 +374,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     if peers:
         parts += ["", "## llama.cpp peers (same models, prompts, threads and k)", ""]
         x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-        parts.append(_table(["peer", "k", "temp", "tok/s", "speedup vs llama-plain", "vs specstack plain", "acceptance",
+        parts.append(markdown_table(["peer", "k", "temp", "tok/s", "speedup vs llama-plain", "vs specstack plain", "acceptance",
                              "text agrees with specstack plain", "runs", "errors"],
                             [[p["method"], "-" if not p["k"] else str(p["k"]), f"{p['temperature']:g}",
                               _num(p["tokens_per_second"]), x(p["speedup"]), x(p["vs_specstack_plain"]),
@@ -451,14 +446,21 @@ def render_csv(results: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def _pyplot():
+def require_plotting() -> None:
+    """Fail now if plots cannot be drawn: `bench run` calls this before measuring, not after."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise SpecstackError(
             "plots need matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install 'specstack[bench]'); or pass --no-plots. The tables were written."
+            "(or pip install 'specstack[bench]'); or pass --no-plots"
         ) from None
+
+
+def _pyplot():
+    require_plotting()
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -485,12 +487,7 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
         if ks:
             ax.set_xscale("log", base=2)
             ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("k (draft tokens per step)")
-        ax.set_ylabel("decode tok/s")
-        ax.set_title(f"{results['workload']['name']}, temperature {temp:g}")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _finish(ax, "k (draft tokens per step)", "decode tok/s", f"{results['workload']['name']}, temperature {temp:g}")
     fig.tight_layout()
     written.append(_save(fig, outdir / "tokps_vs_k.png", plt))
 
@@ -505,12 +502,7 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
                     ax.plot(range(1, len(v) + 1), v, marker=".", linestyle=styles[temps.index(t) % 4] if t in temps else "-",
                             label=f"k={k}" + (f", T={t:g}" if len(temps) > 1 else ""))
             ax.xaxis.get_major_locator().set_params(integer=True)
-            ax.set_xlabel("draft position")
-            ax.set_ylabel("acceptance")
-            ax.set_ylim(0, 1.02)
-            ax.set_title(method)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            _finish(ax, "draft position", "acceptance", method, top=1.02)
         fig.tight_layout()
         written.append(_save(fig, outdir / "acceptance_by_position.png", plt))
 
@@ -521,12 +513,7 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
             ax.plot(xs, c["speedups"], marker="o", label=f"{c['method']} k={c['k']}" + (f", T={c['temperature']:g}" if len(temps) > 1 else ""))
         ax.axhline(1.0, color="gray", linestyle="--", label="plain (none)")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("request in sequence")
-        ax.set_ylabel("speedup over plain")
-        ax.set_title(f"sequence: {group_curves[0]['group']}")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _finish(ax, "request in sequence", "speedup over plain", f"sequence: {group_curves[0]['group']}")
         fig.tight_layout()
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in group_curves[0]["group"])
         written.append(_save(fig, outdir / f"sequence_{safe}.png", plt))
@@ -536,15 +523,20 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5.5, 4))
         ax.plot(curve["n"], [1000 * x for x in curve["median_s"]], marker="o", label="median")
         ax.plot(curve["n"], [1000 * x for x in curve["min_s"]], linestyle=":", label="min")
-        ax.set_xlabel("tokens in one batch (n)")
-        ax.set_ylabel("t(n) ms")
-        ax.set_title(f"verification cost at depth {curve['depth']}")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _finish(ax, "tokens in one batch (n)", "t(n) ms", f"verification cost at depth {curve['depth']}")
         fig.tight_layout()
         written.append(_save(fig, outdir / "cost_curve.png", plt))
     return written
+
+
+def _finish(ax, xlabel: str, ylabel: str, title: str, top: float | None = None) -> None:
+    """Labels, a y axis from zero, grid and legend: the same finish on every plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0, top=top)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _save(fig, path: Path, plt) -> Path:

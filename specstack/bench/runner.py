@@ -13,26 +13,29 @@ the same seed for a given request.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import sys
-import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..commands.common import build_policy, drafter_options
 from ..drafters import BuildContext, create
 from ..engine import Engine, GenerationConfig
 from ..errors import ContextOverflowError, InvalidParameterError
 from ..sampling import SamplingParams
 from ..target import LlamaModel
+from ..ui import Progress
 from .workloads import Request, Workload
 
 RESULTS_VERSION = 1
 PLAIN = "none"
+DEFAULT_K_MAX = 16  # the cost policy's own cap (draft_length.make_policy); demo and tune cap adaptive k here
 
 
 @dataclass
@@ -42,6 +45,7 @@ class BenchConfig:
     workload: Workload
     methods: list[str]  # speculative methods; plain ("none") always runs too
     ks: list[int]
+    k_max: int | None = None  # cap for METHOD@POLICY; None: the largest of ks
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     repeat: int = 1
     seed: int = 0
@@ -60,9 +64,15 @@ class BenchConfig:
     def __post_init__(self) -> None:
         self.methods = [m for m in dict.fromkeys(self.methods) if m != PLAIN]
         if not self.ks or any(k < 1 for k in self.ks):
-            raise InvalidParameterError(f"--k needs draft lengths >= 1 (got {self.ks})")
-        if any(k > 62 for k in self.ks):
+            raise InvalidParameterError(f"-k needs draft lengths >= 1 (got {self.ks})")
+        if any(k > 62 for k in [*self.ks, self.k_max or 1]):
             raise InvalidParameterError("k must be <= 62: verification batches stay under 64 tokens (see README)")
+        if self.k_max is not None and self.k_max < 1:
+            raise InvalidParameterError(f"--k-max must be >= 1 (got {self.k_max})")
+        if self.drafter_options.get("cache_path") is not None:
+            raise InvalidParameterError("cache_path is not allowed in a benchmark: a suffix tree saved across runs "
+                                        "would already hold the outputs being measured (drafters are built fresh "
+                                        "per group)")
         if self.repeat < 1:
             raise InvalidParameterError(f"--repeat must be >= 1 (got {self.repeat})")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
@@ -74,55 +84,31 @@ class BenchConfig:
         """(method, k) in run order for each request: plain first (the reference), then the rest.
 
         ``METHOD@POLICY`` (e.g. ``prompt-lookup@cost``) runs once with an
-        adaptive k policy, k_max = the largest --k.
+        adaptive k policy up to k_max (default: the largest --k); its k is that cap.
         """
         out: list[tuple[str, int]] = [(PLAIN, 0)]
         for m in self.methods:
-            out += [(m, max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
+            out += [(m, self.k_max or max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
         return out
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Drafter options given on the command line (the shared flags of commands/common.py).
+
+    Unset flags are left out so each drafter's config default applies; the seed is left out
+    because the runner gives each request its own.
+    """
+    return {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
+
+
+def adaptive_start(k_max: int) -> int:
+    """The starting k of an adaptive policy capped at k_max (window and heuristic grow from it)."""
+    return min(k_max, 4)
 
 
 def request_seed(base: int, request_id: str) -> int:
     """A fixed seed per request: the same for every method, repeat and k."""
     return (base * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31 - 1)
-
-
-class Progress:
-    """A one-line progress bar with an ETA on stderr; weights are the expected work of each item."""
-
-    def __init__(self, total: float, label: str = "bench", stream=None) -> None:
-        self.total, self.done, self.label = max(total, 1e-9), 0.0, label
-        self.stream = stream or sys.stderr
-        self.t0 = time.perf_counter()
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._last = 0.0
-
-    def update(self, weight: float, note: str = "") -> None:
-        self.done += weight
-        now = time.perf_counter()
-        if not self.tty and now - self._last < 5 and self.done < self.total:
-            return  # a log file gets a line every few seconds, not thousands
-        self._last = now
-        frac = min(self.done / self.total, 1.0)
-        elapsed = now - self.t0
-        eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
-        bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
-        line = f"{self.label} [{bar}] {100 * frac:3.0f}% {_dur(elapsed)} elapsed, ETA {_dur(eta)}  {note}"
-        if self.tty:
-            self.stream.write("\r" + line[:150].ljust(150))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r" + " " * 150 + "\r")
-            self.stream.flush()
-
-
-def _dur(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
@@ -155,8 +141,12 @@ class _Tokenized:
     seed: int
 
 
-def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) -> dict[str, Any]:
-    """Run the whole benchmark; returns the results dict (see docs/bench.md for its fields)."""
+def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True, label: str = "bench") -> dict[str, Any]:
+    """Run the whole benchmark; returns the results dict (see docs/bench.md for its fields).
+
+    ``demo`` and ``tune`` are presets of this run: what they print is computed from this dict
+    (``report.aggregate``), so all three measure and compare in one way.
+    """
     wl = config.workload
     reqs = [_Tokenized(r, target.tokenize(r.prompt), request_seed(config.seed, r.id)) for r in wl.requests]
     by_id = {t.request.id: t for t in reqs}
@@ -199,7 +189,8 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
     runs, mismatches = results["runs"], results["mismatches"]
     n_peer = len(peers.configurations()) * config.temperatures.count(0.0) if peers else 0
     work_per_pass = sum(t.request.max_tokens for t in reqs) * (len(configs) * len(config.temperatures) + n_peer)
-    bar = Progress(work_per_pass * config.repeat, label=f"bench {wl.name}") if progress else None
+    bar = Progress(f"{label} {wl.name}", work_per_pass * config.repeat, unit="tokens", quiet=not progress)
+    done = 0
     try:
         for rep in range(config.repeat):
             for temp in config.temperatures:
@@ -213,8 +204,7 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
                         plain_ids: list[int] = []
                         plain_text = ""
                         for method, k in configs:  # interleaved: every configuration, then the next request
-                            if bar:
-                                bar.update(0, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
+                            bar.update(done, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
                             gen = _generate(engines[(method, k)], tok, k, temp, config)
                             identical = None
                             if method == PLAIN:
@@ -224,20 +214,17 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True) ->
                                 if not identical:
                                     mismatches.append(_report_mismatch(target, req, method, k, rep, plain_ids, gen.output_ids))
                             runs.append(_run_record(req, method, k, temp, rep, tok.seed, gen, identical))
-                            if bar:
-                                bar.update(req.max_tokens)
+                            done += req.max_tokens
                         if peers is not None and temp == 0.0:
-                            if bar:
-                                bar.update(0, f"{req.id[:40]} llama.cpp peers rep {rep + 1}")
+                            bar.update(done, f"{req.id[:40]} llama.cpp peers rep {rep + 1}")
                             results["peers"].extend(peers.run_request(tok, temp, rep, plain_text))
-                            if bar:
-                                bar.update(req.max_tokens * len(peers.configurations()))
+                            done += req.max_tokens * len(peers.configurations())
+        bar.update(done)  # the last line a log shows is the finished one
     except KeyboardInterrupt:
         results["interrupted"] = True
-        print("\nbench: interrupted; writing the runs finished so far", file=sys.stderr)
+        print(f"\n{label}: interrupted; keeping the runs finished so far", file=sys.stderr)
     finally:
-        if bar:
-            bar.close()
+        bar.close()
     if config.cost_curve and not results["interrupted"]:
         from .costcurve import measure
 
@@ -267,14 +254,12 @@ def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, se
 
 
 def _policy(method: str, k: int, target: LlamaModel):
-    """None (fixed k from the config) or the adaptive policy named after '@'."""
+    """None (fixed k from the config) or the adaptive policy named after '@', capped at k and
+    built exactly as ``generate --k-policy NAME --k-max k`` builds it."""
     if "@" not in method:
         return None
-    from ..costs import calibrate
-    from ..draft_length import make_policy
-
     name = method.split("@", 1)[1]
-    return make_policy(name, min(k, 4), costs=calibrate(target, n_max=k + 1) if name == "cost" else None, k_max=k)
+    return build_policy(argparse.Namespace(k_policy=name, k=adaptive_start(k), k_max=k), target)
 
 
 def _run_record(req: Request, method: str, k: int, temp: float, rep: int, seed: int, gen, identical) -> dict[str, Any]:

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
-from ..paths import DEFAULT_DRAFT
-from .common import add_model_args, drafter_options, load_target
+from .common import add_model_args, load_target
 
 SUBCOMMANDS = ("run", "report", "replay", "make-standin")
 
@@ -70,6 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
+def add_ks_arg(p: argparse.ArgumentParser, default: list[int] | None, help: str) -> None:
+    """-k/--draft-max as in generate, taking a comma-separated list; --k is a hidden old spelling
+    (it must stay defined: argparse would otherwise read --k as an abbreviation of --k-max)."""
+    p.add_argument("-k", "--draft-max", dest="k", type=_csv(int, "-k"), default=default, help=help)
+    p.add_argument("--k", dest="k", type=_csv(int, "-k"), default=default, help=argparse.SUPPRESS)
+
+
 def _register_run(bsub: argparse._SubParsersAction) -> None:
     from ..bench.workloads import bundled
 
@@ -83,8 +89,9 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
     r.add_argument("--workload", required=True, help=f"bundled workload ({', '.join(bundled())}) or a .jsonl file")
     r.add_argument("--methods", type=_csv(str, "--methods"), default=["none", "prompt-lookup", "draft-model"],
                    help="comma-separated drafters; plain decoding (none) always runs (default: none,prompt-lookup,draft-model)")
-    r.add_argument("-k", "--k", dest="ks", type=_csv(int, "--k"), default=[2, 4, 8, 16],
-                   help="comma-separated draft lengths (default 2,4,8,16)")
+    add_ks_arg(r, [2, 4, 8, 16], "comma-separated draft lengths (default 2,4,8,16)")
+    r.add_argument("--k-max", type=int, default=None,
+                   help="upper bound on k for METHOD@POLICY methods (default: the largest -k)")
     r.add_argument("--temp", dest="temps", type=_csv(float, "--temp"), default=[0.0],
                    help="comma-separated temperatures (default 0); > 0 uses a fixed seed per request")
     r.add_argument("--repeat", type=int, default=1, help="passes over the workload; the median run is kept (default 1)")
@@ -147,7 +154,7 @@ def _register_replay(bsub: argparse._SubParsersAction) -> None:
     r.add_argument("results", type=Path, help="results.json (or the folder holding it)")
     r.add_argument("--methods", type=_csv(str, "--methods"), default=list(DEFAULT_METHODS),
                    help=f"comma-separated drafters (default {','.join(DEFAULT_METHODS)})")
-    r.add_argument("-k", "--k", dest="ks", type=_csv(int, "--k"), default=None, help="draft lengths (default: the run's)")
+    add_ks_arg(r, None, "comma-separated draft lengths (default: the run's)")
     r.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="drafter config field, e.g. max_spec_factor=2 (repeatable)")
     r.add_argument("-o", "--output", type=Path, default=None, help="also write the replay as JSON to this file")
@@ -160,9 +167,11 @@ def _register_replay(bsub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import report
-    from ..bench.runner import BenchConfig, run_bench
+    from ..bench.runner import BenchConfig, options_from_args, run_bench
     from ..bench.workloads import load
 
+    if args.plots:
+        report.require_plotting()  # before the measurements, not after them
     wl = load(args.workload)
     if args.limit is not None:
         if args.limit < 1:
@@ -171,17 +180,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.llama_cpp_bin is not None and not Path(args.llama_cpp_bin).is_dir():
         raise InvalidParameterError(f"--llama-cpp-bin {args.llama_cpp_bin} is not a folder; build the binaries with "
                                     "scripts/build_llama_bins.sh, which prints the folder")
-    options = {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
-    for key in ("max_spec_factor", "min_token_prob", "datastore"):
-        if getattr(args, key, None) is not None:
-            options[key] = getattr(args, key)
-    options.setdefault("draft_model", DEFAULT_DRAFT)
-    options.update(dict(args.extra_options))
-    if options.pop("cache_path", None) is not None:
-        raise InvalidParameterError("cache_path is not allowed in a benchmark: a suffix tree saved across runs would "
-                                    "already hold the outputs being measured (drafters are built fresh per group)")
+    options = {**options_from_args(args), **dict(args.extra_options)}
     config = BenchConfig(
-        workload=wl, methods=args.methods, ks=args.ks, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
+        workload=wl, methods=args.methods, ks=args.k, k_max=args.k_max, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
         cost_max_n=args.cost_max_n, cost_depth=args.cost_depth, cost_reps=args.cost_reps,
         warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin, peers=args.peers,
@@ -210,6 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..bench import report
 
+    if args.plots:
+        report.require_plotting()
     results = report.load_results(args.results)
     src = Path(args.results)
     outdir = args.output or (src if src.is_dir() else src.parent)
@@ -227,7 +230,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..bench import replay, report
 
     results = report.load_results(args.results)
-    out = replay.replay(results, args.methods, args.ks, dict(args.extra_options))
+    out = replay.replay(results, args.methods, args.k, dict(args.extra_options))
     if args.output:
         replay.write_json(out, args.output)
     if args.json:

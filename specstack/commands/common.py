@@ -7,13 +7,21 @@ Flag names follow llama.cpp where one exists (-m, -md, -n, -t, -c, --temp,
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from ..costs import calibrate, ensure_shapes
 from ..draft_length import POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
-from ..drafters.base import Drafter
+from ..drafters.base import Drafter, option_name
+from ..drafters.cascade import CascadeConfig
+from ..drafters.draft_model import DraftModelConfig
+from ..drafters.moe_self import MoeSelfConfig
+from ..drafters.prompt_lookup import PromptLookupConfig
+from ..drafters.rest import RestConfig
+from ..drafters.suffix import SuffixConfig
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
 from ..recurrent import DEFAULT_DEPTH, STRATEGIES
@@ -48,35 +56,105 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
 
 
+@dataclass(frozen=True)
+class DrafterFlag:
+    """A flag that sets one field of one or more drafters' config dataclasses.
+
+    Its dest is the field's option name (``drafters.base.option_name``), the key
+    the drafters, the server's requests and bench result files use.  ``help``
+    may say ``{default}``: the dataclass default, so each default is written once.
+    """
+
+    flag: str
+    configs: Mapping[str, type]  # drafter name -> its config dataclass
+    field: str
+    type: Callable[[str], Any] | None  # None: an on/off switch
+    help: str
+
+    def __post_init__(self) -> None:
+        names = {option_name(self._field(cls)) for cls in self.configs.values()}
+        if len(names) != 1:
+            raise TypeError(f"{self.flag} sets fields with different option names: {sorted(names)}")
+
+    def _field(self, cls: type) -> Field:
+        found = [f for f in fields(cls) if f.name == self.field]
+        if not found:
+            raise TypeError(f"{self.flag}: {cls.__name__} has no field {self.field!r}")
+        return found[0]
+
+    @property
+    def dest(self) -> str:
+        return option_name(self._field(next(iter(self.configs.values()))))
+
+    def help_text(self) -> str:
+        defaults = {name: _shown(self._field(cls).default) for name, cls in self.configs.items()}
+        shown = set(defaults.values())
+        default = shown.pop() if len(shown) == 1 else ", ".join(f"{n} {d}" for n, d in defaults.items())
+        return f"{'/'.join(self.configs)}: " + self.help.format(default=default)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# Every drafter flag, declared once: add_drafter_args adds them and drafter_options reads them.
+DRAFTER_FLAGS = (
+    DrafterFlag("--cascade-min-len", {"cascade": CascadeConfig}, "min_len", int,
+                "tokens a source must offer before later sources are skipped (default {default})"),
+    DrafterFlag("--ngram-min", {"prompt-lookup": PromptLookupConfig}, "n_min", int, "shortest n-gram to match (default {default})"),
+    DrafterFlag("--ngram-max", {"prompt-lookup": PromptLookupConfig}, "n_max", int, "longest n-gram to match (default {default})"),
+    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig}, "draft_temp", float,
+                "sampling temperature of the draft (default: the target's); output stays the target's distribution"),
+    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig}, "p_min", float,
+                "stop drafting when the draft's confidence is below this (default {default})"),
+    DrafterFlag("--suffix-factor", {"suffix": SuffixConfig}, "max_spec_factor", float,
+                "cap a draft at this factor x the match length (default {default})"),
+    DrafterFlag("--suffix-cache", {"suffix": SuffixConfig}, "cache_path", Path,
+                "file to load the global tree from and save it to, so it survives restarts"),
+    DrafterFlag("--min-token-prob", {"suffix": SuffixConfig, "rest": RestConfig}, "min_token_prob", float,
+                "stop a draft when its path probability falls below this (default: {default})"),
+    DrafterFlag("--datastore", {"rest": RestConfig}, "datastore", Path, "datastore folder from `specstack datastore build`"),
+    DrafterFlag("--tree", {"suffix": SuffixConfig, "rest": RestConfig}, "tree", None,
+                "draft token trees and verify all branches in one batch (greedy only; with sampling the best branch is verified)"),
+    DrafterFlag("--draft-experts", {"moe-self": MoeSelfConfig}, "draft_experts", int,
+                "active experts in the self-draft (default {default}); output stays the full model's"),
+)
+# Drafter options set by flags of other groups, which other commands read too: option -> args attribute.
+SHARED_OPTIONS = {"draft_model": "model_draft", "seed": "seed"}  # -md (models), --seed (sampling)
+
+
+class _NoteGiven(argparse.Action):
+    """Store the value and mark it as given on the command line (``<dest>_given``), not defaulted."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default,
                    help=f"draft source: {', '.join(n for n in available() if n not in ('cascade', 'fusion'))}, or an ordered fallback list "
                    f"cascade:SRC,SRC,... such as cascade:suffix,prompt-lookup,draft-model, or a fused tree fusion:suffix,draft-model "
                    f"(default: {default})")
-    g.add_argument("--cascade-min-len", dest="cascade_min_len", type=int, default=None,
-                   help="cascade: tokens a source must offer before later sources are skipped (default 3)")
     g.add_argument("--k-policy", choices=POLICIES, default="cost",
-                   help="how k is chosen each step: cost (default: maximise expected tokens/s from measured costs and acceptance), "
-                   "fixed (always -k), window (research controller), heuristic (+2/-1, as in transformers)")
-    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4,
-                   help="draft tokens per step for --k-policy fixed, the starting k for window and heuristic; the cost "
-                   "policy chooses k itself up to --k-max (default 4, at most 62)")
+                   help="how k is chosen each step: cost (default: maximise expected tokens/s from measured costs and "
+                   "acceptance, up to --k-max; -k is not used), fixed (always -k), window (research controller, from -k), "
+                   "heuristic (+2/-1 as in transformers, from -k)")
+    g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, action=_NoteGiven,
+                   help="draft tokens per step under --k-policy fixed, and the starting k of window and heuristic "
+                   "(default 4, at most 62). Not used by the default cost policy, which chooses k each step up to --k-max")
     g.add_argument("--k-max", type=int, default=None, help="upper bound on k for adaptive policies (default: 16 for cost, 24 window, 32 heuristic)")
-    g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram to match (default 1)")
-    g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram to match (default 4)")
-    g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: sampling temperature of the draft (default: the target's); output stays the target's distribution")
-    g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting when the draft's confidence is below this (default 0)")
-    g.add_argument("--suffix-factor", dest="max_spec_factor", type=float, default=None, help="suffix: cap a draft at this factor x the match length (default 1.0)")
-    g.add_argument("--suffix-cache", dest="cache_path", type=Path, default=None, help="suffix: file to load the global tree from and save it to, so it survives restarts")
-    g.add_argument("--min-token-prob", dest="min_token_prob", type=float, default=None, help="suffix/rest: stop a draft when its path probability falls below this")
-    g.add_argument("--datastore", type=Path, default=None, help="rest: datastore folder from `specstack datastore build`")
-    g.add_argument("--tree", action="store_true", default=None,
-                   help="suffix/rest: draft token trees and verify all branches in one batch (greedy only; "
-                   "with sampling the best branch is verified)")
     g.add_argument("--tree-branches", type=int, default=8, help="most branches a tree draft may have (default 8)")
-    g.add_argument("--draft-experts", dest="draft_experts", type=int, default=None,
-                   help="moe-self: active experts in the self-draft (default 1); output stays the full model's")
+    add_drafter_flags(g)
+
+
+def add_drafter_flags(g: argparse._ActionsContainer) -> None:
+    """The flags of ``DRAFTER_FLAGS``, unset (None) unless given, so each config's default applies."""
+    for f in DRAFTER_FLAGS:
+        kind = {"action": "store_true"} if f.type is None else {"type": f.type}
+        g.add_argument(f.flag, dest=f.dest, default=None, help=f.help_text(), **kind)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -134,32 +212,26 @@ def lossy_label(info: dict[str, Any] | None) -> str | None:
 
 
 def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
-    """The --k-policy object; the cost policy calibrates t(n) first (cached on disk)."""
+    """The --k-policy object; the cost policy calibrates t(n) first (cached on disk).
+
+    The cost policy chooses every step's k itself, so a -k given with it is not used:
+    a note on stderr says so rather than let it pass silently.
+    """
     name = getattr(args, "k_policy", "fixed")
     costs = None
     if name == "cost":
         k_max = args.k_max or 16
+        if getattr(args, "k_given", False):
+            print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
+                  f"({k_max}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
         costs = calibrate(target, n_max=k_max + 1)  # load_target settled the shapes (--exact)
     return make_policy(name, args.k, costs=costs, k_max=args.k_max)
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Drafter config fields by name; None values mean 'use the config default'."""
-    return {
-        "draft_model": getattr(args, "model_draft", None),
-        "n_min": getattr(args, "n_min", None),
-        "n_max": getattr(args, "n_max", None),
-        "draft_temp": getattr(args, "draft_temp", None),
-        "p_min": getattr(args, "p_min", None),
-        "seed": getattr(args, "seed", None),
-        "max_spec_factor": getattr(args, "max_spec_factor", None),
-        "cache_path": getattr(args, "cache_path", None),
-        "min_token_prob": getattr(args, "min_token_prob", None),
-        "datastore": getattr(args, "datastore", None),
-        "cascade_min_len": getattr(args, "cascade_min_len", None),
-        "tree": getattr(args, "tree", None),
-        "draft_experts": getattr(args, "draft_experts", None),
-    }
+    """Drafter config fields by option name (``DRAFTER_FLAGS``); None values mean 'use the config default'."""
+    options = {option: getattr(args, attr, None) for option, attr in SHARED_OPTIONS.items()}
+    return options | {f.dest: getattr(args, f.dest, None) for f in DRAFTER_FLAGS}
 
 
 def build_drafter(name: str, target: LlamaModel, args: argparse.Namespace) -> Drafter:

@@ -11,6 +11,7 @@ from ..engine import Engine, GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..target import BatchShapes
+from ..ui import table
 from .common import (
     add_drafter_args,
     add_model_args,
@@ -125,5 +126,4 @@ def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dic
         rows.append(("trees", s.trees))
     if moe is not None:
         rows.append(("experts", lossy_label(moe) or f"{moe['used']} of {moe['count']} active (the model's own setting)"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["-" * 60] + [f"{k:<{width}}  {v}" for k, v in rows])
+    return "-" * 60 + "\n" + table([], rows, align="ll")

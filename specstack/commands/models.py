@@ -7,6 +7,7 @@ import sys
 
 from ..models_scan import render, scan
 from ..paths import MODELS_DIR
+from ..ui import Progress, isatty
 
 PROGRESS_MIN_FILES = 20  # without a terminal, show progress only for folders this big
 
@@ -37,37 +38,32 @@ def register(subparsers) -> None:
     p.set_defaults(func=_help)
 
 
-class _Progress:
-    def __init__(self, stream=None):
-        self.stream = stream = stream if stream is not None else sys.stderr
-        try:
-            self.tty = stream.isatty()
-        except (AttributeError, ValueError):
-            self.tty = False
-        self.shown = False
+def _progress():
+    """A scan callback drawing one ui.Progress; sized on the first call, when the file count is known.
 
-    def __call__(self, i: int, n: int, path) -> None:
-        if self.tty:
-            msg = f"scanning {i}/{n} {path.name}"[:78]
-            self.stream.write("\r" + msg.ljust(78))
-            self.stream.flush()
-            self.shown = True
-        elif n >= PROGRESS_MIN_FILES and (i == 1 or i == n or i % max(1, n // 10) == 0):
-            self.stream.write(f"scanning {i}/{n} {path.name}\n")
-            self.stream.flush()
+    Without a terminal, folders under PROGRESS_MIN_FILES files show no progress (it would be noise).
+    """
+    bar: Progress | None = None
 
-    def done(self) -> None:
-        if self.tty and self.shown:
-            self.stream.write("\r" + " " * 78 + "\r")
-            self.stream.flush()
+    def update(i: int, n: int, path) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress("scanning", n, quiet=n < PROGRESS_MIN_FILES and not isatty(sys.stderr))
+        bar.update(i, path.name)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+
+    return update, close
 
 
 def run_scan(args) -> int:
-    progress = _Progress()
+    update, close = _progress()
     try:
-        result = scan(args.dirs, use_cache=not args.no_cache, progress=progress)
+        result = scan(args.dirs, use_cache=not args.no_cache, progress=update)
     finally:
-        progress.done()
+        close()
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -1,29 +1,40 @@
 """``specstack tune``: sweep draft sources, k policies and k on a workload sample; write a profile.
 
-Plain decoding runs interleaved with every configuration on each prompt, so
-the speedups compare runs made moments apart on the same machine.
+A preset of ``specstack bench``: the bench runner runs plain decoding interleaved with every
+configuration on each prompt, so the speedups compare runs made moments apart on the same
+machine, and they are the bench's own speedups (tok/s over plain tok/s, per category).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from ..bench import report
+from ..bench.runner import (
+    DEFAULT_K_MAX,
+    BenchConfig,
+    adaptive_start,
+    options_from_args,
+    run_bench,
+)
+from ..bench.workloads import Workload, load
 from ..draft_length import POLICIES
-from ..engine import Engine, GenerationConfig
 from ..errors import InvalidParameterError
 from ..profile import write_profile
-from .common import add_model_args, build_drafter, build_policy, load_target
+from ..ui import table
+from .bench import add_ks_arg
+from .common import add_model_args, load_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="find the best drafter / k policy / k per content type and write a profile",
-        description="Sweep --sources x --policies (x --k for the fixed policy) on a workload sample, "
+        description="Sweep --sources x --policies (x -k for the fixed policy) on a workload sample, "
         "measure tok/s against plain decoding run interleaved, and write the best setting per category as a TOML profile "
         "for `specstack generate --profile`.",
     )
@@ -31,11 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=4, help="requests per category to use (default 4)")
     p.add_argument("--sources", default="prompt-lookup,draft-model", help="comma-separated drafters to try")
     p.add_argument("--policies", default="cost,fixed", help=f"comma-separated k policies ({', '.join(POLICIES)})")
-    p.add_argument("--k", default="2,4,8", help="k values for the fixed policy (and initial k for the others)")
+    add_ks_arg(p, [2, 4, 8], "comma-separated k values for the fixed policy (default 2,4,8)")
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="override each request's max_tokens")
     p.add_argument("-o", "--output", type=Path, default=Path("specstack-profile.toml"), help="profile to write")
     add_model_args(p)
-    p.add_argument("--k-max", type=int, default=None, help="upper bound on k for adaptive policies")
+    p.add_argument("--k-max", type=int, default=None,
+                   help=f"upper bound on k for adaptive policies (default {DEFAULT_K_MAX}); they start at k=min(k-max, 4)")
     p.set_defaults(func=run)
 
 
@@ -48,83 +60,73 @@ class Setting:
     def label(self) -> str:
         return f"{self.drafter} / {self.k_policy}" + (f" k={self.k}" if self.k_policy == "fixed" else "")
 
+    @classmethod
+    def of(cls, method: str, k: int) -> Setting:
+        """The setting a bench configuration measured: METHOD is DRAFTER or DRAFTER@POLICY, and an
+        adaptive configuration's k is its cap, so the profile records the k it started from."""
+        drafter, _, policy = method.partition("@")
+        return cls(drafter, policy, adaptive_start(k)) if policy else cls(drafter, "fixed", k)
 
-def settings(args: argparse.Namespace) -> list[Setting]:
-    sources = [s for s in args.sources.split(",") if s]
+
+def methods(args: argparse.Namespace) -> list[str]:
+    """--sources x --policies as bench methods: DRAFTER for fixed k (run at each -k), else DRAFTER@POLICY."""
     policies = [p for p in args.policies.split(",") if p]
-    try:
-        ks = [int(k) for k in args.k.split(",") if k]
-    except ValueError:
-        raise InvalidParameterError(f"--k must be comma-separated integers (got {args.k!r})") from None
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise InvalidParameterError(f"unknown k policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
-    out = []
-    for s in sources:
-        for p in policies:
-            out += [Setting(s, p, k) for k in (ks if p == "fixed" else ks[:1])]
+    out = [s if p == "fixed" else f"{s}@{p}" for s in args.sources.split(",") if s for p in policies]
+    if not out:
+        raise InvalidParameterError("--sources and --policies must each name at least one")
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..bench.workloads import load
-
-    workload = load(args.workload)
-    target = load_target(args)
-    grid = settings(args)
-    plain = Engine(target, build_drafter("none", target, args))
-    engines = {}
-    for s in grid:
-        ns = argparse.Namespace(**{**vars(args), "k_policy": s.k_policy, "k": s.k})
-        engines[s] = Engine(target, build_drafter(s.drafter, target, ns), build_policy(ns, target))
-    by_cat: dict[str, list] = {}
+def sample(workload: Workload, per_category: int, max_tokens: int | None) -> Workload:
+    """The first `per_category` requests of each category, with max_tokens overridden if given."""
+    if per_category < 1:
+        raise InvalidParameterError(f"--prompts must be >= 1 (got {per_category})")
+    seen: Counter[str] = Counter()
+    picked = []
     for r in workload.requests:
-        if len(by_cat.setdefault(r.category, [])) < args.prompts:
-            by_cat[r.category].append(r)
-    total = sum(len(v) for v in by_cat.values())
-    warm = GenerationConfig(max_tokens=8)
-    for engine in [plain, *engines.values()]:  # first-call costs (allocations, graph builds) off the clock
-        engine.generate(workload.requests[0].prompt, warm).run()
-    tps: dict[tuple[str, Setting | None], list[float]] = {}
-    done, t0 = 0, time.perf_counter()
-    for cat, reqs in by_cat.items():
-        for r in reqs:
-            config = GenerationConfig(max_tokens=args.max_tokens or r.max_tokens)
-            runs = [(None, plain)] + list(engines.items())
-            for s, engine in runs:
-                gen = engine.generate(r.prompt, config).run()
-                tps.setdefault((cat, s), []).append(gen.stats.n_tokens / max(gen.stats.decode_s, 1e-9))
-            done += 1
-            eta = (time.perf_counter() - t0) / done * (total - done)
-            print(f"\rtune: {done}/{total} prompts, ETA {eta:.0f}s ", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    best, table = choose(by_cat, grid, tps)
-    print(table)
-    overall = max(grid, key=lambda s: sum(_speedup(tps, c, s) for c in by_cat))
+        seen[r.category] += 1
+        if seen[r.category] <= per_category:
+            picked.append(replace(r, max_tokens=max_tokens or r.max_tokens))
+    return Workload(workload.name, workload.path, tuple(picked))
+
+
+def run(args: argparse.Namespace) -> int:
+    wl = sample(load(args.workload), args.prompts, args.max_tokens)
+    config = BenchConfig(workload=wl, methods=methods(args), ks=args.k, k_max=args.k_max or DEFAULT_K_MAX,
+                         drafter_options=options_from_args(args), cost_curve=False)
+    target = load_target(args)
+    results = run_bench(config, target, label="tune")
+    if results["interrupted"]:
+        return 130  # a profile from part of the sample would be chosen on too little
+    best, overall, text = choose(report.aggregate(results), wl.categories)
+    print(text)
     header = (f"specstack profile written by `specstack tune --workload {args.workload}`\n"
-              f"target {target.path.name}, draft {args.model_draft.name}, {target.n_threads} threads\n{table}")
+              f"target {target.path.name}, draft {args.model_draft.name}, {target.n_threads} threads\n{text}")
     write_profile(args.output, {c: vars_of(s) for c, s in best.items()}, vars_of(overall), header)
     print(f"wrote {args.output}; use it with `specstack generate --profile {args.output} [--category NAME]`")
     return 0
 
 
-def _speedup(tps, cat: str, s: Setting) -> float:
-    import statistics
+def choose(rows: list[dict[str, Any]], categories: list[str]) -> tuple[dict[str, Setting], Setting, str]:
+    """Best setting per category and over all requests, by the bench's speedup; and the table
+    the per-category choice was made from (best first, marked *)."""
 
-    return statistics.mean(a / b for a, b in zip(tps[(cat, s)], tps[(cat, None)]))
+    def speedups(cat: str) -> dict[Setting, float]:
+        # with one category the report has only its "all" rows
+        want = report.ALL if len(categories) == 1 else cat
+        return {Setting.of(r["method"], r["k"]): r["speedup"] or 0.0
+                for r in rows if r["category"] == want and r["method"] != report.PLAIN}
 
-
-def choose(by_cat, grid, tps) -> tuple[dict[str, Setting], str]:
-    """Best setting per category by mean per-prompt speedup, and the table it was chosen from."""
-    lines = [f"{'category':<16}{'setting':<40}{'speedup':>9}", "-" * 65]
-    best = {}
-    for cat in by_cat:
-        ranked = sorted(grid, key=lambda s: -_speedup(tps, cat, s))
-        best[cat] = ranked[0]
-        for s in ranked:
-            mark = " *" if s == ranked[0] else ""
-            lines.append(f"{cat:<16}{s.label():<40}{_speedup(tps, cat, s):>8.2f}x{mark}")
-    return best, "\n".join(lines)
+    best, body = {}, []
+    for cat in categories:
+        ranked = sorted(speedups(cat).items(), key=lambda kv: -kv[1])
+        best[cat] = ranked[0][0]
+        body += [[cat, s.label(), f"{x:.2f}x", "*" if i == 0 else ""] for i, (s, x) in enumerate(ranked)]
+    overall = max(speedups(report.ALL).items(), key=lambda kv: kv[1])[0]
+    return best, overall, table(["category", "setting", "speedup", ""], body, align="llrl", rule=True)
 
 
 def vars_of(s: Setting) -> dict:

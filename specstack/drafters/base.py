@@ -12,7 +12,7 @@ length themselves.  Drafters never see the target's logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..draft_length import Budget
@@ -106,10 +106,19 @@ def create(name: str, ctx: BuildContext) -> Drafter:
     return factory(ctx)
 
 
-def config_from_options(cls: type, options: Mapping[str, Any]) -> Any:
-    """Instantiate dataclass ``cls`` from the subset of ``options`` naming its fields.
+def option_name(config_field: Field) -> str:
+    """The key that sets a drafter config field in ``BuildContext.options`` (and the dest of its flag).
+
+    It is the field's name unless the field declares ``metadata={"option": ...}``: every drafter
+    shares one namespace of options, in which a bare name like cascade's ``min_len`` would be unclear.
+    """
+    return config_field.metadata.get("option", config_field.name)
+
+
+def config_from_options(cls: type, options: Mapping[str, Any], **given: Any) -> Any:
+    """Instantiate dataclass ``cls`` from ``given`` plus the ``options`` that name its fields.
 
     None means "not given" so CLI defaults stay in one place: the dataclass.
     """
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in options.items() if k in names and v is not None})
+    picked = {f.name: options.get(option_name(f)) for f in fields(cls)}
+    return cls(**{**{name: v for name, v in picked.items() if v is not None}, **given})

@@ -28,13 +28,14 @@ replaces it only if prompt lookup's record says it is worth more.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..draft_length import AcceptanceBook, Advice, best_k, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
-from .base import BuildContext, Drafter, DraftRequest, create, register
+from ..verify import matched_length
+from .base import BuildContext, Drafter, DraftRequest, config_from_options, create, register
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class CascadeConfig:
     """sources: drafter names in priority order; min_len: tokens a draft needs to stop the cascade."""
 
     sources: tuple[str, ...]
-    min_len: int = 3
+    min_len: int = field(default=3, metadata={"option": "cascade_min_len"})  # --cascade-min-len
 
     def __post_init__(self) -> None:
         if len(self.sources) < 1:
@@ -144,11 +145,9 @@ def _outcome(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
     accepted exactly as far as it matches them; past their end the outcome
     is unknown, so those positions are left out.
     """
-    m = 0
-    for a, b in zip(draft, committed):
-        if a != b:
-            return m + 1, m  # rejected at position m
-        m += 1
+    m = matched_length(draft, committed)
+    if m < min(len(draft), len(committed)):
+        return m + 1, m  # rejected at position m
     return m, m  # all matched (or matched until the committed tokens ran out)
 
 
@@ -156,5 +155,5 @@ def _outcome(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
 def _build(ctx: BuildContext) -> CascadeDrafter:
     spec = (ctx.options.get("spec") or "").replace("+", ",")  # '+' also separates (for comma lists)
     sources = tuple(s.strip() for s in spec.split(",") if s.strip())
-    config = CascadeConfig(sources=sources, min_len=int(ctx.options.get("cascade_min_len") or 3))
+    config = config_from_options(CascadeConfig, ctx.options, sources=sources)
     return CascadeDrafter([create(name, ctx) for name in config.sources], config)

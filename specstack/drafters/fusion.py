@@ -26,6 +26,7 @@ from typing import Sequence
 from ..draft_length import AcceptanceBook, Advice, Budget, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
+from ..verify import matched_length
 from .base import BuildContext, Drafter, DraftRequest, create, register
 
 
@@ -77,7 +78,7 @@ class FusionDrafter:
         if step is not None:
             for part, source in ((step.chain, self.model.name), (step.tree, self.retrieval.name)):
                 if part.token_ids:
-                    m = _matched(part, new_ids)
+                    m = matched_length(part.token_ids, new_ids, part.parents)
                     step.advice.learn(source, min(m + 1, len(new_ids), _depth(part)), m)
         self.retrieval.observe(new_ids, num_accepted, seq)
         self.model.observe(new_ids, num_accepted, seq)
@@ -100,18 +101,6 @@ def _depth(draft: Draft) -> int:
 def _parents(draft: Draft) -> tuple[int, ...]:
     """Parent indices of a tree draft; a chain's token i follows token i - 1."""
     return draft.parents if draft.parents is not None else tuple(range(-1, len(draft.token_ids) - 1))
-
-
-def _matched(draft: Draft, committed: Sequence[int]) -> int:
-    """How far the committed tokens follow some path of ``draft`` (a chain or a tree)."""
-    parents = _parents(draft)
-    node, depth = -1, 0
-    for tok in committed:
-        node = next((i for i, p in enumerate(parents) if p == node and draft.token_ids[i] == tok), None)
-        if node is None:
-            break
-        depth += 1
-    return depth
 
 
 def fuse(first: Draft, second: Draft, budget: int, source: str) -> Draft:
