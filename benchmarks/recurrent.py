@@ -91,7 +91,7 @@ def main() -> None:
 def run_peers(args: argparse.Namespace, prompt: str, peers: dict[str, list[float]]) -> None:
     from specstack.bench.peers import PeerError, run_peer
 
-    for method, draft in (("llama-plain", None), ("llama-speculative-simple", args.model_draft)):
+    for method, draft in (("llama-plain", None), ("llama-draft-simple", args.model_draft), ("llama-ngram-simple", None)):
         try:
             r = run_peer(method, args.model, prompt, draft=draft, n_predict=args.n, threads=args.threads, k=8)
         except PeerError as exc:
