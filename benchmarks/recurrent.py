@@ -7,7 +7,7 @@ acceptance, what a drafted step paid to take rejected tokens back (ms), and whet
 equals plain decoding.  With --peers, llama.cpp's own llama-completion and
 llama-speculative-simple run on the same prompts (needs scripts/build_llama_bins.sh).
 
-    python benchmarks/recurrent.py [-m pycoder-lfm2.gguf] [-md pycoder-1m.gguf] [--prompts 6] [-n 128] [--peers]
+    python benchmarks/recurrent.py [-m pycoder-lfm2.gguf] [-md pycoder-1m.gguf] [--prompts 6] [-n 128] [--exact off] [--peers]
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class Row:
     identical: int = 0
 
 
-def engines_for(target: LlamaModel, draft: str) -> dict[str, Engine]:
-    costs = calibrate(target)
+def engines_for(target: LlamaModel, draft: str, exact: bool) -> dict[str, Engine]:
+    costs = calibrate(target, exact=exact)
     out = {}
     for m in METHODS:
         drafter = create(m, BuildContext(target, options={"draft_model": draft}))
@@ -55,13 +55,14 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--strategies", default="auto,checkpoint", help="comma list of --rollback values")
+    ap.add_argument("--exact", choices=("on", "off"), default="on", help="exact call shapes (README, Exactness)")
     ap.add_argument("--peers", action="store_true", help="also run llama.cpp's llama-completion and llama-speculative-simple")
     args = ap.parse_args()
 
     loads = {}
     for s in args.strategies.split(","):
         t = LlamaModel(ModelConfig(args.model, n_threads=args.threads, rollback=s), role="target")
-        loads[t.strategy] = (t, engines_for(t, args.model_draft))
+        loads[t.strategy] = (t, engines_for(t, args.model_draft, args.exact == "on"))
     prompts = held_out_prompts(args.prompts)
     rows = {(s, m): Row() for s in loads for m in METHODS}
     peers: dict[str, list[float]] = {}
@@ -104,7 +105,7 @@ def run_peers(args: argparse.Namespace, prompt: str, peers: dict[str, list[float
 def report(args, loads, rows, peers, n_prompts: int) -> None:
     first = next(iter(loads.values()))[0]
     print(f"{args.model} ({first.memory}), draft {args.model_draft}: {n_prompts} held-out prompts x {args.n} tokens, "
-          f"{args.threads} threads, greedy, cost policy")
+          f"{args.threads} threads, greedy, cost policy, --exact {args.exact}")
     print(f"{'strategy':11s} {'method':14s} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'rewind ms/step':>15} {'identical':>9}")
     for (s, m), r in rows.items():
         acc = f"{r.accepted / r.drafted:.0%}" if r.drafted else "-"

@@ -485,10 +485,12 @@ class LlamaModel:
         log, lc = self._logs[seq], self._lc
         how = plan_cut(log, self.seq_len[seq] + log.phantom, n_keep, self.strategy, self.rollback_depth)
         if how == "rollback":
+            t0 = time.perf_counter()
             self._roll_back(seq, n_keep)
             if log.ckpt is not None:
                 del log.since[n_keep - log.ckpt_pos:]
             self.rewind.rollbacks += 1
+            self.rewind.seconds += time.perf_counter() - t0
             return
         t0 = time.perf_counter()
         assert log.ckpt is not None
