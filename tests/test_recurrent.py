@@ -242,3 +242,26 @@ def test_a_recurrent_draft_model_for_an_attention_target(target):
     assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
     draft = drafter.model
     assert draft.is_recurrent and draft.rewind.checkpoints > 0 and draft.rewind.restores > 0
+
+
+def test_served_hybrid_target_over_http():
+    """`specstack serve -m pycoder-lfm2.gguf`: two slots, the official client, speculation on and off agree."""
+    import openai
+
+    from specstack.server.app import Limits, create_app
+    from specstack.server.roles import default_roles
+    from test_serve import Server
+
+    app = create_app(default_roles(parallel=2, model=LFM2), Limits(max_tokens=256, max_body_bytes=64_000))
+    with Server(app) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["pycoder-lfm2"]
+        texts, stats = [], []
+        for spec in ({"drafter": "none"}, {"drafter": "prompt-lookup", "k_policy": "fixed", "k": 6},
+                     {"drafter": "draft-model", "k_policy": "fixed", "k": 4}):
+            r = client.completions.create(model="pycoder-lfm2", prompt=PROMPTS[0], max_tokens=40, temperature=0,
+                                          extra_body={"speculative": spec})
+            texts.append(r.choices[0].text)
+            stats.append(r.model_extra["speculative"])
+    assert texts[0] == texts[1] == texts[2]
+    assert stats[1]["n_accepted"] > 0 and stats[2]["n_accepted"] > 0

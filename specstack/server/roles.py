@@ -71,8 +71,8 @@ class Role:
 
 
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
-    """No roles file: the bundled pair as one role, named after its target."""
-    return [Role(name=DEFAULT_TARGET.stem, parallel=parallel, **overrides)]
+    """No roles file: one role (the bundled pair unless overridden), named after its target's file."""
+    return [Role(name=Path(overrides.get("model", DEFAULT_TARGET)).stem, parallel=parallel, **overrides)]
 
 
 def load_roles(path: Path) -> list[Role]:
