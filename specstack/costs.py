@@ -202,6 +202,42 @@ def _match_at(model: EngineTarget, depth: int, n_ref: int, sizes: Sequence[int])
     return m1, m2, bool(np.array_equal(ref1, ref2))
 
 
+def time_calls(model: EngineTarget, tokens: Sequence[int], sizes: Sequence[int], depth: int, reps: int, *,
+               budget_s: float | None = None, warmup: Sequence[int] = (2,)) -> dict[int, list[float]]:
+    """Seconds of one call of n rows after a ``depth``-token context, every round, for each n in ``sizes``.
+
+    The one timing method of the cost curve (``measure_curve`` and ``bench/costcurve.py``):
+    ``tokens[:depth]`` are prefilled and checkpointed, then each round calls every n in turn
+    (interleaved, so machine noise spreads over all of them), each call unsplit and padded to
+    the model's ``min_rows``.  Only the call is timed: cutting a recurrent state back is priced
+    apart (``CostModel.rewind_s``).  ``warmup`` sizes run first, untimed (first calls allocate
+    compute buffers).  Stops after ``budget_s`` (if given) once every n has a sample.
+    """
+    pad = model.min_batch
+    model.reset()
+    model.prefill(tokens[:depth])
+    model.checkpoint(0)
+
+    def call(n: int) -> float:
+        t0 = time.perf_counter()
+        model.raw_call(tokens[depth : depth + n], pad=max(0, pad - n))
+        spent = time.perf_counter() - t0
+        model.truncate(depth)
+        return spent
+
+    for n in warmup:
+        call(n)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    start = time.perf_counter()
+    for _ in range(reps):
+        for n in sizes:
+            samples[n].append(call(n))
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            break
+    model.reset()
+    return samples
+
+
 def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
     """Time of one call of n rows after ``depth`` context tokens, n = 1..n_max.
 
@@ -212,30 +248,9 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     Stops after ``budget_s`` once every n has at least one sample.
     """
     depth = max(1, min(depth, model.capacity - n_max - 1))
-    filler = _filler(model, depth + n_max)
-    pad = model.min_batch
-    model.reset()
-    model.prefill(filler[:depth])
-    model.checkpoint(0)
-
-    def call(n: int) -> float:
-        """The call alone: cutting a recurrent state back is priced apart (``CostModel.rewind_s``)."""
-        t0 = time.perf_counter()
-        model.raw_call(filler[depth : depth + n], pad=max(0, pad - n))
-        spent = time.perf_counter() - t0
-        model.truncate(depth)
-        return spent
-
-    call(2)  # warm-up
     sizes = [n for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if n < n_max] + [n_max]
-    best = {n: float("inf") for n in sizes}
-    start = time.perf_counter()
-    for _ in range(reps):
-        for n in sizes:
-            best[n] = min(best[n], call(n))
-        if time.perf_counter() - start > budget_s:
-            break
-    model.reset()
+    samples = time_calls(model, _filler(model, depth + n_max), sizes, depth, reps, budget_s=budget_s)
+    best = {n: min(ts, default=float("inf")) for n, ts in samples.items()}
     return _interpolate(best, n_max)
 
 

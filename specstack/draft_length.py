@@ -22,202 +22,30 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
+# The estimators (``acceptance``) and the budget types (``budget``) live in their own
+# modules; they are re-exported here so ``from specstack.draft_length import ...`` keeps working.
+from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted  # noqa: F401
+from .budget import (  # noqa: F401 - re-exported
+    SOLO,
+    VERIFY_SLOPE,
+    Advice,
+    BatchLoad,
+    Budget,
+    DraftLengthPolicy,
+    KeepGoing,
+    StepOutcome,
+    slope_cost,
+)
 from .costs import CostModel
 from .errors import InvalidParameterError
-
-# Relative verification cost t(n)/t(1) = 1 + VERIFY_SLOPE * (n - 1) for policies
-# without a measured curve: 0.2 per token on pycoder-6m and 0.1 on a 1B model with
-# 2 cores here (t(17) = 1.28 vs t(2) = 0.32 ms; 142 vs 67 ms).
-VERIFY_SLOPE = 0.15
-
-
-def slope_cost(n: int) -> float:
-    return 1.0 + VERIFY_SLOPE * max(0, n - 1)
-
-
-KeepGoing = Callable[[str, Sequence[float], float], bool]
-"""(source, confidences of the tokens drafted so far, draft seconds spent) -> draft one more?"""
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLoad:
-    """What the other generations already put in this step: their rows and expected committed tokens."""
-
-    rows: tuple[int, ...] = ()
-    tokens: float = 0.0
-
-
-SOLO = BatchLoad()
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutcome:
-    """What a policy may learn from one verification step."""
-
-    source: str
-    num_drafted: int
-    num_accepted: int
-    draft_s: float
-    verify_s: float
-    other_s: float = 0.0  # the loop's own bookkeeping in this step (observe, commit, policy)
-
-
-class DraftLengthPolicy(Protocol):
-    name: str
-    book: "AcceptanceBook"  # acceptance by source, shared with cascade and fusion through Advice
-    costs: CostModel | None  # the measured t(n) it prices with, if any (the engine refines it)
-
-    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> "Budget":
-        """The next draft's budget, at most ``cap`` tokens (context, max_tokens and the loop's limit)."""
-
-    def observe(self, outcome: StepOutcome) -> None:
-        """Learn from the step just verified."""
-
-    def fork(self) -> "DraftLengthPolicy":
-        """The policy one generation runs with (its own acceptance statistics, shared costs)."""
-
-    def adopt(self, child: "DraftLengthPolicy") -> None:
-        """Take a finished generation's statistics as the prior for later ones."""
 
 
 def _check_k(k: int, what: str = "k") -> int:
     if k < 1:
         raise InvalidParameterError(f"{what} must be >= 1 (got {k}); use --drafter none for plain decoding")
     return k
-
-
-@dataclass
-class AcceptanceTracker:
-    """Per-position conditional acceptance a_i = P(token i accepted | tokens < i accepted).
-
-    Counts decay by ``decay`` per observed draft so the estimate follows
-    content changes (code -> prose) within a generation; a Beta(prior_a,
-    prior_b) prior keeps unseen positions at a neutral value.
-    """
-
-    k_max: int = 32
-    decay: float = 0.97
-    prior_a: float = 1.0
-    prior_b: float = 1.0
-    reached: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.reached = [0.0] * self.k_max
-        self.accepted = [0.0] * self.k_max
-
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted == 0:
-            return
-        for i in range(self.k_max):
-            self.reached[i] *= self.decay
-            self.accepted[i] *= self.decay
-        # Position i was reached if all before it were accepted.
-        for i in range(min(num_drafted, num_accepted + 1, self.k_max)):
-            self.reached[i] += 1.0
-            if i < num_accepted:
-                self.accepted[i] += 1.0
-
-    def conditional(self) -> list[float]:
-        """Estimates by position.  An unreached position borrows its predecessor's rate.
-
-        Without that, positions beyond the k tried so far would sit at the
-        neutral prior and a policy would never learn that longer drafts pay
-        (acceptance along a matching run tends to stay high, not fall to 0.5).
-        """
-        out: list[float] = []
-        strength = self.prior_a + self.prior_b
-        for a, r in zip(self.accepted, self.reached):
-            mean = out[-1] if out else (self.prior_a / strength if strength else 0.5)
-            out.append((a + strength * mean) / (r + strength) if r + strength > 0 else mean)
-        return out
-
-    def n_observed(self) -> float:
-        return self.reached[0]
-
-
-class AcceptanceBook:
-    """Acceptance by draft position, per source (one ``AcceptanceTracker`` each)."""
-
-    def __init__(self, k_max: int = 32) -> None:
-        self.k_max = k_max
-        self.trackers: dict[str, AcceptanceTracker] = {}
-
-    def tracker(self, source: str) -> "AcceptanceTracker":
-        t = self.trackers.get(source)
-        if t is None:
-            t = self.trackers[source] = AcceptanceTracker(k_max=self.k_max)
-        return t
-
-    def update(self, source: str, num_drafted: int, num_accepted: int) -> None:
-        self.tracker(source).update(num_drafted, num_accepted)
-
-    def copy(self) -> "AcceptanceBook":
-        book = AcceptanceBook(self.k_max)
-        book.trackers = {name: copy.deepcopy(t) for name, t in self.trackers.items()}
-        return book
-
-    def conditional(self, source: str, n: int = 0) -> list[float]:
-        """Acceptance at positions 1..max(n, k_max); deep positions keep the last tracked rate."""
-        cond = self.tracker(source).conditional()
-        return cond + [cond[-1]] * (n - len(cond)) if n > len(cond) else cond
-
-
-@dataclass(frozen=True)
-class Advice:
-    """The policy's statistics for drafters that choose between sources (cascade, fusion).
-
-    ``learn`` scores a draft that was *not* verified against the committed
-    tokens (greedy verification accepts exactly as far as they match), so a
-    source that lost the choice keeps learning; the verified draft is learned
-    by the policy itself from the step's outcome.
-    """
-
-    book: AcceptanceBook
-    verify_cost: Callable[[int], float] = slope_cost
-
-    def conditional(self, source: str, n: int) -> list[float]:
-        return self.book.conditional(source, n)
-
-    def learn(self, source: str, num_drafted: int, num_accepted: int) -> None:
-        self.book.update(source, num_drafted, num_accepted)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The policy's decision for one generation's next draft, passed to ``Drafter.propose``.
-
-    max_tokens: a drafter never returns more tokens (tree nodes) than this.
-    tree: a token tree may be returned; otherwise a chain.
-    keep_going: for sources that draft token by token (a model), whether
-      one more token is worth verifying; None means draft up to max_tokens.
-    advice: acceptance by source and verification cost, for cascade/fusion.
-    cut: how many of a source's n drafted tokens are worth verifying (the
-      engine applies it once the draft's source is known); None keeps all.
-    expected: tokens the step is expected to commit for this generation
-      (the engine tells the next generation's policy, for batch pricing).
-    rows: rows this generation is expected to verify (1 + expected draft
-      length; None: 1 + max_tokens), also for batch pricing.
-    """
-
-    max_tokens: int
-    tree: bool = False
-    keep_going: KeepGoing | None = None
-    advice: Advice | None = None
-    cut: Callable[[str, int], int] | None = None
-    expected: float = 1.0
-    rows: int | None = None
-
-    def worth(self, source: str, n: int) -> int:
-        """Tokens of a ``source`` draft of ``n`` to verify: within the cap, and as the policy cut it."""
-        n = min(n, self.max_tokens)
-        return n if self.cut is None else min(n, self.cut(source, n))
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 0:
-            raise InvalidParameterError(f"a draft budget cannot be negative (got {self.max_tokens})")
 
 
 _PLAIN = Budget(0)
@@ -255,66 +83,6 @@ class _Policy:
             self.book.update(outcome.source, outcome.num_drafted, outcome.num_accepted)
 
 
-def expected_accepted(cond: Sequence[float], k: int) -> float:
-    """E[accepted | k] = sum_{j<=k} prod_{i<=j} a_i (tokens after a rejection never count)."""
-    total, run = 0.0, 1.0
-    for a in cond[:k]:
-        run *= a
-        total += run
-    return total
-
-
-def best_k(cond: Sequence[float], draft_cost: Callable[[int], float], verify_cost: Callable[[int], float],
-           k_max: int, base_tokens: float = 0.0) -> int:
-    """argmax over k in 0..k_max of (base + E[accepted | k] + 1) / (draft_cost(k) + verify_cost(k + 1)).
-
-    k = 0 is a plain step: one token for verify_cost(1) and no draft cost.
-    ``verify_cost(n)`` is the whole step's cost when this generation
-    verifies n rows, and ``base_tokens`` what the other generations in the
-    step are expected to commit (0 alone), so the aggregate rate is maximised.
-    """
-    best, best_rate = 0, (base_tokens + 1.0) / verify_cost(1)
-    total, run = 0.0, 1.0
-    for k in range(1, k_max + 1):
-        run *= cond[k - 1]
-        total += run
-        rate = (base_tokens + total + 1.0) / (draft_cost(k) + verify_cost(k + 1))
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
-
-
-@dataclass
-class ConfidenceCalibration:
-    """Online map from a draft's confidence in a token to P(target accepts it | reached).
-
-    Ten equal-width confidence bins with decayed counts; each bin starts at
-    0.5 with the weight of two observations.  (Starting at the bin's midpoint,
-    i.e. assuming a calibrated draft, was far too pessimistic for small drafts:
-    pycoder-1m's tokens drafted at confidence < 0.1 were accepted 54% of the time.)
-    """
-
-    bins: int = 10
-    decay: float = 0.995
-    accepted: list[float] = field(default_factory=list)
-    reached: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.accepted = [1.0] * self.bins
-        self.reached = [2.0] * self.bins
-
-    def _bin(self, c: float) -> int:
-        return min(int(c * self.bins), self.bins - 1)
-
-    def prob(self, c: float) -> float:
-        b = self._bin(c)
-        return self.accepted[b] / self.reached[b]
-
-    def update(self, confidences: Sequence[float], num_accepted: int) -> None:
-        for i, c in enumerate(confidences[: num_accepted + 1]):
-            b = self._bin(c)
-            self.reached[b] = self.reached[b] * self.decay + 1.0
-            self.accepted[b] = self.accepted[b] * self.decay + (1.0 if i < num_accepted else 0.0)
 
 
 class FixedK(_Policy):

@@ -26,14 +26,16 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 
+from .batching import Segment
 from .costs import ensure_shapes
 from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
+from .prompt_cache import PromptCache
 from .recurrent import RewindStats
 from .sampling import SamplingParams, target_probs
-from .target import EngineTarget, Segment
+from .target_api import EngineTarget
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
@@ -184,50 +186,6 @@ class _Slot:
     writes: int = 0  # the target's write count for this sequence when ``cached`` was last true
     gen: Generation | None = None
     released: float = 0.0  # for least-recently-used reuse
-
-
-@dataclass
-class _Saved:
-    tokens: list[int]
-    prefilled: int
-    data: bytes
-    used: float
-
-
-class PromptCache:
-    """Finished prompts' KV in host memory (llama.cpp's per-sequence state), least recently used first out.
-
-    Slots hold one cached prefix each; this keeps more of them (llama-server's
-    ``--cache-ram``), so a prompt that comes back after its slot was reused is
-    restored with a memory copy instead of a prefill.  A restored sequence has
-    exactly the cells it had, so output does not change (tested).
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget = budget_bytes
-        self.entries: list[_Saved] = []
-        self.bytes = 0
-        self.hits = 0
-
-    def put(self, tokens: Sequence[int], prefilled: int, data: bytes) -> None:
-        self.entries = [e for e in self.entries if e.tokens != list(tokens)]
-        self.entries.append(_Saved(list(tokens), prefilled, data, time.perf_counter()))
-        self.bytes = sum(len(e.data) for e in self.entries)
-        while self.bytes > self.budget and self.entries:
-            oldest = min(self.entries, key=lambda e: e.used)
-            self.entries.remove(oldest)
-            self.bytes -= len(oldest.data)
-
-    def best(self, score) -> tuple[_Saved | None, int]:
-        """The entry with the highest ``score(entry)`` (reusable tokens), and that score."""
-        best, top = None, 0
-        for e in self.entries:
-            m = score(e)
-            if m > top:
-                best, top = e, m
-        if best is not None:
-            best.used = time.perf_counter()
-        return best, top
 
 
 @dataclass

@@ -80,7 +80,7 @@ class SuffixTree:
     """Counts every substring (up to ``max_depth`` tokens) of a set of token sequences.
 
     Example: after ``extend(0, [1, 2, 3, 1, 2, 4])``, ``count([1, 2]) == 2`` and
-    ``next_counts([1, 2]) == {3: 1, 4: 1}``; ``speculate([5, 1], 3)`` matches
+    ``next_counts([1, 2]) == {3: 1, 4: 1}``; ``propose([5, 1], 3)`` matches
     ``[1]`` (m=1, so at most 1 token with max_spec_factor=1) and drafts ``[2]``
     with probability 1.0.
 
@@ -403,7 +403,7 @@ class SuffixTree:
         """Match states of sequence ``seq_id``'s own end (it occurs in the tree, so m = 1..)."""
         return [(node, node.length) for node in self._active.get(seq_id, ())]
 
-    def speculate(
+    def propose(
         self,
         context: Sequence[int] | list[_State],
         max_tokens: int,
@@ -411,7 +411,7 @@ class SuffixTree:
         max_spec_offset: float = 0.0,
         min_token_prob: float = 0.1,
     ) -> SuffixDraft:
-        """Best greedy path over every match length m (ArcticInference ``speculate``).
+        """Best greedy path over every match length m (ArcticInference calls this ``speculate``).
 
         For each m the draft follows the most frequent child, at most
         ``min(max_tokens, floor(max_spec_factor * m + max_spec_offset))`` tokens,
@@ -421,7 +421,7 @@ class SuffixTree:
         """
         return self._best_draft(self._path, context, max_tokens, max_spec_factor, max_spec_offset, min_token_prob)
 
-    def speculate_tree(
+    def propose_tree(
         self,
         context: Sequence[int] | list[_State],
         max_tokens: int,
@@ -429,7 +429,7 @@ class SuffixTree:
         max_spec_offset: float = 0.0,
         min_token_prob: float = 0.1,
     ) -> SuffixDraft:
-        """Like ``speculate`` but each m grows a best-first tree of up to the cap in tokens.
+        """Like ``propose`` but each m grows a best-first tree of up to the cap in tokens.
 
         Nodes are taken in order of path probability (a priority queue), so the
         tree holds the most likely continuations within the token budget.
@@ -564,17 +564,20 @@ class SuffixTree:
         return bad
 
     # --- persistence (the file format: suffix_tree_file) -------------------------------
-    def save(self, path: str | Path) -> None:
-        """Write the sequences (in order, open or closed) to an ``.npz``; ``load`` replays them."""
-        suffix_tree_file.write(path, self.max_depth, [(sid, seq, sid in self._active) for sid, seq in self._seqs.items()])
+    def save(self, path: str | Path, vocab: suffix_tree_file.Vocab = suffix_tree_file.Vocab()) -> None:
+        """Write the sequences (in order, open or closed) and ``vocab`` to an ``.npz``; ``load`` replays them."""
+        suffix_tree_file.write(path, self.max_depth,
+                               [(sid, seq, sid in self._active) for sid, seq in self._seqs.items()], vocab)
 
     @classmethod
-    def load(cls, path: str | Path, max_depth: int | None = None) -> "SuffixTree":
+    def load(cls, path: str | Path, max_depth: int | None = None,
+             vocab: suffix_tree_file.Vocab = suffix_tree_file.Vocab()) -> "SuffixTree":
         """Rebuild a tree saved by ``save`` (optionally with another ``max_depth``).
 
-        Anything that is not such a file raises SpecstackError naming the file.
+        Anything that is not such a file raises SpecstackError naming the file;
+        a file saved for another vocabulary than ``vocab`` raises VocabMismatchError.
         """
-        depth, sequences = suffix_tree_file.read(path)
+        depth, sequences = suffix_tree_file.read(path, vocab)
         tree = cls(depth if max_depth is None else max_depth)
         for sid, tokens, is_open in sequences:
             tree.extend(sid, tokens)

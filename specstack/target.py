@@ -14,14 +14,17 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, InvalidParameterError, ModelLoadError, UnsupportedModelError
-from .recurrent import DEFAULT_DEPTH, RollbackError, STRATEGIES, Memory, RewindStats, SeqLog, Strategy, describe, needs_checkpoint, plan_cut
+# Batch shapes, the call plan, ModelConfig and the Target protocols live in llama_cpp-free
+# modules; they are re-exported here so ``from specstack.target import ...`` keeps working.
+from .batching import INEXACT, BatchShapes, Piece, Segment, plan_calls  # noqa: F401 - re-exported
+from .errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
+from .recurrent import RollbackError, Memory, RewindStats, SeqLog, Strategy, describe, needs_checkpoint, plan_cut
+from .target_api import EngineTarget, ModelConfig, Target  # noqa: F401 - re-exported
 
 _GGUF_MAGIC = b"GGUF"
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: just the recurrent part of a sequence's state
@@ -86,155 +89,6 @@ def check_gguf_file(path: str | Path, role: str = "model") -> Path:
             "convert it with llama.cpp's convert_hf_to_gguf.py or pick a .gguf file"
         )
     return p
-
-
-@dataclass(frozen=True)
-class BatchShapes:
-    """Which ``llama_decode`` shapes compute a row exactly as plain decoding does.
-
-    llama.cpp picks kernels by batch size, and some kernels even treat rows
-    differently by their index in the batch (the repacked Q4_K kernels work
-    in groups of 4 rows), so a row's logits and KV depend on the call it was
-    computed in.  These limits are *measured per model* at load
-    (``costs.measure_shapes``) and every call that commits tokens keeps
-    within them:
-
-    min_rows: calls are padded to at least this many rows (2 where a
-      one-row call runs other kernels than any larger one: F16 here).
-    max_rows: the largest call whose every row matches plain decoding;
-      longer verification batches are split into calls of at most this size.
-    prefill_exact: a long prefill chunk computes KV exactly as decode steps
-      do, so a generated token's KV can be reused as a later prompt's prefix.
-    """
-
-    min_rows: int = 2
-    max_rows: int = 1 << 20
-    prefill_exact: bool = True
-    settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
-    exact: bool = True  # False: never pad or split (--exact off)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
-            raise ValueError(f"bad batch shapes: min_rows={self.min_rows}, max_rows={self.max_rows}")
-
-    def to_dict(self) -> dict:
-        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact, "exact": self.exact}
-
-
-INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False)  # draft models, --exact off
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Tokens to append to one sequence in a decode, with logits for rows ``logits_from``.. (none if ``len``)."""
-
-    seq: int
-    tokens: Sequence[int]
-    logits_from: int = 0
-
-    @property
-    def wants_logits(self) -> bool:
-        return self.logits_from < len(self.tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Part of a segment inside one decode call: ``count`` real rows from ``start``, then ``pad`` throw-away rows."""
-
-    segment: int
-    start: int
-    count: int
-    pad: int
-
-
-def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows: int,
-               room: Sequence[int] | None = None) -> list[list[Piece]]:
-    """Group segments of ``rows[i]`` tokens into decode calls that keep every row exact.
-
-    Each call has ``R`` rows per sequence (shorter pieces are padded; llama.cpp
-    splits a multi-stream batch unevenly otherwise) and ``min_rows <= total
-    <= max_rows`` rows.  A segment longer than ``max_rows`` is split into
-    pieces verified one after another.  ``room[i]`` caps the padding a
-    segment's sequence can hold.  Pieces in a call are ordered by sequence id.
-
-    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([3, 1], [0, 1], 2, 8)]
-    [[(0, 3, 0), (1, 1, 2)]]
-    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([5], [0], 1, 3)]
-    [[(0, 3, 0)], [(0, 2, 0)]]
-    """
-    cap = max(max_rows, min_rows)
-    room = room if room is not None else [cap] * len(rows)
-    layers: list[list[tuple[int, int, int]]] = []  # layer -> (segment, start, count)
-    for i, n in enumerate(rows):
-        for j, start in enumerate(range(0, n, cap)):
-            if j == len(layers):
-                layers.append([])
-            layers[j].append((i, start, min(cap, n - start)))
-    calls: list[list[Piece]] = []
-    for layer in layers:
-        open_calls: list[tuple[int, list[tuple[int, int, int]]]] = []  # (R, pieces)
-        for seg, start, count in sorted(layer, key=lambda p: -p[2]):
-            for idx, (r, members) in enumerate(open_calls):
-                if (len(members) + 1) * r <= cap and room[seg] >= r - count:
-                    members.append((seg, start, count))
-                    break
-            else:
-                open_calls.append((max(count, min(min_rows, count + room[seg])), [(seg, start, count)]))
-        for r, members in open_calls:
-            members.sort(key=lambda p: seqs[p[0]])
-            calls.append([Piece(seg, start, count, r - count) for seg, start, count in members])
-    return calls
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """How to load a model.  n_ctx is per sequence; 0 means the model's trained context length."""
-
-    path: Path
-    n_ctx: int = 0
-    n_threads: int = 0  # 0 = physical cores
-    n_batch: int = 512
-    # Shapes assumed until measured (``costs.measure_shapes``): 2 pads a
-    # one-token call, which was needed for exactness on every F16/F32 model
-    # here.  Draft models use 1: their logits need not be exact.
-    min_batch: int = 2
-    # Generations held at once.  Above 1 each gets its own KV stream
-    # (llama.cpp's non-unified cache): its cells then lie exactly as in a
-    # solo run, which a shared cache cannot promise (cells of different
-    # sequences interleave, which changed logits by ~3e-3 here).
-    n_slots: int = 1
-    # Branches a tree draft may have (llama.cpp sequences sharing one
-    # unified cache); used only with one slot.
-    n_seq_max: int = 1
-    unified: bool | None = None  # None: unified iff n_slots == 1 (draft models share one cache)
-    # Off: batches of 2..512 rows then agree bit for bit on F16 and Q8_0 here.
-    # With flash attention a one-row call matched 2-3 row calls at the KV length
-    # measured, yet greedy output broke at a longer one (its single-row path
-    # depends on the KV length), so exactness could not be measured reliably.
-    flash_attn: bool = False
-    kv_overrides: tuple[tuple[str, int], ...] = ()
-    prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
-    repack: bool = True  # llama.cpp's CPU weight repacking (faster; measured shapes account for it)
-    # Targets: every call asks for logits of all its rows, as the shape measurement
-    # does (the output count selects kernels of the last layer).  Draft models ask
-    # only for the rows they read.
-    exact: bool = True
-    # Recurrent/hybrid models (see ``recurrent``): "auto" rolls back where the
-    # architecture can, else checkpoints; ``rollback_depth`` is n_rs_seq.
-    rollback: str = "auto"
-    rollback_depth: int = DEFAULT_DEPTH
-
-    def __post_init__(self) -> None:
-        if self.rollback not in STRATEGIES:
-            raise InvalidParameterError(f"rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
-        if not 2 <= self.rollback_depth <= 256:
-            raise InvalidParameterError(f"rollback depth (n_rs_seq) must be in 2..256 (got {self.rollback_depth})")
-        if self.n_threads < 0:
-            raise InvalidParameterError(f"threads must be >= 0 (got {self.n_threads}); 0 means one per physical core")
-        if self.n_ctx < 0:
-            raise InvalidParameterError(f"the context size must be >= 0 (got {self.n_ctx}); 0 means the model's own")
-        if self.n_slots < 1 or self.n_batch < 1:
-            raise InvalidParameterError(f"slots and batch size must be >= 1 (got {self.n_slots}, {self.n_batch})")
 
 
 def default_threads() -> int:
@@ -852,60 +706,6 @@ class LlamaModel:
         if not hasattr(self, "_eog"):
             self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
         return self._eog
-
-
-
-class Target(Protocol):
-    """What drafter factories may read from a target (``BuildContext.target``).
-
-    ``LlamaModel`` implements it, and so does ``bench.replay.ReplayTarget``
-    (metadata from a results file, no model loaded).
-    """
-
-    path: Path | None
-    n_vocab: int
-    n_ctx: int  # positions per sequence
-    n_threads: int
-    n_slots: int  # generations held at once (one KV stream each when > 1)
-    capacity: int  # positions usable by real tokens (padding needs spare ones)
-
-
-class EngineTarget(Target, Protocol):
-    """A target the engine can run: tokenizer, sequences, exact batch shapes, tree batches."""
-
-    config: ModelConfig
-    unified: bool
-    n_seq_max: int
-    shapes: BatchShapes
-    seq_len: list[int]
-    writes: list[int]
-    tree_relayouts: int
-    # recurrent/hybrid models (``recurrent``): how rejected tokens leave the state
-    is_recurrent: bool
-    memory: str
-    strategy: str
-    max_draft: int
-    rewind: RewindStats
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-    def token_bytes(self, token: int) -> bytes: ...
-    def eog_ids(self) -> frozenset[int]: ...
-    def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]: ...
-    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
-    def truncate(self, n_keep: int, seq: int = 0) -> None: ...
-    def can_truncate(self, n_keep: int, seq: int = 0) -> bool: ...
-    def checkpoint(self, seq: int = 0) -> None: ...
-    def protect(self, seq: int, n: int, one_call: bool = True) -> None: ...
-    def reset(self, seq: int | None = None) -> None: ...
-    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
-    def commit_tree(self, path: Sequence[int]) -> None: ...
-    # shape measurement and cost calibration
-    batch_cap: int
-    min_batch: int
-    bos_id: int
-
-    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray: ...
-    def set_shapes(self, shapes: BatchShapes) -> None: ...
 
 
 class VocabModel:

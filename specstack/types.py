@@ -20,18 +20,24 @@ class Draft:
     drafts): the verifier then treats each token as a point mass.  When set it
     holds the distribution each token was *actually sampled from*, shape
     ``[len(token_ids), n_vocab]``; rejection sampling is only lossless if so.
+
+    ``probs`` (retrieval drafters: suffix, rest) is the drafter's estimate, per
+    token, that the path from the root through that token is accepted: the
+    fraction of matched occurrences that continue with it.  It is a report,
+    not a distribution: the verifier never reads it.
     """
 
     token_ids: tuple[int, ...]
     source: str
     q: np.ndarray | None = None
     parents: tuple[int, ...] | None = None  # tree drafts: parent index per token, -1 = root
+    probs: tuple[float, ...] | None = None  # estimated path acceptance per token (retrieval drafts)
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def truncated(self, n: int) -> "Draft":
-        """The first n tokens (and their q rows); trees are cut to their first n nodes."""
+        """The first n tokens (and their q rows, probs); trees are cut to their first n nodes."""
         if n >= len(self.token_ids):
             return self
         return Draft(
@@ -39,6 +45,7 @@ class Draft:
             source=self.source,
             q=None if self.q is None else self.q[:n],
             parents=None if self.parents is None else self.parents[:n],
+            probs=None if self.probs is None else self.probs[:n],
         )
 
     @property
@@ -48,15 +55,15 @@ class Draft:
     def best_chain(self) -> "Draft":
         """The first root-to-leaf path of a tree (drafters list the best child first)."""
         if not self.is_tree:
-            return Draft(self.token_ids, self.source, self.q)
-        ids, node = [], -1
+            return Draft(self.token_ids, self.source, self.q, probs=self.probs)
+        path, node = [], -1
         while True:
             nxt = next((i for i, p in enumerate(self.parents) if p == node), None)
             if nxt is None:
                 break
-            ids.append(self.token_ids[nxt])
+            path.append(nxt)
             node = nxt
-        return Draft(tuple(ids), self.source)
+        return Draft(tuple(self.token_ids[i] for i in path), self.source, probs=self._probs_at(path))
 
     def depth_first(self) -> "Draft":
         """The same tree with nodes renumbered depth-first, children in their listed order.
@@ -80,7 +87,11 @@ class Draft:
             token_ids=tuple(self.token_ids[i] for i in order),
             source=self.source,
             parents=tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in order),
+            probs=self._probs_at(order),
         )
+
+    def _probs_at(self, indices: list[int]) -> tuple[float, ...] | None:
+        return None if self.probs is None else tuple(self.probs[i] for i in indices)
 
     def branches(self) -> int:
         """Number of root-to-leaf paths (llama.cpp sequences needed to verify it)."""

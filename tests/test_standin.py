@@ -26,8 +26,8 @@ from specstack.bench.standin import (  # noqa: E402
     plan_standin,
     quantize_gguf,
     read_shape,
-    register_cli,
 )
+from specstack.commands.bench import register_make_standin  # noqa: E402
 from specstack.errors import InvalidParameterError, ModelLoadError, SpecstackError, UnsupportedModelError  # noqa: E402
 from specstack.paths import DATA_DIR, DEFAULT_DRAFT, DEFAULT_TARGET, MODELS_DIR  # noqa: E402
 
@@ -238,7 +238,7 @@ def test_q8_0_standin_gives_the_same_greedy_tokens_as_q8_0_source(work):
 
 def test_cli_make_standin(tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="specstack bench")
-    register_cli(parser.add_subparsers(dest="bench_command"))
+    register_make_standin(parser.add_subparsers(dest="bench_command"))
     out = tmp_path / "s.gguf"
     args = parser.parse_args(["make-standin", "--width", "512", "--layers", "7", "-o", str(out)])
     assert args.src == DEFAULT_TARGET and args.ftype == "f16"
@@ -495,7 +495,7 @@ def test_lfm2_kv_heads_and_attn_layers_keep_f16_logits(work, lfm2_random):
 
 def test_cli_make_standin_lfm2(tmp_path, capsys, lfm2_random):
     parser = argparse.ArgumentParser(prog="specstack bench")
-    register_cli(parser.add_subparsers(dest="bench_command"))
+    register_make_standin(parser.add_subparsers(dest="bench_command"))
     out = tmp_path / "s.gguf"
     args = parser.parse_args(["make-standin", "--from", str(lfm2_random), "--width", "512", "--layers", "8",
                               "--attn-layers", "3", "-o", str(out)])

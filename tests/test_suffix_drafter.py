@@ -26,7 +26,7 @@ def test_docstring_example_request_tree():
     d = SuffixDrafter()
     prompt = [7, 1, 2, 3, 9, 1, 2]
     d.begin(prompt)
-    s = d.speculate(prompt, 8)
+    s = d.propose_chain(prompt, 8)
     assert (s.token_ids, s.probs, s.match_len) == ((3, 9), (0.5, 0.5), 2)
     assert propose_one(d, prompt, 8).token_ids == (3, 9)
 
@@ -38,7 +38,7 @@ def test_docstring_example_global_tree_wins_with_higher_score():
     run_request(d, [5], [1, 2, 3, 9, 4])
     prompt = [7, 1, 2, 3, 9, 1, 2]
     d.begin(prompt)
-    s = d.speculate(prompt, 8)
+    s = d.propose_chain(prompt, 8)
     assert (s.token_ids, s.probs) == ((3, 9), (1.0, 1.0))
 
 
@@ -152,7 +152,7 @@ def test_request_tree_wins_ties():
     d = SuffixDrafter()
     run_request(d, [0], [5, 7, 5])
     d.begin([5, 6, 5])
-    s = d.speculate([5, 6, 5], 1)
+    s = d.propose_chain([5, 6, 5], 1)
     assert (s.token_ids, s.probs) == ((6,), (0.5,))
 
 
@@ -193,7 +193,7 @@ def test_save_and_load_round_trip_exactly(tmp_path):
     assert e.global_tree.seq_ids() == d.global_tree.seq_ids()
     for x in (d, e):
         x.begin([9, 1, 2])
-    assert e.speculate([9, 1, 2], 4) == d.speculate([9, 1, 2], 4)
+    assert e.propose_chain([9, 1, 2], 4) == d.propose_chain([9, 1, 2], 4)
 
 
 def test_cache_path_loads_at_start_and_saves_at_end(tmp_path):

@@ -53,7 +53,7 @@ def ref_path(seqs, depth, context, m, cap, min_prob):
     return toks, probs, score
 
 
-def ref_speculate(seqs, depth, context, k, factor, offset, min_prob):
+def ref_propose(seqs, depth, context, k, factor, offset, min_prob):
     best = ((), (), 0.0, 0)
     for m in range(1, min(len(context), depth) + 1):
         if occurrences(seqs, list(context[len(context) - m :])) == 0:
@@ -158,11 +158,11 @@ def test_next_counts_worked_example():
     tree = build([[1, 2, 3, 1, 2, 4]], 64)
     assert tree.count([1, 2]) == 2
     assert tree.next_counts([1, 2]) == {3: 1, 4: 1}
-    d = tree.speculate([5, 1], 3)
+    d = tree.propose([5, 1], 3)
     assert (d.token_ids, d.probs, d.match_len) == ((2,), (1.0,), 1)
 
 
-# --- speculation -------------------------------------------------------------------------
+# --- proposals ---------------------------------------------------------------------------
 spec_params = st.tuples(
     st.integers(1, 8),  # k
     st.sampled_from([0.5, 1.0, 2.0]),  # max_spec_factor
@@ -173,14 +173,14 @@ spec_params = st.tuples(
 
 @settings(max_examples=200, deadline=None)
 @given(seq_lists, depths, st.lists(tokens, min_size=1, max_size=12), spec_params)
-def test_speculate_equals_reference(seqs, depth, context, params):
+def test_propose_equals_reference(seqs, depth, context, params):
     # Same draft, probabilities, score and match length as the definition: for
     # every match length, the greedy most-frequent path under the α-cap and the
     # probability floor; best score wins, longer match on ties.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.speculate(context, k, factor, offset, min_prob)
-    toks, probs, score, m = ref_speculate(seqs, depth, context, k, factor, offset, min_prob)
+    d = tree.propose(context, k, factor, offset, min_prob)
+    toks, probs, score, m = ref_propose(seqs, depth, context, k, factor, offset, min_prob)
     if not toks:
         assert d.token_ids == ()
         return
@@ -195,7 +195,7 @@ def test_drafts_follow_the_match_in_the_text(seqs, depth, context, params):
     # text, within the caps, above the probability floor.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.speculate(context, k, factor, offset, min_prob)
+    d = tree.propose(context, k, factor, offset, min_prob)
     if not d.token_ids:
         return
     m = d.match_len
@@ -213,8 +213,8 @@ def test_tree_drafts_are_valid_best_first_trees(seqs, depth, context, params):
     # token is the greedy one, so a tree never scores below the path.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.speculate_tree(context, k, factor, offset, min_prob)
-    path = tree.speculate(context, k, factor, offset, min_prob)
+    d = tree.propose_tree(context, k, factor, offset, min_prob)
+    path = tree.propose(context, k, factor, offset, min_prob)
     assert d.score >= path.score - 1e-9
     if not d.token_ids:
         return
@@ -267,7 +267,7 @@ def test_save_load_round_trip_is_exact(tmp_path_factory, seqs, depth, context):
     assert back.structure() == tree.structure()
     assert back.seq_ids() == tree.seq_ids()
     assert [back.sequence(s) for s in back.seq_ids()] == [tree.sequence(s) for s in tree.seq_ids()]
-    assert back.speculate(context, 4) == tree.speculate(context, 4)
+    assert back.propose(context, 4) == tree.propose(context, 4)
     assert back.check_integrity() == []
     if 1 in back:
         with pytest.raises(ValueError):

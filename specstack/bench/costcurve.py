@@ -1,10 +1,11 @@
 """The target's verification cost curve: t(n) = seconds to evaluate n tokens in one batch.
 
 Speculation pays off when t(k+1) is close to t(1): then k drafted tokens cost
-little more than one plain step.  Measured at a fixed context depth (a prefill
-of ``depth`` tokens), each batch evaluated and truncated back, median of
-``reps`` repetitions, with the n values interleaved within each repetition so
-machine noise spreads over all of them.
+little more than one plain step.  Measured with the cost policy's own method
+(``costs.time_calls``): a prefill of ``depth`` tokens, then each batch called and
+truncated back (only the call is timed), ``reps`` rounds with the n values
+interleaved so machine noise spreads over all of them.  Both the median and the
+minimum over the rounds are recorded; the cost policy uses the minimum.
 
 The model is loaded with ``min_batch=1`` so t(1) is a true one-token batch.
 specstack's engine never runs one: it pads one-token steps to two tokens for
@@ -14,10 +15,10 @@ batch-invariant logits (see README), so a plain decoding step costs t(2).
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..costs import time_calls
 from ..target import LlamaModel, ModelConfig
 
 
@@ -36,22 +37,10 @@ def measure(
         raise ValueError("the cost curve needs some token ids to evaluate")
     model = LlamaModel(ModelConfig(Path(model_path), n_ctx=n_ctx, n_threads=n_threads, min_batch=1), role="target")
     try:
-        depth = max(1, min(depth, model.n_ctx - n_max - 1))
-        need = depth + n_max
-        ids = [int(tokens[i % len(tokens)]) for i in range(need)]
-        model.reset()
-        model.eval(ids[:depth], logits_from=depth)  # prefill, no logits
-        samples: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
-        batch = lambda n: ids[depth : depth + n]  # noqa: E731  the n tokens after the prefill
-        for n in (1, 2, n_max):  # warm-up: first calls allocate compute buffers
-            model.eval(batch(n), logits_from=0)
-            model.truncate(depth)
-        for _ in range(reps):
-            for n in range(1, n_max + 1):
-                t0 = time.perf_counter()
-                model.eval(batch(n), logits_from=0)  # logits for every row, as verification needs
-                samples[n].append(time.perf_counter() - t0)
-                model.truncate(depth)
+        depth = max(1, min(depth, model.capacity - n_max - 1))
+        ids = [int(tokens[i % len(tokens)]) for i in range(depth + n_max)]
+        sizes = range(1, n_max + 1)
+        samples = time_calls(model, ids, sizes, depth, reps, warmup=(1, 2, n_max))
         threads = model.n_threads
     finally:
         model.close()

@@ -1,4 +1,4 @@
-"""Tables and plots from a bench results dict (results.json): Markdown, CSV and PNG.
+"""Tables from a bench results dict (results.json): aggregation, Markdown and CSV (plots: plots.py).
 
 Everything here is a pure function of the results, so ``specstack bench report
 results.json`` re-renders exactly what the run wrote.
@@ -201,7 +201,7 @@ def sequence_curves(results: dict[str, Any]) -> list[dict[str, Any]]:
     return curves
 
 
-def _by_group(curves: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def by_group(curves: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for c in curves:
         groups.setdefault(c["group"], []).append(c)
@@ -331,7 +331,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         by_cat = [r for r in rows if r["category"] != ALL]
         parts.append(markdown_table(head[:3] + ["category"] + head[3:], _summary_rows(by_cat, True)))
     pos = acceptance_by_position(results)
-    for group_curves in _by_group(sequence_curves(results)):
+    for group_curves in by_group(sequence_curves(results)):
         group, n = group_curves[0]["group"], len(group_curves[0]["speedups"])
         parts += ["", f"## Sequence: group `{group}` ({n} requests in order, one drafter)", ""]
         parts.append(markdown_table(["method", "k", "temp"] + [str(i + 1) for i in range(n)] + ["last quarter"],
@@ -446,105 +446,6 @@ def render_csv(results: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def require_plotting() -> None:
-    """Fail now if plots cannot be drawn: `bench run` calls this before measuring, not after."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise SpecstackError(
-            "plots need matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install 'specstack[bench]'); or pass --no-plots"
-        ) from None
-
-
-def _pyplot():
-    require_plotting()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
-    """tokps_vs_k.png, acceptance_by_position.png, sequence_GROUP.png per request group and (if measured) cost_curve.png."""
-    plt = _pyplot()
-    outdir = Path(outdir)
-    written = []
-    rows = [r for r in aggregate(results) if r["category"] == ALL]
-    temps = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
-    for ax, temp in zip(axes[0], temps):
-        here = [r for r in rows if r["temperature"] == temp]
-        for method in dict.fromkeys(r["method"] for r in here if r["method"] != PLAIN):
-            pts = sorted((r["k"], r["tokens_per_second"]) for r in here if r["method"] == method)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
-        plain = [r["tokens_per_second"] for r in here if r["method"] == PLAIN]
-        if plain:
-            ax.axhline(plain[0], color="gray", linestyle="--", label="plain (none)")
-        ks = sorted({r["k"] for r in here if r["method"] != PLAIN})
-        if ks:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ks, [str(k) for k in ks])
-        _finish(ax, "k (draft tokens per step)", "decode tok/s", f"{results['workload']['name']}, temperature {temp:g}")
-    fig.tight_layout()
-    written.append(_save(fig, outdir / "tokps_vs_k.png", plt))
-
-    pos = acceptance_by_position(results)
-    methods = list(dict.fromkeys(m for m, _k, _t in pos))
-    if methods:
-        fig, axes = plt.subplots(1, len(methods), figsize=(5.5 * len(methods), 4), squeeze=False)
-        styles = ["-", "--", ":", "-."]
-        for ax, method in zip(axes[0], methods):
-            for (m, k, t), v in pos.items():
-                if m == method:
-                    ax.plot(range(1, len(v) + 1), v, marker=".", linestyle=styles[temps.index(t) % 4] if t in temps else "-",
-                            label=f"k={k}" + (f", T={t:g}" if len(temps) > 1 else ""))
-            ax.xaxis.get_major_locator().set_params(integer=True)
-            _finish(ax, "draft position", "acceptance", method, top=1.02)
-        fig.tight_layout()
-        written.append(_save(fig, outdir / "acceptance_by_position.png", plt))
-
-    for group_curves in _by_group(sequence_curves(results)):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for c in group_curves:
-            xs = range(1, len(c["speedups"]) + 1)
-            ax.plot(xs, c["speedups"], marker="o", label=f"{c['method']} k={c['k']}" + (f", T={c['temperature']:g}" if len(temps) > 1 else ""))
-        ax.axhline(1.0, color="gray", linestyle="--", label="plain (none)")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        _finish(ax, "request in sequence", "speedup over plain", f"sequence: {group_curves[0]['group']}")
-        fig.tight_layout()
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in group_curves[0]["group"])
-        written.append(_save(fig, outdir / f"sequence_{safe}.png", plt))
-
-    curve = results.get("cost_curve")
-    if curve:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        ax.plot(curve["n"], [1000 * x for x in curve["median_s"]], marker="o", label="median")
-        ax.plot(curve["n"], [1000 * x for x in curve["min_s"]], linestyle=":", label="min")
-        _finish(ax, "tokens in one batch (n)", "t(n) ms", f"verification cost at depth {curve['depth']}")
-        fig.tight_layout()
-        written.append(_save(fig, outdir / "cost_curve.png", plt))
-    return written
-
-
-def _finish(ax, xlabel: str, ylabel: str, title: str, top: float | None = None) -> None:
-    """Labels, a y axis from zero, grid and legend: the same finish on every plot."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.set_ylim(bottom=0, top=top)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def write_outputs(results: dict[str, Any], outdir: str | Path, *, write_json: bool = True,
                   plots: bool = True) -> list[Path]:
     """results.json (optionally), results.csv, results.md, then the plots; returns the paths written."""
@@ -558,5 +459,7 @@ def write_outputs(results: dict[str, Any], outdir: str | Path, *, write_json: bo
     (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
     written += [out / "results.csv", out / "results.md"]
     if plots:
+        from .plots import plot
+
         written += plot(results, out)
     return written

@@ -74,7 +74,6 @@ q4_k_m when no such layout exists near the requested mix). ``shortconv.conv`` is
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -784,6 +783,11 @@ def _open(path: Path):
         raise ModelLoadError(f"cannot read {path} as GGUF: {exc}") from exc
 
 
+def read_source_shape(path: Path) -> LlamaShape:
+    """The shape of the GGUF at ``path`` (ModelLoadError when it is missing or not a GGUF)."""
+    return read_shape(_open(path))
+
+
 def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False) -> Path:
     """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, via target.py)."""
     from ..target import quantize
@@ -830,70 +834,3 @@ def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f1
     finally:
         tmp.unlink(missing_ok=True)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: `specstack bench make-standin`
-# ---------------------------------------------------------------------------------------------
-
-def register_cli(bench_subparsers) -> argparse.ArgumentParser:
-    """Add ``make-standin`` to ``specstack bench``'s subparsers."""
-    from ..paths import DEFAULT_TARGET
-
-    p = bench_subparsers.add_parser(
-        "make-standin",
-        help="write a big zero-padded copy of a model that computes exactly the same function",
-        description="Write a cost-faithful stand-in target: the source model (llama or lfm2) "
-        "zero-padded to a wider hidden size, FFN and head count, plus layers that add nothing. Its "
-        "greedy output equals the source's; its decode cost is that of the big shape. Example (about "
-        "1.05B parameters): --width 2048 --layers 22 --ffn 5632. LFM2-1.2B-like from the bundled "
-        "hybrid: --from specstack/models/pycoder-lfm2.gguf --width 2048 --layers 16 --attn-layers 6 "
-        "--ffn 8192 --kv-heads 16.",
-    )
-    p.add_argument("--from", dest="src", type=Path, default=DEFAULT_TARGET,
-                   help="source GGUF (llama, dense or MoE, or lfm2; F16/F32/BF16); default: the bundled target")
-    p.add_argument("--width", type=int, required=True, help="hidden size of the stand-in")
-    p.add_argument("--layers", type=int, required=True, help="number of layers of the stand-in")
-    p.add_argument("--ffn", type=int, default=None,
-                   help="FFN width (default: the source's FFN/hidden ratio times --width)")
-    p.add_argument("--kv-heads", type=int, default=None,
-                   help="KV heads per attention layer (default: keep the source's query heads per KV head); "
-                   "fewer KV heads match a real model's KV cache but are not bit-exact in q4_k_m")
-    p.add_argument("--attn-layers", type=int, default=None,
-                   help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
-    p.add_argument("--ftype", choices=FTYPES, default="f16", help="weight format (default f16)")
-    p.add_argument("--threads", type=int, default=2, help="quantization threads (default 2)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="where to write the stand-in GGUF")
-    p.set_defaults(func=_cmd_make_standin)
-    return p
-
-
-def _cmd_make_standin(args: argparse.Namespace) -> int:
-    src = Path(args.src)
-    kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)
-    plan = plan_standin(read_shape(_open(src)), args.width, args.layers, args.ffn, args.ftype,
-                        kv_heads=kv_heads, attn_layers=attn_layers)
-    make_standin(src, args.output, args.width, args.layers, args.ftype, ffn=args.ffn, threads=args.threads,
-                 kv_heads=kv_heads, attn_layers=attn_layers)
-    o, s = plan.out, plan.src
-    size = Path(args.output).stat().st_size
-    if o.arch == "lfm2":
-        n_attn = o.n_attention_layers
-        mix = (f"{n_attn} attention + {o.n_layer - n_attn} short-conv layers (source {s.n_attention_layers} + "
-               f"{s.n_layer - s.n_attention_layers}), ")
-    else:
-        mix = f"{o.n_layer} layers, "
-    if plan.exact_for(args.ftype):
-        verdict = "bit-exact"
-    elif not plan.bit_exact:
-        verdict = ("not bit-exact (width is not a " + ("multiple" if o.arch == "lfm2" else "power-of-2 multiple")
-                   + " of the source's)")
-    elif plan.regrouped_heads:
-        verdict = f"not bit-exact in {args.ftype} (--kv-heads regroups query heads; exact in f16)"
-    else:
-        verdict = f"not bit-exact in {args.ftype} (no layer layout keeps the source's Q4_K_M tensor types)"
-    print(f"wrote {args.output}: {o.arch} {args.ftype}, {o.n_params / 1e6:.1f}M parameters "
-          f"(source {s.n_params / 1e6:.2f}M), {size / 1e6:.1f} MB; width {o.n_embd}, {mix}"
-          f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
-          f"{[i for i, live in enumerate(plan.layer_live) if live]}; {verdict}")
-    return 0

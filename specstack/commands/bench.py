@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
-from .common import add_model_args, load_target
+from .common import add_drafter_flags, add_model_args, load_target
 
 SUBCOMMANDS = ("run", "report", "replay", "make-standin")
 
@@ -63,9 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_run(bsub)
     _register_report(bsub)
     _register_replay(bsub)
-    from ..bench import standin
-
-    standin.register_cli(bsub)
+    register_make_standin(bsub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -104,15 +102,8 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
                    help="output folder (default: bench-results/WORKLOAD-YYYYmmdd-HHMMSS)")
     add_model_args(r)
     g = r.add_argument_group("drafter options")
-    g.add_argument("--ngram-min", dest="n_min", type=int, default=None, help="prompt-lookup: shortest n-gram (default 1)")
-    g.add_argument("--ngram-max", dest="n_max", type=int, default=None, help="prompt-lookup: longest n-gram (default 4)")
-    g.add_argument("--draft-temp", dest="draft_temp", type=float, default=None, help="draft-model: draft temperature (default: the target's)")
-    g.add_argument("--draft-p-min", dest="p_min", type=float, default=None, help="draft-model: stop drafting below this confidence")
-    g.add_argument("--suffix-factor", dest="max_spec_factor", type=float, default=None,
-                   help="suffix: cap a draft at this factor x the match length (default 1.0)")
-    g.add_argument("--min-token-prob", dest="min_token_prob", type=float, default=None,
-                   help="suffix/rest: stop a draft when its path probability falls below this")
-    g.add_argument("--datastore", type=Path, default=None, help="rest: datastore folder from `specstack datastore build`")
+    # No --suffix-cache: a tree saved by one configuration would feed the next one's drafts.
+    add_drafter_flags(g, skip=("--suffix-cache",))
     g.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="any other drafter config field, e.g. max_depth=32 (repeatable)")
     c = r.add_argument_group("verification cost curve")
@@ -162,16 +153,49 @@ def _register_replay(bsub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=cmd_replay)
 
 
+def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``make-standin`` to ``specstack bench``'s subparsers."""
+    from ..bench.standin import FTYPES
+    from ..paths import DEFAULT_TARGET
+
+    p = bsub.add_parser(
+        "make-standin",
+        help="write a big zero-padded copy of a model that computes exactly the same function",
+        description="Write a cost-faithful stand-in target: the source model (llama or lfm2) "
+        "zero-padded to a wider hidden size, FFN and head count, plus layers that add nothing. Its "
+        "greedy output equals the source's; its decode cost is that of the big shape. Example (about "
+        "1.05B parameters): --width 2048 --layers 22 --ffn 5632. LFM2-1.2B-like from the bundled "
+        "hybrid: --from specstack/models/pycoder-lfm2.gguf --width 2048 --layers 16 --attn-layers 6 "
+        "--ffn 8192 --kv-heads 16.",
+    )
+    p.add_argument("--from", dest="src", type=Path, default=DEFAULT_TARGET,
+                   help="source GGUF (llama, dense or MoE, or lfm2; F16/F32/BF16); default: the bundled target")
+    p.add_argument("--width", type=int, required=True, help="hidden size of the stand-in")
+    p.add_argument("--layers", type=int, required=True, help="number of layers of the stand-in")
+    p.add_argument("--ffn", type=int, default=None,
+                   help="FFN width (default: the source's FFN/hidden ratio times --width)")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="KV heads per attention layer (default: keep the source's query heads per KV head); "
+                   "fewer KV heads match a real model's KV cache but are not bit-exact in q4_k_m")
+    p.add_argument("--attn-layers", type=int, default=None,
+                   help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
+    p.add_argument("--ftype", choices=FTYPES, default="f16", help="weight format (default f16)")
+    p.add_argument("--threads", type=int, default=2, help="quantization threads (default 2)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="where to write the stand-in GGUF")
+    p.set_defaults(func=cmd_make_standin)
+    return p
+
+
 # -- commands --------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..bench import report
+    from ..bench import plots, report
     from ..bench.runner import BenchConfig, options_from_args, run_bench
     from ..bench.workloads import load
 
     if args.plots:
-        report.require_plotting()  # before the measurements, not after them
+        plots.require_plotting()  # before the measurements, not after them
     wl = load(args.workload)
     if args.limit is not None:
         if args.limit < 1:
@@ -197,7 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Write the JSON first: whatever fails after it, the run is not lost.
     paths = report.write_outputs(results, outdir, plots=False)
     if args.plots:
-        paths += report.plot(results, outdir)
+        paths += plots.plot(results, outdir)
     if not args.quiet:
         sys.stdout.write(report.render_markdown(results))
     print("bench: wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
@@ -209,16 +233,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..bench import report
+    from ..bench import plots, report
 
     if args.plots:
-        report.require_plotting()
+        plots.require_plotting()
     results = report.load_results(args.results)
     src = Path(args.results)
     outdir = args.output or (src if src.is_dir() else src.parent)
     paths = report.write_outputs(results, outdir, write_json=False, plots=False)
     if args.plots:
-        paths += report.plot(results, outdir)
+        paths += plots.plot(results, outdir)
     sys.stdout.write(report.render_markdown(results))
     print("bench report: wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
@@ -237,4 +261,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in out.items() if k != "requests"}, indent=1))
     else:
         sys.stdout.write(replay.render_markdown(out))
+    return 0
+
+
+def cmd_make_standin(args: argparse.Namespace) -> int:
+    from ..bench.standin import make_standin, plan_standin, read_source_shape
+
+    src = Path(args.src)
+    kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)
+    plan = plan_standin(read_source_shape(src), args.width, args.layers, args.ffn, args.ftype,
+                        kv_heads=kv_heads, attn_layers=attn_layers)
+    make_standin(src, args.output, args.width, args.layers, args.ftype, ffn=args.ffn, threads=args.threads,
+                 kv_heads=kv_heads, attn_layers=attn_layers)
+    o, s = plan.out, plan.src
+    size = Path(args.output).stat().st_size
+    if o.arch == "lfm2":
+        n_attn = o.n_attention_layers
+        mix = (f"{n_attn} attention + {o.n_layer - n_attn} short-conv layers (source {s.n_attention_layers} + "
+               f"{s.n_layer - s.n_attention_layers}), ")
+    else:
+        mix = f"{o.n_layer} layers, "
+    if plan.exact_for(args.ftype):
+        verdict = "bit-exact"
+    elif not plan.bit_exact:
+        verdict = ("not bit-exact (width is not a " + ("multiple" if o.arch == "lfm2" else "power-of-2 multiple")
+                   + " of the source's)")
+    elif plan.regrouped_heads:
+        verdict = f"not bit-exact in {args.ftype} (--kv-heads regroups query heads; exact in f16)"
+    else:
+        verdict = f"not bit-exact in {args.ftype} (no layer layout keeps the source's Q4_K_M tensor types)"
+    print(f"wrote {args.output}: {o.arch} {args.ftype}, {o.n_params / 1e6:.1f}M parameters "
+          f"(source {s.n_params / 1e6:.2f}M), {size / 1e6:.1f} MB; width {o.n_embd}, {mix}"
+          f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
+          f"{[i for i, live in enumerate(plan.layer_live) if live]}; {verdict}")
     return 0

@@ -70,6 +70,7 @@ class DrafterFlag:
     field: str
     type: Callable[[str], Any] | None  # None: an on/off switch
     help: str
+    per_request: bool = True  # False: a server-side setting (files, model shape), not a request option
 
     def __post_init__(self) -> None:
         names = {option_name(self._field(cls)) for cls in self.configs.values()}
@@ -110,15 +111,18 @@ DRAFTER_FLAGS = (
     DrafterFlag("--suffix-factor", {"suffix": SuffixConfig}, "max_spec_factor", float,
                 "cap a draft at this factor x the match length (default {default})"),
     DrafterFlag("--suffix-cache", {"suffix": SuffixConfig}, "cache_path", Path,
-                "file to load the global tree from and save it to, so it survives restarts"),
+                "file to load the global tree from and save it to, so it survives restarts", per_request=False),
     DrafterFlag("--min-token-prob", {"suffix": SuffixConfig, "rest": RestConfig}, "min_token_prob", float,
                 "stop a draft when its path probability falls below this (default: {default})"),
-    DrafterFlag("--datastore", {"rest": RestConfig}, "datastore", Path, "datastore folder from `specstack datastore build`"),
+    DrafterFlag("--datastore", {"rest": RestConfig}, "datastore", Path, "datastore folder from `specstack datastore build`",
+                per_request=False),
     DrafterFlag("--tree", {"suffix": SuffixConfig, "rest": RestConfig}, "tree", None,
                 "draft token trees and verify all branches in one batch (greedy only; with sampling the best branch is verified)"),
     DrafterFlag("--draft-experts", {"moe-self": MoeSelfConfig}, "draft_experts", int,
-                "active experts in the self-draft (default {default}); output stays the full model's"),
+                "active experts in the self-draft (default {default}); output stays the full model's", per_request=False),
 )
+# The drafter options a single request may set (the server's per-request keys): no paths, no model shape.
+REQUEST_OPTIONS = tuple(f.dest for f in DRAFTER_FLAGS if f.per_request)
 # Drafter options set by flags of other groups, which other commands read too: option -> args attribute.
 SHARED_OPTIONS = {"draft_model": "model_draft", "seed": "seed"}  # -md (models), --seed (sampling)
 
@@ -150,9 +154,12 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     add_drafter_flags(g)
 
 
-def add_drafter_flags(g: argparse._ActionsContainer) -> None:
-    """The flags of ``DRAFTER_FLAGS``, unset (None) unless given, so each config's default applies."""
+def add_drafter_flags(g: argparse._ActionsContainer, skip: tuple[str, ...] = ()) -> None:
+    """The flags of ``DRAFTER_FLAGS`` (less those named in ``skip``), unset (None) unless given,
+    so each config's default applies."""
     for f in DRAFTER_FLAGS:
+        if f.flag in skip:
+            continue
         kind = {"action": "store_true"} if f.type is None else {"type": f.type}
         g.add_argument(f.flag, dest=f.dest, default=None, help=f.help_text(), **kind)
 

@@ -90,7 +90,7 @@ class RestDrafter:
         )
         if not r.token_ids:
             return Draft.empty(self.name)
-        return Draft(token_ids=r.token_ids, source=self.name)
+        return Draft(token_ids=r.token_ids, source=self.name, probs=r.probs)
 
     def retrieve_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
         """REST's candidate trie: the ``max_tokens`` most frequent prefixes, ``Draft.parents`` set."""
@@ -101,7 +101,7 @@ class RestDrafter:
         )
         if not r.token_ids:
             return Draft.empty(self.name)
-        return Draft(token_ids=r.token_ids, source=self.name, parents=r.parents)
+        return Draft(token_ids=r.token_ids, source=self.name, parents=r.parents, probs=r.probs)
 
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
         pass

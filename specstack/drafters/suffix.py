@@ -15,6 +15,7 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError
 from ..suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
+from ..suffix_tree_file import Vocab
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
 
@@ -37,7 +38,8 @@ class SuffixConfig:
       workload: 3.45x instead of 3.16x, modelled from replayed drafts); costs
       budget.  ArcticInference keeps outputs only: set False for that.
     cache_path: .npz file holding the global tree: loaded when the drafter is
-      made (if it exists), saved at the end of every request.
+      made (if it exists), saved at the end of every request.  It records the
+      target's vocabulary; a file from another vocabulary is refused.
     """
 
     max_depth: int = 64
@@ -102,8 +104,9 @@ class SuffixDrafter:
 
     name = "suffix"
 
-    def __init__(self, config: SuffixConfig | None = None) -> None:
+    def __init__(self, config: SuffixConfig | None = None, vocab: Vocab = Vocab()) -> None:
         self.config = cfg = config or SuffixConfig()
+        self.vocab = vocab  # what saved trees are for, and what a loaded one must be for
         self.global_tree = SuffixTree(cfg.max_depth)
         self._next_seq = 0
         self._gens: dict[int, _Generation] = {}
@@ -125,7 +128,7 @@ class SuffixDrafter:
             if not best.token_ids:
                 out.append(Draft.empty(self.name))
             else:
-                out.append(Draft(token_ids=best.token_ids, source=self.name, parents=best.parents if tree else None))
+                out.append(Draft(best.token_ids, self.name, parents=best.parents if tree else None, probs=best.probs))
         return out
 
     def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
@@ -146,8 +149,8 @@ class SuffixDrafter:
             self.save(self.config.cache_path)
 
     # --- drafts -----------------------------------------------------------------------
-    def speculate(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> SuffixDraft:
-        """The better of the request-tree and global-tree path drafts (request wins ties)."""
+    def propose_chain(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> SuffixDraft:
+        """The better of the request-tree and global-tree path drafts (request wins ties), with its score."""
         return self._best(seq, context_ids, max_tokens, tree=False)
 
     def _best(self, seq: int, context_ids: Sequence[int], max_tokens: int, tree: bool) -> SuffixDraft:
@@ -158,7 +161,7 @@ class SuffixDrafter:
         local_states, global_states = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
-        query = SuffixTree.speculate_tree if tree else SuffixTree.speculate
+        query = SuffixTree.propose_tree if tree else SuffixTree.propose
         best = query(gen.local, local_states, *args) if local_states else SuffixDraft()
         if global_states:
             other = query(self.global_tree, global_states, *args)
@@ -195,11 +198,14 @@ class SuffixDrafter:
 
     def save(self, path: str | Path) -> None:
         """Write the global tree to ``path`` (.npz); ``load`` restores it exactly."""
-        self.global_tree.save(path)
+        self.global_tree.save(path, self.vocab)
 
     def load(self, path: str | Path) -> None:
-        """Replace the global tree with the one saved at ``path``, evicting down to the budget."""
-        tree = SuffixTree.load(path, max_depth=self.config.max_depth)
+        """Replace the global tree with the one saved at ``path``, evicting down to the budget.
+
+        A file saved for another vocabulary than ``self.vocab`` raises VocabMismatchError.
+        """
+        tree = SuffixTree.load(path, max_depth=self.config.max_depth, vocab=self.vocab)
         while tree.num_tokens > self.config.global_budget_tokens:
             tree.remove(tree.seq_ids()[0])
         for sid in tree.seq_ids():
@@ -210,6 +216,20 @@ class SuffixDrafter:
             gen.matcher = SuffixMatcher(tree, (gen.prompt + gen.output)[-self.config.max_depth :])
 
 
+def target_vocab(target: object, with_fingerprint: bool = True) -> Vocab:
+    """The target's vocabulary as a suffix cache records it (its GGUF fingerprint, if asked, and n_vocab)."""
+    n_vocab = getattr(target, "n_vocab", None)
+    path = getattr(target, "path", None) if with_fingerprint else None
+    fingerprint = None
+    if path is not None:
+        from ..gguf_meta import read_gguf
+
+        fingerprint = read_gguf(path, tensors=False).vocab_fingerprint
+    return Vocab(fingerprint, n_vocab if isinstance(n_vocab, int) else None)
+
+
 @register("suffix")
 def _build(ctx: BuildContext) -> SuffixDrafter:
-    return SuffixDrafter(config_from_options(SuffixConfig, ctx.options))
+    cfg = config_from_options(SuffixConfig, ctx.options)
+    # The fingerprint reads the GGUF's vocabulary: only worth it when there is a cache file.
+    return SuffixDrafter(cfg, target_vocab(ctx.target, bool(cfg.cache_path)) if ctx.target is not None else Vocab())

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..commands.common import REQUEST_OPTIONS
 from ..drafters import available
 from ..engine import GenerationConfig
 from ..errors import SpecstackError
@@ -34,8 +35,7 @@ from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
-SPEC_KEYS = {"drafter", "k_policy", "k", "k_max", "n_min", "n_max", "draft_temp", "p_min", "max_spec_factor",
-             "min_token_prob", "cascade_min_len", "tree"}
+SPEC_KEYS = {"drafter", "k_policy", "k", "k_max", *REQUEST_OPTIONS}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,109 @@
+"""Batch shapes that keep llama.cpp's logits exact, and the plan that packs segments into calls.
+
+Pure data and arithmetic (no llama_cpp): ``target.LlamaModel`` keeps every
+call inside the ``BatchShapes`` measured for its model (``costs.measure_shapes``)
+by following ``plan_calls``; ``costs`` prices verification through the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class BatchShapes:
+    """Which ``llama_decode`` shapes compute a row exactly as plain decoding does.
+
+    llama.cpp picks kernels by batch size, and some kernels even treat rows
+    differently by their index in the batch (the repacked Q4_K kernels work
+    in groups of 4 rows), so a row's logits and KV depend on the call it was
+    computed in.  These limits are *measured per model* at load
+    (``costs.measure_shapes``) and every call that commits tokens keeps
+    within them:
+
+    min_rows: calls are padded to at least this many rows (2 where a
+      one-row call runs other kernels than any larger one: F16 here).
+    max_rows: the largest call whose every row matches plain decoding;
+      longer verification batches are split into calls of at most this size.
+    prefill_exact: a long prefill chunk computes KV exactly as decode steps
+      do, so a generated token's KV can be reused as a later prompt's prefix.
+    """
+
+    min_rows: int = 2
+    max_rows: int = 1 << 20
+    prefill_exact: bool = True
+    settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
+    exact: bool = True  # False: never pad or split (--exact off)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
+            raise ValueError(f"bad batch shapes: min_rows={self.min_rows}, max_rows={self.max_rows}")
+
+    def to_dict(self) -> dict:
+        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact, "exact": self.exact}
+
+
+INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False)  # draft models, --exact off
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Tokens to append to one sequence in a decode, with logits for rows ``logits_from``.. (none if ``len``)."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits_from: int = 0
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.logits_from < len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Part of a segment inside one decode call: ``count`` real rows from ``start``, then ``pad`` throw-away rows."""
+
+    segment: int
+    start: int
+    count: int
+    pad: int
+
+
+def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows: int,
+               room: Sequence[int] | None = None) -> list[list[Piece]]:
+    """Group segments of ``rows[i]`` tokens into decode calls that keep every row exact.
+
+    Each call has ``R`` rows per sequence (shorter pieces are padded; llama.cpp
+    splits a multi-stream batch unevenly otherwise) and ``min_rows <= total
+    <= max_rows`` rows.  A segment longer than ``max_rows`` is split into
+    pieces verified one after another.  ``room[i]`` caps the padding a
+    segment's sequence can hold.  Pieces in a call are ordered by sequence id.
+
+    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([3, 1], [0, 1], 2, 8)]
+    [[(0, 3, 0), (1, 1, 2)]]
+    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([5], [0], 1, 3)]
+    [[(0, 3, 0)], [(0, 2, 0)]]
+    """
+    cap = max(max_rows, min_rows)
+    room = room if room is not None else [cap] * len(rows)
+    layers: list[list[tuple[int, int, int]]] = []  # layer -> (segment, start, count)
+    for i, n in enumerate(rows):
+        for j, start in enumerate(range(0, n, cap)):
+            if j == len(layers):
+                layers.append([])
+            layers[j].append((i, start, min(cap, n - start)))
+    calls: list[list[Piece]] = []
+    for layer in layers:
+        open_calls: list[tuple[int, list[tuple[int, int, int]]]] = []  # (R, pieces)
+        for seg, start, count in sorted(layer, key=lambda p: -p[2]):
+            for idx, (r, members) in enumerate(open_calls):
+                if (len(members) + 1) * r <= cap and room[seg] >= r - count:
+                    members.append((seg, start, count))
+                    break
+            else:
+                open_calls.append((max(count, min(min_rows, count + room[seg])), [(seg, start, count)]))
+        for r, members in open_calls:
+            members.sort(key=lambda p: seqs[p[0]])
+            calls.append([Piece(seg, start, count, r - count) for seg, start, count in members])
+    return calls

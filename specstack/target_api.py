@@ -1,0 +1,122 @@
+"""What a target is, without llama_cpp: how to load one (``ModelConfig``) and what it offers.
+
+``target.LlamaModel`` implements ``EngineTarget``; ``bench.replay.ReplayTarget``
+implements ``Target`` (metadata only).  Drafters and the engine type against
+these protocols, so reading them needs no model and no llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .batching import BatchShapes, Segment
+from .errors import InvalidParameterError
+from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How to load a model.  n_ctx is per sequence; 0 means the model's trained context length."""
+
+    path: Path
+    n_ctx: int = 0
+    n_threads: int = 0  # 0 = physical cores
+    n_batch: int = 512
+    # Shapes assumed until measured (``costs.measure_shapes``): 2 pads a
+    # one-token call, which was needed for exactness on every F16/F32 model
+    # here.  Draft models use 1: their logits need not be exact.
+    min_batch: int = 2
+    # Generations held at once.  Above 1 each gets its own KV stream
+    # (llama.cpp's non-unified cache): its cells then lie exactly as in a
+    # solo run, which a shared cache cannot promise (cells of different
+    # sequences interleave, which changed logits by ~3e-3 here).
+    n_slots: int = 1
+    # Branches a tree draft may have (llama.cpp sequences sharing one
+    # unified cache); used only with one slot.
+    n_seq_max: int = 1
+    unified: bool | None = None  # None: unified iff n_slots == 1 (draft models share one cache)
+    # Off: batches of 2..512 rows then agree bit for bit on F16 and Q8_0 here.
+    # With flash attention a one-row call matched 2-3 row calls at the KV length
+    # measured, yet greedy output broke at a longer one (its single-row path
+    # depends on the KV length), so exactness could not be measured reliably.
+    flash_attn: bool = False
+    kv_overrides: tuple[tuple[str, int], ...] = ()
+    prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
+    repack: bool = True  # llama.cpp's CPU weight repacking (faster; measured shapes account for it)
+    # Targets: every call asks for logits of all its rows, as the shape measurement
+    # does (the output count selects kernels of the last layer).  Draft models ask
+    # only for the rows they read.
+    exact: bool = True
+    # Recurrent/hybrid models (see ``recurrent``): "auto" rolls back where the
+    # architecture can, else checkpoints; ``rollback_depth`` is n_rs_seq.
+    rollback: str = "auto"
+    rollback_depth: int = DEFAULT_DEPTH
+
+    def __post_init__(self) -> None:
+        if self.rollback not in STRATEGIES:
+            raise InvalidParameterError(f"rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
+        if not 2 <= self.rollback_depth <= 256:
+            raise InvalidParameterError(f"rollback depth (n_rs_seq) must be in 2..256 (got {self.rollback_depth})")
+        if self.n_threads < 0:
+            raise InvalidParameterError(f"threads must be >= 0 (got {self.n_threads}); 0 means one per physical core")
+        if self.n_ctx < 0:
+            raise InvalidParameterError(f"the context size must be >= 0 (got {self.n_ctx}); 0 means the model's own")
+        if self.n_slots < 1 or self.n_batch < 1:
+            raise InvalidParameterError(f"slots and batch size must be >= 1 (got {self.n_slots}, {self.n_batch})")
+
+
+class Target(Protocol):
+    """What drafter factories may read from a target (``BuildContext.target``).
+
+    ``LlamaModel`` implements it, and so does ``bench.replay.ReplayTarget``
+    (metadata from a results file, no model loaded).
+    """
+
+    path: Path | None
+    n_vocab: int
+    n_ctx: int  # positions per sequence
+    n_threads: int
+    n_slots: int  # generations held at once (one KV stream each when > 1)
+    capacity: int  # positions usable by real tokens (padding needs spare ones)
+
+
+class EngineTarget(Target, Protocol):
+    """A target the engine can run: tokenizer, sequences, exact batch shapes, tree batches."""
+
+    config: ModelConfig
+    unified: bool
+    n_seq_max: int
+    shapes: BatchShapes
+    seq_len: list[int]
+    writes: list[int]
+    tree_relayouts: int
+    # recurrent/hybrid models (``recurrent``): how rejected tokens leave the state
+    is_recurrent: bool
+    memory: str
+    strategy: str
+    max_draft: int
+    rewind: RewindStats
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def eog_ids(self) -> frozenset[int]: ...
+    def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]: ...
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
+    def truncate(self, n_keep: int, seq: int = 0) -> None: ...
+    def can_truncate(self, n_keep: int, seq: int = 0) -> bool: ...
+    def checkpoint(self, seq: int = 0) -> None: ...
+    def protect(self, seq: int, n: int, one_call: bool = True) -> None: ...
+    def reset(self, seq: int | None = None) -> None: ...
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
+    def commit_tree(self, path: Sequence[int]) -> None: ...
+    # shape measurement and cost calibration
+    batch_cap: int
+    min_batch: int
+    bos_id: int
+
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray: ...
+    def set_shapes(self, shapes: BatchShapes) -> None: ...
