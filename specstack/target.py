@@ -515,7 +515,9 @@ class LlamaModel:
         """One ``llama_decode``: per entry (seq, tokens, pad, logits_from) the tokens then ``pad`` copies of the last.
 
         Pads are dropped from the KV cache right after; causal attention means
-        they cannot change the real rows.  Output rows: on an exact target
+        they cannot change the real rows.  A recurrent model's pads would advance
+        its state: they stay as phantoms rolled back with the next cut (rollback)
+        or go to the scratch sequence (checkpoint); see ``_init_rewind``.  Output rows: on an exact target
         every row of the call (pads too) when any entry wants logits, else
         none; otherwise just each entry's rows from ``logits_from``.  Returns
         per entry the logits of its rows from ``logits_from`` (None if none).
