@@ -41,9 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def workload(n_prompts: int, max_tokens: int) -> Workload:
-    """The held-out prompts as a bench workload: one ungrouped request each."""
+    """The held-out prompts as a bench workload, all in one group.
+
+    One group means one engine per configuration for the whole run, as a user's session has: a
+    k policy then carries what it learnt (e.g. that the draft model does not pay on this pair)
+    from one prompt to the next instead of probing afresh on each.
+    """
     prompts = held_out_prompts(n_prompts)
-    reqs = tuple(Request(id=f"prompt {i}", prompt=p, category="code", max_tokens=max_tokens, line=i)
+    reqs = tuple(Request(id=f"prompt {i}", prompt=p, category="code", max_tokens=max_tokens, group="held-out", line=i)
                  for i, p in enumerate(prompts, 1))
     return Workload("held-out", DATA_DIR / "prompts" / "code-complete.jsonl", reqs)
 
