@@ -81,7 +81,7 @@ def main() -> None:
                 r.speedup.append(st.tokens_per_second / plain.stats.tokens_per_second)
                 r.drafted += st.n_drafted
                 r.accepted += st.n_accepted
-                r.rewind_s += st.rewind_s
+                r.rewind_s += st.rewound.seconds
                 r.drafted_steps += sum(1 for _, d, _ in st.steps if d)
                 r.identical += g.output_ids == plain.output_ids
         if args.peers:

@@ -33,7 +33,6 @@ from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
 from .prompt_cache import PromptCache
-from .recurrent import RewindStats
 from .sampling import SamplingParams, target_probs
 from .target_api import EngineTarget
 from .types import Draft, VerifyResult
@@ -196,25 +195,6 @@ class _Work:
     budget: Budget
     draft: Draft = field(default_factory=lambda: Draft.empty(""))
     draft_s: float = 0.0
-
-
-class _RewindMark:
-    """What cutting a recurrent target's state back cost during one step (``recurrent``), shared out per generation."""
-
-    def __init__(self, target: EngineTarget) -> None:
-        self.stats = target.rewind
-        self.start = RewindStats(**vars(target.rewind))
-
-    def seconds(self) -> float:
-        return self.stats.seconds - self.start.seconds
-
-    def charge(self, stats: GenerationStats, share: float) -> None:
-        now, was = self.stats, self.start
-        stats.n_rollbacks += now.rollbacks - was.rollbacks
-        stats.n_checkpoints += now.checkpoints - was.checkpoints
-        stats.n_restores += now.restores - was.restores
-        stats.n_redecoded += now.redecoded - was.redecoded
-        stats.rewind_s += (now.seconds - was.seconds) * share
 
 
 class Engine:
@@ -420,10 +400,10 @@ class Engine:
         t0 = time.perf_counter()
         self._propose(work)
         t1 = time.perf_counter()
-        rewound = _RewindMark(self.target)
+        rewind0 = self.target.rewind.seconds
         results = self._verify(work)
         t2 = time.perf_counter()
-        rewind_s = rewound.seconds()
+        rewind_s = self.target.rewind.seconds - rewind0
         drafted = sum(1 for w in work if w.draft.token_ids)
         for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
             cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1 - rewind_s)
@@ -432,7 +412,6 @@ class Engine:
         for w, result in zip(work, results):
             gen = w.gen
             verify_s = (t2 - t1) * share
-            rewound.charge(gen.stats, share)
             gen.stats.record_step(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
             gen.origins.extend(w.draft.source if i < result.num_accepted else "target" for i in range(len(committed)))
@@ -506,8 +485,8 @@ class Engine:
             return [self._verify_tree(work[0])]
         segments = [Segment(w.gen.seq, [w.gen.context[-1], *w.draft.token_ids]) for w in work]
         n_past = [target.seq_len[w.gen.seq] for w in work]
-        for seg in segments:
-            target.protect(seg.seq, len(seg.tokens))  # a recurrent state must be able to come back
+        for w, seg in zip(work, segments):  # a recurrent state must be able to come back
+            self._charged(w.gen, target.protect, seg.seq, len(seg.tokens))
         all_logits = target.decode(segments)
         results = []
         for w, logits, start in zip(work, all_logits, n_past):
@@ -516,9 +495,21 @@ class Engine:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
                 result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng)
-            target.truncate(start + 1 + result.num_accepted, w.gen.seq)
+            self._charged(w.gen, target.truncate, start + 1 + result.num_accepted, w.gen.seq)
             results.append(result)
         return results
+
+    def _charged(self, gen: Generation, call, *args) -> None:
+        """A target call that may save, restore or roll back recurrent state; its cost goes to ``gen``'s stats."""
+        if not self.target.is_recurrent:
+            call(*args)
+            return
+        total = self.target.rewind
+        before = total.copy()
+        try:
+            call(*args)
+        finally:
+            gen.stats.rewound.add_change(total, before)
 
     def _verify_tree(self, w: _Work) -> VerifyResult:
         target, draft, stats = self.target, w.draft, w.gen.stats

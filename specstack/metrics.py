@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .recurrent import RewindStats
+
 
 @dataclass
 class SourceStats:
@@ -46,11 +48,7 @@ class GenerationStats:
     n_tree_relayouts: int = 0  # of those, steps whose winning branch was re-decoded (extra batch)
     trees: str = ""  # why trees were verified as chains, when they were ("" = trees allowed)
     rewind: str = "truncate"  # how rejected tokens leave the target (``recurrent``): truncate, rollback, checkpoint
-    n_rollbacks: int = 0  # recurrent targets: cuts done by llama.cpp's rollback
-    n_checkpoints: int = 0  # states saved before a verification
-    n_restores: int = 0  # states restored after a partial acceptance
-    n_redecoded: int = 0  # accepted tokens decoded again after a restore
-    rewind_s: float = 0.0  # time spent saving, restoring and re-decoding
+    rewound: RewindStats = field(default_factory=RewindStats)  # what this generation's cuts cost
     stop_reason: str = ""
     n_reused: int = 0  # prompt tokens whose KV was reused from an earlier request (not prefilled)
     queue_s: float = 0.0  # waiting for a free slot
@@ -150,9 +148,7 @@ class GenerationStats:
             "tree_steps": self.n_tree_steps,
             "tree_relayouts": self.n_tree_relayouts,
             **({"trees": self.trees} if self.trees else {}),
-            "rewind": {"strategy": self.rewind, "rollbacks": self.n_rollbacks, "checkpoints": self.n_checkpoints,
-                       "restores": self.n_restores, "redecoded_tokens": self.n_redecoded,
-                       "seconds": round(self.rewind_s, 6)},
+            "rewind": {"strategy": self.rewind, **self.rewound.to_dict()},
             "stop_reason": self.stop_reason,
             "reused_prompt_tokens": self.n_reused,
             "time_s": {

@@ -27,7 +27,7 @@ computed from a wrong state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from .errors import UnsupportedModelError
@@ -75,6 +75,14 @@ class RewindStats:
     redecoded: int = 0  # tokens decoded again after a restore
     seconds: float = 0.0  # saving, restoring and re-decoding
 
+    def copy(self) -> RewindStats:
+        return replace(self)
+
+    def add_change(self, now: RewindStats, before: RewindStats) -> None:
+        """Add what ``now`` counts beyond ``before`` (a target's totals around one call)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(now, f.name) - getattr(before, f.name))
+
     def to_dict(self) -> dict:
         return {"rollbacks": self.rollbacks, "checkpoints": self.checkpoints, "restores": self.restores,
                 "redecoded_tokens": self.redecoded, "seconds": round(self.seconds, 6)}
@@ -101,12 +109,3 @@ def needs_checkpoint(log: SeqLog, n: int, strategy: Strategy, depth: int, one_ca
     if strategy == "rollback" and one_call and n - 1 <= depth:
         return False
     return True
-
-
-def describe(memory: Memory, strategy: Strategy, depth: int) -> str:
-    """One line for `check`, `doctor` and stats."""
-    if memory == "attention":
-        return "truncate (attention KV: cut by position)"
-    if strategy == "rollback":
-        return f"rollback (n_rs_seq={depth}: drafts of up to {depth - 1} tokens undone by seq_rm)"
-    return "checkpoint (recurrent state saved before a draft, restored and re-decoded after a rejection)"

@@ -23,7 +23,7 @@ import numpy as np
 # modules; they are re-exported here so ``from specstack.target import ...`` keeps working.
 from .batching import INEXACT, BatchShapes, Piece, Segment, plan_calls  # noqa: F401 - re-exported
 from .errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
-from .recurrent import RollbackError, Memory, RewindStats, SeqLog, Strategy, describe, needs_checkpoint, plan_cut
+from .recurrent import RollbackError, Memory, RewindStats, SeqLog, Strategy, needs_checkpoint, plan_cut
 from .target_api import EngineTarget, ModelConfig, Target  # noqa: F401 - re-exported
 
 _GGUF_MAGIC = b"GGUF"
@@ -249,7 +249,6 @@ class LlamaModel:
         # rows of two sequences are two one-row products, which differ).  Without rollback they go
         # to a scratch sequence, cleared after the call.
         self._scratch = self.n_seq_max if self.strategy == "checkpoint" else -1
-        self.rewind_note = describe(self.memory, self.strategy, self.rollback_depth)
 
     def _arch(self) -> str:
         buf = ctypes.create_string_buffer(64)

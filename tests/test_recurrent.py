@@ -87,7 +87,7 @@ def test_greedy_speculation_equals_plain_decoding(setup, drafter, options):
     assert_lossless(setup, gens, drafter)
     stats = [g.stats for g in gens]
     if setup.target.strategy == "checkpoint":
-        assert sum(s.n_checkpoints for s in stats) > 0
+        assert sum(s.rewound.checkpoints for s in stats) > 0
     if drafter.startswith("fusion"):  # trees need one state per branch: verified as chains, and said so
         assert all(s.n_tree_steps == 0 and "chains" in s.trees for s in stats)
 
@@ -126,9 +126,9 @@ def test_always_right_and_always_wrong_drafters(setup):
             assert gen.stats.n_drafted > 0
             assert gen.stats.n_accepted == (gen.stats.n_drafted if right else 0)
             if not right and target.strategy == "rollback":
-                assert gen.stats.n_rollbacks > 0 and gen.stats.n_restores == 0
+                assert gen.stats.rewound.rollbacks > 0 and gen.stats.rewound.restores == 0
             if not right and target.strategy == "checkpoint":
-                assert gen.stats.n_restores > 0
+                assert gen.stats.rewound.restores > 0
 
 
 def test_sampling_is_reproducible_with_a_seed(setup):

@@ -120,8 +120,9 @@ def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dic
     if shapes is not None:
         rows.append(("exact shapes", describe_shapes(shapes)))
     if s.rewind != "truncate":
-        rows.append(("recurrent state", f"{s.rewind}: {s.n_rollbacks} rollbacks, {s.n_checkpoints} checkpoints, "
-                     f"{s.n_restores} restores ({s.n_redecoded} tokens re-decoded), {1000 * s.rewind_s:.1f} ms"))
+        r = s.rewound
+        rows.append(("recurrent state", f"{s.rewind}: {r.rollbacks} rollbacks, {r.checkpoints} checkpoints, "
+                     f"{r.restores} restores ({r.redecoded} tokens re-decoded), {1000 * r.seconds:.1f} ms"))
     if s.trees:
         rows.append(("trees", s.trees))
     if moe is not None:
