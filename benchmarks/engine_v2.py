@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Sequence
 
-from specstack.costs import calibrate, ensure_shapes
+from specstack.draft_length.costs import calibrate, ensure_shapes
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest

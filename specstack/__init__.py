@@ -36,7 +36,8 @@ _EXPORTS = {
     "DraftLengthPolicy": "draft_length", "FixedK": "draft_length", "WindowK": "draft_length",
     "HeuristicK": "draft_length", "CostK": "draft_length", "make_policy": "draft_length", "POLICIES": "draft_length",
     # costs and exactness
-    "CostModel": "costs", "calibrate": "costs", "ensure_shapes": "costs", "measure_shapes": "costs",
+    "CostModel": "draft_length.costs", "calibrate": "draft_length.costs", "ensure_shapes": "draft_length.costs",
+    "measure_shapes": "draft_length.costs",
     # statistics, errors, bundled files
     "GenerationStats": "metrics", "SpecstackError": "errors", "ModelLoadError": "errors",
     "InvalidParameterError": "errors", "ContextOverflowError": "errors", "VocabMismatchError": "errors",

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 
-from .batching import Segment
-from .costs import ensure_shapes
+from .target.batching import Segment
+from .draft_length.costs import ensure_shapes
 from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .metrics import GenerationStats
 from .prompt_cache import PromptCache
 from .sampling import SamplingParams, target_probs
-from .target_api import EngineTarget
+from .target.api import EngineTarget
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 

@@ -1,4 +1,4 @@
-"""Vocabulary compatibility: specstack.check and `specstack check`."""
+"""Vocabulary compatibility: specstack.machine.check and `specstack check`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specstack.check import check_pair, require_draftable
+from specstack.machine.check import check_pair, require_draftable
 from specstack.cli import main
-from specstack.errors import ModelLoadError, VocabMismatchError
+from specstack.errors import ModelLoadError
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

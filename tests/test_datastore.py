@@ -1,4 +1,4 @@
-"""The REST datastore (specstack.datastore), its CLI and the rest drafter, against brute force."""
+"""The REST datastore (specstack.retrieval.datastore), its CLI and the rest drafter, against brute force."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specstack.cli import main
-from specstack.datastore import SENTINEL, Datastore, build_suffix_array, collect_files, write_store
+from specstack.retrieval.datastore import SENTINEL, Datastore, build_suffix_array, collect_files, write_store
 from specstack.drafters.base import BuildContext, create
 from specstack.drafters.rest import RestConfig, RestDrafter
 from specstack.errors import InvalidParameterError, SpecstackError, VocabMismatchError

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from specstack.costs import CostModel, calibrate, measure_curve
+from specstack.draft_length.costs import CostModel, calibrate, measure_curve
 from specstack.draft_length import (
     AcceptanceTracker,
     CostK,

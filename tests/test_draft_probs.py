@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specstack.datastore import write_store
+from specstack.retrieval.datastore import write_store
 from specstack.draft_length import Budget
 from specstack.drafters.base import propose_one
 from specstack.drafters.rest import RestConfig, RestDrafter

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specstack.costs import _filler, ensure_shapes, measure_shapes
+from specstack.draft_length.costs import _filler, ensure_shapes, measure_shapes
 from specstack.draft_length import Budget, FixedK
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest

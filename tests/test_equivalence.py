@@ -27,7 +27,6 @@ def plain_outputs(target):
 @pytest.mark.parametrize("name,k", [("prompt-lookup", 4), ("prompt-lookup", 8), ("draft-model", 4), ("draft-model", 2)])
 def test_greedy_speculation_equals_plain_decoding(target, plain_outputs, name, k):
     engine = Engine(target, create(name, BuildContext(target)))
-    accepted = 0
     for prompt, expected in zip(PROMPTS, plain_outputs):
         gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS, k=k)).run()
         assert gen.output_ids == expected, f"{name} k={k} diverged on prompt {prompt[:60]!r}"
@@ -77,7 +76,7 @@ def test_draft_model_sampling_returns_q_and_gets_accepted(target):
 @pytest.mark.parametrize("policy", ["cost", "window", "heuristic"])
 @pytest.mark.parametrize("name", ["prompt-lookup", "draft-model"])
 def test_every_k_policy_is_lossless(target, plain_outputs, name, policy):
-    from specstack.costs import CostModel
+    from specstack.draft_length.costs import CostModel
     from specstack.draft_length import make_policy
 
     costs = CostModel([1e-3 * (1 + 0.1 * n) for n in range(20)])  # cheap verification: adaptive k grows

@@ -1,4 +1,4 @@
-"""Speculation on recurrent and hybrid targets (``specstack.recurrent``): lossless under both strategies.
+"""Speculation on recurrent and hybrid targets (``specstack.target.recurrent``): lossless under both strategies.
 
 Two real GGUFs: ``pycoder-lfm2`` (a trained LFM2 hybrid: short convolutions plus
 attention; llama.cpp can roll its state back) and ``pycoder-mamba2-random`` (a
@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstack.costs import calibrate
+from specstack.draft_length.costs import calibrate
 from specstack.draft_length import FixedK, make_policy
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine, GenerationConfig
 from specstack.errors import InvalidParameterError, UnsupportedModelError
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.recurrent import RollbackError
+from specstack.target.recurrent import RollbackError
 from specstack.sampling import SamplingParams
 from specstack.target import LlamaModel, ModelConfig
 
@@ -94,7 +94,7 @@ def test_greedy_speculation_equals_plain_decoding(setup, drafter, options):
 
 def test_rest_datastore_drafter(setup, tmp_path):
     """A datastore of what this model wrote before, as token ids (random weights would match nothing else)."""
-    from specstack.datastore import write_store
+    from specstack.retrieval.datastore import write_store
 
     target = setup.target
     write_store(tmp_path / "store", [target.tokenize(p) + out for p, out in zip(PROMPTS, setup.plain)], n_vocab=target.n_vocab)

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specstack import suffix_tree_file
+from specstack.retrieval import suffix_tree_file
 from specstack.drafters.base import BuildContext, create
 from specstack.drafters.suffix import SuffixConfig, SuffixDrafter, target_vocab
 from specstack.errors import VocabMismatchError
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
-from specstack.suffix_tree import SuffixTree
-from specstack.suffix_tree_file import Vocab
+from specstack.retrieval.suffix_tree import SuffixTree
+from specstack.retrieval.suffix_tree_file import Vocab
 
 A = Vocab("a" * 64, 4096)
 B = Vocab("b" * 64, 4096)  # same size, other tokens: only the fingerprint tells them apart

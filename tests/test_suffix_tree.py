@@ -1,4 +1,4 @@
-"""The suffix tree (specstack.suffix_tree) against a brute-force reference.
+"""The suffix tree (specstack.retrieval.suffix_tree) against a brute-force reference.
 
 Small alphabets make matches, repeats and ties common, which is where counting
 and compression go wrong.
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specstack.errors import SpecstackError
-from specstack.suffix_tree import SuffixMatcher, SuffixTree
+from specstack.retrieval.suffix_tree import SuffixMatcher, SuffixTree
 
 # --- the reference: counts by scanning, drafts by definition ---------------------------
 

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..costs import time_calls
+from ..draft_length.costs import time_calls
 from ..target import LlamaModel, ModelConfig
 
 

@@ -113,7 +113,7 @@ def request_seed(base: int, request_id: str) -> int:
 
 def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
     """Facts that explain a number: CPU, cores, load, versions."""
-    from .. import sysinfo
+    from ..machine import sysinfo
 
     info: dict[str, Any] = {
         "hostname": platform.node(),

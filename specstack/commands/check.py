@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..check import CompatReport, check_pair, rewind_line
+from ..machine.check import CompatReport, check_pair, rewind_line
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 
 _VERDICT_LINE = {

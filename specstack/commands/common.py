@@ -12,7 +12,7 @@ from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..costs import calibrate, ensure_shapes
+from ..draft_length.costs import calibrate, ensure_shapes
 from ..draft_length import POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter, option_name
@@ -24,7 +24,7 @@ from ..drafters.rest import RestConfig
 from ..drafters.suffix import SuffixConfig
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
-from ..recurrent import DEFAULT_DEPTH, STRATEGIES
+from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..target import LlamaModel, ModelConfig, set_verbose
 
 
@@ -201,7 +201,7 @@ def experts(args: argparse.Namespace) -> dict[str, Any] | None:
 
     None for a dense target.  Every output of a reduced-expert run carries this label.
     """
-    from ..gguf_meta import read_gguf
+    from ..machine.gguf_meta import read_gguf
 
     meta = read_gguf(args.model, tensors=False)
     if not meta.expert_count:

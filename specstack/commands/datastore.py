@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..datastore import Datastore, build_from_files
+from ..retrieval.datastore import Datastore, build_from_files
 from ..errors import SpecstackError
 from ..paths import DEFAULT_TARGET
 
@@ -61,7 +61,7 @@ def _read_excludes(files: list[str]) -> list[str]:
 
 def load_tokenizer(model: str):
     """A vocab-only llama.cpp model: tokenizes without loading weights."""
-    from ..gguf_meta import read_gguf
+    from ..machine.gguf_meta import read_gguf
     from ..target import VocabModel
 
     llm = VocabModel(model)

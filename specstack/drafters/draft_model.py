@@ -215,7 +215,7 @@ def _load_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
 @register("draft-model")
 def _build(ctx: BuildContext) -> Drafter:
     """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""
-    from ..check import TRANSLATABLE, require_draftable
+    from ..machine.check import TRANSLATABLE, require_draftable
 
     config = config_from_options(DraftModelConfig, ctx.options)
     report = require_draftable(ctx.target.path, config.draft_model)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..gguf_meta import read_gguf
+from ..machine.gguf_meta import read_gguf
 from ..target import LlamaModel, ModelConfig
 from .base import BuildContext, config_from_options, register
 from .draft_model import DraftModelConfig, DraftModelDrafter

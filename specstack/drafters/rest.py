@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..datastore import Datastore
+from ..retrieval.datastore import Datastore
 from ..errors import InvalidParameterError, VocabMismatchError
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
@@ -122,7 +122,7 @@ def check_store_matches_target(store: Datastore, target: object) -> None:
                 f"{n_vocab}: rebuild it with `specstack datastore build CORPUS -m TARGET -o {store.path}`"
             )
         return
-    from ..gguf_meta import read_gguf
+    from ..machine.gguf_meta import read_gguf
 
     have = read_gguf(path, tensors=False).vocab_fingerprint
     if have and have != want:

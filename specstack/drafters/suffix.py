@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import InvalidParameterError
-from ..suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
-from ..suffix_tree_file import Vocab
+from ..retrieval.suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
+from ..retrieval.suffix_tree_file import Vocab
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
 
@@ -222,7 +222,7 @@ def target_vocab(target: object, with_fingerprint: bool = True) -> Vocab:
     path = getattr(target, "path", None) if with_fingerprint else None
     fingerprint = None
     if path is not None:
-        from ..gguf_meta import read_gguf
+        from ..machine.gguf_meta import read_gguf
 
         fingerprint = read_gguf(path, tensors=False).vocab_fingerprint
     return Vocab(fingerprint, n_vocab if isinstance(n_vocab, int) else None)

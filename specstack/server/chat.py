@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
-from ..gguf_meta import read_gguf
+from ..machine.gguf_meta import read_gguf
 
 ROLES = ("system", "user", "assistant", "tool")
 

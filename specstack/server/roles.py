@@ -34,7 +34,7 @@ from ..draft_length import POLICIES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..profile import load_profile, read_toml
-from ..recurrent import STRATEGIES
+from ..target.recurrent import STRATEGIES
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..costs import calibrate, ensure_shapes
+from ..draft_length.costs import calibrate, ensure_shapes
 from ..draft_length import DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter

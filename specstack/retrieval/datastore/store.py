@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import SpecstackError
+from ...errors import SpecstackError
 
 FORMAT = "specstack-datastore"
 FORMAT_VERSION = 1

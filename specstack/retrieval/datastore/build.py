@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import SpecstackError
+from ...errors import SpecstackError
 from .store import FORMAT, FORMAT_VERSION, SENTINEL, SORT_DEPTH, Datastore
 
 def build_suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from . import sysinfo
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_meta import read_gguf
-from .ui import fmt_bytes, table
+from ..ui import fmt_bytes, table
 
 STATUSES = ("ok", "info", "warn", "fail")
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -69,7 +69,7 @@ def gather_facts() -> dict[str, Any]:
 
 
 def _llama_version() -> str | None:
-    from .target import llama_version
+    from ..target import llama_version
 
     return llama_version()
 

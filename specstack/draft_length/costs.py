@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .paths import cache_dir
-from .target import BatchShapes, EngineTarget, plan_calls
+from ..paths import cache_dir
+from ..target import BatchShapes, EngineTarget, plan_calls
 
 CURVE_VERSION = 4  # bump when the measurement method changes: old cache entries are ignored
 
@@ -269,7 +269,7 @@ def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
 
 
 def _cache_key(model: EngineTarget, n_max: int) -> str:
-    from .target import system_info
+    from ..target import system_info
 
     st = os.stat(model.path)
     config = {k: v for k, v in vars(model.config).items() if k != "path"}
@@ -303,7 +303,7 @@ def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = Tru
     (fastest, but speculative output may then differ from plain decoding
     where llama.cpp's numerics depend on the call shape).
     """
-    from .target import INEXACT
+    from ..target import INEXACT
 
     if model.shapes.settled:
         return model.shapes

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 STRATEGIES = ("auto", "rollback", "checkpoint")
 DEFAULT_DEPTH = 17  # n_rs_seq: drafts of up to 16 tokens roll back without a checkpoint

@@ -14,7 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 from .acceptance import AcceptanceBook
 from .costs import CostModel
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 # Relative verification cost t(n)/t(1) = 1 + VERIFY_SLOPE * (n - 1) for policies
 # without a measured curve: 0.2 per token on pycoder-6m and 0.1 on a 1B model with

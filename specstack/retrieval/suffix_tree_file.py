@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import SpecstackError, VocabMismatchError
+from ..errors import SpecstackError, VocabMismatchError
 
 FORMAT = "specstack-suffix-tree"
 FORMAT_VERSION = 1

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .paths import cache_dir
+from ..paths import cache_dir
 from . import check as _check
-from .errors import ModelLoadError, SpecstackError
+from ..errors import ModelLoadError, SpecstackError
 from .gguf_meta import GGUFInfo, read_gguf
-from .ui import fmt_bytes, table
+from ..ui import fmt_bytes, table
 
 CACHE_VERSION = 2  # 2: entries carry "rewind"
 CACHE_NAME = "models-scan.json"

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import VocabMismatchError
+from ..errors import VocabMismatchError
 from .gguf_meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
 
 IDENTICAL = "identical"

@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .batching import BatchShapes, Segment
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
 
 

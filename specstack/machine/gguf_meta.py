@@ -27,7 +27,7 @@ import gguf
 import numpy as np
 from gguf import GGUFValueType
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT

@@ -24,22 +24,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Sequence
 
-# The estimators (``acceptance``) and the budget types (``budget``) live in their own
-# modules; they are re-exported here so ``from specstack.draft_length import ...`` keeps working.
-from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted  # noqa: F401
-from .budget import (  # noqa: F401 - re-exported
-    SOLO,
-    VERIFY_SLOPE,
-    Advice,
-    BatchLoad,
-    Budget,
-    DraftLengthPolicy,
-    KeepGoing,
-    StepOutcome,
-    slope_cost,
-)
+from ..errors import InvalidParameterError
+from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
+from .budget import SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
 from .costs import CostModel
-from .errors import InvalidParameterError
 
 
 def _check_k(k: int, what: str = "k") -> int:

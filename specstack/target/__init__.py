@@ -22,9 +22,9 @@ import numpy as np
 # Batch shapes, the call plan, ModelConfig and the Target protocols live in llama_cpp-free
 # modules; they are re-exported here so ``from specstack.target import ...`` keeps working.
 from .batching import INEXACT, BatchShapes, Piece, Segment, plan_calls  # noqa: F401 - re-exported
-from .errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
+from ..errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
 from .recurrent import RollbackError, Memory, RewindStats, SeqLog, Strategy, needs_checkpoint, plan_cut
-from .target_api import EngineTarget, ModelConfig, Target  # noqa: F401 - re-exported
+from .api import EngineTarget, ModelConfig, Target  # noqa: F401 - re-exported
 
 _GGUF_MAGIC = b"GGUF"
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: just the recurrent part of a sequence's state
@@ -94,7 +94,7 @@ def check_gguf_file(path: str | Path, role: str = "model") -> Path:
 def default_threads() -> int:
     """Physical cores: llama.cpp decoding gains nothing from SMT siblings."""
     try:
-        from .sysinfo import physical_cores
+        from ..machine.sysinfo import physical_cores
 
         return max(1, physical_cores())
     except Exception:  # sysinfo missing or unreadable /proc: fall back
@@ -116,7 +116,7 @@ class LlamaModel:
         self.config = config
         self.role = role
         self.path = check_gguf_file(config.path, role)
-        from .gguf_meta import read_gguf
+        from ..machine.gguf_meta import read_gguf
 
         if read_gguf(self.path).tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "

@@ -1,0 +1,18 @@
+"""The draft length: one owner of how many tokens are drafted before each step.
+
+``policies`` holds the k policies (``fixed``, ``window``, ``heuristic`` and the
+default ``cost``), ``budget`` the values a policy hands the engine and drafters
+(``Budget``, ``Advice``, ``StepOutcome``), ``acceptance`` the acceptance
+estimators the policies learn from, and ``costs`` the measured cost of a target
+call that the ``cost`` policy prices drafts with.
+"""
+
+from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted
+from .budget import SOLO, VERIFY_SLOPE, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome, slope_cost
+from .policies import POLICIES, CostK, FixedK, HeuristicK, WindowK, make_policy
+
+__all__ = [
+    "AcceptanceBook", "AcceptanceTracker", "ConfidenceCalibration", "best_k", "expected_accepted",
+    "SOLO", "VERIFY_SLOPE", "Advice", "BatchLoad", "Budget", "DraftLengthPolicy", "KeepGoing", "StepOutcome",
+    "slope_cost", "POLICIES", "CostK", "FixedK", "HeuristicK", "WindowK", "make_policy",
+]
