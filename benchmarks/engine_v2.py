@@ -45,7 +45,7 @@ class AlwaysWrong:
         return [Draft(tuple((int(r.context[-1]) * 7 + 11 + i) % self.n_vocab for i in range(r.budget.max_tokens)), self.name)
                 for r in requests]
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass
 
     def end(self, seq: int = 0, complete: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""The speculative decoding loop: budget -> propose -> verify -> commit -> observe.
+"""The speculative decoding loop: budget -> propose -> verify -> commit (drafters advance, policies observe).
 
 Invariant: for each generation, its target sequence holds every committed
 token except the last one (``pending``).  Each step evaluates ``[pending] +
@@ -412,12 +412,12 @@ class Engine:
         for w, result in zip(work, results):
             gen = w.gen
             verify_s = (t2 - t1) * share
-            gen.stats.record_step(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s)
+            gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
-            gen.origins.extend(w.draft.source if i < result.num_accepted else "target" for i in range(len(committed)))
-            gen.drafter.observe(committed, result.num_accepted, gen.seq)
+            gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
+            gen.drafter.advance(committed, result.n_accepted, gen.seq)
             other = ((t0 - t_begin) + (time.perf_counter() - t2)) * share  # bookkeeping, not the consumer's time
-            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.num_accepted, w.draft_s, verify_s, other))
+            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other))
             gen._emit(gen.stop_text.take(final=False))
             if gen.stats.stop_reason:
                 self._finish(gen)
@@ -495,7 +495,7 @@ class Engine:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
                 result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng)
-            self._charged(w.gen, target.truncate, start + 1 + result.num_accepted, w.gen.seq)
+            self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
             results.append(result)
         return results
 

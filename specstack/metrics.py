@@ -17,14 +17,14 @@ from .target.recurrent import RewindStats
 class SourceStats:
     """Counts for one draft source inside a generation."""
 
-    num_steps: int = 0
-    num_drafted: int = 0
-    num_accepted: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: steps whose token i was accepted
 
     @property
     def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
 
 # k policies that choose every step's draft length themselves and never read the configured k.
@@ -66,31 +66,31 @@ class GenerationStats:
         if self.k_policy in K_CHOOSING_POLICIES:
             self.k = None  # record no k rather than one no step was drafted with (drafted_at has the lengths used)
 
-    def record_step(self, source: str, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+    def record_step(self, source: str, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
         self.n_steps += 1
-        self.n_drafted += num_drafted
-        self.n_accepted += num_accepted
-        self.n_committed += num_accepted + 1
+        self.n_drafted += n_drafted
+        self.n_accepted += n_accepted
+        self.n_committed += n_accepted + 1
         self.draft_s += draft_s
         self.verify_s += verify_s
-        if len(self.drafted_at) < num_drafted:
-            grow = num_drafted - len(self.drafted_at)
+        if len(self.drafted_at) < n_drafted:
+            grow = n_drafted - len(self.drafted_at)
             self.drafted_at.extend([0] * grow)
             self.accepted_at.extend([0] * grow)
-        for i in range(num_drafted):
+        for i in range(n_drafted):
             self.drafted_at[i] += 1
-        for i in range(num_accepted):
+        for i in range(n_accepted):
             self.accepted_at[i] += 1
-        if num_drafted:
+        if n_drafted:
             s = self.by_source.setdefault(source, SourceStats())
-            s.num_steps += 1
-            s.num_drafted += num_drafted
-            s.num_accepted += num_accepted
-            if len(s.accepted_at) < num_accepted:
-                s.accepted_at.extend([0] * (num_accepted - len(s.accepted_at)))
-            for i in range(num_accepted):
+            s.n_steps += 1
+            s.n_drafted += n_drafted
+            s.n_accepted += n_accepted
+            if len(s.accepted_at) < n_accepted:
+                s.accepted_at.extend([0] * (n_accepted - len(s.accepted_at)))
+            for i in range(n_accepted):
                 s.accepted_at[i] += 1
-        self.steps.append((source, num_drafted, num_accepted))
+        self.steps.append((source, n_drafted, n_accepted))
 
     @property
     def acceptance_rate(self) -> float:
@@ -138,9 +138,9 @@ class GenerationStats:
             "drafted_by_position": list(self.drafted_at),
             "by_source": {
                 name: {
-                    "steps": s.num_steps,
-                    "drafted": s.num_drafted,
-                    "accepted": s.num_accepted,
+                    "steps": s.n_steps,
+                    "drafted": s.n_drafted,
+                    "accepted": s.n_accepted,
                     "acceptance_rate": round(s.acceptance_rate, 4),
                 }
                 for name, s in self.by_source.items()

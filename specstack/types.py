@@ -111,11 +111,11 @@ class VerifyResult:
 
     ``token_ids`` is the accepted draft prefix followed by exactly one target
     token (recovered on a rejection, bonus when all were accepted), so
-    ``len(token_ids) == num_accepted + 1`` always.
+    ``len(token_ids) == n_accepted + 1`` always.
     """
 
     token_ids: tuple[int, ...]
-    num_accepted: int
+    n_accepted: int
 
 
 __all__ = ["Draft", "VerifyResult"]

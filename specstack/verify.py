@@ -65,7 +65,7 @@ def verify_greedy(draft_ids: Sequence[int], target_argmax: Sequence[int]) -> Ver
     (5, 6, 9)
     """
     n = matched_length(draft_ids, target_argmax)
-    return VerifyResult(token_ids=tuple(int(x) for x in draft_ids[:n]) + (int(target_argmax[n]),), num_accepted=n)
+    return VerifyResult(token_ids=tuple(int(x) for x in draft_ids[:n]) + (int(target_argmax[n]),), n_accepted=n)
 
 
 def verify_sampling(
@@ -95,9 +95,9 @@ def verify_sampling(
             accepted.append(x)
             continue
         recovered = sample(_residual(p[i], None if q is None else q[i], x), rng)
-        return VerifyResult(token_ids=tuple(accepted) + (recovered,), num_accepted=i)
+        return VerifyResult(token_ids=tuple(accepted) + (recovered,), n_accepted=i)
     bonus = sample(p[k], rng)
-    return VerifyResult(token_ids=tuple(accepted) + (bonus,), num_accepted=k)
+    return VerifyResult(token_ids=tuple(accepted) + (bonus,), n_accepted=k)
 
 
 def _accept(px: float, qx: float, rng: np.random.Generator) -> bool:
@@ -154,4 +154,4 @@ def verify_tree_greedy(
         path.append(nxt - 1)
         row = nxt
     tokens = tuple(int(token_ids[i]) for i in path) + (int(target_argmax[row]),)
-    return VerifyResult(token_ids=tokens, num_accepted=len(path)), path
+    return VerifyResult(token_ids=tokens, n_accepted=len(path)), path

@@ -258,8 +258,8 @@ class _Scripted:
         self.ks.extend(r.budget.max_tokens for r in requests)
         return [Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name) for _ in requests]
 
-    def observe(self, new_ids, num_accepted, seq=0):
-        self.observed.append((list(new_ids), num_accepted))
+    def advance(self, new_ids, n_accepted, seq=0):
+        self.observed.append((list(new_ids), n_accepted))
 
     def end(self, seq=0, complete=True):
         pass

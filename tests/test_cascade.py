@@ -34,7 +34,7 @@ class Scripted:
         self.asked += len(requests)
         return [Draft(self.tokens[: r.budget.max_tokens], self.name) for r in requests]
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         self.observed.append(list(new_ids))
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
@@ -57,12 +57,12 @@ def test_a_later_source_replaces_a_short_first_draft_only_when_worth_more():
     c = cascade(a, b)
     for _ in range(30):  # the target follows b
         propose_one(c, [0], 8)
-        c.observe([4, 5, 6, 7, 8], 4)
+        c.advance([4, 5, 6, 7, 8], 4)
     assert propose_one(c, [0], 8).token_ids == (4, 5, 6, 7)
     assert a.asked == b.asked == 31
     for _ in range(60):  # now it follows a
         propose_one(c, [0], 8)
-        c.observe([1, 2], 1)
+        c.advance([1, 2], 1)
     assert propose_one(c, [0], 8).token_ids == (1,)
 
 
@@ -71,7 +71,7 @@ def test_a_reliable_short_draft_beats_an_unreliable_long_one():
     c = cascade(a, b, min_len=4)
     for _ in range(30):  # the target keeps following a and never b
         propose_one(c, [0], 8)
-        c.observe([1, 2, 9], 2)
+        c.advance([1, 2, 9], 2)
     assert propose_one(c, [0], 8).source == "a"
     cond_b = c._own_book.conditional("b")
     assert cond_b[0] < 0.1  # b learnt from steps it did not win
@@ -82,7 +82,7 @@ def test_every_source_observes_every_step():
     a, b = Scripted("a", [1, 2, 3]), Scripted("b", [4])
     c = cascade(a, b)
     propose_one(c, [0], 4)
-    c.observe([1, 2, 7], 2)
+    c.advance([1, 2, 7], 2)
     assert a.observed == b.observed == [[1, 2, 7]]
 
 
@@ -129,7 +129,7 @@ def test_a_later_source_that_keeps_failing_is_dropped():
     assert len(propose_one(c, [0], 8)) > 0  # no history yet: worth a try
     for _ in range(30):
         propose_one(c, [0], 8)
-        c.observe([9], 0)
+        c.advance([9], 0)
     assert propose_one(c, [0], 8).token_ids == ()
 
 
@@ -138,5 +138,5 @@ def test_a_later_draft_is_cut_to_its_most_valuable_length():
     c = cascade(a, b)
     for _ in range(40):  # b is right for two tokens, then wrong
         propose_one(c, [0], 8)
-        c.observe([4, 5, 1], 2)
+        c.advance([4, 5, 1], 2)
     assert propose_one(c, [0], 8).token_ids == (4, 5)

@@ -110,9 +110,9 @@ def test_retrieve_equals_most_frequent_chain(tmp_path_factory, docs, context, mi
     # next token among occurrences agreeing so far (smallest id on ties), with the
     # fraction of occurrences as its probability.
     store = store_of(tmp_path_factory, docs)
-    r = store.retrieve(context, k, max_match=6, min_match=min_match)
+    r = store.propose(context, k, max_match=6, min_match=min_match)
     m, occ = ref_match(docs, context, 6, min_match)
-    assert r.match_len == m and r.num_matches == len(occ)
+    assert r.match_len == m and r.n_matches == len(occ)
     if m == 0:
         assert r.token_ids == ()
         return
@@ -134,11 +134,11 @@ def test_retrieve_equals_most_frequent_chain(tmp_path_factory, docs, context, mi
 
 @settings(max_examples=150, deadline=None)
 @given(docs_st, st.lists(st.integers(0, V - 1), min_size=1, max_size=10), st.integers(1, 12))
-def test_retrieve_tree_equals_heaviest_prefixes(tmp_path_factory, docs, context, budget):
+def test_propose_tree_equals_heaviest_prefixes(tmp_path_factory, docs, context, budget):
     # REST's candidate trie: the `budget` most shared continuation prefixes, each
     # after its parent, with parent indices pointing at the prefix minus one token.
     store = store_of(tmp_path_factory, docs)
-    r = store.retrieve_tree(context, 4, budget, max_match=6, min_match=1)
+    r = store.propose_tree(context, 4, budget, max_match=6, min_match=1)
     m, occ = ref_match(docs, context, 6, 1)
     if m == 0:
         assert r.token_ids == ()
@@ -161,7 +161,7 @@ def test_docstring_example():
 
     with tempfile.TemporaryDirectory() as d:
         write_store(Path(d) / "s", [[5, 6, 7, 5, 6, 8]], n_vocab=10)
-        r = Datastore(Path(d) / "s").retrieve([1, 5, 6], 2)
+        r = Datastore(Path(d) / "s").propose([1, 5, 6], 2)
     assert (r.token_ids, r.probs, r.match_len) == ((7, 5), (0.5, 0.5), 2)
 
 
@@ -169,16 +169,16 @@ def test_min_match_refuses_short_matches(tmp_path):
     # A single shared token is too weak a match when min_match=2.
     write_store(tmp_path / "s", [[1, 2, 3]], n_vocab=V)
     store = Datastore(tmp_path / "s")
-    assert store.retrieve([0, 2], 2, min_match=2).token_ids == ()
-    assert store.retrieve([0, 2], 2, min_match=1).token_ids == (3,)
+    assert store.propose([0, 2], 2, min_match=2).token_ids == ()
+    assert store.propose([0, 2], 2, min_match=1).token_ids == (3,)
 
 
 def test_many_matches_are_sampled_but_still_real(tmp_path):
     # 300 occurrences, 64 read: the sample is capped and the draft still valid.
     docs = [[1, 2, 3 if i % 3 else 0] for i in range(300)]
     write_store(tmp_path / "s", docs, n_vocab=V)
-    r = Datastore(tmp_path / "s").retrieve([1, 2], 1, max_candidates=64, min_match=1)
-    assert r.num_matches == 300 and r.num_sampled == 64
+    r = Datastore(tmp_path / "s").propose([1, 2], 1, max_candidates=64, min_match=1)
+    assert r.n_matches == 300 and r.n_sampled == 64
     assert r.token_ids == (3,) and r.probs[0] == pytest.approx(2 / 3, abs=0.05)
 
 
@@ -186,8 +186,8 @@ def test_min_token_prob_cuts_the_chain(tmp_path):
     # After [1] come 2 and 3 equally: a 0.6 floor drafts nothing.
     write_store(tmp_path / "s", [[1, 2], [1, 3]], n_vocab=V)
     store = Datastore(tmp_path / "s")
-    assert store.retrieve([1], 2, min_match=1, min_token_prob=0.6).token_ids == ()
-    assert store.retrieve([1], 2, min_match=1, min_token_prob=0.5).token_ids == (2,)
+    assert store.propose([1], 2, min_match=1, min_token_prob=0.6).token_ids == ()
+    assert store.propose([1], 2, min_match=1, min_token_prob=0.5).token_ids == (2,)
 
 
 def test_out_of_vocabulary_tokens_are_rejected(tmp_path):
@@ -331,14 +331,14 @@ def test_rest_drafter_docstring_example(tmp_path):
     d.begin([4, 5, 6])
     draft = propose_one(d, [4, 5, 6], 2)
     assert draft.token_ids == (7, 5) and draft.source == "rest" and draft.q is None
-    d.observe([7], 1)
+    d.advance([7], 1)
     d.end()
 
 
 def test_rest_propose_tree_has_parents(tmp_path):
     write_store(tmp_path / "s", [[5, 6, 7, 5, 6, 8, 5, 6, 7]], n_vocab=10)
     d = RestDrafter(RestConfig(datastore=str(tmp_path / "s")))
-    t = d.retrieve_tree([4, 5, 6], 3, depth=2)
+    t = d.propose_tree([4, 5, 6], 3, depth=2)
     assert t.token_ids == (7, 8, 5) and t.parents == (-1, -1, 0)
 
 

@@ -22,7 +22,7 @@ def test_suffix_chain_carries_probs():
 def test_suffix_tree_carries_probs_aligned_with_nodes():
     d = SuffixDrafter(SuffixConfig(max_spec_factor=4.0, tree=True))
     d.begin([0])
-    d.observe([1, 3, 5, 1, 4, 6, 1, 3, 5], 0)
+    d.advance([1, 3, 5, 1, 4, 6, 1, 3, 5], 0)
     t = propose_one(d, [0, 1, 3, 5, 1, 4, 6, 1, 3, 5, 9, 1], Budget(4, tree=True))
     assert t.parents is not None and t.probs is not None and len(t.probs) == len(t.token_ids)
     for i, p in enumerate(t.parents):  # a path probability never grows along the path
@@ -35,7 +35,7 @@ def test_rest_chain_and_tree_carry_probs(tmp_path):
     d = RestDrafter(RestConfig(datastore=str(tmp_path / "s"), min_token_prob=0.0))
     chain = propose_one(d, [4, 5, 6], 2)
     assert chain.token_ids == (7, 5) and chain.probs == (2 / 3, 1 / 3)
-    tree = d.retrieve_tree([4, 5, 6], 3, depth=2)
+    tree = d.propose_tree([4, 5, 6], 3, depth=2)
     assert tree.token_ids == (7, 8, 5) and tree.probs == (2 / 3, 1 / 3, 1 / 3)
 
 

@@ -43,7 +43,7 @@ def test_statistics_are_consistent(target):
     assert s.n_committed == s.n_accepted + s.n_steps
     assert s.drafted_at[0] >= s.drafted_at[-1] and sum(s.drafted_at) == s.n_drafted
     assert sum(s.accepted_at) == s.n_accepted
-    assert s.by_source["prompt-lookup"].num_drafted == s.n_drafted
+    assert s.by_source["prompt-lookup"].n_drafted == s.n_drafted
     assert s.mean_accepted_length == pytest.approx(s.n_committed / s.n_steps)
     assert s.tokens_per_second > 0 and s.verify_s > 0
 
@@ -86,8 +86,8 @@ class _FailsMidway:
             raise RuntimeError("drafter broke")
         return self.inner.propose(requests)
 
-    def observe(self, new_ids, num_accepted, seq=0):
-        self.inner.observe(new_ids, num_accepted, seq)
+    def advance(self, new_ids, n_accepted, seq=0):
+        self.inner.advance(new_ids, n_accepted, seq)
 
     def end(self, seq=0, complete=True):
         self.inner.end(seq, complete)
@@ -139,7 +139,7 @@ class _ForeignDrafter:
 
         return [Draft((int(r.context[-1]), 10**6), self.name) for r in requests]
 
-    def observe(self, new_ids, num_accepted, seq=0):
+    def advance(self, new_ids, n_accepted, seq=0):
         pass
 
     def end(self, seq=0, complete=True):

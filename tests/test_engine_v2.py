@@ -247,6 +247,6 @@ def test_a_cancelled_generation_is_not_filed_as_a_whole_answer(target):
     for _ in range(5):
         engine.step()
     gen.cancel()
-    assert drafter.global_tree.num_tokens == 0  # nothing learnt from the abandoned output
+    assert drafter.global_tree.n_tokens == 0  # nothing learnt from the abandoned output
     engine.generate(PROMPTS[1], GenerationConfig(max_tokens=8)).run()
-    assert drafter.global_tree.num_tokens > 0  # a finished one is filed
+    assert drafter.global_tree.n_tokens > 0  # a finished one is filed

@@ -59,7 +59,7 @@ def test_cascade_reports_each_source(target, store):
     gens = run_all(target, "cascade:prompt-lookup,draft-model", {"cascade_min_len": 2}, k=6)
     sources = set()
     for g in gens:
-        sources |= {s for s, st in g.stats.by_source.items() if st.num_drafted}
+        sources |= {s for s, st in g.stats.by_source.items() if st.n_drafted}
     assert sources == {"prompt-lookup", "draft-model"}
 
 

@@ -41,7 +41,7 @@ class Oracle:
             out.append(Draft(tuple(t if self.right else (t + 1) % self.n_vocab for t in nxt), self.name))
         return out
 
-    def observe(self, new_ids, num_accepted, seq=0):
+    def advance(self, new_ids, n_accepted, seq=0):
         pass
 
     def end(self, seq=0, complete=True):

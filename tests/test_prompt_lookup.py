@@ -50,7 +50,7 @@ def test_respects_n_min():
 
 def test_observe_extends_the_index_incrementally():
     d = drafter([1, 2, 3])
-    d.observe([4, 1, 2], num_accepted=0)
+    d.advance([4, 1, 2], n_accepted=0)
     assert propose_one(d, [], 3).token_ids == (3, 4, 1)
 
 

@@ -51,7 +51,7 @@ def test_drafter_built_for_a_target_refuses_another_targets_cache(tmp_path):
     real = SimpleNamespace(path=DEFAULT_TARGET, n_vocab=4096)
     d = create("suffix", BuildContext(target=real, options={"cache_path": path}))
     d.begin([5, 6])
-    d.observe([7, 8], 0)
+    d.advance([7, 8], 0)
     d.end()
     assert d.vocab.fingerprint == target_vocab(real).fingerprint and d.vocab.fingerprint
     # The bundled draft shares the target's tokenizer: its cache is the same.
@@ -79,7 +79,7 @@ def test_interrupted_save_keeps_the_previous_cache(tmp_path, monkeypatch):
     cfg = SuffixConfig(cache_path=str(path))
     d = SuffixDrafter(cfg, A)
     d.begin([1, 2])
-    d.observe([3, 4], 0)
+    d.advance([3, 4], 0)
     d.end()
     before = path.read_bytes()
     saved = SuffixTree.load(path, vocab=A).structure()
@@ -90,7 +90,7 @@ def test_interrupted_save_keeps_the_previous_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(suffix_tree_file.np, "savez_compressed", dies_midway)
     d.begin([9, 9])
-    d.observe([8, 7], 0)
+    d.advance([8, 7], 0)
     with pytest.raises(KeyboardInterrupt):
         d.end()
     monkeypatch.undo()
@@ -99,4 +99,4 @@ def test_interrupted_save_keeps_the_previous_cache(tmp_path, monkeypatch):
     assert not (tmp_path / "suffix.npz.tmp").exists()
     e = SuffixDrafter(cfg, A)
     e.begin([0, 1, 2])
-    assert e.global_tree.num_tokens == 4
+    assert e.global_tree.n_tokens == 4

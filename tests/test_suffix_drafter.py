@@ -16,7 +16,7 @@ def run_request(d: SuffixDrafter, prompt: list[int], output: list[int]) -> None:
     """One whole generation, committing ``output`` one token at a time."""
     d.begin(prompt)
     for t in output:
-        d.observe([t], 0)
+        d.advance([t], 0)
     d.end()
 
 
@@ -101,8 +101,8 @@ def test_observe_feeds_the_request_tree():
     # Output tokens become matchable as soon as they are observed.
     d = SuffixDrafter()
     d.begin([0])
-    d.observe([4, 5, 6], 0)
-    d.observe([4, 5], 0)
+    d.advance([4, 5, 6], 0)
+    d.advance([4, 5], 0)
     assert propose_one(d, [0, 4, 5, 6, 4, 5], 8).token_ids == (6, 4)
 
 
@@ -141,8 +141,8 @@ def test_global_matches_follow_observed_tokens():
     d = SuffixDrafter()
     run_request(d, [0], [3, 4, 5, 6])
     d.begin([9])
-    d.observe([3], 1)
-    d.observe([4], 0)
+    d.advance([3], 1)
+    d.advance([4], 0)
     assert propose_one(d, [9, 3, 4], 8).token_ids == (5, 6)
 
 
@@ -162,7 +162,7 @@ def test_global_budget_evicts_oldest_requests_first():
     d = SuffixDrafter(SuffixConfig(global_budget_tokens=10))
     for r in range(6):
         run_request(d, [0], [100 + r] * 4)
-        assert d.global_tree.num_tokens <= 10
+        assert d.global_tree.n_tokens <= 10
     assert d.global_tree.count([105]) == 4 and d.global_tree.count([104]) == 4
     assert d.global_tree.count([103]) == 0
     assert d.global_tree.check_integrity() == []
@@ -172,13 +172,13 @@ def test_request_longer_than_the_budget_keeps_its_end():
     # One huge output must not blow the budget.
     d = SuffixDrafter(SuffixConfig(global_budget_tokens=3))
     run_request(d, [0], [1, 2, 3, 4, 5])
-    assert d.global_tree.num_tokens == 3 and d.global_tree.count([3, 4, 5]) == 1
+    assert d.global_tree.n_tokens == 3 and d.global_tree.count([3, 4, 5]) == 1
 
 
 def test_zero_budget_turns_the_global_tree_off():
     d = SuffixDrafter(SuffixConfig(global_budget_tokens=0))
     run_request(d, [0], [1, 2, 3])
-    assert d.global_tree.num_tokens == 0
+    assert d.global_tree.n_tokens == 0
 
 
 def test_save_and_load_round_trip_exactly(tmp_path):

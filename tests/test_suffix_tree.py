@@ -92,7 +92,7 @@ def test_node_counts_equal_occurrences(seqs, depth):
         for i in range(len(s)):
             for j in range(i + 1, min(len(s), i + depth) + 1):
                 assert tree.count(s[i:j]) == occurrences(seqs, s[i:j])
-    assert tree.num_tokens == sum(map(len, seqs))
+    assert tree.n_tokens == sum(map(len, seqs))
 
 
 @settings(max_examples=100, deadline=None)
@@ -126,7 +126,7 @@ def test_remove_in_any_order_matches_a_fresh_tree(seqs, depth, rnd):
             fresh.extend(i, s)
         assert tree.structure() == fresh.structure()
     assert tree.structure() == {(): 0}
-    assert tree.num_tokens == 0
+    assert tree.n_tokens == 0
 
 
 def test_remove_unknown_sequence_is_a_key_error():

@@ -23,7 +23,7 @@ def test_tree_greedy_takes_the_longest_accepted_path():
     tokens, parents = [5, 7, 9, 8], [-1, 0, 0, 1]
     argmax = [5, 9, 0, 0, 4]  # rows: root, node0, node1, node2, node3
     result, path = verify_tree_greedy(tokens, parents, argmax)
-    assert path == [0, 2] and result.token_ids == (5, 9, 0) and result.num_accepted == 2
+    assert path == [0, 2] and result.token_ids == (5, 9, 0) and result.n_accepted == 2
 
 
 def test_tree_greedy_rejects_at_the_root():
@@ -115,8 +115,8 @@ class CountingDrafter:
         self.trees += sum(d.is_tree and d.branches() > 1 for d in drafts)
         return drafts
 
-    def observe(self, new_ids, num_accepted, seq=0):
-        self.inner.observe(new_ids, num_accepted, seq)
+    def advance(self, new_ids, n_accepted, seq=0):
+        self.inner.advance(new_ids, n_accepted, seq)
 
     def end(self, seq=0, complete=True):
         self.inner.end(seq)
@@ -207,7 +207,7 @@ def test_fusion_puts_the_source_that_keeps_winning_first():
         def propose(self, requests):
             return [self.draft for _ in requests]
 
-        def observe(self, new_ids, num_accepted, seq=0):
+        def advance(self, new_ids, n_accepted, seq=0):
             pass
 
         def end(self, seq=0, complete=True):
@@ -219,10 +219,10 @@ def test_fusion_puts_the_source_that_keeps_winning_first():
     assert propose_one(fusion, [0], Budget(8, tree=True)).token_ids[:2] == (7, 8)  # the model's chain first at the start
     for _ in range(3):  # the target keeps following the retrieved branch
         propose_one(fusion, [0], Budget(8, tree=True))
-        fusion.observe([5, 6, 1], 2)
+        fusion.advance([5, 6, 1], 2)
     fused = propose_one(fusion, [0], Budget(8, tree=True))
     assert fused.token_ids == (5, 6, 9, 7, 8) and fused.parents == (-1, 0, -1, -1, 3)
     for _ in range(6):  # and now the model's
         propose_one(fusion, [0], Budget(8, tree=True))
-        fusion.observe([7, 8, 1], 2)
+        fusion.advance([7, 8, 1], 2)
     assert propose_one(fusion, [0], Budget(8, tree=True)).token_ids[:2] == (7, 8)

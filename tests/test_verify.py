@@ -39,29 +39,29 @@ def test_matched_length_of_a_tree_follows_the_branch_the_truth_takes():
 
 def test_greedy_empty_draft_returns_the_target_token():
     r = verify_greedy([], [3])
-    assert r.token_ids == (3,) and r.num_accepted == 0
+    assert r.token_ids == (3,) and r.n_accepted == 0
 
 
 def test_greedy_all_accepted_adds_bonus():
     r = verify_greedy([1, 2, 3], [1, 2, 3, 4])
-    assert r.token_ids == (1, 2, 3, 4) and r.num_accepted == 3
+    assert r.token_ids == (1, 2, 3, 4) and r.n_accepted == 3
 
 
 def test_greedy_rejection_at_position_zero_recovers_target_token():
     r = verify_greedy([5, 2], [1, 2, 3])
-    assert r.token_ids == (1,) and r.num_accepted == 0
+    assert r.token_ids == (1,) and r.n_accepted == 0
 
 
 def test_greedy_stops_at_first_mismatch_even_if_later_tokens_match():
     # Position 2 matches, but it was conditioned on a rejected token.
     r = verify_greedy([1, 9, 3], [1, 2, 3, 4])
-    assert r.token_ids == (1, 2) and r.num_accepted == 1
+    assert r.token_ids == (1, 2) and r.n_accepted == 1
 
 
 def test_sampling_deterministic_draft_accepted_when_target_is_certain():
     rng = np.random.default_rng(0)
     r = verify_sampling([2, 4], None, onehot_rows([2, 4, 1]), rng)
-    assert r.token_ids == (2, 4, 1) and r.num_accepted == 2
+    assert r.token_ids == (2, 4, 1) and r.n_accepted == 2
 
 
 def test_sampling_rejects_token_the_target_excludes_and_recovers_from_p():
@@ -69,7 +69,7 @@ def test_sampling_rejects_token_the_target_excludes_and_recovers_from_p():
     rng = np.random.default_rng(0)
     p = onehot_rows([3, 0])
     r = verify_sampling([1], None, p, rng)
-    assert r.token_ids == (3,) and r.num_accepted == 0
+    assert r.token_ids == (3,) and r.n_accepted == 0
 
 
 def test_sampling_q_zero_for_proposed_token_is_accepted_only_inside_p_support():
@@ -78,13 +78,13 @@ def test_sampling_q_zero_for_proposed_token_is_accepted_only_inside_p_support():
     q[0, 0] = 1.0  # the draft claims it would never propose token 2
     p = onehot_rows([2, 5])
     r = verify_sampling([2], q, p, rng)
-    assert r.token_ids == (2, 5) and r.num_accepted == 1
+    assert r.token_ids == (2, 5) and r.n_accepted == 1
 
 
 def test_sampling_empty_draft_samples_one_token_from_p():
     rng = np.random.default_rng(1)
     r = verify_sampling([], None, onehot_rows([4]), rng)
-    assert r.token_ids == (4,) and r.num_accepted == 0
+    assert r.token_ids == (4,) and r.n_accepted == 0
 
 
 def test_sampling_rejects_row_count_mismatch():

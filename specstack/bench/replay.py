@@ -76,7 +76,7 @@ def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence
             stats.record_step(draft.source, len(tokens), n_acc, t1 - t0, 0.0)
             context.extend(committed)
             done += len(committed)
-            drafter.observe(committed, n_acc)
+            drafter.advance(committed, n_acc)
     finally:
         drafter.end()
     stats.n_tokens = done

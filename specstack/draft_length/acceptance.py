@@ -34,16 +34,16 @@ class AcceptanceTracker:
         self.reached = [0.0] * self.k_max
         self.accepted = [0.0] * self.k_max
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted == 0:
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted == 0:
             return
         for i in range(self.k_max):
             self.reached[i] *= self.decay
             self.accepted[i] *= self.decay
         # Position i was reached if all before it were accepted.
-        for i in range(min(num_drafted, num_accepted + 1, self.k_max)):
+        for i in range(min(n_drafted, n_accepted + 1, self.k_max)):
             self.reached[i] += 1.0
-            if i < num_accepted:
+            if i < n_accepted:
                 self.accepted[i] += 1.0
 
     def conditional(self) -> list[float]:
@@ -77,8 +77,8 @@ class AcceptanceBook:
             t = self.trackers[source] = AcceptanceTracker(k_max=self.k_max)
         return t
 
-    def update(self, source: str, num_drafted: int, num_accepted: int) -> None:
-        self.tracker(source).update(num_drafted, num_accepted)
+    def update(self, source: str, n_drafted: int, n_accepted: int) -> None:
+        self.tracker(source).update(n_drafted, n_accepted)
 
     def copy(self) -> "AcceptanceBook":
         book = AcceptanceBook(self.k_max)
@@ -146,8 +146,8 @@ class ConfidenceCalibration:
         b = self._bin(c)
         return self.accepted[b] / self.reached[b]
 
-    def update(self, confidences: Sequence[float], num_accepted: int) -> None:
-        for i, c in enumerate(confidences[: num_accepted + 1]):
+    def update(self, confidences: Sequence[float], n_accepted: int) -> None:
+        for i, c in enumerate(confidences[: n_accepted + 1]):
             b = self._bin(c)
             self.reached[b] = self.reached[b] * self.decay + 1.0
-            self.accepted[b] = self.accepted[b] * self.decay + (1.0 if i < num_accepted else 0.0)
+            self.accepted[b] = self.accepted[b] * self.decay + (1.0 if i < n_accepted else 0.0)

@@ -46,8 +46,8 @@ class StepOutcome:
     """What a policy may learn from one verification step."""
 
     source: str
-    num_drafted: int
-    num_accepted: int
+    n_drafted: int
+    n_accepted: int
     draft_s: float
     verify_s: float
     other_s: float = 0.0  # the loop's own bookkeeping in this step (observe, commit, policy)
@@ -87,8 +87,8 @@ class Advice:
     def conditional(self, source: str, n: int) -> list[float]:
         return self.book.conditional(source, n)
 
-    def learn(self, source: str, num_drafted: int, num_accepted: int) -> None:
-        self.book.update(source, num_drafted, num_accepted)
+    def learn(self, source: str, n_drafted: int, n_accepted: int) -> None:
+        self.book.update(source, n_drafted, n_accepted)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ class _Policy:
         """Per-generation state of a forked policy (none here)."""
 
     def _learn(self, outcome: StepOutcome) -> None:
-        if outcome.num_drafted:
-            self.book.update(outcome.source, outcome.num_drafted, outcome.num_accepted)
+        if outcome.n_drafted:
+            self.book.update(outcome.source, outcome.n_drafted, outcome.n_accepted)
 
 
 
@@ -115,8 +115,8 @@ class WindowK(_Policy):
 
     def observe(self, outcome: StepOutcome) -> None:
         self._learn(outcome)
-        self._drafted += outcome.num_drafted
-        self._accepted += outcome.num_accepted
+        self._drafted += outcome.n_drafted
+        self._accepted += outcome.n_accepted
         if self._drafted < self.window:
             return
         rate = self._accepted / self._drafted
@@ -142,9 +142,9 @@ class HeuristicK(_Policy):
 
     def observe(self, outcome: StepOutcome) -> None:
         self._learn(outcome)
-        if outcome.num_drafted == 0:
+        if outcome.n_drafted == 0:
             return
-        if outcome.num_accepted == outcome.num_drafted:
+        if outcome.n_accepted == outcome.n_drafted:
             self.k = min(self.k + 2, self.k_max)
         else:
             self.k = max(self.k - 1, self.k_min)
@@ -290,7 +290,7 @@ class CostK(_Policy):
         return rule
 
     def observe(self, outcome: StepOutcome) -> None:
-        n = outcome.num_drafted
+        n = outcome.n_drafted
         self._steps += 1
         if outcome.other_s > 0:
             self._overhead_s += 0.05 * (min(outcome.other_s, 4 * self._overhead_s + 1e-4) - self._overhead_s)
@@ -302,7 +302,7 @@ class CostK(_Policy):
         st = self.source(outcome.source)
         confidences = self._confidences.pop(outcome.source, None)
         if confidences:
-            st.calibration.update(confidences[:n], outcome.num_accepted)
+            st.calibration.update(confidences[:n], outcome.n_accepted)
         per_token = outcome.draft_s / n
         # The first call of a source is a warm-up (buffers, graphs, cold caches: it
         # measured 1000x a normal step here), so it is not used.  After that a plain

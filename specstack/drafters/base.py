@@ -2,7 +2,7 @@
 
 Lifecycle per generation (as in llama.cpp's common_speculative and
 ArcticInference's suffix cache): ``begin`` with the prompt, then per step
-``propose`` a draft and ``observe`` what was committed, then ``end``.  One
+``propose`` a draft and ``advance`` past what was committed, then ``end``.  One
 drafter instance serves every generation of an engine: per-generation
 state is kept by sequence id (``seq``), and ``propose`` takes the requests
 of all generations in a step at once, so a draft model can batch them.
@@ -42,8 +42,8 @@ class Drafter(Protocol):
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One draft per request (prompt + output so far), never longer than its budget."""
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
-        """``new_ids`` were committed after the last proposal, of which ``num_accepted`` came from it."""
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
+        """``new_ids`` were committed after the last proposal, of which ``n_accepted`` came from it."""
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         """Generation ``seq`` is over; release its state.  ``complete`` is False for a cancelled one,

@@ -118,14 +118,14 @@ class CascadeDrafter:
                 best, best_value, step.chosen = draft.truncated(n), value, j
         return best
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         step = self._steps.pop(seq, None)
         if step is not None:
             for j, (_, draft) in enumerate(step.drafts):
                 if j != step.chosen or step.learn_chosen:  # the policy learns the verified one from the step
                     step.advice.learn(draft.source, *_outcome(draft.token_ids, new_ids))
         for d in self.drafters:
-            d.observe(new_ids, num_accepted, seq)
+            d.advance(new_ids, n_accepted, seq)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)

@@ -98,7 +98,7 @@ class DraftModelDrafter:
         self.model.reset(seq)
         self._seqs[seq] = _Seq()
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() re-syncs against the context
 
     def end(self, seq: int = 0, complete: bool = True) -> None:

@@ -73,15 +73,15 @@ class FusionDrafter:
             out.append(fused if r.budget.tree else fused.best_chain())  # no tree allowed: the leading branch
         return out
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         step = self._steps.pop(seq, None)
         if step is not None:
             for part, source in ((step.chain, self.model.name), (step.tree, self.retrieval.name)):
                 if part.token_ids:
                     m = matched_length(part.token_ids, new_ids, part.parents)
                     step.advice.learn(source, min(m + 1, len(new_ids), _depth(part)), m)
-        self.retrieval.observe(new_ids, num_accepted, seq)
-        self.model.observe(new_ids, num_accepted, seq)
+        self.retrieval.advance(new_ids, n_accepted, seq)
+        self.model.advance(new_ids, n_accepted, seq)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)

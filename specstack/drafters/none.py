@@ -21,7 +21,7 @@ class NoDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         return [Draft.empty(self.name) for _ in requests]
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass
 
     def end(self, seq: int = 0, complete: bool = True) -> None:

@@ -78,7 +78,7 @@ class PromptLookupDrafter:
         index = self._seqs[seq] = _Index(self.config.n_min, self.config.n_max)
         index.extend(prompt_ids)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         index = self._seqs.get(seq)
         if index is not None:
             index.extend(new_ids)

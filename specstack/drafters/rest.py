@@ -84,18 +84,18 @@ class RestDrafter:
         if max_tokens <= 0:
             return Draft.empty(self.name)
         if tree:
-            return self.retrieve_tree(context_ids, max_tokens)
-        r = self.store.retrieve(
+            return self.propose_tree(context_ids, max_tokens)
+        r = self.store.propose(
             context_ids[-c.max_match :], max_tokens, c.max_match, c.min_match, c.max_candidates, c.min_token_prob
         )
         if not r.token_ids:
             return Draft.empty(self.name)
         return Draft(token_ids=r.token_ids, source=self.name, probs=r.probs)
 
-    def retrieve_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
+    def propose_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
         """REST's candidate trie: the ``max_tokens`` most frequent prefixes, ``Draft.parents`` set."""
         c = self.config
-        r = self.store.retrieve_tree(
+        r = self.store.propose_tree(
             context_ids[-c.max_match :], depth or max_tokens, max_tokens,
             c.max_match, c.min_match, c.max_candidates, c.min_token_prob,
         )
@@ -103,7 +103,7 @@ class RestDrafter:
             return Draft.empty(self.name)
         return Draft(token_ids=r.token_ids, source=self.name, parents=r.parents, probs=r.probs)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass
 
     def end(self, seq: int = 0, complete: bool = True) -> None:

@@ -131,7 +131,7 @@ class SuffixDrafter:
                 out.append(Draft(best.token_ids, self.name, parents=best.parents if tree else None, probs=best.probs))
         return out
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         gen = self._gens.get(seq)
         if gen is None:
             return
@@ -172,9 +172,9 @@ class SuffixDrafter:
     def _states(self, gen: "_Generation", context_ids: Sequence[int]) -> tuple[list, list]:
         """Match states in both trees for the end of ``context_ids``.
 
-        Normally the context is exactly prompt + observed output, so the
+        Normally the context is exactly prompt + committed output, so the
         request tree's own active nodes and the streaming matcher answer in
-        O(1); any other context (the engine skipped an observe, or rolled back)
+        O(1); any other context (the engine skipped an advance, or rolled back)
         is matched from scratch.
         """
         n = len(gen.prompt) + len(gen.output)
@@ -190,7 +190,7 @@ class SuffixDrafter:
         if budget <= 0 or not seq:
             return
         seq = seq[-budget:]  # a single request longer than the budget keeps its end
-        while self.global_tree.num_tokens + len(seq) > budget:
+        while self.global_tree.n_tokens + len(seq) > budget:
             self.global_tree.remove(self.global_tree.seq_ids()[0])  # FIFO: oldest request first
         self.global_tree.extend(self._next_seq, seq)
         self.global_tree.close(self._next_seq)
@@ -206,7 +206,7 @@ class SuffixDrafter:
         A file saved for another vocabulary than ``self.vocab`` raises VocabMismatchError.
         """
         tree = SuffixTree.load(path, max_depth=self.config.max_depth, vocab=self.vocab)
-        while tree.num_tokens > self.config.global_budget_tokens:
+        while tree.n_tokens > self.config.global_budget_tokens:
             tree.remove(tree.seq_ids()[0])
         for sid in tree.seq_ids():
             tree.close(sid)

@@ -69,7 +69,7 @@ class TranslatingDrafter:
         self._texts[seq] = _Text(dtoks=list(self._bos))
         self.inner.begin(prompt_ids, seq)
 
-    def observe(self, new_ids: Sequence[int], num_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() catches up from the context
 
     def end(self, seq: int = 0, complete: bool = True) -> None:

@@ -104,7 +104,7 @@ class SuffixTree:
 
     # --- contents ---------------------------------------------------------------------
     @property
-    def num_tokens(self) -> int:
+    def n_tokens(self) -> int:
         """Tokens over all sequences (the memory bound the drafter enforces)."""
         return self._num_tokens
 
@@ -121,7 +121,7 @@ class SuffixTree:
     def __len__(self) -> int:
         return len(self._seqs)
 
-    def num_nodes(self) -> int:
+    def n_nodes(self) -> int:
         """Nodes including the root (O(nodes): for reports, not the hot loop)."""
         n, stack = 0, [self._root]
         while stack:

@@ -45,9 +45,9 @@ class ServerMetrics:
         self.generated_tokens.labels(role).inc(s.n_tokens)
         self.reused_tokens.labels(role).inc(s.n_reused)
         for source, st in s.by_source.items():
-            self.drafts.labels(role, source).inc(st.num_steps)
-            self.draft_tokens.labels(role, source).inc(st.num_drafted)
-            self.accepted.labels(role, source).inc(st.num_accepted)
+            self.drafts.labels(role, source).inc(st.n_steps)
+            self.draft_tokens.labels(role, source).inc(st.n_drafted)
+            self.accepted.labels(role, source).inc(st.n_accepted)
             for pos, n in enumerate(st.accepted_at):
                 self.accepted_pos.labels(role, source, str(pos)).inc(n)
         self.step_seconds.labels(role, "draft").inc(s.draft_s)

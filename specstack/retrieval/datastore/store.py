@@ -29,27 +29,27 @@ class Retrieval:
 
     ``probs[i]`` is the fraction of the sampled occurrences of the matched
     suffix that continue with token i's whole path; ``match_len`` is the
-    length of that suffix, ``num_matches`` its occurrences in the store and
-    ``num_sampled`` how many of them were read.
+    length of that suffix, ``n_matches`` its occurrences in the store and
+    ``n_sampled`` how many of them were read.
     """
 
     token_ids: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     probs: tuple[float, ...] = ()
     match_len: int = 0
-    num_matches: int = 0
-    num_sampled: int = 0
+    n_matches: int = 0
+    n_sampled: int = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
 
 class Datastore:
-    """A built store, memory-mapped: open once, retrieve per step.
+    """A built store, memory-mapped: open once, propose per step.
 
     Example: a store of the single document ``[5, 6, 7, 5, 6, 8]``; for the
     context ``[1, 5, 6]`` the longest match is ``[5, 6]`` (m=2, 2 occurrences),
-    followed by 7 once and 8 once, so ``retrieve(..., k=2)`` gives ``[7, 5]``
+    followed by 7 once and 8 once, so ``propose(..., k=2)`` gives ``[7, 5]``
     (the tie goes to the smaller id) with probabilities 1/2, 1/2.
     """
 
@@ -184,7 +184,7 @@ class Datastore:
         rows[dead] = SENTINEL
         return rows
 
-    def retrieve(
+    def propose(
         self,
         context: Sequence[int],
         k: int,
@@ -229,7 +229,7 @@ class Datastore:
         n = len(toks)
         return Retrieval(tuple(toks), tuple(range(-1, n - 1)), tuple(probs), m, hi - lo, total)
 
-    def retrieve_tree(
+    def propose_tree(
         self,
         context: Sequence[int],
         k: int,
