@@ -15,7 +15,8 @@ from specstack.draft_length.costs import calibrate, ensure_shapes
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
 from specstack.drafters.moe_self import expert_override
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts
 from specstack.target import LlamaModel, ModelConfig

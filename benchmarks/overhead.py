@@ -15,7 +15,8 @@ import time
 import llama_cpp
 
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
 from specstack.target import INEXACT, LlamaModel, ModelConfig, default_threads

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from specstack.draft_length.costs import calibrate
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts
 from specstack.target import LlamaModel, ModelConfig

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from .errors import SpecstackError
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    warnings.formatwarning = _one_line
     try:
         return int(args.func(args) or 0)
     except SpecstackError as exc:
@@ -59,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
+    """A library warning (e.g. a context larger than the model was trained on) as one plain line."""
+    return f"specstack: warning: {message}\n"
 
 
 if __name__ == "__main__":

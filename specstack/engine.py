@@ -19,160 +19,22 @@ first).
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
-
-from .target.batching import Segment
-from .draft_length.costs import ensure_shapes
 from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
+from .draft_length.costs import ensure_shapes
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
-from .metrics import GenerationStats
-from .prompt_cache import PromptCache
+from .generation import MAX_DRAFT, Generation, GenerationConfig
+from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs
 from .target.api import EngineTarget
+from .target.batching import Segment
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
-
-
-# Verification batches stay within 63 tokens: with flash attention on,
-# llama.cpp switches kernels at 64 query rows (see README, "Exactness").
-MAX_DRAFT = 62
-MIN_REUSE = 32  # a shorter shared prefix does not earn a cached slot over the least recently used one
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Per-request settings.  ``k`` is the fixed draft budget when no policy is given."""
-
-    max_tokens: int = 128
-    stop: tuple[str, ...] = ()
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    k: int = 4
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be >= 1 (got {self.max_tokens})")
-        if self.k < 1:
-            raise InvalidParameterError(f"k must be >= 1 (got {self.k}); use --drafter none for plain decoding")
-        if self.k > MAX_DRAFT:
-            raise InvalidParameterError(f"k must be at most {MAX_DRAFT} (got {self.k}): a verification batch holds "
-                                        f"the pending token and at most {MAX_DRAFT} draft tokens")
-        if any(not s for s in self.stop):
-            raise InvalidParameterError("stop strings must be non-empty")
-
-
-class _StopText:
-    """Incremental detokenizer that withholds text which might begin a stop string."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.emitted = 0
-        self.hit = False
-
-    def feed(self, piece: bytes) -> bool:
-        """Add one token's bytes; True when a stop string is now complete (text is cut there)."""
-        self.text += self.decoder.decode(piece)
-        if not self.stops:
-            return False
-        start = max(0, self.emitted - self.longest)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.hit = True
-        return self.hit
-
-    def take(self, final: bool) -> str:
-        """Text that can be shown now: all of it when final, else all but a possible stop prefix."""
-        if final and not self.hit:
-            self.text += self.decoder.decode(b"", final=True)
-        upto = len(self.text) if final else len(self.text) - self._partial_overlap()
-        out = self.text[self.emitted : max(upto, self.emitted)]
-        self.emitted += len(out)
-        return out
-
-    def _partial_overlap(self) -> int:
-        """Length of the longest text suffix that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
-
-
-class Generation:
-    """One request in an engine: iterate it for text pieces; ``stats``/``text`` are final once it is done.
-
-    Iterating drives the engine, so other generations advance too (their
-    pieces wait in their own queues).  ``cancel()`` stops it between steps
-    and frees its slot, KV cells and drafter state.
-    """
-
-    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
-                 drafter: Drafter, policy: DraftLengthPolicy) -> None:
-        self.engine = engine
-        self.prompt_ids = prompt_ids
-        self.config = config
-        self.drafter = drafter
-        self.policy = policy
-        self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
-        self.seq: int | None = None  # the target sequence (slot) while running
-        self.status = "waiting"  # -> running -> done | cancelled
-        self.output_ids: list[int] = []
-        self.origins: list[str] = []  # per output token: the draft source that proposed it, or "target"
-        self.context = list(prompt_ids)  # committed tokens, including pending
-        self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
-        self.stop_text = _StopText(config.stop)
-        self.rng = config.sampling.rng()
-        self.submitted = time.perf_counter()
-        self.started = 0.0
-        self._ready: deque[str] = deque()
-        self._pieces: list[str] = []
-
-    @property
-    def done(self) -> bool:
-        return self.status in ("done", "cancelled")
-
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            while self._ready:
-                yield self._ready.popleft()
-            if self.done:
-                return
-            self.engine.step()
-
-    def run(self) -> "Generation":
-        """Consume the whole generation (when streaming is not needed)."""
-        for _ in self:
-            pass
-        return self
-
-    def cancel(self) -> None:
-        self.engine.cancel(self)
-
-    def take_text(self) -> str:
-        """Text produced since the last call (for callers that drive ``engine.step()`` themselves)."""
-        text = "".join(self._ready)
-        self._ready.clear()
-        return text
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
-    def _emit(self, text: str) -> None:
-        if text:
-            self._pieces.append(text)
-            self._ready.append(text)
 
 
 @dataclass
@@ -293,11 +155,11 @@ class Engine:
             for s in free:
                 if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
                     s.cached, s.prefilled = [], 0
-            slot = max(free, key=lambda s: (self._worth_reusing(s.cached, s.prefilled, gen.prompt_ids), -s.released))
+            slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
                 self._swap(slot, gen.prompt_ids)
-                self._start(gen, slot, self._reusable(slot.cached, slot.prefilled, gen.prompt_ids))
+                self._start(gen, slot, reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids))
             except BaseException:
                 self.cancel(gen)
                 raise
@@ -308,39 +170,13 @@ class Engine:
         cache = self.prompt_cache
         if cache is None:
             return
-        here = self._reusable(slot.cached, slot.prefilled, prompt)
-        saved, there = cache.best(lambda e: self._worth_reusing(e.tokens, e.prefilled, prompt))
+        here = reusable(self.target, slot.cached, slot.prefilled, prompt)
+        saved, there = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt))
         if here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
             cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))
         if saved is not None and there > here and self.target.load_seq(slot.seq, saved.data, len(saved.tokens)):
             slot.cached, slot.prefilled = list(saved.tokens), saved.prefilled
             cache.hits += 1
-
-    def _worth_reusing(self, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
-        """A cached prefix's reusable part, or 0 when it is too short to be worth overwriting a slot's cache
-        (a shared BOS alone would otherwise send every request to the same slot)."""
-        m = self._reusable(cached, prefilled, prompt)
-        return m if m >= min(MIN_REUSE, len(prompt) - 1) else 0
-
-    def _reusable(self, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
-        """How much of a cached KV (``cached`` tokens) a cold prefill of ``prompt`` would compute identically.
-
-        Where prefill calls and decode steps compute KV alike (measured:
-        ``shapes.prefill_exact``), the whole common prefix.  Otherwise only
-        tokens the earlier prompt's prefill computed, up to a prefill chunk
-        edge, so the rest is prefilled in the very calls a cold run makes.
-        """
-        limit = min(len(cached), len(prompt) - 1)
-        m = 0
-        while m < limit and cached[m] == prompt[m]:
-            m += 1
-        if self.target.is_recurrent and m < len(cached):
-            return 0  # a recurrent state holds all of ``cached``: it cannot be cut back to a shorter prefix
-        if not self.target.shapes.prefill_exact:
-            chunk = self.target.config.prefill_chunk
-            m = min(m, prefilled)
-            m -= m % chunk
-        return m
 
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         t0 = time.perf_counter()

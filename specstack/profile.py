@@ -27,8 +27,10 @@ def write_profile(path: Path, best: dict[str, dict[str, Any]], default: dict[str
 
 
 def _string(value: str) -> str:
-    """A TOML basic string: JSON's escaping (quotes, backslashes, control characters) is valid TOML."""
-    return json.dumps(str(value))
+    """A TOML basic string.  JSON's escapes of quotes, backslashes and control characters are valid
+    TOML; other characters stay literal (TOML has no surrogate-pair escapes), except DEL, which
+    TOML forbids unescaped."""
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _table(settings: dict[str, Any]) -> list[str]:

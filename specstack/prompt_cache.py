@@ -1,7 +1,10 @@
-"""Finished prompts' KV kept in host memory, so a prompt that comes back skips its prefill.
+"""Prefix reuse: how much of a cached prompt's KV a new prompt may keep, and a host-memory cache of them.
 
-The engine (``Engine(prompt_cache_bytes=...)``) saves a slot's sequence state
-here before the slot is reused and restores the best-matching entry later.
+``reusable`` is the rule that keeps reuse lossless: only KV that a cold
+prefill of the new prompt would compute identically is kept.  The engine
+(``Engine(prompt_cache_bytes=...)``) also saves a slot's sequence state in a
+``PromptCache`` before the slot is reused, and restores the best-matching
+entry later.
 """
 
 from __future__ import annotations
@@ -9,6 +12,38 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Sequence
+
+from .target.api import EngineTarget
+
+MIN_REUSE = 32  # a shorter shared prefix does not earn a cached slot over the least recently used one
+
+
+def reusable(target: EngineTarget, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
+    """How much of a cached KV (``cached`` tokens) a cold prefill of ``prompt`` would compute identically.
+
+    Where prefill calls and decode steps compute KV alike (measured:
+    ``shapes.prefill_exact``), the whole common prefix.  Otherwise only
+    tokens the earlier prompt's prefill computed, up to a prefill chunk
+    edge, so the rest is prefilled in the very calls a cold run makes.
+    """
+    limit = min(len(cached), len(prompt) - 1)
+    m = 0
+    while m < limit and cached[m] == prompt[m]:
+        m += 1
+    if target.is_recurrent and m < len(cached):
+        return 0  # a recurrent state holds all of ``cached``: it cannot be cut back to a shorter prefix
+    if not target.shapes.prefill_exact:
+        chunk = target.config.prefill_chunk
+        m = min(m, prefilled)
+        m -= m % chunk
+    return m
+
+
+def worth_reusing(target: EngineTarget, cached: Sequence[int], prefilled: int, prompt: Sequence[int]) -> int:
+    """A cached prefix's reusable part, or 0 when it is too short to be worth overwriting a slot's cache
+    (a shared BOS alone would otherwise send every request to the same slot)."""
+    m = reusable(target, cached, prefilled, prompt)
+    return m if m >= min(MIN_REUSE, len(prompt) - 1) else 0
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -150,11 +151,7 @@ def test_bench_without_subcommand_means_run():
 
 
 def _has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.fixture(scope="module")
@@ -303,8 +300,10 @@ def test_replay_group_state_carries_over_to_the_next_request():
 def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_path):
     from types import SimpleNamespace
 
+    from specstack.bench import peer_runs
     from specstack.bench import peers as peers_module
-    from specstack.bench import runner
+    from specstack.bench.config import BenchConfig
+    from specstack.bench.records import Tokenized
 
     calls = []
 
@@ -319,13 +318,13 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
     _, out = tiny_run
     results = report.load_results(out / "results.json")
     wl = workloads.load(results["workload"]["path"])
-    config = runner.BenchConfig(workload=wl, methods=["prompt-lookup", "draft-model"], ks=[2, 4],
-                                llama_cpp_bin=tmp_path, drafter_options={"draft_model": "d.gguf"})
-    assert runner.peer_methods(config, peers_module.PEER_METHODS) == [
+    config = BenchConfig(workload=wl, methods=["prompt-lookup", "draft-model"], ks=[2, 4],
+                         llama_cpp_bin=tmp_path, drafter_options={"draft_model": "d.gguf"})
+    assert peer_runs.peer_methods(config, peers_module.PEER_METHODS) == [
         "llama-plain", "llama-ngram-simple", "llama-lookup", "llama-draft-simple"]
     target = SimpleNamespace(path=Path("t.gguf"), n_threads=2, n_ctx=512)
-    peers = runner._Peers(peers_module, config, target)
-    tok = runner._Tokenized(wl.requests[0], [1, 2], 7)
+    peers = peer_runs.PeerRunner(peers_module, config, target)
+    tok = Tokenized(wl.requests[0], [1, 2], 7)
     recs = peers.run_request(tok, 0.0, 0, "x\n")
     assert calls[0] == ("llama-plain", 1, 16, 2) and len(recs) == 1 + 3 * 2
     assert all(r["same_text_as_plain"] for r in recs)
@@ -336,7 +335,7 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
 
 
 def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():
-    from specstack.bench.report import sequence_curves
+    from specstack.bench.results import sequence_curves
 
     def run(method, k, req, decode_s, drafted=0, accepted=0):
         return {"method": method, "k": k, "temperature": 0.0, "request": req, "category": "c",

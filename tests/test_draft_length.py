@@ -211,7 +211,8 @@ def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monk
 
 def test_measure_curve_leaves_target_reusable(target):
     from specstack.drafters import BuildContext, create
-    from specstack.engine import Engine, GenerationConfig
+    from specstack.engine import Engine
+    from specstack.generation import GenerationConfig
     from specstack.prompts import held_out_prompts
 
     plain = Engine(target, create("none", BuildContext(target)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig, _StopText
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig, _StopText
 from specstack.errors import ContextOverflowError, InvalidParameterError
 
 from specstack.prompts import held_out_prompts

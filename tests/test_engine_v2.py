@@ -14,7 +14,8 @@ from specstack.draft_length.costs import _filler, ensure_shapes, measure_shapes
 from specstack.draft_length import Budget, FixedK
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
 from specstack.target import LlamaModel, ModelConfig, plan_calls
@@ -250,3 +251,21 @@ def test_a_cancelled_generation_is_not_filed_as_a_whole_answer(target):
     assert drafter.global_tree.n_tokens == 0  # nothing learnt from the abandoned output
     engine.generate(PROMPTS[1], GenerationConfig(max_tokens=8)).run()
     assert drafter.global_tree.n_tokens > 0  # a finished one is filed
+
+
+def test_a_stream_left_early_is_cancelled_not_filed(target):
+    """A consumer that stops reading (``break``) abandons the generation: slot freed, output not learnt from."""
+    drafter = create("suffix", BuildContext(target))
+    engine = Engine(target, drafter)
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=100))
+    pieces = 0
+    for _ in gen:
+        pieces += 1
+        if pieces == 3:
+            break
+    assert gen.status == "cancelled" and gen.stats.stop_reason == "cancelled"
+    assert not engine.busy and target.seq_pos_max(0) == -1
+    assert drafter.global_tree.n_tokens == 0
+    finished = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=8))
+    assert "".join(finished) == finished.text and finished.status == "done"
+    assert drafter.global_tree.n_tokens > 0

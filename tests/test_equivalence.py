@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.sampling import SamplingParams
 
 from specstack.prompts import held_out_prompts

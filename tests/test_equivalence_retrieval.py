@@ -13,7 +13,8 @@ import pytest
 
 from specstack.cli import main
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.prompts import held_out_prompts
 
 PROMPTS = held_out_prompts(14)[6:14]
@@ -52,7 +53,8 @@ def test_retrieval_and_cascades_equal_plain_decoding(target, plain, store, name)
     gens = run_all(target, name, {"datastore": store})
     for gen, expected, prompt in zip(gens, plain, PROMPTS):
         assert gen.output_ids == expected, f"{name} diverged on {prompt[:60]!r}"
-    assert sum(g.stats.n_accepted for g in gens) > 0
+        # Per prompt: a prompt with no accepted draft would prove nothing about verification there.
+        assert gen.stats.n_accepted > 0, f"{name}: nothing accepted on {prompt[:60]!r}"
 
 
 def test_cascade_reports_each_source(target, store):

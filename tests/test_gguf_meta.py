@@ -1,4 +1,4 @@
-"""The tolerant GGUF metadata reader (specstack.machine.gguf_meta)."""
+"""The tolerant GGUF metadata reader (specstack.machine.gguf_read, interpreted by gguf_meta)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from typing import Sequence
 from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.prompts import held_out_prompts
 from specstack.types import Draft
 

@@ -9,7 +9,8 @@ import pytest
 from specstack.cli import main
 from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.errors import SpecstackError
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts

@@ -19,7 +19,8 @@ import pytest
 from specstack.draft_length.costs import calibrate
 from specstack.draft_length import FixedK, make_policy
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.errors import InvalidParameterError, UnsupportedModelError
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts

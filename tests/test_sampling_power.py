@@ -13,7 +13,8 @@ import pytest
 
 from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.sampling import SamplingParams, target_probs
 
 N = 3000

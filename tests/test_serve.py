@@ -17,7 +17,8 @@ import pytest
 import uvicorn
 
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.prompts import held_out_prompts
 from specstack.server.app import Limits, create_app
 from specstack.server.roles import Role, default_roles, load_roles

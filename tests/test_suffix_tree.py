@@ -1,4 +1,4 @@
-"""The suffix tree (specstack.retrieval.suffix_tree) against a brute-force reference.
+"""The suffix tree (specstack.retrieval.suffix_tree, suffix_match, suffix_draft) against a brute-force reference.
 
 Small alphabets make matches, repeats and ties common, which is where counting
 and compression go wrong.
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specstack.errors import SpecstackError
-from specstack.retrieval.suffix_tree import SuffixMatcher, SuffixTree
+from specstack.retrieval.suffix_draft import propose, propose_tree
+from specstack.retrieval.suffix_match import SuffixMatcher
+from specstack.retrieval.suffix_tree import SuffixTree
 
 # --- the reference: counts by scanning, drafts by definition ---------------------------
 
@@ -158,7 +160,7 @@ def test_next_counts_worked_example():
     tree = build([[1, 2, 3, 1, 2, 4]], 64)
     assert tree.count([1, 2]) == 2
     assert tree.next_counts([1, 2]) == {3: 1, 4: 1}
-    d = tree.propose([5, 1], 3)
+    d = propose(tree, [5, 1], 3)
     assert (d.token_ids, d.probs, d.match_len) == ((2,), (1.0,), 1)
 
 
@@ -179,7 +181,7 @@ def test_propose_equals_reference(seqs, depth, context, params):
     # probability floor; best score wins, longer match on ties.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.propose(context, k, factor, offset, min_prob)
+    d = propose(tree, context, k, factor, offset, min_prob)
     toks, probs, score, m = ref_propose(seqs, depth, context, k, factor, offset, min_prob)
     if not toks:
         assert d.token_ids == ()
@@ -195,7 +197,7 @@ def test_drafts_follow_the_match_in_the_text(seqs, depth, context, params):
     # text, within the caps, above the probability floor.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.propose(context, k, factor, offset, min_prob)
+    d = propose(tree, context, k, factor, offset, min_prob)
     if not d.token_ids:
         return
     m = d.match_len
@@ -213,8 +215,8 @@ def test_tree_drafts_are_valid_best_first_trees(seqs, depth, context, params):
     # token is the greedy one, so a tree never scores below the path.
     k, factor, offset, min_prob = params
     tree = build(seqs, depth)
-    d = tree.propose_tree(context, k, factor, offset, min_prob)
-    path = tree.propose(context, k, factor, offset, min_prob)
+    d = propose_tree(tree, context, k, factor, offset, min_prob)
+    path = propose(tree, context, k, factor, offset, min_prob)
     assert d.score >= path.score - 1e-9
     if not d.token_ids:
         return
@@ -267,7 +269,7 @@ def test_save_load_round_trip_is_exact(tmp_path_factory, seqs, depth, context):
     assert back.structure() == tree.structure()
     assert back.seq_ids() == tree.seq_ids()
     assert [back.sequence(s) for s in back.seq_ids()] == [tree.sequence(s) for s in tree.seq_ids()]
-    assert back.propose(context, 4) == tree.propose(context, 4)
+    assert propose(back, context, 4) == propose(tree, context, 4)
     assert back.check_integrity() == []
     if 1 in back:
         with pytest.raises(ValueError):

@@ -7,7 +7,8 @@ import pytest
 from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.drafters.translate import TranslatingDrafter, translate
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts
 from specstack.sampling import SamplingParams

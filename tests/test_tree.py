@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from specstack.drafters import BuildContext, create
-from specstack.engine import Engine, GenerationConfig
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
 from specstack.target import LlamaModel, ModelConfig
@@ -133,6 +134,7 @@ def test_tree_drafts_are_lossless_on_the_real_pair(tree_target, target, store, n
         expected = plain.generate(prompt, GenerationConfig(max_tokens=64)).run().output_ids
         gen = spec.generate(prompt, GenerationConfig(max_tokens=64, k=8)).run()
         assert gen.output_ids == expected, f"{name} tree diverged on {prompt[:60]!r}"
+        assert gen.stats.n_accepted > 0, f"{name} tree: nothing accepted on {prompt[:60]!r}"
         accepted += gen.stats.n_accepted
         tree_steps += gen.stats.n_tree_steps
     assert accepted > 0 and drafter.trees > 0
@@ -172,6 +174,7 @@ def test_fusion_is_lossless_on_the_real_pair(tree_target, target, store, spec, r
         expected = plain.generate(prompt, GenerationConfig(max_tokens=48)).run().output_ids
         gen = spec_engine.generate(prompt, GenerationConfig(max_tokens=48)).run()
         assert gen.output_ids == expected
+        assert gen.stats.n_accepted > 0, f"{spec}: nothing accepted on {prompt[:60]!r}"
         accepted += gen.stats.n_accepted
         tree_steps += gen.stats.n_tree_steps
     assert accepted > 0 and drafter.trees > 0 and tree_steps > 0

@@ -40,10 +40,10 @@ def test_bad_profiles_are_reported(tmp_path):
 
 
 def test_profile_strings_are_escaped(tmp_path):
-    """Category names and drafter specs with quotes, backslashes or newlines survive a write and read."""
+    """Category names and drafter specs with quotes, backslashes, newlines, DEL or non-BMP characters survive a write and read."""
     from specstack.profile import load_profile, write_profile
 
-    odd = 'code "with" \\\\ quotes\nand a newline'
+    odd = 'code "with" \\\\ quotes\nand a newline, py\U0001f40d, \x7f and \u00e9'
     path = tmp_path / "p.toml"
     write_profile(path, {odd: {"drafter": 'cascade:suffix,"x"', "k_policy": "fixed", "k": 6}},
                   {"drafter": "prompt-lookup", "k_policy": "cost", "k": 4}, "a header")
@@ -62,7 +62,7 @@ def test_choose_ranks_by_the_bench_speedup_per_category():
         _row("draft-model@cost", 16, "all", 1.4), _row("draft-model@cost", 16, "a", 1.2),
         _row("draft-model@cost", 16, "b", 1.7)]
     best, overall, text = choose(rows, ["a", "b"])
-    assert best == {"a": Setting("prompt-lookup", "fixed", 2), "b": Setting("draft-model", "cost", 4)}
+    assert best == {"a": Setting("prompt-lookup", "fixed", 2), "b": Setting("draft-model", "cost", None)}
     assert overall == Setting("prompt-lookup", "fixed", 2)
     lines = text.splitlines()
     assert lines[2].split() == ["a", "prompt-lookup", "/", "fixed", "k=2", "2.00x", "*"]

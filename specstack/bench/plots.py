@@ -1,22 +1,23 @@
 """The plots of a bench run (matplotlib, imported only when a plot is drawn).
 
 tokps_vs_k.png, acceptance_by_position.png, sequence_GROUP.png per request group and
-cost_curve.png, from the aggregation in ``report``.
+cost_curve.png, from the aggregation in ``results``.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecstackError
-from .report import ALL, PLAIN, acceptance_by_position, aggregate, by_group, sequence_curves
+from .results import ALL, PLAIN, acceptance_by_position, aggregate, by_group, sequence_curves
 
 
 def require_plotting() -> None:
     """Fail now if plots cannot be drawn: `bench run` calls this before measuring, not after."""
     try:
-        import matplotlib  # noqa: F401
+        importlib.import_module("matplotlib")
     except ImportError:
         raise SpecstackError(
             "plots need matplotlib, which is not installed: pip install matplotlib "
@@ -88,8 +89,8 @@ def plot(results: dict[str, Any], outdir: Path) -> list[Path]:
     curve = results.get("cost_curve")
     if curve:
         fig, ax = plt.subplots(figsize=(5.5, 4))
-        ax.plot(curve["n"], [1000 * x for x in curve["median_s"]], marker="o", label="median")
-        ax.plot(curve["n"], [1000 * x for x in curve["min_s"]], linestyle=":", label="min")
+        ax.plot(curve["n"], [1000 * x for x in curve["min_s"]], marker="o", label="fastest rep (t(n))")
+        ax.plot(curve["n"], [1000 * x for x in curve["median_s"]], linestyle=":", label="median rep")
         _finish(ax, "tokens in one batch (n)", "t(n) ms", f"verification cost at depth {curve['depth']}")
         fig.tight_layout()
         written.append(_save(fig, outdir / "cost_curve.png", plt))

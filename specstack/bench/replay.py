@@ -33,9 +33,10 @@ from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..types import Draft
 from ..verify import matched_length
-from .costcurve import cost_at
 from ..ui import markdown_table
-from .report import ALL, _categories, _pct
+from .costcurve import cost_at
+from .report import pct
+from .results import ALL, PLAIN, categories
 
 DEFAULT_METHODS = ("prompt-lookup", "suffix")
 
@@ -87,7 +88,7 @@ def recorded_outputs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """request id -> its first plain temperature-0 run (the reference outputs)."""
     out: dict[str, dict[str, Any]] = {}
     for r in results["runs"]:
-        if r["method"] == "none" and float(r["temperature"]) == 0.0 and r["request"] not in out:
+        if r["method"] == PLAIN and float(r["temperature"]) == 0.0 and r["request"] not in out:
             out[r["request"]] = r
     if not out:
         raise InvalidParameterError(
@@ -126,7 +127,7 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
                                     "the outputs being replayed")
     plain = recorded_outputs(results)
     live = {(r["method"], int(r["k"]), r["request"]): r["stats"] for r in results["runs"]
-            if float(r["temperature"]) == 0.0 and r["repeat"] == 0 and r["method"] != "none"}
+            if float(r["temperature"]) == 0.0 and r["repeat"] == 0 and r["method"] != PLAIN}
     requests = [q for q in results["workload"]["requests"] if q["id"] in plain]
     per_request = []
     for method in methods:
@@ -146,7 +147,7 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
                     })
     out = {"source": results.get("workload", {}).get("name"), "methods": list(methods), "ks": ks,
            "requests": per_request, "cost_curve": results.get("cost_curve")}
-    out["rows"] = aggregate(out, _categories(results))
+    out["rows"] = aggregate(out, categories(results))
     return out
 
 
@@ -205,10 +206,10 @@ def render_markdown(out: dict[str, Any]) -> str:
     head = ["method", "k", "category", "drafted", "accepted", "acceptance", "mean accepted length",
             "draft µs/step", "est. speedup (cost curve)", "live acceptance", "same counts as live"]
     rows = [[r["method"], str(r["k"]), r["category"], str(r["n_drafted"]), str(r["n_accepted"]),
-             _pct(r["acceptance_rate"]), "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
+             pct(r["acceptance_rate"]), "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
              "-" if r["draft_us_per_step"] is None else f"{r['draft_us_per_step']:.0f}",
              "-" if r["est_speedup"] is None else f"{r['est_speedup']:.2f}x",
-             _pct(r["live_acceptance"]), {None: "-", True: "yes", False: "**no**"}[r["same_as_live"]]]
+             pct(r["live_acceptance"]), {None: "-", True: "yes", False: "**no**"}[r["same_as_live"]]]
             for r in out["rows"]]
     n_req = len({r["request"] for r in out["requests"]})
     notes = (f"\nReplayed on the recorded plain outputs of `{out['source']}` ({n_req} requests, temperature 0), no "

@@ -6,6 +6,7 @@ import json
 
 from ..machine.check import CompatReport, check_pair, rewind_line
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..ui import table
 
 _VERDICT_LINE = {
     "identical": "identical: the vocabularies are the same; DRAFT can draft for TARGET",
@@ -48,11 +49,9 @@ def _r(s) -> str:
 def render(rep: CompatReport) -> str:
     t, d = rep.target, rep.draft
     out = [f"verdict: {_VERDICT_LINE[rep.verdict]}", ""]
-    w = max(len(t["path"]), len(d["path"]))
-    out.append(f"  {'':7}{'file':{w}}  {'vocab':>7}  tokenizer/pre")
-    for role, s in (("target", t), ("draft", d)):
-        out.append(f"  {role:7}{s['path']:{w}}  {s['n_vocab']:>7}  "
-                   f"{s['tokenizer_model']}/{s['pre'] or '(none)'}")
+    out.append(table(["", "file", "vocab", "tokenizer/pre"],
+                     [[role, s["path"], s["n_vocab"], f"{s['tokenizer_model']}/{s['pre'] or '(none)'}"]
+                      for role, s in (("target", t), ("draft", d))], align="llrl", indent="  "))
     for role, s in (("target", t), ("draft", d)):
         if s["recurrence"] != "none":
             out.append(f"  {role} state: {rewind_line(s['recurrence'], s['rewind'])}")

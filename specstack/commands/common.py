@@ -12,8 +12,8 @@ from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..draft_length.costs import calibrate, ensure_shapes
-from ..draft_length import POLICIES, DraftLengthPolicy, make_policy
+from ..draft_length.costs import ensure_shapes
+from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter, option_name
 from ..drafters.cascade import CascadeConfig
@@ -149,7 +149,7 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup")
     g.add_argument("-k", "--draft-max", dest="k", type=int, default=4, action=_NoteGiven,
                    help="draft tokens per step under --k-policy fixed, and the starting k of window and heuristic "
                    "(default 4, at most 62). Not used by the default cost policy, which chooses k each step up to --k-max")
-    g.add_argument("--k-max", type=int, default=None, help="upper bound on k for adaptive policies (default: 16 for cost, 24 window, 32 heuristic)")
+    g.add_argument("--k-max", type=int, default=None, help=f"upper bound on k for adaptive policies (default: {DEFAULT_K_MAX} for cost, 24 window, 32 heuristic)")
     g.add_argument("--tree-branches", type=int, default=8, help="most branches a tree draft may have (default 8)")
     add_drafter_flags(g)
 
@@ -225,14 +225,10 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
     a note on stderr says so rather than let it pass silently.
     """
     name = getattr(args, "k_policy", "fixed")
-    costs = None
-    if name == "cost":
-        k_max = args.k_max or 16
-        if getattr(args, "k_given", False):
-            print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
-                  f"({k_max}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-        costs = calibrate(target, n_max=k_max + 1)  # load_target settled the shapes (--exact)
-    return make_policy(name, args.k, costs=costs, k_max=args.k_max)
+    if name == "cost" and getattr(args, "k_given", False):
+        print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
+              f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
+    return make_policy(name, args.k, k_max=args.k_max, target=target)  # load_target settled the shapes (--exact)
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:

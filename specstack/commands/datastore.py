@@ -8,6 +8,7 @@ from pathlib import Path
 from ..retrieval.datastore import Datastore, build_from_files
 from ..errors import SpecstackError
 from ..paths import DEFAULT_TARGET
+from ..ui import fmt_bytes, table
 
 
 def register(subparsers) -> None:
@@ -91,19 +92,21 @@ def run_build(args) -> int:
     )
     if not result.skipped:
         meta = result.meta
-        size = sum(f.stat().st_size for f in result.path.iterdir()) / 1e6
         print(f"wrote {result.path}: {meta['n_tokens']} tokens from {meta['n_docs']} files, "
-              f"{size:.1f} MB, in {result.seconds:.1f}s", file=sys.stderr)
+              f"{fmt_bytes(_size(result.path))}, in {result.seconds:.1f}s", file=sys.stderr)
     return 0
 
 
 def run_info(args) -> int:
     store = Datastore(Path(args.store).expanduser())
     m = store.meta
-    size = sum(f.stat().st_size for f in store.path.iterdir()) / 1e6
-    print(f"datastore {store.path}")
-    print(f"  tokens     {m['n_tokens']} in {m['n_docs']} documents ({size:.1f} MB)")
     tok = m.get("tokenizer") or {}
-    print(f"  tokenizer  {tok.get('model')} (vocab {m['n_vocab']}, fingerprint {str(tok.get('fingerprint'))[:12]})")
-    print(f"  built      {m.get('created')}")
+    print(f"datastore {store.path}")
+    print(table([], [["tokens", f"{m['n_tokens']} in {m['n_docs']} documents ({fmt_bytes(_size(store.path))})"],
+                     ["tokenizer", f"{tok.get('model')} (vocab {m['n_vocab']}, fingerprint {str(tok.get('fingerprint'))[:12]})"],
+                     ["built", m.get("created")]], align="ll", indent="  ", sep="   "))
     return 0
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir())

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..engine import Engine, GenerationConfig
+from ..engine import Engine
+from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..target import BatchShapes

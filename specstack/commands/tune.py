@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 class Setting:
     drafter: str
     k_policy: str
-    k: int
+    k: int | None  # the fixed k, an adaptive policy's starting k; None for cost, which picks every step's k
 
     def label(self) -> str:
         return f"{self.drafter} / {self.k_policy}" + (f" k={self.k}" if self.k_policy == "fixed" else "")
@@ -63,9 +63,12 @@ class Setting:
     @classmethod
     def of(cls, method: str, k: int) -> Setting:
         """The setting a bench configuration measured: METHOD is DRAFTER or DRAFTER@POLICY, and an
-        adaptive configuration's k is its cap, so the profile records the k it started from."""
+        adaptive configuration's k is its cap, so the profile records the k it started from (none for
+        ``cost``: it does not use one)."""
         drafter, _, policy = method.partition("@")
-        return cls(drafter, policy, adaptive_start(k)) if policy else cls(drafter, "fixed", k)
+        if not policy:
+            return cls(drafter, "fixed", k)
+        return cls(drafter, policy, None if policy == "cost" else adaptive_start(k))
 
 
 def methods(args: argparse.Namespace) -> list[str]:
@@ -130,4 +133,5 @@ def choose(rows: list[dict[str, Any]], categories: list[str]) -> tuple[dict[str,
 
 
 def vars_of(s: Setting) -> dict:
-    return {"drafter": s.drafter, "k_policy": s.k_policy, "k": s.k}
+    """A profile table: a cost setting has no k (``generate`` would only say it is unused)."""
+    return {"drafter": s.drafter, "k_policy": s.k_policy} | ({} if s.k is None else {"k": s.k})

@@ -8,11 +8,11 @@ call that the ``cost`` policy prices drafts with.
 """
 
 from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted
-from .budget import SOLO, VERIFY_SLOPE, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome, slope_cost
+from .budget import DEFAULT_K_MAX, MAX_DRAFT, SOLO, VERIFY_SLOPE, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome, slope_cost
 from .policies import POLICIES, CostK, FixedK, HeuristicK, WindowK, make_policy
 
 __all__ = [
     "AcceptanceBook", "AcceptanceTracker", "ConfidenceCalibration", "best_k", "expected_accepted",
-    "SOLO", "VERIFY_SLOPE", "Advice", "BatchLoad", "Budget", "DraftLengthPolicy", "KeepGoing", "StepOutcome",
+    "DEFAULT_K_MAX", "MAX_DRAFT", "SOLO", "VERIFY_SLOPE", "Advice", "BatchLoad", "Budget", "DraftLengthPolicy", "KeepGoing", "StepOutcome",
     "slope_cost", "POLICIES", "CostK", "FixedK", "HeuristicK", "WindowK", "make_policy",
 ]

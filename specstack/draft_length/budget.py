@@ -21,6 +21,11 @@ from ..errors import InvalidParameterError
 # 2 cores here (t(17) = 1.28 vs t(2) = 0.32 ms; 142 vs 67 ms).
 VERIFY_SLOPE = 0.15
 
+# Verification batches stay within 63 tokens (the pending token and at most 62 drafted): with flash
+# attention on, llama.cpp switches kernels at 64 query rows (see README, "Exactness").
+MAX_DRAFT = 62
+DEFAULT_K_MAX = 16  # the cost policy's default upper bound on k (--k-max)
+
 
 def slope_cost(n: int) -> float:
     return 1.0 + VERIFY_SLOPE * max(0, n - 1)

@@ -26,8 +26,9 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
-from .budget import SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
-from .costs import CostModel
+from ..target.api import EngineTarget
+from .budget import DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
+from .costs import CostModel, calibrate
 
 
 def _check_k(k: int, what: str = "k") -> int:
@@ -172,7 +173,7 @@ class CostK(_Policy):
 
     name = "cost"
 
-    def __init__(self, costs: CostModel, k_max: int = 16, probe_every: int = 16, probe_k: int = 2) -> None:
+    def __init__(self, costs: CostModel, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2) -> None:
         super().__init__(_check_k(k_max, "k_max"))
         self.costs = costs
         self.k_max = k_max
@@ -322,12 +323,17 @@ class CostK(_Policy):
 POLICIES = ("cost", "fixed", "window", "heuristic")
 
 
-def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None) -> DraftLengthPolicy:
-    """Build a policy by its --k-policy name; ``k`` is the fixed/initial budget."""
+def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None,
+                target: EngineTarget | None = None) -> DraftLengthPolicy:
+    """Build a policy by its --k-policy name; ``k`` is the fixed/initial budget (unused by ``cost``).
+
+    The one way every command and the server build a policy: for ``cost`` without a shared
+    ``costs``, the target's t(n) is calibrated here (cached on disk) up to k_max + 1 rows.
+    """
     for what, value in (("k", k), ("k_max", k_max)):
-        if value is not None and value > 62:
-            raise InvalidParameterError(f"{what} must be at most 62 (got {value}): a verification batch holds the "
-                                        "pending token and at most 62 draft tokens")
+        if value is not None and value > MAX_DRAFT:
+            raise InvalidParameterError(f"{what} must be at most {MAX_DRAFT} (got {value}): a verification batch "
+                                        f"holds the pending token and at most {MAX_DRAFT} draft tokens")
     if name == "fixed":
         return FixedK(k)
     if name == "window":
@@ -335,7 +341,9 @@ def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | 
     if name == "heuristic":
         return HeuristicK(k=k, k_max=k_max or 32)
     if name == "cost":
+        if costs is None and target is not None:
+            costs = calibrate(target, n_max=(k_max or DEFAULT_K_MAX) + 1)
         if costs is None:
-            raise InvalidParameterError("the cost policy needs a calibrated cost model")
-        return CostK(costs, k_max=k_max or 16)
+            raise InvalidParameterError("the cost policy needs a calibrated cost model (or a target to calibrate)")
+        return CostK(costs, k_max=k_max or DEFAULT_K_MAX)
     raise InvalidParameterError(f"unknown k policy {name!r}; choose one of: {', '.join(POLICIES)}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..draft_length import AcceptanceBook, Advice, best_k, expected_accepted
+from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, best_k, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
 from ..verify import matched_length
@@ -74,7 +74,7 @@ class CascadeDrafter:
         self.config = config
         self.name = "cascade:" + ",".join(d.name for d in self.drafters)
         # Used only when a budget brings no advice (no policy): then it learns every draft itself.
-        self._own_book = AcceptanceBook(k_max=16)
+        self._own_book = AcceptanceBook(k_max=DEFAULT_K_MAX)
         self._steps: dict[int, _Step] = {}
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:

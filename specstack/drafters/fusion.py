@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from ..draft_length import AcceptanceBook, Advice, Budget, expected_accepted
+from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, Budget, expected_accepted
 from ..errors import InvalidParameterError
 from ..types import Draft
 from ..verify import matched_length
@@ -45,7 +45,7 @@ class FusionDrafter:
             raise InvalidParameterError(f"fusion needs a tree-capable retrieval source first (suffix or rest), not {retrieval.name!r}")
         self.retrieval, self.model = retrieval, model
         self.name = f"fusion:{retrieval.name},{model.name}"
-        self._own_book = AcceptanceBook(k_max=16)  # only when a budget brings no advice
+        self._own_book = AcceptanceBook(k_max=DEFAULT_K_MAX)  # only when a budget brings no advice
         self._steps: dict[int, _Step] = {}
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import InvalidParameterError
-from ..retrieval.suffix_tree import SuffixDraft, SuffixMatcher, SuffixTree
+from ..retrieval import suffix_draft
+from ..retrieval.suffix_draft import SuffixDraft
+from ..retrieval.suffix_match import SuffixMatcher
+from ..retrieval.suffix_tree import SuffixTree
 from ..retrieval.suffix_tree_file import Vocab
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
@@ -161,7 +164,7 @@ class SuffixDrafter:
         local_states, global_states = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
-        query = SuffixTree.propose_tree if tree else SuffixTree.propose
+        query = suffix_draft.propose_tree if tree else suffix_draft.propose
         best = query(gen.local, local_states, *args) if local_states else SuffixDraft()
         if global_states:
             other = query(self.global_tree, global_states, *args)

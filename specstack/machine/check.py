@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import TokenType
 
 from ..errors import VocabMismatchError
 from .gguf_meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
@@ -41,8 +42,8 @@ N_EXAMPLES = 5
 SPECIAL_NAMES = ("bos", "eos", "eot", "pad", "add_bos", "add_eos")
 # token types that tokenizing plain text never produces: unknown, control, unused.
 # (llama.cpp matches user-defined tokens literally in text, so those count as ordinary.)
-_NEVER_FROM_TEXT = {2, 3, 5}
-_TOKT_NORMAL = 1
+_NEVER_FROM_TEXT = {TokenType.UNKNOWN.value, TokenType.CONTROL.value, TokenType.UNUSED.value}
+_TOKT_NORMAL = TokenType.NORMAL.value
 _OPTION_KEYS = ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces")
 
 

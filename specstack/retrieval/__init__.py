@@ -1,7 +1,9 @@
 """Retrieval structures that drafters look continuations up in.
 
-``suffix_tree`` (with ``suffix_tree_file`` for its on-disk cache) serves the
-``suffix`` drafter: suffix trees over this request and previous outputs.
+``suffix_tree`` serves the ``suffix`` drafter: suffix trees over this request
+and previous outputs, with ``suffix_node`` (its nodes), ``suffix_match``
+(incremental matching), ``suffix_draft`` (drafts and their scores) and
+``suffix_tree_file`` (the on-disk cache).
 ``datastore`` serves the ``rest`` drafter: a memory-mapped suffix array over a
 corpus, built offline by ``specstack datastore build``.
 """

@@ -15,18 +15,19 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..commands.common import REQUEST_OPTIONS
+from ..commands.common import DRAFTER_FLAGS
+from ..draft_length import MAX_DRAFT, POLICIES
 from ..drafters import available
-from ..engine import GenerationConfig
+from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import SamplingParams
 from .chat import load_template, render
@@ -35,7 +36,6 @@ from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
-SPEC_KEYS = {"drafter", "k_policy", "k", "k_max", *REQUEST_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -49,19 +49,22 @@ class Limits:
     retry_after_s: int = 1
 
 
-class Speculative(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    drafter: str | None = None
-    k_policy: Literal["cost", "fixed", "window", "heuristic"] | None = None
-    k: int | None = Field(None, ge=1, le=62)
-    k_max: int | None = Field(None, ge=1, le=62)
-    n_min: int | None = Field(None, ge=1)
-    n_max: int | None = Field(None, ge=1)
-    draft_temp: float | None = Field(None, ge=0)
-    p_min: float | None = Field(None, ge=0, lt=1)
-    max_spec_factor: float | None = Field(None, ge=0)
-    min_token_prob: float | None = Field(None, ge=0, le=1)
-    cascade_min_len: int | None = Field(None, ge=1)
+def _speculative_model() -> type[BaseModel]:
+    """A request's ``speculative`` object: the k settings plus every per-request drafter flag.
+
+    Built from ``DRAFTER_FLAGS``, so a new drafter flag is a new request key with no second list.
+    Option values are checked where the flags' are: by the drafter's config when the drafter is built.
+    """
+    k_field = (Optional[int], Field(None, ge=1, le=MAX_DRAFT))
+    fields: dict[str, Any] = {"drafter": (Optional[str], None), "k_policy": (Optional[Literal[POLICIES]], None),
+                              "k": k_field, "k_max": k_field}
+    for flag in DRAFTER_FLAGS:
+        if flag.per_request:
+            fields[flag.dest] = (Optional[flag.type or bool], None)
+    return create_model("Speculative", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+Speculative = _speculative_model()
 
 
 class StreamOptions(BaseModel):

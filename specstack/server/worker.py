@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..draft_length.costs import calibrate, ensure_shapes
+from ..draft_length.costs import ensure_shapes
 from ..draft_length import DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
-from ..engine import Engine, Generation, GenerationConfig
+from ..engine import Engine
+from ..generation import Generation, GenerationConfig
 from ..errors import SpecstackError
 from ..target import LlamaModel, ModelConfig
 from .metrics import ServerMetrics
@@ -158,11 +159,9 @@ class RoleWorker:
         key = json.dumps([spec["k_policy"], spec["k"], spec.get("k_max")])
         policy = self._policies.get(key)
         if policy is None:
-            costs = None
-            if spec["k_policy"] == "cost":
-                self._costs = self._costs or calibrate(self.target, n_max=(spec.get("k_max") or 16) + 1)
-                costs = self._costs
-            policy = self._policies[key] = make_policy(spec["k_policy"], spec["k"], costs=costs, k_max=spec.get("k_max"))
+            policy = self._policies[key] = make_policy(spec["k_policy"], spec["k"], costs=self._costs,
+                                                       k_max=spec.get("k_max"), target=self.target)
+            self._costs = getattr(policy, "costs", self._costs)  # one calibration per role, shared by its policies
         return policy
 
     def _drain_inbox(self) -> None:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ...errors import SpecstackError
+from ...ui import Progress
 from .store import FORMAT, FORMAT_VERSION, SENTINEL, SORT_DEPTH, Datastore
 
 def build_suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
@@ -212,12 +213,14 @@ def build_from_files(
     max_tokens: int | None = None,
     force: bool = False,
     log: Callable[[str], None] | None = None,
+    quiet: bool = False,
 ) -> BuildResult:
     """Tokenize the text files of ``corpus`` and write a store to ``out``.
 
     ``tokenizer`` must hold a ``fingerprint`` of the vocabulary.  The inputs
     (tokenizer, every file's name, size and sha256, the options) are digested;
     if ``out`` already holds a store with the same digest nothing is done.
+    Tokenizing shows a ``ui.Progress`` unless ``quiet``; other messages go to ``log`` (stderr).
     """
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
@@ -263,7 +266,7 @@ def build_from_files(
     docs: list[list[int]] = []
     used: list[dict] = []
     total, skipped = 0, 0
-    step = max(1, len(files) // 20)
+    progress = Progress("tokenizing", len(files), "files", quiet=quiet)
     for i, ((p, name), src) in enumerate(zip(files, sources), start=1):
         if not is_text_file(p):
             skipped += 1
@@ -275,8 +278,8 @@ def build_from_files(
         docs.append(ids)
         used.append({**src, "tokens": len(ids)})
         total += len(ids)
-        if i % step == 0 or i == len(files):
-            log(f"tokenized {i}/{len(files)} files, {total} tokens")
+        progress.update(i, f"{total} tokens")
+    progress.close(f"tokenized {len(docs)} files, {total} tokens")
     if skipped:
         log(f"skipped {skipped} binary or non-UTF-8 files")
     log(f"sorting {total} suffixes")

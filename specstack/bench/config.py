@@ -1,0 +1,95 @@
+"""What a bench run runs: ``BenchConfig`` (validated up front) and the small rules derived from it.
+
+Kept apart from the run loop (runner.py) so the commands that are presets of the
+bench (demo, tune) and the tests can build and check a configuration without a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..commands.common import drafter_options
+from ..draft_length import DEFAULT_K_MAX, MAX_DRAFT  # the cost policy's own cap; demo and tune cap adaptive k there too
+from ..errors import InvalidParameterError
+from .results import PLAIN
+from .workloads import Workload
+
+__all__ = ["DEFAULT_K_MAX", "BenchConfig", "adaptive_start", "options_from_args", "request_seed"]
+
+
+@dataclass
+class BenchConfig:
+    """Everything that decides what runs; stored verbatim in results.json."""
+
+    workload: Workload
+    methods: list[str]  # speculative methods; plain ("none") always runs too
+    ks: list[int]
+    k_max: int | None = None  # cap for METHOD@POLICY; None: the largest of ks
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    repeat: int = 1
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    drafter_options: dict[str, Any] = field(default_factory=dict)
+    cost_curve: bool = True
+    cost_max_n: int = 32
+    cost_depth: int = 200
+    cost_reps: int = 7
+    warmup: bool = True
+    llama_cpp_bin: Path | None = None
+    peers: list[str] = field(default_factory=lambda: ["auto"])
+
+    def __post_init__(self) -> None:
+        """Refuse a bad setting now: a benchmark that fails after minutes of measuring wastes them."""
+        self.methods = [m for m in dict.fromkeys(self.methods) if m != PLAIN]
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise InvalidParameterError(f"-k needs draft lengths >= 1 (got {self.ks})")
+        if any(k > MAX_DRAFT for k in [*self.ks, self.k_max or 1]):
+            raise InvalidParameterError(f"k must be <= {MAX_DRAFT}: verification batches stay under 64 tokens (see README)")
+        if self.k_max is not None and self.k_max < 1:
+            raise InvalidParameterError(f"--k-max must be >= 1 (got {self.k_max})")
+        if self.drafter_options.get("cache_path") is not None:
+            raise InvalidParameterError("cache_path is not allowed in a benchmark: a suffix tree saved across runs "
+                                        "would already hold the outputs being measured (drafters are built fresh "
+                                        "per group)")
+        if self.repeat < 1:
+            raise InvalidParameterError(f"--repeat must be >= 1 (got {self.repeat})")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise InvalidParameterError(f"--temp needs temperatures >= 0 (got {self.temperatures})")
+        if self.cost_max_n < 1 or self.cost_reps < 1:
+            raise InvalidParameterError("--cost-max-n and --cost-reps must be >= 1")
+
+    def configurations(self) -> list[tuple[str, int]]:
+        """(method, k) in run order for each request: plain first (the reference), then the rest.
+
+        ``METHOD@POLICY`` (e.g. ``prompt-lookup@cost``) runs once with an
+        adaptive k policy up to k_max (default: the largest --k); its k is that cap.
+        """
+        out: list[tuple[str, int]] = [(PLAIN, 0)]
+        for m in self.methods:
+            out += [(m, self.k_max or max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
+        return out
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Drafter options given on the command line (the shared flags of commands/common.py).
+
+    Unset flags are left out so each drafter's config default applies; the seed is left out
+    because the runner gives each request its own.
+    """
+    return {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
+
+
+def adaptive_start(k_max: int) -> int:
+    """The starting k of an adaptive policy capped at k_max (window and heuristic grow from it)."""
+    return min(k_max, 4)
+
+
+def request_seed(base: int, request_id: str) -> int:
+    """A fixed seed per request: the same for every method, repeat and k."""
+    return (base * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31 - 1)

@@ -1,0 +1,64 @@
+"""Making a stand-in file: ``make_standin`` (the entry point) and ``quantize_gguf``.
+
+Quantized stand-ins are written as F16 first and quantized by llama.cpp's own quantizer, so their
+blocks are exactly the blocks llama.cpp would make from the source (see ``plan`` for the checks
+that make this hold).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from ...errors import InvalidParameterError
+from .shape import FTYPES, StandinError
+from .writer import write_standin_f16
+
+
+def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, via target.py)."""
+    from ...target import quantize
+
+    if ftype not in ("q8_0", "q4_k_m"):
+        raise InvalidParameterError(f"cannot quantize to {ftype!r}; choose one of q8_0, q4_k_m")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger("llama-cpp-python")  # llama-cpp-python's log callback filters on it
+    old_level = log.level
+    log.setLevel(logging.DEBUG if verbose else logging.ERROR)
+    try:
+        rc = quantize(src, out, ftype, threads=threads)
+    finally:
+        log.setLevel(old_level)
+    if rc != 0:
+        raise StandinError(f"llama.cpp failed to quantize {src} to {ftype} (return code {rc})")
+    return out
+
+
+def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f16", *,
+                 ffn: int | None = None, threads: int = 2, progress: bool = True,
+                 kv_heads: int | None = None, attn_layers: int | None = None) -> Path:
+    """Write a stand-in of ``src`` with hidden size ``width`` and ``layers`` layers to ``out``.
+
+    The FFN grows in proportion to ``width`` unless ``ffn`` is given. ``ftype`` "f16" writes the
+    padded model directly; "q8_0" and "q4_k_m" write it to a temporary F16 file next to ``out``
+    and quantize that with llama.cpp. ``kv_heads`` and ``attn_layers`` (LFM2) are as in
+    ``plan_standin``. Returns ``out``.
+    """
+    out = Path(out)
+    if ftype not in FTYPES:
+        raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
+    kw = {"ffn": ffn, "progress": progress, "kv_heads": kv_heads, "attn_layers": attn_layers}
+    if ftype == "f16":
+        write_standin_f16(Path(src), out, width, layers, **kw)
+        return out
+    tmp = out.with_name(out.name + ".f16.partial")
+    try:
+        write_standin_f16(Path(src), tmp, width, layers, ftype_for_checks=ftype, **kw)
+        if progress:
+            print(f"make-standin: quantizing to {ftype} with llama.cpp", file=sys.stderr, flush=True)
+        quantize_gguf(tmp, out, ftype, threads=threads)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,65 @@
+"""The stand-in's GGUF key/values: the source's, with the new shape, epsilon and name.
+
+Everything else (tokenizer, rope, chat template) is copied as is, so llama.cpp tokenizes and
+runs the stand-in like the source. ``specstack.standin.*`` keys record the layout (source name,
+residual copies, live layers) for later checks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .shape import StandinPlan
+from .source import _field
+
+if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
+    from gguf import GGUFReader, GGUFWriter
+
+
+def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float) -> None:
+    """Write the source's fields to ``writer`` with the stand-in's shape and epsilon ``eps``
+    (general.file_type F16: the quantizer sets its own), then the ``specstack.standin.*`` keys."""
+    from gguf import GGUFValueType as V
+
+    o, arch = plan.out, plan.src.arch
+    updates = {
+        f"{arch}.embedding_length": o.n_embd,
+        f"{arch}.feed_forward_length": o.n_ff,
+        f"{arch}.expert_feed_forward_length": o.n_ff,
+        f"{arch}.attention.head_count": o.n_head,
+        f"{arch}.attention.head_count_kv": list(o.layer_kv) if arch == "lfm2" else o.n_head_kv,
+        f"{arch}.block_count": o.n_layer,
+    }
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if f.name in updates:
+            val = updates[f.name]
+            if isinstance(val, list) and vtype != V.ARRAY:
+                vtype = V.ARRAY
+            if vtype == V.ARRAY:  # lfm2's per-layer head_count_kv
+                sub = f.types[-1] if len(f.types) > 1 else V.INT32
+                writer.add_key_value(f.name, val if isinstance(val, list) else [val], V.ARRAY, sub_type=sub)
+            else:
+                writer.add_key_value(f.name, val, vtype)
+        elif f.name == f"{arch}.attention.layer_norm_rms_epsilon":
+            writer.add_key_value(f.name, eps, V.FLOAT32)
+        elif f.name == "general.file_type":
+            writer.add_key_value(f.name, 1, V.UINT32)  # LLAMA_FTYPE_MOSTLY_F16
+        elif f.name == "general.name":
+            writer.add_key_value(f.name, f"{f.contents()}-standin-w{o.n_embd}-l{o.n_layer}", V.STRING)
+        elif vtype == V.ARRAY:
+            sub = f.types[-1]
+            # Raw bytes for strings: token pieces need not be valid UTF-8.
+            val = [bytes(f.parts[i]) for i in f.data] if sub == V.STRING else f.contents()
+            writer.add_key_value(f.name, val, V.ARRAY, sub_type=sub)
+        elif vtype == V.STRING:
+            writer.add_key_value(f.name, bytes(f.parts[-1]), V.STRING)
+        else:
+            writer.add_key_value(f.name, f.contents(), vtype)
+    src_name = _field(reader, "general.name") or "?"
+    writer.add_key_value("specstack.standin.source", str(src_name), V.STRING)
+    writer.add_key_value("specstack.standin.residual_copies", plan.copies, V.UINT32)
+    writer.add_key_value("specstack.standin.live_layers",
+                         [i for i, live in enumerate(plan.layer_live) if live], V.ARRAY, sub_type=V.INT32)

@@ -1,0 +1,163 @@
+"""One request's side of the engine: its settings, its state, and the text it streams.
+
+A ``Generation`` is what ``Engine.generate`` returns.  Iterating it drives
+the engine; its output, statistics and stop-string handling are its own.
+``GenerationConfig`` is validated here, so a bad request fails before it
+takes a slot.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .draft_length import MAX_DRAFT, DraftLengthPolicy
+from .drafters.base import Drafter
+from .errors import InvalidParameterError
+from .metrics import GenerationStats
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Per-request settings.  ``k`` is the fixed draft budget when no policy is given."""
+
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    k: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.k < 1:
+            raise InvalidParameterError(f"k must be >= 1 (got {self.k}); use --drafter none for plain decoding")
+        if self.k > MAX_DRAFT:
+            raise InvalidParameterError(f"k must be at most {MAX_DRAFT} (got {self.k}): a verification batch holds "
+                                        f"the pending token and at most {MAX_DRAFT} draft tokens")
+        if any(not s for s in self.stop):
+            raise InvalidParameterError("stop strings must be non-empty")
+
+
+class _StopText:
+    """Incremental detokenizer that withholds text which might begin a stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.emitted = 0
+        self.hit = False
+
+    def feed(self, piece: bytes) -> bool:
+        """Add one token's bytes; True when a stop string is now complete (text is cut there)."""
+        self.text += self.decoder.decode(piece)
+        if not self.stops:
+            return False
+        start = max(0, self.emitted - self.longest)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.hit = True
+        return self.hit
+
+    def take(self, final: bool) -> str:
+        """Text that can be shown now: all of it when final, else all but a possible stop prefix."""
+        if final and not self.hit:
+            self.text += self.decoder.decode(b"", final=True)
+        upto = len(self.text) if final else len(self.text) - self._partial_overlap()
+        out = self.text[self.emitted : max(upto, self.emitted)]
+        self.emitted += len(out)
+        return out
+
+    def _partial_overlap(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+
+class Generation:
+    """One request in an engine: iterate it for text pieces; ``stats``/``text`` are final once it is done.
+
+    Iterating drives the engine, so other generations advance too (their
+    pieces wait in their own queues).  ``cancel()`` (or leaving the
+    iteration early) stops it between steps and frees its slot, KV cells
+    and drafter state.
+    """
+
+    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
+                 drafter: Drafter, policy: DraftLengthPolicy) -> None:
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.config = config
+        self.drafter = drafter
+        self.policy = policy
+        self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
+        self.seq: int | None = None  # the target sequence (slot) while running
+        self.status = "waiting"  # -> running -> done | cancelled
+        self.output_ids: list[int] = []
+        self.origins: list[str] = []  # per output token: the draft source that proposed it, or "target"
+        self.context = list(prompt_ids)  # committed tokens, including pending
+        self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
+        self.stop_text = _StopText(config.stop)
+        self.rng = config.sampling.rng()
+        self.submitted = time.perf_counter()
+        self.started = 0.0
+        self._ready: deque[str] = deque()
+        self._pieces: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("done", "cancelled")
+
+    def __iter__(self) -> Iterator[str]:
+        """Text pieces as they are committed.  Leaving early (``break``, an exception, a closed stream)
+        cancels the generation: its partial output is not filed as a finished answer (the suffix
+        drafter's global tree, the policy's prior), and its slot is freed."""
+        try:
+            while True:
+                while self._ready:
+                    yield self._ready.popleft()
+                if self.done:
+                    return
+                self.engine.step()
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def run(self) -> "Generation":
+        """Consume the whole generation (when streaming is not needed)."""
+        for _ in self:
+            pass
+        return self
+
+    def cancel(self) -> None:
+        self.engine.cancel(self)
+
+    def take_text(self) -> str:
+        """Text produced since the last call (for callers that drive ``engine.step()`` themselves)."""
+        text = "".join(self._ready)
+        self._ready.clear()
+        return text
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self._pieces.append(text)
+            self._ready.append(text)

@@ -1,0 +1,344 @@
+"""``LlamaModel``: one GGUF model and its context, evaluating batches within exact call shapes.
+
+Loading, the context and batch, and the calls themselves live here; the
+sequence and recurrent-state operations (``memory``), tree batches
+(``tree``) and the vocabulary (``vocab``) are its other parts.
+
+Why not ``Llama.generate``: its speculation is sample-and-match with no
+statistics, and its prompt-lookup path crashed on these models.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ContextOverflowError, ModelLoadError
+from .api import ModelConfig
+from .backend import _init_backend, _llama, _recent_log, check_gguf_file, default_threads
+from .batching import BatchShapes, Segment, plan_calls
+from .memory import SequenceMemory
+from .recurrent import Memory, SeqLog
+from .tree import TreeBatches
+from .vocab import Vocabulary
+
+_MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
+
+
+class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
+    """One GGUF model with a llama.cpp context holding one or more sequences.
+
+    Invariant: sequence s holds exactly ``seq_len[s]`` tokens at positions
+    0..seq_len[s]-1.  ``decode`` appends to several sequences in one step,
+    ``truncate`` drops a tail.  ``eval``/``n_past`` are the one-sequence view
+    (sequence 0) used by draft models, calibration and tools.
+    """
+
+    def __init__(self, config: ModelConfig, role: str = "model") -> None:
+        self.config = config
+        self.role = role
+        self.path = check_gguf_file(config.path, role)
+        from ..machine.gguf_meta import read_gguf
+
+        if read_gguf(self.path).tensor_count == 0:
+            raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
+                                 "compare its tokenizer, but it cannot run; pass a model with weights")
+        _init_backend()
+        self._lc = lc = _llama()
+        self._model = self._load_model()
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
+        self.memory: Memory = ("hybrid" if lc.llama_model_is_hybrid(self._model) else
+                               "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
+        self.is_recurrent = self.memory != "attention"
+        self.n_threads = config.n_threads or default_threads()
+        self.n_slots = max(1, config.n_slots)
+        self.unified = config.unified if config.unified is not None else self.n_slots == 1
+        # Tree branches need one recurrent state each; recurrent targets verify chains.
+        self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
+        self.flash_attn = config.flash_attn
+        self._ctx = self._new_context()
+        self._init_rewind()
+        # Positions per sequence: a unified cache is shared (sized slots x n_ctx), streams are per sequence.
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx))
+        self.seq_len = [0] * self.n_seq_max
+        self._logs = [SeqLog() for _ in range(self.n_seq_max)]
+        # Writes per sequence (decode, truncate, reset): a cache that remembers what a sequence held
+        # checks this to know nobody else (another engine, a calibration) has changed it since.
+        self.writes = [0] * self.n_seq_max
+        self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max + (1 if self.is_recurrent else 0))
+        self._init_batch_views()
+        self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
+        self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
+        self._piece_cache: dict[int, bytes] = {}
+        self.bos_id = int(lc.llama_vocab_bos(self._vocab))
+        self.eos_id = int(lc.llama_vocab_eos(self._vocab))
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def set_shapes(self, shapes: BatchShapes) -> None:
+        """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
+        cap = min(shapes.max_rows, self._batch_cap)
+        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.settled, shapes.exact)
+        self.min_batch = self.shapes.min_rows
+        # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
+        self.capacity = self.n_ctx - (self.min_batch - 1)
+
+    @property
+    def n_past(self) -> int:
+        return self.seq_len[0]
+
+    @n_past.setter
+    def n_past(self, value: int) -> None:
+        self.seq_len[0] = value
+
+    # -- loading -----------------------------------------------------------
+
+    def _load_model(self):
+        lc = self._lc
+        params = lc.llama_model_default_params()
+        params.use_extra_bufts = self.config.repack
+        self._kv_override_array = None
+        if self.config.kv_overrides:
+            params.kv_overrides = self._make_overrides()
+        _recent_log.clear()
+        model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            tail = " | ".join(line.strip() for line in _recent_log[-4:] if line.strip())
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.role} {self.path} (corrupt or unsupported GGUF?)"
+                + (f": {tail}" if tail else "")
+            )
+        return model
+
+    def _make_overrides(self):
+        """kv_overrides for integer keys, e.g. ``{arch}.expert_used_count`` (lossy MoE reduction)."""
+        lc = self._lc
+        items = list(self.config.kv_overrides)
+        arr = (lc.llama_model_kv_override * (len(items) + 1))()
+        for i, (key, value) in enumerate(items):
+            arr[i].key = key.encode()
+            arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
+            arr[i].value.val_i64 = int(value)
+        arr[len(items)].key = b"\0"
+        self._kv_override_array = arr  # must outlive the load call
+        return arr
+
+    def _new_context(self):
+        lc = self._lc
+        params = lc.llama_context_default_params()
+        per_seq = self.config.n_ctx or self.n_ctx_train
+        scratch = 1 if self.is_recurrent else 0
+        total = per_seq * (self.n_slots + (scratch if not self.unified else 0))
+        if total > _MAX_CTX:  # llama.cpp's n_ctx is 32-bit: a larger one wraps and aborts inside llama.cpp
+            lc.llama_model_free(self._model)
+            self._model = None
+            raise ModelLoadError(f"context of {total} positions ({per_seq} per sequence x {total // per_seq}) is more "
+                                 f"than llama.cpp can address ({_MAX_CTX}); use a smaller --ctx-size")
+        if per_seq > self.n_ctx_train:
+            warnings.warn(f"{self.role} {self.path.name}: --ctx-size {per_seq} is more than the {self.n_ctx_train} "
+                          "positions it was trained on; output past that may degrade", stacklevel=2)
+        params.n_ctx = total
+        params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
+        params.n_threads = params.n_threads_batch = self.n_threads
+        params.n_seq_max = self.n_seq_max + scratch
+        if self.is_recurrent and self.config.rollback != "checkpoint":
+            params.n_rs_seq = self.config.rollback_depth
+        params.kv_unified = self.unified  # tree branches share the cached prefix
+        params.flash_attn_type = 1 if self.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
+        params.no_perf = True
+        ctx = lc.llama_init_from_model(self._model, params)
+        if not ctx:
+            lc.llama_model_free(self._model)
+            self._model = None  # freed here: close() must not free it again
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
+        return ctx
+
+    def _init_batch_views(self) -> None:
+        """numpy views over the batch arrays: filling a batch is then vectorised."""
+        b, n = self._batch, self._batch_cap
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(n,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(n,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
+        self._b_nseq[:] = 1
+        self._b_seq0 = [0] * n  # sequence id currently written in each row's first slot
+        for i in range(n):
+            b.seq_id[i][0] = 0
+
+    def close(self) -> None:
+        lc = self._lc
+        if getattr(self, "_batch", None) is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # best effort; explicit close() is preferred
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+    # -- evaluation --------------------------------------------------------
+
+    def eval(self, tokens: Sequence[int], logits_from: int | None = None, seq: int = 0) -> np.ndarray:
+        """Append ``tokens`` to ``seq`` and return logits for rows logits_from..end.
+
+        Returns a [n_rows, n_vocab] float32 array; it may be a *view* of
+        llama.cpp's buffer, valid until the next call (copy it to keep it).
+        ``logits_from=None`` means only the last row; ``len(tokens)`` means
+        none (a prefill: chunked at multiples of ``prefill_chunk``).
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("eval needs at least one token")
+        wanted = n - 1 if logits_from is None else logits_from
+        if wanted >= n:
+            self.prefill(tokens, seq)
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        rows = self.decode([Segment(seq, tokens, wanted)])[0]
+        assert rows is not None
+        return rows
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Append prompt tokens without logits, in calls whose edges sit at multiples of ``prefill_chunk``.
+
+        Fixed edges make a later prefill that resumes from a chunk edge of a
+        reused prefix compute exactly what a cold prefill computes.
+        """
+        chunk = max(1, min(self.config.prefill_chunk, self._batch_cap))
+        start, n = 0, len(tokens)
+        while start < n:
+            edge = (self.seq_len[seq] // chunk + 1) * chunk
+            m = min(n - start, edge - self.seq_len[seq])
+            self._check_room(seq, max(m, self.min_batch))
+            part = list(tokens[start : start + m])
+            self._call([(seq, part, max(0, self.min_batch - m), m)])
+            start += m
+
+    def decode(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+        """Append each segment's tokens to its sequence in as few calls as exactness allows.
+
+        Returns, per segment, the logits of its rows ``logits_from``.. (or
+        None when it wants none): a view into llama.cpp's buffer when one
+        call did it all (valid until the next call), else a copy.
+        """
+        for s in segments:
+            self._check_room(s.seq, len(s.tokens))
+        if len(segments) > 1 and self.is_recurrent:
+            # One call per sequence: a recurrent ubatch needs equal rows per sequence, and
+            # padding rows on the sequence itself would advance its state.
+            return [None if (r := self.decode([seg])[0]) is None else r.copy() for seg in segments]
+        if len(segments) == 1 and len(segments[0].tokens) <= self.shapes.max_rows:  # the common case, no planning
+            s = segments[0]
+            n = len(s.tokens)
+            pad = max(0, min(self.min_batch - n, self.n_ctx - self.seq_len[s.seq] - n))
+            return self._call([(s.seq, list(s.tokens), pad, s.logits_from)])
+        rows = [len(s.tokens) for s in segments]
+        seqs = [s.seq for s in segments]
+        room = [self.n_ctx - self.seq_len[s.seq] - len(s.tokens) for s in segments]
+        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room)
+        out: list[list[np.ndarray]] = [[] for _ in segments]
+        for call in calls:
+            entries = []
+            for p in call:
+                seg = segments[p.segment]
+                local_from = min(max(seg.logits_from - p.start, 0), p.count)
+                entries.append((seqs[p.segment], list(seg.tokens[p.start : p.start + p.count]), p.pad, local_from))
+            for p, part in zip(call, self._call(entries)):
+                if part is not None:
+                    out[p.segment].append(part if len(calls) == 1 else part.copy())
+        return [np.concatenate(o) if len(o) > 1 else (o[0] if o else None) for o in out]
+
+    def _check_room(self, seq: int, n: int) -> None:
+        if self.seq_len[seq] + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.role} context is full: {self.seq_len[seq]} + {n} tokens > n_ctx {self.n_ctx}; "
+                "use a shorter prompt, fewer max tokens or a larger --ctx-size"
+            )
+
+    def _call(self, entries: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray | None]:
+        """One ``llama_decode``: per entry (seq, tokens, pad, logits_from) the tokens then ``pad`` copies of the last.
+
+        Pads are dropped from the KV cache right after; causal attention means
+        they cannot change the real rows.  A recurrent model's pads would advance
+        its state: they stay as phantoms rolled back with the next cut (rollback)
+        or go to the scratch sequence (checkpoint); see ``_init_rewind``.  Output rows: on an exact target
+        every row of the call (pads too) when any entry wants logits, else
+        none; otherwise just each entry's rows from ``logits_from``.  Returns
+        per entry the logits of its rows from ``logits_from`` (None if none).
+        """
+        lc, b = self._lc, self._batch
+        if self.is_recurrent:
+            for seq, *_ in entries:
+                self._settle(seq)
+        exact = self.config.exact
+        all_out = exact and any(f < len(t) for _, t, _, f in entries)
+        m = out_row = 0
+        where: list[int | None] = []  # output row of each entry's first wanted row
+        scratch = self._scratch
+        for seq, toks, pad, first in entries:
+            n = len(toks) + pad
+            wanted = first < len(toks)
+            where.append((out_row + first if all_out else out_row) if wanted else None)
+            out_row += n if all_out else (len(toks) - first if wanted and not exact else 0)
+            start = self.seq_len[seq]
+            self._b_token[m : m + len(toks)] = toks
+            self._b_token[m + len(toks) : m + n] = toks[-1]
+            self._b_pos[m : m + n] = np.arange(start, start + n, dtype=np.int32)
+            if scratch >= 0 and pad:  # pads of a recurrent model: the scratch sequence, from position 0
+                self._b_pos[m + len(toks) : m + n] = np.arange(pad, dtype=np.int32)
+            if all_out:
+                self._b_logits[m : m + n] = 1
+            else:
+                self._b_logits[m : m + n] = 0
+                if not exact and first < len(toks):
+                    self._b_logits[m + first : m + len(toks)] = 1
+            for i in range(m, m + n):
+                row_seq = seq if i < m + len(toks) or scratch < 0 else scratch
+                if self._b_seq0[i] != row_seq:
+                    b.seq_id[i][0] = row_seq
+                    self._b_seq0[i] = row_seq
+            m += n
+        if m > self._batch_cap:
+            raise ValueError(f"decode call of {m} rows exceeds the batch capacity {self._batch_cap}")
+        b.n_tokens = m
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise ContextOverflowError(
+                f"llama_decode failed (code {rc}) on {m} tokens of {self.path.name}; "
+                "the KV cache may be full: use a larger --ctx-size or a shorter prompt"
+            )
+        for seq, toks, pad, _ in entries:
+            self.seq_len[seq] += len(toks)
+            self.writes[seq] += 1
+            if self.is_recurrent:
+                self._logs[seq].appended(toks, pad if scratch < 0 else 0)
+                if pad and scratch >= 0:
+                    lc.llama_memory_seq_rm(self._mem, scratch, -1, -1)
+            elif pad:
+                lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)
+        if out_row == 0:
+            return [None] * len(entries)
+        logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(out_row, self.n_vocab))
+        return [None if w is None else logits[w : w + len(t) - f] for w, (_, t, _, f) in zip(where, entries)]
+
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray:
+        """One unsplit call, padded by ``pad`` rows only (shape measurement and cost curves need exact shapes)."""
+        self._check_room(seq, len(tokens) + pad)
+        rows = self._call([(seq, list(tokens), pad, 0 if outputs else len(tokens))])[0]
+        return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)

@@ -1,0 +1,80 @@
+"""Tokenizing and detokenizing through llama.cpp's vocabulary, with or without weights loaded."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ModelLoadError
+from .backend import _init_backend, _llama, check_gguf_file
+
+
+class Vocabulary:
+    """Token <-> text for a loaded model (a mixin: it needs ``_lc``, ``_vocab``, ``n_vocab``, ``_piece_cache``)."""
+
+    def tokenize(self, text: str | bytes, add_special: bool = True) -> list[int]:
+        """Text (or raw UTF-8 bytes) to token ids; ``add_special`` adds BOS when the model asks for it."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (ctypes.c_int32 * cap)()
+        n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, False)
+        if n < 0:
+            cap = -n
+            buf = (ctypes.c_int32 * cap)()
+            n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, False)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token's text (cached: called for every output token)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation (EOS, EOT, ...) as the model's vocabulary defines it."""
+        return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_ids(self) -> frozenset[int]:
+        """All end-of-generation ids, computed once so the loop tests set membership."""
+        if not hasattr(self, "_eog"):
+            self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+
+class VocabModel(Vocabulary):
+    """A GGUF's tokenizer alone (llama.cpp's vocab-only load: no weights, no context)."""
+
+    def __init__(self, path: str | Path, role: str = "tokenizer model") -> None:
+        self.path = check_gguf_file(path, role)
+        _init_backend()
+        self._lc = lc = _llama()
+        params = lc.llama_model_default_params()
+        params.vocab_only = True
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelLoadError(f"cannot load the tokenizer of {self.path}")
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self._piece_cache: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            self._lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
