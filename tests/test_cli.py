@@ -174,3 +174,27 @@ def test_k_is_recorded_only_where_it_is_used(capsys, args, k, note):
     code, out, err = run_cli(capsys, "generate", "-p", "def f(x):\n", "-n", "8", "--json", *args)
     assert code == 0 and json.loads(out)["k"] == k
     assert ("-k 8 is not used by --k-policy cost" in err) == note
+
+
+@pytest.mark.parametrize("ctx,message", [
+    ("99999999", "could not create a context"),  # llama.cpp cannot allocate it (this once crashed after the error)
+    ("4294967296", "more than llama.cpp can address"),  # wraps llama.cpp's 32-bit n_ctx and aborts inside it
+])
+def test_impossible_context_sizes_are_errors_not_crashes(ctx, message):
+    """Through a real process, since a crash inside llama.cpp would take pytest down with it."""
+    proc = subprocess.run([sys.executable, "-m", "specstack", "generate", "-p", "x", "-n", "2", "-c", ctx],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert message in proc.stderr and "--ctx-size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_context_past_the_trained_one_is_a_warning(capsys):
+    with pytest.warns(UserWarning, match="more than the 512 positions it was trained on"):
+        code, out, _ = run_cli(capsys, "generate", "-p", "import os", "-n", "4", "-c", "1024", "--json")
+    assert code == 0 and json.loads(out)["n_tokens"] == 4
+
+
+def test_an_empty_prompt_generates_from_bos_like_llama_cpp(capsys):
+    """-p '' tokenizes to BOS alone (the bundled model adds one), so plain decoding starts from it."""
+    code, out, err = run_cli(capsys, "generate", "-p", "", "-n", "6", "--json", "--drafter", "prompt-lookup")
+    assert code == 0 and json.loads(out)["n_tokens"] == 6 and "Traceback" not in err

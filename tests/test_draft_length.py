@@ -186,7 +186,7 @@ def test_acceptance_tracker_counts_reached_positions_only():
 def test_cost_model_refines_online_and_stays_monotone():
     c = CostModel([1.0, 2.0, 3.0])
     for _ in range(200):
-        c.observe_verify(2, 10.0)
+        c.observe_step((2,), 10.0)
     assert c.verify_s(2) > 9.0 and c.verify_s(3) >= c.verify_s(2)
     assert c.verify_s(5) >= c.verify_s(3)  # extrapolated
 
@@ -195,7 +195,7 @@ def test_cost_model_rescales_sizes_not_observed_yet():
     # Calibrated on a busy machine: everything twice too slow.  Steps of n=1 fix n=8 too.
     c = CostModel([2.0 * n for n in range(1, 9)])
     for _ in range(100):
-        c.observe_verify(1, 1.0)
+        c.observe_step((1,), 1.0)
     assert c.verify_s(8) == pytest.approx(8.0, rel=0.05)
 
 

@@ -152,3 +152,10 @@ def test_out_of_vocabulary_draft_ids_are_dropped_not_sent_to_llama_cpp(target):
     gen = Engine(target, _ForeignDrafter()).generate(PROMPT, GenerationConfig(max_tokens=12)).run()
     assert gen.output_ids == plain
     assert gen.stats.n_drafted > 0 and max(gen.stats.drafted_at[1:], default=0) == 0
+
+
+def test_an_empty_prompt_is_refused_before_taking_a_slot(target):
+    engine = Engine(target, create("none", BuildContext(target)))
+    with pytest.raises(InvalidParameterError, match="the prompt is empty"):
+        engine.generate([], GenerationConfig(max_tokens=4))
+    assert not engine.busy

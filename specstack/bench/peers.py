@@ -248,13 +248,7 @@ def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str |
         prompt_file.write_text(prompt + "\n", encoding="utf-8")
         cmd = [*peer_command(method, model, prompt_file, draft=draft, n_predict=n_predict, threads=threads,
                              k=k, ctx=ctx, seed=seed, bins=bins), *extra_args]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise PeerError(f"{method} did not finish within {timeout:.0f} s") from exc
-    if proc.returncode != 0:
-        raise PeerError(f"{method} exited with status {proc.returncode}: {' '.join(cmd)}\n{_tail(proc.stderr)}")
+        proc = _run(cmd, method, timeout, show_command=True)
     result = _PARSERS.get(method, parse_speculative_simple)(proc.stderr, method)
     result["command"] = cmd
     result["text"] = generated_text(proc.stdout, prompt)
@@ -270,13 +264,20 @@ def run_llama_bench(model: Path | str, *, n_gen: int = 128, threads: int = 2, re
     """Plain decode rate from ``llama-bench`` (no prompt, ``repetitions`` runs averaged)."""
     cmd = [str(bin_dir(bins) / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(n_gen),
            "-t", str(threads), "-r", str(repetitions), "-o", "jsonl"]
+    proc = _run(cmd, "llama-bench", timeout)
+    result = parse_llama_bench(proc.stdout)
+    result["command"] = cmd
+    return result
+
+
+def _run(cmd: list[str], what: str, timeout: float, show_command: bool = False) -> subprocess.CompletedProcess:
+    """Run one llama.cpp binary; a timeout or a failure is a ``PeerError`` that quotes its stderr's tail."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
-        raise PeerError(f"llama-bench did not finish within {timeout:.0f} s") from exc
+        raise PeerError(f"{what} did not finish within {timeout:.0f} s") from exc
     if proc.returncode != 0:
-        raise PeerError(f"llama-bench exited with status {proc.returncode}\n{_tail(proc.stderr)}")
-    result = parse_llama_bench(proc.stdout)
-    result["command"] = cmd
-    return result
+        shown = f": {' '.join(cmd)}" if show_command else ""
+        raise PeerError(f"{what} exited with status {proc.returncode}{shown}\n{_tail(proc.stderr)}")
+    return proc

@@ -15,8 +15,6 @@ from typing import Any, Sequence
 from ..errors import InvalidParameterError
 from .common import add_drafter_flags, add_model_args, load_target
 
-SUBCOMMANDS = ("run", "report", "replay", "make-standin")
-
 
 def preprocess_argv(argv: Sequence[str] | None) -> list[str]:
     """``bench --workload X`` -> ``bench run --workload X``; anything else is left alone."""

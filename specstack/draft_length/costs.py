@@ -110,10 +110,6 @@ class CostModel:
         ratio = min(seconds / predicted, 3.0) if predicted > 0 else 1.0
         self._scale += 0.25 * self.ema * (ratio * self._scale - self._scale)
 
-    def observe_verify(self, n: int, seconds: float) -> None:
-        """One generation's step of n rows alone."""
-        self.observe_step((n,), seconds)
-
     def observe_call(self, n: int, seconds: float) -> None:
         if n < 1 or seconds <= 0:
             return

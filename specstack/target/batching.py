@@ -55,10 +55,6 @@ class Segment:
     tokens: Sequence[int]
     logits_from: int = 0
 
-    @property
-    def wants_logits(self) -> bool:
-        return self.logits_from < len(self.tokens)
-
 
 @dataclass(frozen=True, slots=True)
 class Piece:
