@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
+from ..ui import fmt_bytes
 from .common import add_drafter_flags, add_model_args, load_target
 
 
@@ -289,7 +290,7 @@ def cmd_make_standin(args: argparse.Namespace) -> int:
     else:
         verdict = f"not bit-exact in {args.ftype} (no layer layout keeps the source's Q4_K_M tensor types)"
     print(f"wrote {args.output}: {o.arch} {args.ftype}, {o.n_params / 1e6:.1f}M parameters "
-          f"(source {s.n_params / 1e6:.2f}M), {size / 1e6:.1f} MB; width {o.n_embd}, {mix}"
+          f"(source {s.n_params / 1e6:.2f}M), {fmt_bytes(size)}; width {o.n_embd}, {mix}"
           f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
           f"{[i for i, live in enumerate(plan.layer_live) if live]}; {verdict}")
     return 0

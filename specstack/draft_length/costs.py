@@ -22,6 +22,7 @@ import numpy as np
 
 from ..paths import cache_dir
 from ..target import BatchShapes, EngineTarget, plan_calls
+from ..ui import Progress
 
 CURVE_VERSION = 4  # bump when the measurement method changes: old cache entries are ignored
 
@@ -132,7 +133,7 @@ def _filler(model: EngineTarget, n: int) -> list[int]:
 
 
 def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] = (160, -1),
-                   probes: Sequence[int] = (24, 32, 48, 64, 128)) -> BatchShapes:
+                   probes: Sequence[int] = (24, 32, 48, 64, 128), show_progress: bool = False) -> BatchShapes:
     """Which call shapes compute every row exactly as plain decoding (see ``BatchShapes``).
 
     After ``depth`` prompt tokens, the reference is plain decoding of the
@@ -144,7 +145,7 @@ def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] =
     reference that admits the longer run of exact sizes wins (unpadded on
     ties), and ``max_rows`` is the end of that run.  Probes are compared on
     their first ``n_ref`` rows.  Takes about 4 x n_ref single steps plus the
-    batches.
+    batches.  ``show_progress`` shows a ``ui.Progress`` on stderr.
     """
     cap = model.batch_cap
     n_ref = max(2, min(n_ref, cap, (model.n_ctx - 2) // 2))
@@ -152,15 +153,20 @@ def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] =
     match2: dict[int, bool] = {2: True}
     same = True
     sizes: list[int] = []
-    for want in depths:
+    # Once per model, threads and context (then cached), but a long context makes the deep probe slow.
+    progress = Progress(f"measuring exact call shapes of {Path(str(model.config.path)).name}", len(depths),
+                        "KV depths", quiet=not show_progress)
+    for i, want in enumerate(depths):
         room = model.n_ctx - n_ref - 2
         depth = max(1, min(room, want if want > 0 else room - max(probes)))
+        progress.update(i, f"at {depth} tokens")
         sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
         m1, m2, s1 = _match_at(model, depth, n_ref, sizes)
         for t in sizes:
             match1[t] = match1.get(t, True) and m1[t]
             match2[t] = match2.get(t, True) and m2[t]
         same = same and s1
+    progress.close()
 
     def run(match: dict[int, bool], first: int) -> int:
         last = first
@@ -312,7 +318,7 @@ def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = Tru
     if key in cache:
         model.set_shapes(BatchShapes(**cache[key], settled=True))
         return model.shapes
-    model.set_shapes(measure_shapes(model))
+    model.set_shapes(measure_shapes(model, show_progress=True))
     if use_cache:
         cache = _read_cache(path)
         cache[key] = model.shapes.to_dict()
