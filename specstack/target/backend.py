@@ -15,12 +15,12 @@ from ..errors import ModelLoadError, UnsupportedModelError
 _GGUF_MAGIC = b"GGUF"
 _backend_lock = threading.Lock()
 _backend_ready = False
-_recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
+recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
 _log_state = {"verbose": False}
 _log_callback = None  # keep the ctypes callback alive for the process lifetime
 
 
-def _llama():
+def llama_cpp_module():
     """Import llama_cpp lazily, so commands that only read metadata stay fast."""
     try:
         import llama_cpp
@@ -36,18 +36,18 @@ def set_verbose(verbose: bool) -> None:
     _log_state["verbose"] = verbose
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
     """Initialise llama.cpp once and route its log through a quiet callback."""
     global _backend_ready, _log_callback
     with _backend_lock:
         if _backend_ready:
             return
-        lc = _llama()
+        lc = llama_cpp_module()
 
         def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             line = text.decode("utf-8", errors="replace") if text else ""
-            _recent_log.append(line)
-            del _recent_log[:-40]
+            recent_log.append(line)
+            del recent_log[:-40]
             if _log_state["verbose"]:
                 import sys
 
@@ -90,8 +90,8 @@ def default_threads() -> int:
 
 def quantize(src: Path, out: Path, ftype: str, *, threads: int = 2) -> int:
     """llama.cpp's own quantizer (``llama_model_quantize``); ftype "q8_0" or "q4_k_m". Returns its code."""
-    lc = _llama()
-    _init_backend()
+    lc = llama_cpp_module()
+    init_backend()
     ftypes = {"q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_k_m": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M}
     if ftype not in ftypes:
         raise UnsupportedModelError(f"cannot quantize to {ftype!r}; choose one of {', '.join(ftypes)}")
@@ -104,7 +104,7 @@ def quantize(src: Path, out: Path, ftype: str, *, threads: int = 2) -> int:
 def llama_version() -> str | None:
     """llama-cpp-python's version, or None when it cannot be imported (never raises)."""
     try:
-        return getattr(_llama(), "__version__", None)
+        return getattr(llama_cpp_module(), "__version__", None)
     except Exception:  # noqa: BLE001 - doctor and bench report it, they must not fail on it
         return None
 
@@ -119,5 +119,5 @@ def llama_system_info() -> tuple[str | None, str | None]:
 
 def system_info() -> str:
     """llama.cpp's build and CPU feature line (AVX2, AVX512, ...)."""
-    _init_backend()
-    return _llama().llama_print_system_info().decode(errors="replace")
+    init_backend()
+    return llama_cpp_module().llama_print_system_info().decode(errors="replace")

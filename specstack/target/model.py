@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
 from .api import ModelConfig
-from .backend import _init_backend, _llama, _recent_log, check_gguf_file, default_threads
+from .backend import init_backend, llama_cpp_module, recent_log, check_gguf_file, default_threads
 from .batching import BatchShapes, Segment, plan_calls
 from .memory import SequenceMemory
 from .recurrent import Memory, SeqLog
@@ -45,8 +45,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         if read_gguf(self.path).tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
                                  "compare its tokenizer, but it cannot run; pass a model with weights")
-        _init_backend()
-        self._lc = lc = _llama()
+        init_backend()
+        self._lc = lc = llama_cpp_module()
         self._model = self._load_model()
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
@@ -105,10 +105,10 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._kv_override_array = None
         if self.config.kv_overrides:
             params.kv_overrides = self._make_overrides()
-        _recent_log.clear()
+        recent_log.clear()
         model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
-            tail = " | ".join(line.strip() for line in _recent_log[-4:] if line.strip())
+            tail = " | ".join(line.strip() for line in recent_log[-4:] if line.strip())
             raise ModelLoadError(
                 f"llama.cpp could not load {self.role} {self.path} (corrupt or unsupported GGUF?)"
                 + (f": {tail}" if tail else "")

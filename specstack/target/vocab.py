@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ModelLoadError
-from .backend import _init_backend, _llama, check_gguf_file
+from .backend import init_backend, llama_cpp_module, check_gguf_file
 
 
 class Vocabulary:
@@ -57,8 +57,8 @@ class VocabModel(Vocabulary):
 
     def __init__(self, path: str | Path, role: str = "tokenizer model") -> None:
         self.path = check_gguf_file(path, role)
-        _init_backend()
-        self._lc = lc = _llama()
+        init_backend()
+        self._lc = lc = llama_cpp_module()
         params = lc.llama_model_default_params()
         params.vocab_only = True
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), params)
