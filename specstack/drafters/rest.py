@@ -88,9 +88,7 @@ class RestDrafter:
         r = self.store.propose(
             context_ids[-c.max_match :], max_tokens, c.max_match, c.min_match, c.max_candidates, c.min_token_prob
         )
-        if not r.token_ids:
-            return Draft.empty(self.name)
-        return Draft(token_ids=r.token_ids, source=self.name, probs=r.probs)
+        return r.draft(self.name, tree=False)
 
     def propose_tree(self, context_ids: Sequence[int], max_tokens: int, depth: int | None = None) -> Draft:
         """REST's candidate trie: the ``max_tokens`` most frequent prefixes, ``Draft.parents`` set."""
@@ -99,9 +97,7 @@ class RestDrafter:
             context_ids[-c.max_match :], depth or max_tokens, max_tokens,
             c.max_match, c.min_match, c.max_candidates, c.min_token_prob,
         )
-        if not r.token_ids:
-            return Draft.empty(self.name)
-        return Draft(token_ids=r.token_ids, source=self.name, parents=r.parents, probs=r.probs)
+        return r.draft(self.name, tree=True)
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError
 from ..retrieval import suffix_draft
-from ..retrieval.suffix_draft import SuffixDraft
+from ..retrieval.lookup import Lookup
 from ..retrieval.suffix_match import SuffixMatcher
 from ..retrieval.suffix_tree import SuffixTree
 from ..retrieval.suffix_tree_file import Vocab
@@ -127,11 +127,7 @@ class SuffixDrafter:
         out = []
         for r in requests:
             tree = self.config.tree and r.budget.tree
-            best = self._best(r.seq, r.context, r.budget.max_tokens, tree)
-            if not best.token_ids:
-                out.append(Draft.empty(self.name))
-            else:
-                out.append(Draft(best.token_ids, self.name, parents=best.parents if tree else None, probs=best.probs))
+            out.append(self._best(r.seq, r.context, r.budget.max_tokens, tree).draft(self.name, tree))
         return out
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
@@ -152,20 +148,20 @@ class SuffixDrafter:
             self.save(self.config.cache_path)
 
     # --- drafts -----------------------------------------------------------------------
-    def propose_chain(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> SuffixDraft:
+    def propose_chain(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> Lookup:
         """The better of the request-tree and global-tree path drafts (request wins ties), with its score."""
         return self._best(seq, context_ids, max_tokens, tree=False)
 
-    def _best(self, seq: int, context_ids: Sequence[int], max_tokens: int, tree: bool) -> SuffixDraft:
+    def _best(self, seq: int, context_ids: Sequence[int], max_tokens: int, tree: bool) -> Lookup:
         """Query both trees (paths or best-first trees); the higher score wins, the request tree on ties."""
         gen = self._gens.get(seq)
         if gen is None or max_tokens <= 0:
-            return SuffixDraft()
+            return Lookup()
         local_states, global_states = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
         query = suffix_draft.propose_tree if tree else suffix_draft.propose
-        best = query(gen.local, local_states, *args) if local_states else SuffixDraft()
+        best = query(gen.local, local_states, *args) if local_states else Lookup()
         if global_states:
             other = query(self.global_tree, global_states, *args)
             if other.score > best.score:

@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from .lookup import Lookup
 from .suffix_node import Node, State
 from .suffix_tree import SuffixTree
 
-__all__ = ["SuffixDraft", "propose", "propose_tree"]
-
-
-@dataclass(frozen=True, slots=True)
-class SuffixDraft:
-    """A path or tree of draft tokens, as ArcticInference returns it.
-
-    ``parents[i]`` is the index of token i's parent in ``token_ids`` (-1: it
-    follows the context directly); ``probs[i]`` is the path probability of
-    token i (the product of child.count / parent.count along the way);
-    ``score = sum(probs)``, the expected number of accepted tokens if the
-    counts were the truth; ``match_len`` is the length of the context suffix
-    the draft continues.
-    """
-
-    token_ids: tuple[int, ...] = ()
-    parents: tuple[int, ...] = ()
-    probs: tuple[float, ...] = ()
-    score: float = 0.0
-    match_len: int = 0
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
+__all__ = ["propose", "propose_tree"]
 
 
 Texts = Mapping[int, array]  # the tree's token arrays, which node labels point into
-_Grown = tuple[float, Callable[[], SuffixDraft]]  # a draft's score now, the draft itself on demand
+_Grown = tuple[float, Callable[[], Lookup]]  # a draft's score now, the draft itself on demand
 _Grow = Callable[[Texts, Node, int, int, float, int], _Grown]  # (texts, node, idx, cap, min_prob, m)
 
 
@@ -56,7 +34,7 @@ def propose(
     max_spec_factor: float = 1.0,
     max_spec_offset: float = 0.0,
     min_token_prob: float = 0.1,
-) -> SuffixDraft:
+) -> Lookup:
     """Best greedy path over every match length m (ArcticInference calls this ``speculate``).
 
     For each m the draft follows the most frequent child, at most
@@ -75,7 +53,7 @@ def propose_tree(
     max_spec_factor: float = 1.0,
     max_spec_offset: float = 0.0,
     min_token_prob: float = 0.1,
-) -> SuffixDraft:
+) -> Lookup:
     """Like ``propose`` but each m grows a best-first tree of up to the cap in tokens.
 
     Nodes are taken in order of path probability (a priority queue), so the
@@ -85,7 +63,7 @@ def propose_tree(
 
 
 def _best_draft(tree: SuffixTree, grow: _Grow, context: Sequence[int] | list[State], max_tokens: int,
-                factor: float, offset: float, min_prob: float) -> SuffixDraft:
+                factor: float, offset: float, min_prob: float) -> Lookup:
     """The best-scoring of ``grow``'s drafts over every match length m, the longest match on ties.
 
     Caps shrink with m and a draft never scores above its cap, so the search
@@ -93,7 +71,7 @@ def _best_draft(tree: SuffixTree, grow: _Grow, context: Sequence[int] | list[Sta
     """
     states = _states(tree, context)
     texts = tree.texts
-    best_score, best = 0.0, SuffixDraft
+    best_score, best = 0.0, Lookup
     for m in range(len(states), 0, -1):
         cap = _cap(m, max_tokens, factor, offset)
         if cap <= best_score:
@@ -144,7 +122,7 @@ def _path(texts: Texts, node: Node, idx: int, cap: int, min_prob: float, m: int)
     return score, lambda: _chain(texts, segments, score, m)
 
 
-def _chain(texts: Texts, segments: list[tuple[Node, int, int, float]], score: float, m: int) -> SuffixDraft:
+def _chain(texts: Texts, segments: list[tuple[Node, int, int, float]], score: float, m: int) -> Lookup:
     """The chain draft ``_path`` scored: its segments' tokens, each with its path probability."""
     toks: list[int] = []
     probs: list[float] = []
@@ -152,7 +130,7 @@ def _chain(texts: Texts, segments: list[tuple[Node, int, int, float]], score: fl
         s = node.start + idx
         toks.extend(texts[node.seq][s : s + take])
         probs.extend([p] * take)
-    return SuffixDraft(tuple(toks), tuple(range(-1, len(toks) - 1)), tuple(probs), score, m)
+    return Lookup(tuple(toks), tuple(range(-1, len(toks) - 1)), tuple(probs), match_len=m, score=score)
 
 
 def _best_first(texts: Texts, node: Node, idx: int, cap: int, min_prob: float, m: int) -> _Grown:
@@ -176,5 +154,5 @@ def _best_first(texts: Texts, node: Node, idx: int, cap: int, min_prob: float, m
                 if p >= min_prob:
                     tie += 1
                     heapq.heappush(heap, (-p, tie, ch, 0, parent))
-    draft = SuffixDraft(tuple(toks), tuple(parents), tuple(probs), sum(probs), m)
+    draft = Lookup(tuple(toks), tuple(parents), tuple(probs), match_len=m, score=sum(probs))
     return draft.score, lambda: draft

@@ -19,11 +19,10 @@ corpus of files (what ``specstack datastore build`` needs).
 """
 
 from .build import BuildResult, build_from_files, build_suffix_array, collect_files, write_store
-from .store import SENTINEL, Datastore, Retrieval
+from .store import SENTINEL, Datastore
 
 __all__ = [
     "Datastore",
-    "Retrieval",
     "BuildResult",
     "build_suffix_array",
     "write_store",

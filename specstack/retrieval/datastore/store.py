@@ -1,4 +1,4 @@
-"""The query side of a REST datastore: open a built store (memory-mapped) and retrieve drafts.
+"""The query side of a REST datastore: open a built store (memory-mapped) and look drafts up (``propose``, ``propose_tree``).
 
 The store's format (see the package docstring) is defined here; ``build``
 writes it.  Every problem with a store on disk becomes a SpecstackError that
@@ -8,40 +8,19 @@ names the folder and how to rebuild it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ...errors import SpecstackError
+from ..lookup import Lookup
 
 FORMAT = "specstack-datastore"
 FORMAT_VERSION = 1
 SORT_DEPTH = 64
 SENTINEL = -1
 _FILES = ("tokens.npy", "sa.npy", "index.npy", "meta.json")
-
-
-@dataclass(frozen=True, slots=True)
-class Retrieval:
-    """Draft tokens retrieved for one context: a chain, or a tree when ``parents`` branch.
-
-    ``probs[i]`` is the fraction of the sampled occurrences of the matched
-    suffix that continue with token i's whole path; ``match_len`` is the
-    length of that suffix, ``n_matches`` its occurrences in the store and
-    ``n_sampled`` how many of them were read.
-    """
-
-    token_ids: tuple[int, ...] = ()
-    parents: tuple[int, ...] = ()
-    probs: tuple[float, ...] = ()
-    match_len: int = 0
-    n_matches: int = 0
-    n_sampled: int = 0
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
 
 
 class Datastore:
@@ -192,7 +171,7 @@ class Datastore:
         min_match: int = 1,
         max_candidates: int = 1024,
         min_token_prob: float = 0.0,
-    ) -> Retrieval:
+    ) -> Lookup:
         """The most frequent continuation of the longest matching suffix, as a chain.
 
         Token j is the most frequent next token among occurrences that agree
@@ -201,10 +180,10 @@ class Datastore:
         ``min_token_prob``.
         """
         if k <= 0 or not context:
-            return Retrieval()
+            return Lookup()
         m, lo, hi = self.longest_match(context, max_match, min_match)
         if m == 0:
-            return Retrieval()
+            return Lookup()
         rows = _sorted_rows(self.continuations(lo, hi, m, k, max_candidates))  # [n, k]
         total = len(rows)
         toks: list[int] = []
@@ -227,7 +206,7 @@ class Datastore:
             probs.append(p)
             a, b = a + int(starts[i]), a + int(ends[i])
         n = len(toks)
-        return Retrieval(tuple(toks), tuple(range(-1, n - 1)), tuple(probs), m, hi - lo, total)
+        return Lookup(tuple(toks), tuple(range(-1, n - 1)), tuple(probs), m, n_matches=hi - lo, n_sampled=total)
 
     def propose_tree(
         self,
@@ -238,7 +217,7 @@ class Datastore:
         min_match: int = 1,
         max_candidates: int = 1024,
         min_token_prob: float = 0.0,
-    ) -> Retrieval:
+    ) -> Lookup:
         """The ``budget`` most frequent continuation prefixes (up to ``k`` deep), as a tree.
 
         REST's trie of candidates: every distinct prefix of a sampled
@@ -247,10 +226,10 @@ class Datastore:
         always kept before it).  Token order puts parents before children.
         """
         if k <= 0 or budget <= 0 or not context:
-            return Retrieval()
+            return Lookup()
         m, lo, hi = self.longest_match(context, max_match, min_match)
         if m == 0:
-            return Retrieval()
+            return Lookup()
         rows = _sorted_rows(self.continuations(lo, hi, m, k, max_candidates))  # [n, k]
         n, k = rows.shape
         # new[i, j]: row i starts a new group of equal prefixes rows[:, :j+1].
@@ -274,7 +253,7 @@ class Datastore:
             parent.append(par)
             prev_starts, prev_ids = s, ids
         if not starts:
-            return Retrieval((), (), (), m, hi - lo, n)
+            return Lookup(match_len=m, n_matches=hi - lo, n_sampled=n)
         s, d, c, par = (np.concatenate(x) for x in (starts, depth, count, parent))
         order = np.lexsort((s, d, -c))  # heaviest first; shallower, then smaller prefix, on ties
         order = order[c[order] / n >= min_token_prob][:budget]
@@ -283,7 +262,7 @@ class Datastore:
         toks = tuple(int(rows[s[i], d[i]]) for i in order)
         parents = tuple(int(where[par[i]]) for i in order)
         probs = tuple(float(c[i]) / n for i in order)
-        return Retrieval(toks, parents, probs, m, hi - lo, n)
+        return Lookup(toks, parents, probs, m, n_matches=hi - lo, n_sampled=n)
 
 
 def _sorted_rows(rows: np.ndarray) -> np.ndarray:
