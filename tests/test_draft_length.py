@@ -209,6 +209,23 @@ def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monk
     assert second.source == "cache" and second.curve == pytest.approx(first.curve)
 
 
+def test_a_cached_curve_that_no_longer_fits_the_machine_is_measured_again(target, tmp_path, monkeypatch):
+    """A curve cached while the cores were taken (seen here: 1.85 s per call of a 0.6 ms model) would
+    misprice every draft for as long as the cache lives; calibrate checks it against calls timed now."""
+    import json
+
+    monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
+    calibrate(target, n_max=6)
+    path = tmp_path / "costs.json"
+    cache = json.loads(path.read_text())
+    [key] = [k for k in cache if not k.startswith("shapes-")]
+    cache[key]["curve_s"] = [1000.0 * (1 + 0.01 * n) for n in range(6)]  # a million times too slow
+    path.write_text(json.dumps(cache))
+    again = calibrate(target, n_max=6)
+    assert again.source == "calibrated"
+    assert json.loads(path.read_text())[key]["curve_s"] == pytest.approx(again.curve)  # the cache is fixed too
+
+
 def test_measure_curve_leaves_target_reusable(target):
     from specstack.drafters import BuildContext, create
     from specstack.engine import Engine

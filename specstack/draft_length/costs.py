@@ -256,6 +256,18 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     return _interpolate(best, n_max)
 
 
+def _still_true(model: EngineTarget, cached: CostModel, tolerance: float = 5.0) -> bool:
+    """Whether a cached curve still describes this machine: one-row calls timed now (a short context,
+    the fastest of five) are within ``tolerance`` x of its t(1).
+
+    A curve measured while other processes held the cores (llama.cpp's thread pool then stalls,
+    here up to 3000x) would otherwise price every draft wrongly for as long as the cache lives.
+    """
+    depth = max(1, min(16, model.capacity - 2))
+    now = min(time_calls(model, _filler(model, depth + 1), [1], depth, reps=5)[1])
+    return 1 / tolerance <= now / cached.call_s(1) <= tolerance
+
+
 def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
     """t(1..n_max) from measured sizes: linear between them, then made non-decreasing."""
     xs = sorted(points)
@@ -337,7 +349,9 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     key = _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
-        return CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
+        cached = CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
+        if _still_true(model, cached):
+            return cached
     curve = measure_curve(model, n_max)
     if use_cache:
         cache = _read_cache(path)
