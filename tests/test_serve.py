@@ -133,6 +133,12 @@ def test_errors_have_openai_bodies(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, extra_body={"speculative": {"drafter": "nope"}})
     assert e.value.body["param"] == "speculative.drafter"
+    with pytest.raises(openai.BadRequestError) as e:  # checked by the drafter's own config, whichever drafter runs
+        client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, extra_body={"speculative": {"p_min": 1.5}})
+    assert e.value.body["param"] == "speculative" and "p_min must be in [0, 1)" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # not an option at all
+        client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, extra_body={"speculative": {"kk": 1}})
+    assert e.value.body["param"] == "speculative.kk"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="pycoder-6m", prompt="x " * 2000, max_tokens=8)
     assert e.value.code == "context_length_exceeded"

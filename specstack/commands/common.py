@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from ..draft_length.costs import ensure_shapes
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
-from ..drafters.base import Drafter, option_name
+from ..drafters.base import Drafter, config_from_options, option_name
 from ..drafters.cascade import CascadeConfig
 from ..drafters.draft_model import DraftModelConfig
 from ..drafters.moe_self import MoeSelfConfig
@@ -229,6 +229,23 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
         print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
               f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
     return make_policy(name, args.k, k_max=args.k_max, target=target)  # load_target settled the shapes (--exact)
+
+
+def check_drafter_options(options: Mapping[str, Any]) -> None:
+    """Refuse a bad drafter option value before any drafter is built (a server request's ``speculative``).
+
+    Each config class that a given option belongs to is built from all the given options, so its own
+    checks (ranges, n_min <= n_max) run; the rules stay in the config dataclasses, written once.
+    """
+    classes = {cls for f in DRAFTER_FLAGS if f.dest in options for cls in f.configs.values()}
+    for cls in classes:
+        config_from_options(cls, options, **_NOT_FROM_REQUESTS.get(cls, {}))
+
+
+# Required config fields that a request cannot set (the drafter name or the server's flags give them),
+# filled in when a request's options are checked alone.
+_NOT_FROM_REQUESTS: dict[type, dict[str, Any]] = {CascadeConfig: {"sources": ("prompt-lookup",)},
+                                                  RestConfig: {"datastore": "(the server's --datastore)"}}
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..commands.common import DRAFTER_FLAGS
+from ..commands.common import DRAFTER_FLAGS, check_drafter_options
 from ..draft_length import MAX_DRAFT, POLICIES
 from ..drafters import available
 from ..generation import GenerationConfig
@@ -263,6 +263,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
         if "drafter" in spec:
             check_drafter(spec["drafter"])
+        try:
+            check_drafter_options(spec)
+        except SpecstackError as exc:
+            raise ApiError(400, str(exc), param="speculative") from None
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if any(not s for s in stops):
             raise ApiError(400, "stop strings must be non-empty", param="stop")
