@@ -256,6 +256,9 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     return _interpolate(best, n_max)
 
 
+_checked: set[tuple[Path, str]] = set()  # cached curves this process has checked (a bench builds many policies)
+
+
 def _still_true(model: EngineTarget, cached: CostModel, tolerance: float = 5.0) -> bool:
     """Whether a cached curve still describes this machine: one-row calls timed now (a short context,
     the fastest of five) are within ``tolerance`` x of its t(1).
@@ -350,7 +353,8 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
         cached = CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
-        if _still_true(model, cached):
+        if (path, key) in _checked or _still_true(model, cached):
+            _checked.add((path, key))
             return cached
     curve = measure_curve(model, n_max)
     if use_cache:
