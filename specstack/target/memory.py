@@ -10,15 +10,37 @@ from __future__ import annotations
 
 import ctypes
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 from ..errors import UnsupportedModelError
-from .recurrent import RollbackError, RewindStats, Strategy, needs_checkpoint, plan_cut
+from .api import ModelConfig
+from .batching import BatchShapes
+from .recurrent import Memory, RollbackError, RewindStats, SeqLog, Strategy, needs_checkpoint, plan_cut
 
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: just the recurrent part of a sequence's state
 
 
 class SequenceMemory:
     """``LlamaModel``'s sequence and state operations (a mixin: it uses the model's context and logs)."""
+
+    # Set by ``LlamaModel.__init__`` (``model.py``); declared here so the contract is visible.
+    _lc: Any  # the llama_cpp module
+    _ctx: Any
+    _mem: Any
+    _model: Any
+    _logs: list[SeqLog]
+    config: ModelConfig
+    path: Path
+    memory: Memory
+    is_recurrent: bool
+    n_seq_max: int
+    seq_len: list[int]
+    writes: list[int]
+    shapes: BatchShapes
+    min_batch: int
+    _call: Callable[..., list]
+    close: Callable[[], None]
 
     def _init_rewind(self) -> None:
         """Pick how this model's state is cut back (``recurrent``): llama.cpp reports whether rollback took."""

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import ContextOverflowError
 from .batching import Segment
+from .recurrent import Memory
 
 
 class TreeBatches:
     """``LlamaModel``'s tree verification (a mixin: it uses the model's batch and sequences)."""
+
+    # Set by ``LlamaModel.__init__`` (``model.py``); declared here so the contract is visible.
+    _lc: Any  # the llama_cpp module
+    _ctx: Any
+    _mem: Any
+    _batch: Any
+    _batch_cap: int
+    _b_token: np.ndarray
+    _b_pos: np.ndarray
+    _b_logits: np.ndarray
+    _b_seq0: list[int]
+    path: Path
+    memory: Memory
+    is_recurrent: bool
+    unified: bool
+    n_seq_max: int
+    n_vocab: int
+    capacity: int
+    n_past: int
+    tree_relayouts: int
+    truncate: Callable[..., None]
+    decode: Callable[..., list]
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Evaluate a token tree in one batch on sequence 0; return logits for every node, [n, V].

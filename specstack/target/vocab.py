@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import ModelLoadError
 from .backend import init_backend, llama_cpp_module, check_gguf_file
 
 
 class Vocabulary:
-    """Token <-> text for a loaded model (a mixin: it needs ``_lc``, ``_vocab``, ``n_vocab``, ``_piece_cache``)."""
+    """Token <-> text for a loaded model (a mixin of ``LlamaModel`` and ``VocabModel``)."""
+
+    _lc: Any  # the llama_cpp module
+    _vocab: Any
+    n_vocab: int
+    _piece_cache: dict[int, bytes]
 
     def tokenize(self, text: str | bytes, add_special: bool = True) -> list[int]:
         """Text (or raw UTF-8 bytes) to token ids; ``add_special`` adds BOS when the model asks for it."""
