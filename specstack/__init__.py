@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # the engine
-    "Engine": "engine", "Generation": "generation", "GenerationConfig": "generation", "MAX_DRAFT": "generation",
+    "Engine": "engine", "Generation": "generation", "GenerationConfig": "generation", "MAX_DRAFT": "draft_length",
     # targets
     "LlamaModel": "target", "ModelConfig": "target", "BatchShapes": "target", "Target": "target",
     "EngineTarget": "target", "Segment": "target", "plan_calls": "target",

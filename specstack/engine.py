@@ -24,11 +24,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .draft_length import SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
+from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .draft_length.costs import ensure_shapes
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
-from .generation import MAX_DRAFT, Generation, GenerationConfig
+from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs
 from .target.api import EngineTarget

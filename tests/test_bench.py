@@ -122,7 +122,7 @@ def test_missing_matplotlib_is_reported_before_any_measurement(capsys, tmp_path,
 
 
 def test_bench_config_refuses_a_saved_suffix_tree_and_a_large_k_max():
-    from specstack.bench.runner import BenchConfig
+    from specstack.bench.config import BenchConfig
     from specstack.errors import InvalidParameterError
 
     wl = workloads.load("code-grounded")

@@ -11,8 +11,7 @@ difference is reported loudly.  At temperature > 0 every configuration uses
 the same seed for a given request.
 
 This module is the run loop; what runs is config.py, what is written is
-records.py, llama.cpp's binaries beside it are peer_runs.py.  The config names
-are re-exported here: the commands import them from the runner.
+records.py, llama.cpp's binaries beside it are peer_runs.py.
 """
 
 from __future__ import annotations
@@ -25,19 +24,19 @@ from typing import Any
 from ..commands.common import build_policy
 from ..draft_length import DraftLengthPolicy
 from ..drafters import BuildContext, Drafter, create
-from ..engine import Engine, GenerationConfig
+from ..engine import Engine
 from ..errors import ContextOverflowError
-from ..generation import Generation
+from ..generation import Generation, GenerationConfig
 from ..sampling import SamplingParams
 from ..target import LlamaModel
 from ..ui import Progress
-from .config import DEFAULT_K_MAX, BenchConfig, adaptive_start, options_from_args, request_seed
+from .config import BenchConfig, adaptive_start, request_seed
 from .peer_runs import PeerRunner, load_peers
 from .records import Tokenized, load_average, mismatch_record, new_results, run_record
 from .results import PLAIN
 from .workloads import Request
 
-__all__ = ["DEFAULT_K_MAX", "BenchConfig", "adaptive_start", "options_from_args", "run_bench"]
+__all__ = ["run_bench"]
 
 Configuration = tuple[str, int]  # (method, k)
 

@@ -190,7 +190,8 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import plots, report
-    from ..bench.runner import BenchConfig, options_from_args, run_bench
+    from ..bench.config import BenchConfig, options_from_args
+    from ..bench.runner import run_bench
     from ..bench.workloads import load
 
     if args.plots:

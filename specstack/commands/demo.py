@@ -12,7 +12,8 @@ import sys
 from typing import Any
 
 from ..bench import report
-from ..bench.runner import DEFAULT_K_MAX, BenchConfig, options_from_args, run_bench
+from ..bench.config import DEFAULT_K_MAX, BenchConfig, options_from_args
+from ..bench.runner import run_bench
 from ..bench.workloads import Request, Workload
 from ..paths import DATA_DIR
 from ..prompts import held_out_prompts

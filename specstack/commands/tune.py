@@ -14,13 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..bench import report
-from ..bench.runner import (
-    DEFAULT_K_MAX,
-    BenchConfig,
-    adaptive_start,
-    options_from_args,
-    run_bench,
-)
+from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start, options_from_args
+from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
 from ..draft_length import POLICIES
 from ..errors import InvalidParameterError
