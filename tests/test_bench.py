@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specstack.bench import replay, report, workloads
+from specstack.bench.results import load_results
 from specstack.bench.workloads import WorkloadError
 from specstack.cli import main
 from specstack.commands.bench import preprocess_argv
@@ -219,7 +220,7 @@ def test_mismatch_is_reported_in_the_tables(tiny_run):
 
 def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
     _, out = tiny_run
-    results = report.load_results(out / "results.json")
+    results = load_results(out / "results.json")
     live = {r["request"]: r["stats"] for r in results["runs"] if r["method"] == "prompt-lookup" and r["temperature"] == 0}
     got = replay.replay(results, ["prompt-lookup"], [2])
     assert len(got["requests"]) == 2
@@ -316,7 +317,7 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
 
     monkeypatch.setattr(peers_module, "run_peer", fake_run_peer)
     _, out = tiny_run
-    results = report.load_results(out / "results.json")
+    results = load_results(out / "results.json")
     wl = workloads.load(results["workload"]["path"])
     config = BenchConfig(workload=wl, methods=["prompt-lookup", "draft-model"], ks=[2, 4],
                          llama_cpp_bin=tmp_path, drafter_options={"draft_model": "d.gguf"})

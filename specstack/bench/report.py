@@ -20,20 +20,15 @@ from .peer_results import peer_rows
 from .results import (
     ALL,
     PLAIN,
-    ResultsError,
     acceptance_by_position,
     aggregate,
     by_group,
     categories,
-    load_results,
     sequence_curves,
     workload_summary,
 )
 
-__all__ = [
-    "ALL", "PLAIN", "CSV_FIELDS", "ResultsError", "acceptance_by_position", "aggregate", "load_results", "num",
-    "pct", "peer_rows", "render_csv", "render_markdown", "sequence_curves", "workload_summary", "write_outputs",
-]
+__all__ = ["CSV_FIELDS", "num", "pct", "render_csv", "render_markdown", "write_outputs"]
 
 CSV_FIELDS = (
     "method", "k", "temperature", "category", "requests", "tokens", "decode_s", "tokens_per_second",

@@ -234,10 +234,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..bench import plots, report
+    from ..bench.results import load_results
 
     if args.plots:
         plots.require_plotting()
-    results = report.load_results(args.results)
+    results = load_results(args.results)
     src = Path(args.results)
     outdir = args.output or (src if src.is_dir() else src.parent)
     paths = report.write_outputs(results, outdir, write_json=False, plots=False)
@@ -251,9 +252,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import json
 
-    from ..bench import replay, report
+    from ..bench import replay
+    from ..bench.results import load_results
 
-    results = report.load_results(args.results)
+    results = load_results(args.results)
     out = replay.replay(results, args.methods, args.k, dict(args.extra_options))
     if args.output:
         replay.write_json(out, args.output)

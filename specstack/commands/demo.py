@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..bench import report
+from ..bench.results import aggregate
 from ..bench.config import DEFAULT_K_MAX, BenchConfig, options_from_args
 from ..bench.runner import run_bench
 from ..bench.workloads import Request, Workload
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for r in results["runs"]:
             if r["method"] == "none":
                 print(f"--- {r['request']} ---\n{r['text']}", file=sys.stderr)
-    print(format_table(report.aggregate(results), len(wl.requests)))
+    print(format_table(aggregate(results), len(wl.requests)))
     return 130 if results["interrupted"] else 0
 
 

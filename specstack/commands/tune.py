@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..bench import report
+from ..bench.results import ALL, PLAIN, aggregate
 from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start, options_from_args
 from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_bench(config, target, label="tune")
     if results["interrupted"]:
         return 130  # a profile from part of the sample would be chosen on too little
-    best, overall, text = choose(report.aggregate(results), wl.categories)
+    best, overall, text = choose(aggregate(results), wl.categories)
     print(text)
     header = (f"specstack profile written by `specstack tune --workload {args.workload}`\n"
               f"target {target.path.name}, draft {args.model_draft.name}, {target.n_threads} threads\n{text}")
@@ -114,16 +114,16 @@ def choose(rows: list[dict[str, Any]], categories: list[str]) -> tuple[dict[str,
 
     def speedups(cat: str) -> dict[Setting, float]:
         # with one category the report has only its "all" rows
-        want = report.ALL if len(categories) == 1 else cat
+        want = ALL if len(categories) == 1 else cat
         return {Setting.of(r["method"], r["k"]): r["speedup"] or 0.0
-                for r in rows if r["category"] == want and r["method"] != report.PLAIN}
+                for r in rows if r["category"] == want and r["method"] != PLAIN}
 
     best, body = {}, []
     for cat in categories:
         ranked = sorted(speedups(cat).items(), key=lambda kv: -kv[1])
         best[cat] = ranked[0][0]
         body += [[cat, s.label(), f"{x:.2f}x", "*" if i == 0 else ""] for i, (s, x) in enumerate(ranked)]
-    overall = max(speedups(report.ALL).items(), key=lambda kv: kv[1])[0]
+    overall = max(speedups(ALL).items(), key=lambda kv: kv[1])[0]
     return best, overall, table(["category", "setting", "speedup", ""], body, align="llrl", rule=True)
 
 
