@@ -19,7 +19,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from specstack.bench.standin import (  # noqa: E402
     LlamaShape,
-    _use_more_bits,
+    use_more_bits,
     lfm2_layer_layout,
     live_layer_slots,
     make_standin,
@@ -102,7 +102,7 @@ def test_live_layers_keep_the_q4_k_m_type_pattern():
     for n_out in range(6, 80):
         slots = live_layer_slots(6, n_out)
         assert slots == sorted(set(slots)) and len(slots) == 6 and slots[-1] < n_out
-        assert [_use_more_bits(p, n_out) for p in slots] == [_use_more_bits(j, 6) for j in range(6)]
+        assert [use_more_bits(p, n_out) for p in slots] == [use_more_bits(j, 6) for j in range(6)]
 
 
 @pytest.mark.parametrize("width, copies, scale", [
@@ -419,9 +419,9 @@ def test_lfm2_layout_keeps_layer_types_and_q4_k_m_verdicts():
             assert abs(n_attn - n_out * a_src / n_src) <= max(2, n_out * a_src / n_src / 4) + 1
             if not ok:
                 continue
-            assert [_use_more_bits(p, n_out) for p in slots] == [_use_more_bits(j, n_src) for j in range(n_src)]
+            assert [use_more_bits(p, n_out) for p in slots] == [use_more_bits(j, n_src) for j in range(n_src)]
             rank_out = [sum(types[:p]) for p in slots if types[p]]
-            assert [_use_more_bits(r, n_attn) for r in rank_out] == [_use_more_bits(k, a_src) for k in range(a_src)]
+            assert [use_more_bits(r, n_attn) for r in rank_out] == [use_more_bits(k, a_src) for k in range(a_src)]
         assert all(lfm2_layer_layout(src, n)[2] for n in range(n_src, n_src + 2))
     types, slots, ok = lfm2_layer_layout([False, False, True, False, False, True], 16, 6)
     assert sum(types) == 6 and ok  # LFM2-1.2B's mix: 6 attention layers of 16

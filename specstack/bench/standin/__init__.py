@@ -88,7 +88,7 @@ Modules, one job each (this package re-exports the API other code imports):
 """
 
 from .lfm2 import lfm2_layer_layout
-from .llama import _use_more_bits, live_layer_slots
+from .llama import use_more_bits, live_layer_slots
 from .make import make_standin, quantize_gguf
 from .plan import plan_standin
 from .shape import FTYPES, LlamaShape, StandinPlan
@@ -98,7 +98,7 @@ __all__ = [
     "FTYPES",
     "LlamaShape",
     "StandinPlan",
-    "_use_more_bits",
+    "use_more_bits",
     "lfm2_layer_layout",
     "live_layer_slots",
     "make_standin",

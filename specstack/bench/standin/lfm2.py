@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import InvalidParameterError
-from .llama import _use_more_bits, place_source_layers
+from .llama import use_more_bits, place_source_layers
 from .shape import LayerLayout, LlamaShape
 
 
@@ -39,7 +39,7 @@ def _layout_dp(src_attn: Sequence[bool], n_out: int, a_out: int, q4: bool
         return None
     ideal = _spread(a_out, n_out)
     rank = np.cumsum([0] + [int(t) for t in src_attn])[:-1]
-    v_out = np.array([_use_more_bits(a, a_out) for a in range(a_out)], dtype=bool)
+    v_out = np.array([use_more_bits(a, a_out) for a in range(a_out)], dtype=bool)
     inf = 1 << 40
     cost = np.full((n_src + 1, a_out + 1), inf, dtype=np.int64)
     cost[0, 0] = 0
@@ -49,12 +49,12 @@ def _layout_dp(src_attn: Sequence[bool], n_out: int, a_out: int, q4: bool
         ch = np.zeros(cost.shape, dtype=np.int8)
         miss_conv, miss_attn = int(ideal[p]), int(not ideal[p])
         for j, is_attn in enumerate(src_attn):  # source layers first: ties place them early
-            if q4 and _use_more_bits(p, n_out) != _use_more_bits(j, n_src):
+            if q4 and use_more_bits(p, n_out) != use_more_bits(j, n_src):
                 continue
             if is_attn:
                 cand = cost[j, :-1] + miss_attn
                 if q4:
-                    cand = np.where(v_out == _use_more_bits(int(rank[j]), a_src), cand, inf)
+                    cand = np.where(v_out == use_more_bits(int(rank[j]), a_src), cand, inf)
                 _relax(new, ch, (j + 1, slice(1, None)), cand, 3)
             else:
                 _relax(new, ch, (j + 1, slice(None)), cost[j] + miss_conv, 3)

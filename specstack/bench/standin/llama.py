@@ -2,7 +2,7 @@
 
 A llama stand-in holds every source layer once, in order, at slots that Q4_K_M quantizes like the
 source's; the other slots hold zero-output copies. ``residual_copies`` picks m so that the norm
-rescaling is exact (see the package docstring). LFM2 reuses ``_use_more_bits`` and
+rescaling is exact (see the package docstring). LFM2 reuses ``use_more_bits`` and
 ``place_source_layers``.
 """
 
@@ -13,7 +13,7 @@ from typing import Sequence
 from .shape import LayerLayout
 
 
-def _use_more_bits(i_layer: int, n_layers: int) -> bool:
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
     """Copied from llama.cpp src/llama-quant.cpp: Q4_K_M/Q5_K_M give attn_v and ffn_down of
     these layers Q6_K, so source layers must land on slots with the same verdict."""
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
@@ -29,8 +29,8 @@ def live_layer_slots(n_src: int, n_out: int) -> list[int]:
     slots: list[int] = []
     pos = 0
     for j in range(n_src):
-        want = _use_more_bits(j, n_src)
-        while pos < n_out and _use_more_bits(pos, n_out) != want:
+        want = use_more_bits(j, n_src)
+        while pos < n_out and use_more_bits(pos, n_out) != want:
             pos += 1
         if pos >= n_out:
             return list(range(n_src))
@@ -63,6 +63,6 @@ def llama_layer_layout(n_src: int, n_out: int) -> LayerLayout:
     """Source layers at ``live_layer_slots``; filler i copies source layer i mod n_src (realistic
     magnitudes, so no overflow, while writing nothing to the residual)."""
     slots = live_layer_slots(n_src, n_out)
-    q4_ok = [_use_more_bits(p, n_out) for p in slots] == [_use_more_bits(j, n_src) for j in range(n_src)]
+    q4_ok = [use_more_bits(p, n_out) for p in slots] == [use_more_bits(j, n_src) for j in range(n_src)]
     source, live = place_source_layers([i % n_src for i in range(n_out)], slots)
     return LayerLayout(source, live, q4_ok)

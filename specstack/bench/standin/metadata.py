@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .shape import StandinPlan
-from .source import _field
+from .source import read_field
 
 if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
     from gguf import GGUFReader, GGUFWriter
 
 
-def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float) -> None:
+def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float) -> None:
     """Write the source's fields to ``writer`` with the stand-in's shape and epsilon ``eps``
     (general.file_type F16: the quantizer sets its own), then the ``specstack.standin.*`` keys."""
     from gguf import GGUFValueType as V
@@ -58,7 +58,7 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, ep
             writer.add_key_value(f.name, bytes(f.parts[-1]), V.STRING)
         else:
             writer.add_key_value(f.name, f.contents(), vtype)
-    src_name = _field(reader, "general.name") or "?"
+    src_name = read_field(reader, "general.name") or "?"
     writer.add_key_value("specstack.standin.source", str(src_name), V.STRING)
     writer.add_key_value("specstack.standin.residual_copies", plan.copies, V.UINT32)
     writer.add_key_value("specstack.standin.live_layers",

@@ -1,7 +1,7 @@
 """Padding one tensor of the stand-in from the source's (pure numpy).
 
 Arrays are [rows = out features, cols = in features]. One function per job: the shape a tensor
-kind has in the stand-in (``_kind_shape``) and how the source's values fill it (``_layer_tensor``)
+kind has in the stand-in (``kind_shape``) and how the source's values fill it (``layer_tensor``)
 for every kind: llama and LFM2 attention, the dense FFN, MoE routers and stacked experts (padded
 expert by expert), and LFM2's short convolution. The package docstring says why each padding
 leaves the source's function unchanged.
@@ -17,7 +17,7 @@ from .shape import StandinPlan
 _WRITES_RESIDUAL = ("attn_output", "ffn_down", "shortconv.out_proj")
 
 
-def _pad2(a: np.ndarray, rows: int, cols: int, dtype: np.dtype, *, row_copies: int = 1,
+def pad2(a: np.ndarray, rows: int, cols: int, dtype: np.dtype, *, row_copies: int = 1,
           col_copies: int = 1) -> np.ndarray:
     """Zero-pad ``a`` to [rows, cols], repeating it ``row_copies`` times down / ``col_copies`` across."""
     out = np.zeros((rows, cols), dtype=dtype)
@@ -28,7 +28,7 @@ def _pad2(a: np.ndarray, rows: int, cols: int, dtype: np.dtype, *, row_copies: i
     return out
 
 
-def _pad_norm(w: np.ndarray, plan: StandinPlan) -> np.ndarray:
+def pad_norm(w: np.ndarray, plan: StandinPlan) -> np.ndarray:
     """RMSNorm weight times c on the first residual copy, zero elsewhere: only the first copy is
     read, so the matrices after a norm see the other copies as zeros."""
     out = np.zeros(plan.out.n_embd, dtype=np.float32)
@@ -45,7 +45,7 @@ def _head_slots(plan: StandinPlan, i: int, j: int) -> np.ndarray:
     return (h // r) * big_r + h % r
 
 
-def _kind_shape(kind: str, plan: StandinPlan, i: int) -> tuple[tuple[int, ...], np.dtype]:
+def kind_shape(kind: str, plan: StandinPlan, i: int) -> tuple[tuple[int, ...], np.dtype]:
     """numpy shape and dtype of tensor ``kind`` of stand-in layer i."""
     o = plan.out
     q_dim, kv_dim = o.n_head * o.head_dim, o.kv_heads(i) * o.head_dim
@@ -53,7 +53,7 @@ def _kind_shape(kind: str, plan: StandinPlan, i: int) -> tuple[tuple[int, ...], 
     if kind == "ffn_gate_inp":
         return (o.n_expert, o.n_embd), f32
     if kind.endswith("_exps"):
-        inner, dtype = _kind_shape(kind[: -len("_exps")], plan, i)
+        inner, dtype = kind_shape(kind[: -len("_exps")], plan, i)
         return (o.n_expert, *inner), dtype
     return {
         "attn_norm": ((o.n_embd,), f32), "ffn_norm": ((o.n_embd,), f32),
@@ -68,22 +68,22 @@ def _kind_shape(kind: str, plan: StandinPlan, i: int) -> tuple[tuple[int, ...], 
     }[kind]
 
 
-def _layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, i: int) -> np.ndarray:
+def layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, i: int) -> np.ndarray:
     """Tensor ``kind`` of stand-in layer i, from ``a``, the same tensor of source layer
     ``plan.layer_source[i]``."""
     o, s, m = plan.out, plan.src, plan.copies
     d, hd = s.n_embd, s.head_dim
     j, live = plan.layer_source[i], plan.layer_live[i]
-    shape, dtype = _kind_shape(kind, plan, i)
+    shape, dtype = kind_shape(kind, plan, i)
     if kind in ("attn_norm", "ffn_norm"):
-        return _pad_norm(a, plan)
+        return pad_norm(a, plan)
     if kind in ("attn_q_norm", "attn_k_norm"):  # per head over head_dim: unchanged
         return np.array(a, dtype=np.float32)
     if kind == "ffn_gate_inp":  # the router reads the norm output: its choice stays the source's
-        return _pad2(a, o.n_expert, o.n_embd, np.dtype(np.float32))
+        return pad2(a, o.n_expert, o.n_embd, np.dtype(np.float32))
     if kind.endswith("_exps"):
         base = kind[: -len("_exps")]
-        return np.stack([_layer_tensor(base, e, plan, i) for e in a])
+        return np.stack([layer_tensor(base, e, plan, i) for e in a])
     if kind in _WRITES_RESIDUAL and not live:
         return np.zeros(shape, dtype=dtype)
     out = np.zeros(shape, dtype=dtype)
@@ -103,4 +103,4 @@ def _layer_tensor(kind: str, a: np.ndarray, plan: StandinPlan, i: int) -> np.nda
     if kind == "shortconv.conv":  # extra channels get zero input, so their taps do not matter
         out[:d] = a
         return out
-    return _pad2(a, *shape, dtype, row_copies=m if kind in _WRITES_RESIDUAL else 1)
+    return pad2(a, *shape, dtype, row_copies=m if kind in _WRITES_RESIDUAL else 1)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without
     from gguf import GGUFReader, ReaderTensor
 
 
-def _field(reader: GGUFReader, key: str) -> Any:
+def read_field(reader: GGUFReader, key: str) -> Any:
     """The value of field ``key``, or None when the source lacks it (callers decide if that is fatal)."""
     f = reader.fields.get(key)
     return None if f is None else f.contents()
@@ -26,19 +26,19 @@ def _field(reader: GGUFReader, key: str) -> Any:
 
 def read_shape(reader: GGUFReader) -> LlamaShape:
     """The shape of an open ``gguf.GGUFReader`` (llama or lfm2); raises for anything else."""
-    arch = _field(reader, "general.architecture")
+    arch = read_field(reader, "general.architecture")
     if arch not in ARCHS:
         raise UnsupportedModelError(
             f"stand-ins need a llama-architecture or lfm2 model; this one is {arch!r}")
 
     def need(key: str) -> int:
-        v = _field(reader, f"{arch}.{key}")
+        v = read_field(reader, f"{arch}.{key}")
         if not isinstance(v, int):
             raise UnsupportedModelError(f"source lacks a single integer {arch}.{key} (got {v!r})")
         return v
 
     d, n_head, n_layer = need("embedding_length"), need("attention.head_count"), need("block_count")
-    kv = _field(reader, f"{arch}.attention.head_count_kv")
+    kv = read_field(reader, f"{arch}.attention.head_count_kv")
     if arch == "lfm2":
         layer_kv = tuple(kv) if isinstance(kv, list) else (kv,) * n_layer if isinstance(kv, int) else None
         if layer_kv is None or len(layer_kv) != n_layer:
@@ -49,8 +49,8 @@ def read_shape(reader: GGUFReader) -> LlamaShape:
         if not isinstance(kv, int):
             raise UnsupportedModelError(f"source lacks a single integer {arch}.attention.head_count_kv (got {kv!r})")
         layer_kv, n_head_kv, l_cache = (), kv, 0
-    head_dim = _field(reader, f"{arch}.attention.key_length") or d // n_head
-    if head_dim * n_head != d or (_field(reader, f"{arch}.attention.value_length") or head_dim) != head_dim:
+    head_dim = read_field(reader, f"{arch}.attention.key_length") or d // n_head
+    if head_dim * n_head != d or (read_field(reader, f"{arch}.attention.value_length") or head_dim) != head_dim:
         raise UnsupportedModelError("stand-ins need head_dim x n_head == embedding_length")
     for k in layer_kv or (n_head_kv,):
         if k and n_head % k:
@@ -59,19 +59,19 @@ def read_shape(reader: GGUFReader) -> LlamaShape:
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise UnsupportedModelError("source has no token_embd.weight")
-    n_expert = _field(reader, f"{arch}.expert_count") or 0
+    n_expert = read_field(reader, f"{arch}.expert_count") or 0
     if n_expert and arch != "llama":
         raise UnsupportedModelError(f"stand-ins support mixture-of-experts llama models only, not {arch}")
-    n_ff = (_field(reader, f"{arch}.expert_feed_forward_length") or need("feed_forward_length")) if n_expert \
+    n_ff = (read_field(reader, f"{arch}.expert_feed_forward_length") or need("feed_forward_length")) if n_expert \
         else need("feed_forward_length")
     return LlamaShape(n_embd=d, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
                       head_dim=head_dim, n_ff=n_ff, n_vocab=int(emb.shape[1]),
                       tied_output="output.weight" not in names, n_expert=n_expert,
-                      n_expert_used=_field(reader, f"{arch}.expert_used_count") or 0,
+                      n_expert_used=read_field(reader, f"{arch}.expert_used_count") or 0,
                       arch=arch, layer_kv=layer_kv, l_cache=l_cache)
 
 
-def _open(path: Path) -> GGUFReader:
+def open_source(path: Path) -> GGUFReader:
     """Open the source GGUF, turning "missing" and "not a GGUF" into ModelLoadError for the CLI."""
     import gguf
 
@@ -86,10 +86,10 @@ def _open(path: Path) -> GGUFReader:
 
 def read_source_shape(path: Path) -> LlamaShape:
     """The shape of the GGUF at ``path`` (ModelLoadError when it is missing or not a GGUF)."""
-    return read_shape(_open(path))
+    return read_shape(open_source(path))
 
 
-def _as_float(t: ReaderTensor) -> np.ndarray:
+def as_float(t: ReaderTensor) -> np.ndarray:
     """Tensor ``t`` as F16/F32 numbers (BF16 dequantized). Quantized source tensors are refused:
     stand-ins are padded from float weights and quantized afterwards with ``--ftype``."""
     from gguf import GGMLQuantizationType as Q

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ...errors import UnsupportedModelError
-from .metadata import _copy_metadata
-from .pad import _kind_shape, _layer_tensor, _pad2, _pad_norm
+from .metadata import copy_metadata
+from .pad import kind_shape, layer_tensor, pad2, pad_norm
 from .plan import plan_standin
 from .shape import StandinPlan
-from .source import _as_float, _field, _open, read_shape
+from .source import as_float, read_field, open_source, read_shape
 
 if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
     from gguf import GGUFReader, GGUFWriter
@@ -50,23 +50,23 @@ def _tensor_jobs(reader: GGUFReader, plan: StandinPlan) -> Iterator[_Job]:
     f16 = np.dtype(np.float16)
 
     def mat(name: str, rows: int, cols: int, col_copies: int = 1) -> Callable[[], np.ndarray]:
-        return lambda: _pad2(_as_float(by_name[name]), rows, cols, f16, col_copies=col_copies)
+        return lambda: pad2(as_float(by_name[name]), rows, cols, f16, col_copies=col_copies)
 
     # The embedding writes the residual (m copies); as the tied output it is read through the
     # output norm, which zeroes all but the first copy.
     yield "token_embd.weight", mat("token_embd.weight", o.n_vocab, o.n_embd, plan.copies)
     if s.arch == "lfm2":
-        yield out_norm, lambda: _pad_norm(_as_float(by_name[out_norm]), plan)
+        yield out_norm, lambda: pad_norm(as_float(by_name[out_norm]), plan)
     if "rope_freqs.weight" in by_name:
-        yield "rope_freqs.weight", lambda: np.array(_as_float(by_name["rope_freqs.weight"]), dtype=np.float32)
+        yield "rope_freqs.weight", lambda: np.array(as_float(by_name["rope_freqs.weight"]), dtype=np.float32)
     for i in range(o.n_layer):
         j = plan.layer_source[i]
         for kind in o.layer_kinds(i):
             src = by_name[f"blk.{j}.{kind}.weight"]
             yield (f"blk.{i}.{kind}.weight",
-                   (lambda src=src, kind=kind, i=i: _layer_tensor(kind, _as_float(src), plan, i)))
+                   (lambda src=src, kind=kind, i=i: layer_tensor(kind, as_float(src), plan, i)))
     if s.arch != "lfm2":
-        yield out_norm, lambda: _pad_norm(_as_float(by_name[out_norm]), plan)
+        yield out_norm, lambda: pad_norm(as_float(by_name[out_norm]), plan)
     if not s.tied_output:
         yield "output.weight", mat("output.weight", o.n_vocab, o.n_embd)
 
@@ -81,14 +81,14 @@ def _shape_of(name: str, plan: StandinPlan) -> tuple[tuple[int, ...], np.dtype]:
     if name == "rope_freqs.weight":
         return (o.head_dim // 2,), np.dtype(np.float32)
     i, kind = _layer_kind(name)
-    return _kind_shape(kind, plan, i)
+    return kind_shape(kind, plan, i)
 
 def _scaled_epsilon(reader: GGUFReader, plan: StandinPlan) -> float:
     """The source's RMSNorm epsilon times c^2 = m d / W, in F32 like llama.cpp reads it, so the
     wider norms divide by exactly the source's rms (package docstring)."""
     s, o = plan.src, plan.out
     eps_key = f"{s.arch}.attention.layer_norm_rms_epsilon"
-    eps_src = _field(reader, eps_key)
+    eps_src = read_field(reader, eps_key)
     if not isinstance(eps_src, float):
         raise UnsupportedModelError(f"source lacks {eps_key}")
     return float(np.float32(eps_src) * np.float32(plan.copies * s.n_embd / o.n_embd))
@@ -100,10 +100,10 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
     each tensor as it is built, checked against the size already promised in the header."""
     from ...ui import Progress
 
-    alignment = _field(reader, "general.alignment")
+    alignment = read_field(reader, "general.alignment")
     if alignment:
         writer.data_alignment = int(alignment)
-    _copy_metadata(reader, writer, plan, eps)
+    copy_metadata(reader, writer, plan, eps)
     for name, _ in jobs:
         shape, dtype = _shape_of(name, plan)
         writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
@@ -126,7 +126,7 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
     """Write the F16 stand-in, one tensor at a time (peak memory: the largest tensor)."""
     import gguf
 
-    reader = _open(src)
+    reader = open_source(src)
     plan = plan_standin(read_shape(reader), width, layers, ffn, ftype_for_checks, kv_heads=kv_heads,
                         attn_layers=attn_layers)
     eps = _scaled_epsilon(reader, plan)
