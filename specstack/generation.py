@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
-
 @dataclass(frozen=True)
 class GenerationConfig:
     """Per-request settings.  ``k`` is the fixed draft budget when no policy is given."""

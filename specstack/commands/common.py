@@ -231,6 +231,12 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
     return make_policy(name, args.k, k_max=args.k_max, target=target)  # load_target settled the shapes (--exact)
 
 
+# Required config fields that a request cannot set (the drafter name or the server's flags give them),
+# filled in when a request's options are checked alone.
+_NOT_FROM_REQUESTS: dict[type, dict[str, Any]] = {CascadeConfig: {"sources": ("prompt-lookup",)},
+                                                  RestConfig: {"datastore": "(the server's --datastore)"}}
+
+
 def check_drafter_options(options: Mapping[str, Any]) -> None:
     """Refuse a bad drafter option value before any drafter is built (a server request's ``speculative``).
 
@@ -240,12 +246,6 @@ def check_drafter_options(options: Mapping[str, Any]) -> None:
     classes = {cls for f in DRAFTER_FLAGS if f.dest in options for cls in f.configs.values()}
     for cls in classes:
         config_from_options(cls, options, **_NOT_FROM_REQUESTS.get(cls, {}))
-
-
-# Required config fields that a request cannot set (the drafter name or the server's flags give them),
-# filled in when a request's options are checked alone.
-_NOT_FROM_REQUESTS: dict[type, dict[str, Any]] = {CascadeConfig: {"sources": ("prompt-lookup",)},
-                                                  RestConfig: {"datastore": "(the server's --datastore)"}}
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:

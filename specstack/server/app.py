@@ -53,7 +53,8 @@ def _speculative_model() -> type[BaseModel]:
     """A request's ``speculative`` object: the k settings plus every per-request drafter flag.
 
     Built from ``DRAFTER_FLAGS``, so a new drafter flag is a new request key with no second list.
-    Option values are checked where the flags' are: by the drafter's config when the drafter is built.
+    Option values are checked where the flags' are, by the drafters' config dataclasses
+    (``check_drafter_options``, before the job is queued).
     """
     k_field = (Optional[int], Field(None, ge=1, le=MAX_DRAFT))
     fields: dict[str, Any] = {"drafter": (Optional[str], None), "k_policy": (Optional[Literal[POLICIES]], None),

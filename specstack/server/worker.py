@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..draft_length.costs import ensure_shapes
-from ..draft_length import DraftLengthPolicy, make_policy
+from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
+from ..draft_length.costs import CostModel, calibrate, ensure_shapes
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
 from ..engine import Engine
@@ -75,7 +75,7 @@ class RoleWorker:
         self._active = 0  # submitted and not finished (running or waiting)
         self._drafters: dict[str, Drafter] = {}
         self._policies: dict[str, DraftLengthPolicy] = {}
-        self._costs = None
+        self._costs: CostModel | None = None
         self._thread = threading.Thread(target=self._run, name=f"specstack-{role.name}", daemon=True)
 
     # -- called from the HTTP side ------------------------------------------
@@ -140,6 +140,9 @@ class RoleWorker:
                                              rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
         ensure_shapes(self.target, role.exact)
+        # Calibrated now, before any request: timing calls resets the target, which must never happen
+        # while generations hold its sequences (a request may ask for the cost policy at any time).
+        self._costs = calibrate(self.target, n_max=(role.k_max or DEFAULT_K_MAX) + 1)
         default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
         self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default),
                              prompt_cache_bytes=role.cache_mb << 20)
@@ -160,8 +163,7 @@ class RoleWorker:
         policy = self._policies.get(key)
         if policy is None:
             policy = self._policies[key] = make_policy(spec["k_policy"], spec["k"], costs=self._costs,
-                                                       k_max=spec.get("k_max"), target=self.target)
-            self._costs = getattr(policy, "costs", self._costs)  # one calibration per role, shared by its policies
+                                                       k_max=spec.get("k_max"))  # one calibration per role, shared
         return policy
 
     def _drain_inbox(self) -> None:
