@@ -26,6 +26,7 @@ from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..sampling import SamplingParams
 from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..target import LlamaModel, ModelConfig, set_verbose
+from ..target.api import DEFAULT_CTX
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-m", "--model", type=Path, default=DEFAULT_TARGET, help="target GGUF (default: bundled pycoder-6m)")
     g.add_argument("-md", "--model-draft", type=Path, default=DEFAULT_DRAFT, help="draft GGUF for --drafter draft-model (default: bundled pycoder-1m)")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: number of physical cores)")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size in tokens (default: the model's trained context)")
+    g.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help=f"context size in tokens per sequence (default {DEFAULT_CTX}, as llama.cpp, or the model's trained "
+                   "context if shorter; 0 = the model's trained context). The KV cache's size is printed at load, and a "
+                   "context whose cache cannot fit in memory is refused")
     g.add_argument("--exact", choices=("on", "off"), default="on",
                    help="on (default): keep every target call in the batch shapes measured to compute exactly as plain "
                    "decoding (pad one-token steps where a one-row call differs, as on F16; split verification where a larger "
@@ -192,8 +196,16 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
                                     n_seq_max=branches, n_slots=slots, kv_overrides=overrides,
                                     rollback=getattr(args, "rollback", "auto"),
                                     rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
+    announce_load(target)
     ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
     return target
+
+
+def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:
+    """One line on stderr, terminal or not: what was loaded, its context and its KV cache's size."""
+    kv = f"; {model.kv.describe()}" if model.kv is not None else ""
+    print(f"{prefix}: loaded {model.path.name} ({model.n_ctx_train} trained positions): context {model.n_ctx} per "
+          f"sequence{kv}", file=sys.stderr, flush=True)
 
 
 def experts(args: argparse.Namespace) -> dict[str, Any] | None:

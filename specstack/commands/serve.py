@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF without --config (default: bundled pycoder-6m)")
     p.add_argument("-md", "--model-draft", type=Path, default=None, help="draft GGUF without --config (default: bundled pycoder-1m)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads without --config (default: physical cores)")
-    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context per slot without --config (default: the model's)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context per slot without --config (default 4096, or the model's trained context if shorter; "
+                   "0 = the model's trained context); each role's context and KV cache size are printed at load")
     p.add_argument("--exact", choices=("on", "off"), default="on", help="exact call shapes (see `specstack generate --help`)")
     p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "

@@ -132,45 +132,61 @@ def _filler(model: EngineTarget, n: int) -> list[int]:
     return [first] + rng.integers(min(50, model.n_vocab - 1), model.n_vocab, n - 1).tolist()
 
 
-def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] = (160, -1),
-                   probes: Sequence[int] = (24, 32, 48, 64, 128), show_progress: bool = False) -> BatchShapes:
+DEEP_PROBE = 640  # the deeper KV depth of the shape probe (see ``probe_depths``)
+
+
+def probe_depths(model: EngineTarget, n_probe: int) -> tuple[int, int]:
+    """The two KV depths the shape probe runs at: 160, and past both llama.cpp's 256-cell KV padding and the
+    model's sliding window (640, or window + 128), never the whole context.
+
+    Why a bounded depth is enough: with flash attention off (the default), no CPU kernel picks its path by KV
+    length: the KQ and KQV products run the same kernel for any number of cells, and their per-row sums are
+    ordered by cell index alone.  What can change with depth is the mask, which a depth past the sliding window
+    exercises, and llama.cpp's KV padding to 256 cells, which 640 crosses twice.  Probing at the full context,
+    as before, prefilled 32,000 tokens for a 32k model and took minutes.
+    """
+    room = max(1, model.n_ctx - n_probe - 2)
+    window = int(getattr(model, "n_swa", 0) or 0)
+    deep = max(DEEP_PROBE, window + 128)
+    return min(160, room), min(deep, room)
+
+
+def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] = (32, 48, 64, 128),
+                   depths: Sequence[int] | None = None, show_progress: bool = False) -> BatchShapes:
     """Which call shapes compute every row exactly as plain decoding (see ``BatchShapes``).
 
-    After ``depth`` prompt tokens, the reference is plain decoding of the
-    next ``n_ref`` tokens one call at a time, unpadded (``ref1``) and padded
-    to two rows (``ref2``).  Then calls of T = 2..n_ref tokens (and the
-    larger ``probes``) are compared row by row, bit for bit.  A size counts
-    as exact only if it matches at every depth (-1: as deep as the context
-    allows), since some kernels choose their path by KV length.  The
-    reference that admits the longer run of exact sizes wins (unpadded on
-    ties), and ``max_rows`` is the end of that run.  Probes are compared on
-    their first ``n_ref`` rows.  Takes about 4 x n_ref single steps plus the
-    batches.  ``show_progress`` shows a ``ui.Progress`` on stderr.
+    After ``depth`` prompt tokens, the reference is plain decoding of the next tokens one call at a time,
+    unpadded (``ref1``) and padded to two rows (``ref2``).  Calls of T = 2..n_ref tokens, then the larger
+    ``probes``, are compared with it bit for bit on *every* row (a kernel that works in row groups can go
+    wrong only in a late row: a 19-row Q8_0 call did on an AVX2 machine).  A size counts as exact only if it
+    matches at both depths (``probe_depths``).  Sizes are tried in order and the probe stops once neither
+    reference can extend its run of exact sizes, so a model whose calls stop being exact at 4 rows (Q4_K_M
+    here) costs a dozen calls per depth, not a hundred.  The reference that admits the longer run wins
+    (unpadded on ties), and ``max_rows`` is the end of that run.  ``show_progress`` shows a ``ui.Progress``
+    on stderr (a line even when stderr is not a terminal).
     """
     cap = model.batch_cap
-    n_ref = max(2, min(n_ref, cap, (model.n_ctx - 2) // 2))
+    n_ref = max(2, min(n_ref, cap))
+    all_sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= cap]
+    depths = list(depths) if depths is not None else list(probe_depths(model, max(all_sizes)))
     match1: dict[int, bool] = {1: True}
     match2: dict[int, bool] = {2: True}
     same = True
-    sizes: list[int] = []
-    # Once per model, threads and context (then cached), but a long context makes the deep probe slow.
-    progress = Progress(f"measuring exact call shapes of {Path(str(model.config.path)).name}", len(depths),
-                        "KV depths", quiet=not show_progress)
+    progress = Progress(f"measuring exact call shapes of {Path(str(model.config.path)).name} (once per model, cached)",
+                        len(depths), "KV depths", quiet=not show_progress, interval=0.0)
     for i, want in enumerate(depths):
-        room = model.n_ctx - n_ref - 2
-        depth = max(1, min(room, want if want > 0 else room - max(probes)))
-        progress.update(i, f"at {depth} tokens")
-        sizes = list(range(2, n_ref + 1)) + [p for p in probes if n_ref < p <= min(cap, model.n_ctx - depth - 1)]
-        m1, m2, s1 = _match_at(model, depth, n_ref, sizes)
-        for t in sizes:
-            match1[t] = match1.get(t, True) and m1[t]
-            match2[t] = match2.get(t, True) and m2[t]
+        sizes = [t for t in all_sizes if t <= model.n_ctx - want - 1 and (i == 0 or match1.get(t) or match2.get(t))]
+        progress.update(i, f"at {want} tokens")
+        m1, m2, s1 = _match_at(model, want, sizes)
+        for t in all_sizes:
+            match1[t] = match1.get(t, True) and m1.get(t, False)
+            match2[t] = match2.get(t, True) and m2.get(t, False)
         same = same and s1
     progress.close()
 
     def run(match: dict[int, bool], first: int) -> int:
         last = first
-        for t in [s for s in sizes if s >= first]:
+        for t in [s for s in all_sizes if s >= first]:
             if not match.get(t, False):
                 break
             last = t
@@ -178,30 +194,46 @@ def measure_shapes(model: EngineTarget, n_ref: int = 17, depths: Sequence[int] =
 
     end1, end2 = run(match1, 1), run(match2, 2)
     min_rows, end = (1, end1) if same or end1 >= end2 else (2, end2)
-    unbounded = end == sizes[-1]
+    unbounded = end == all_sizes[-1]
     return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
                        prefill_exact=unbounded, settled=True)
 
 
-def _match_at(model: EngineTarget, depth: int, n_ref: int, sizes: Sequence[int]) -> tuple[dict[int, bool], dict[int, bool], bool]:
-    """Per size: do its rows equal the unpadded (1) / padded (2) plain references after ``depth`` tokens?"""
-    toks = _filler(model, depth + max(sizes))
+def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int]) -> tuple[dict[int, bool], dict[int, bool], bool]:
+    """Per size (in order): do all its rows equal the unpadded (1) / padded (2) plain references after ``depth``
+    tokens?  Stops at the first size where both runs have broken.  The references grow only as far as a live
+    run needs: 6 rows, then every size up to 24, then the largest probe."""
+    toks = _filler(model, depth + max(sizes, default=2))
     model.reset()
     model.prefill(toks[:depth])
     model.checkpoint(0)  # a recurrent model comes back here by restoring its state
-    ref1 = np.stack([model.raw_call([toks[depth + j]])[0].copy() for j in range(n_ref)])
-    model.truncate(depth)
-    ref2 = np.stack([model.raw_call([toks[depth + j]], pad=1)[0].copy() for j in range(n_ref)])
-    model.truncate(depth)
-    m1, m2 = {}, {}
+    ref1 = ref2 = np.empty((0, model.n_vocab), dtype=np.float32)
+    same = True
+    m1: dict[int, bool] = {}
+    m2: dict[int, bool] = {}
+    ok1 = ok2 = True
     for t in sizes:
-        rows = model.raw_call(toks[depth : depth + t])[:n_ref]
-        m = min(t, n_ref)
-        m1[t] = bool(np.array_equal(rows[:m], ref1[:m]))
-        m2[t] = bool(np.array_equal(rows[:m], ref2[:m]))
+        if t > len(ref1) and t > len(ref2):
+            n = min(next(g for g in (6, 24, max(sizes), t) if g >= t), max(sizes))
+            ref1 = _plain_rows(model, toks, depth, n, pad=0) if ok1 else ref1
+            ref2 = _plain_rows(model, toks, depth, n, pad=1) if ok2 else ref2
+            if ok1 and ok2:
+                same = same and bool(np.array_equal(ref1, ref2))
+        rows = model.raw_call(toks[depth : depth + t])
+        ok1 = m1[t] = ok1 and bool(np.array_equal(rows, ref1[:t]))
+        ok2 = m2[t] = ok2 and bool(np.array_equal(rows, ref2[:t]))
         model.truncate(depth)
+        if not ok1 and not ok2:
+            break
     model.reset()
-    return m1, m2, bool(np.array_equal(ref1, ref2))
+    return m1, m2, same
+
+
+def _plain_rows(model: EngineTarget, toks: Sequence[int], depth: int, n: int, pad: int) -> np.ndarray:
+    """Logits of ``n`` tokens after ``depth`` decoded one call at a time (``pad`` throw-away rows each)."""
+    rows = np.stack([model.raw_call([toks[depth + j]], pad=pad)[0].copy() for j in range(n)])
+    model.truncate(depth)
+    return rows
 
 
 def time_calls(model: EngineTarget, tokens: Sequence[int], sizes: Sequence[int], depth: int, reps: int, *,
@@ -240,7 +272,7 @@ def time_calls(model: EngineTarget, tokens: Sequence[int], sizes: Sequence[int],
     return samples
 
 
-def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 3.0) -> list[float]:
+def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 1.0) -> list[float]:
     """Time of one call of n rows after ``depth`` context tokens, n = 1..n_max.
 
     Calls are unsplit and padded to the model's ``min_rows`` (the engine

@@ -49,7 +49,7 @@ class Role:
     k: int = 4
     k_max: int | None = None
     threads: int = 0
-    ctx: int = 0  # per slot; 0 = the model's trained context
+    ctx: int | None = None  # per slot; None = 4096 (or the trained context if shorter), 0 = the trained context
     parallel: int = 4  # slots: generations decoded together
     exact: bool = True
     rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
@@ -66,7 +66,7 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
         if self.rollback not in STRATEGIES:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
-        if self.threads < 0 or self.ctx < 0:
+        if self.threads < 0 or (self.ctx is not None and self.ctx < 0):
             raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
 
 

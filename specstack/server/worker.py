@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..commands.common import announce_load
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
 from ..draft_length.costs import CostModel, calibrate, ensure_shapes
 from ..drafters import BuildContext, create
@@ -139,6 +140,7 @@ class RoleWorker:
         self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
                                              rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
+        announce_load(self.target, prefix=f"specstack serve: role {role.name!r}")
         ensure_shapes(self.target, role.exact)
         # Calibrated now, before any request: timing calls resets the target, which must never happen
         # while generations hold its sequences (a request may ask for the cost policy at any time).

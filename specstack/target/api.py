@@ -18,12 +18,20 @@ from ..errors import InvalidParameterError
 from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
 
 
+DEFAULT_CTX = 4096  # positions per sequence when none is given: llama.cpp's default (-c 4096)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """How to load a model.  n_ctx is per sequence; 0 means the model's trained context length."""
+    """How to load a model.  n_ctx is per sequence: None means ``DEFAULT_CTX`` (or the trained context if
+    shorter), 0 the model's trained context length, as llama.cpp's ``-c 0``.
+
+    Why not the trained context by default: real models are trained for 32k-256k positions; a KV cache
+    that size takes gigabytes and the one-time shape probe prefills it, which took minutes on 2 cores.
+    """
 
     path: Path
-    n_ctx: int = 0
+    n_ctx: int | None = None
     n_threads: int = 0  # 0 = physical cores
     n_batch: int = 512
     # Shapes assumed until measured (``costs.measure_shapes``): 2 pads a
@@ -63,7 +71,7 @@ class ModelConfig:
             raise InvalidParameterError(f"rollback depth (n_rs_seq) must be in 2..256 (got {self.rollback_depth})")
         if self.n_threads < 0:
             raise InvalidParameterError(f"threads must be >= 0 (got {self.n_threads}); 0 means one per physical core")
-        if self.n_ctx < 0:
+        if self.n_ctx is not None and self.n_ctx < 0:
             raise InvalidParameterError(f"the context size must be >= 0 (got {self.n_ctx}); 0 means the model's own")
         if self.n_slots < 1 or self.n_batch < 1:
             raise InvalidParameterError(f"slots and batch size must be >= 1 (got {self.n_slots}, {self.n_batch})")

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
-from .api import ModelConfig
+from .api import DEFAULT_CTX, ModelConfig
+from .kv import KVEstimate, check_kv_fits, estimate_kv
 from .backend import init_backend, llama_cpp_module, recent_log, check_gguf_file, default_threads
 from .batching import BatchShapes, Segment, plan_calls
 from .memory import SequenceMemory
@@ -42,7 +43,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self.path = check_gguf_file(config.path, role)
         from ..machine.gguf_meta import read_gguf
 
-        if read_gguf(self.path).tensor_count == 0:
+        self.meta = read_gguf(self.path)
+        if self.meta.tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
                                  "compare its tokenizer, but it cannot run; pass a model with weights")
         init_backend()
@@ -51,6 +53,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
+        self.n_swa = int(lc.llama_model_n_swa(self._model))  # sliding-window size; 0 where there is none
         self.memory: Memory = ("hybrid" if lc.llama_model_is_hybrid(self._model) else
                                "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
         self.is_recurrent = self.memory != "attention"
@@ -131,7 +134,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
     def _new_context(self):
         lc = self._lc
         params = lc.llama_context_default_params()
-        per_seq = self.config.n_ctx or self.n_ctx_train
+        per_seq = self._ctx_per_seq()
         scratch = 1 if self.is_recurrent else 0
         total = per_seq * (self.n_slots + (scratch if not self.unified else 0))
         if total > _MAX_CTX:  # llama.cpp's n_ctx is 32-bit: a larger one wraps and aborts inside llama.cpp
@@ -142,6 +145,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         if per_seq > self.n_ctx_train:
             warnings.warn(f"{self.role} {self.path.name}: --ctx-size {per_seq} is more than the {self.n_ctx_train} "
                           "positions it was trained on; output past that may degrade", stacklevel=2)
+        self.kv = estimate_kv(self.meta, per_seq, total)
+        check_kv_fits(self.kv, self.role, self.path.name, per_seq, self._free_model)
         params.n_ctx = total
         params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = self.n_threads
@@ -157,6 +162,18 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
             self._model = None  # freed here: close() must not free it again
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
+
+    def _ctx_per_seq(self) -> int:
+        """Positions per sequence: ``-c`` if given (0: the trained context), else llama.cpp's default 4096,
+        or the trained context where that is shorter."""
+        trained = self.n_ctx_train if self.n_ctx_train > 0 else DEFAULT_CTX
+        if self.config.n_ctx is None:
+            return min(DEFAULT_CTX, trained)
+        return self.config.n_ctx or trained
+
+    def _free_model(self) -> None:
+        self._lc.llama_model_free(self._model)
+        self._model = None  # freed here: close() must not free it again
 
     def _init_batch_views(self) -> None:
         """numpy views over the batch arrays: filling a batch is then vectorised."""

@@ -1,0 +1,116 @@
+"""The KV cache's size, known before llama.cpp allocates it: said at load, refused when it cannot fit.
+
+llama.cpp allocates the whole cache when the context is created, at f16 by default: per layer and
+cell, ``n_head_kv x (key_length + value_length)`` halves.  Sliding-window layers (Gemma 2/3, Cohere 2)
+hold as many cells as the others, because llama-cpp-python's context defaults keep the full-size
+window cache (``swa_full``), which is what lets speculation roll a sequence back and reuse a prefix
+anywhere.  Their share is reported apart, since that is the memory a windowed cache would save.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ModelLoadError
+from ..machine import archs
+
+F16_BYTES = 2
+# Sliding-window layers by architecture where the GGUF has no ``<arch>.attention.sliding_window_pattern``, as
+# llama.cpp's src/models/*.cpp default them (load_swa_pattern(ml, n): every n-th layer is global, the others windowed).
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "gemma-embedding": 6, "cohere2": 4, "llama4": 4,
+               "openai-moe": 2, "exaone4": 4, "olmo2": 4}
+
+
+@dataclass(frozen=True)
+class KVEstimate:
+    """Bytes of the KV cache for ``cells`` cells (all sequences together), and the windowed layers' share."""
+
+    cells: int
+    per_seq: int
+    total_bytes: int
+    swa_bytes: int
+    swa_window: int  # 0: no sliding window
+    swa_layers: int
+    n_layers: int
+
+    def describe(self) -> str:
+        from ..ui import fmt_bytes
+
+        seqs = self.cells // max(self.per_seq, 1)
+        text = (f"KV cache {fmt_bytes(self.total_bytes)} (f16, {self.per_seq} positions x {seqs} "
+                f"sequence{'s' if seqs != 1 else ''}, {self.n_layers} layers)")
+        if self.swa_layers:
+            text += (f"; {self.swa_layers} sliding-window layers ({self.swa_window} tokens) hold "
+                     f"{fmt_bytes(self.swa_bytes)} of it at full size, so drafts can be rolled back")
+        return text
+
+
+def _per_layer(value: Any, n_layers: int, default: int) -> list[int]:
+    """A hyperparameter llama.cpp accepts as one number or one per layer."""
+    if value is None:
+        return [default] * n_layers
+    try:
+        values = [int(v) for v in value]
+    except TypeError:
+        return [int(value)] * n_layers
+    return (values + [values[-1] if values else default] * n_layers)[:n_layers]
+
+
+def _windowed_layers(pattern: Any, default: int, n_layers: int) -> list[bool]:
+    """Which layers use the sliding window: a per-layer flag array, or every n-th layer global."""
+    if pattern is not None and not isinstance(pattern, (int, float)):
+        flags = [bool(v) for v in pattern]
+        return (flags + [False] * n_layers)[:n_layers]
+    n = int(pattern) if pattern is not None else default
+    return [n > 0 and (layer + 1) % n != 0 for layer in range(n_layers)]
+
+
+def estimate_kv(meta: Any, per_seq: int, cells: int) -> KVEstimate | None:
+    """The f16 KV cache of ``cells`` cells from GGUF metadata (``GGUFInfo``); None for purely recurrent models
+    (their state does not grow with the context) or metadata too incomplete to say."""
+    arch = meta.architecture
+    if not arch or archs.is_recurrent(arch):
+        return None
+    n_layers = meta.get(f"{arch}.block_count")
+    n_embd = meta.get(f"{arch}.embedding_length")
+    n_head = meta.get(f"{arch}.attention.head_count")
+    if not n_layers or not n_embd or n_head is None:
+        return None
+    n_layers = int(n_layers)
+    heads = _per_layer(n_head, n_layers, 1)
+    heads_kv = _per_layer(meta.get(f"{arch}.attention.head_count_kv"), n_layers, 0)
+    heads_kv = [kv if meta.get(f"{arch}.attention.head_count_kv") is not None else h for kv, h in zip(heads_kv, heads)]
+    head_dim = int(n_embd) // max(max(heads), 1)
+    k_len = int(meta.get(f"{arch}.attention.key_length") or head_dim)
+    v_len = int(meta.get(f"{arch}.attention.value_length") or head_dim)
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    windowed = _windowed_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), SWA_PATTERN.get(arch, 0),
+                                n_layers) if window else [False] * n_layers
+    total = swa = n_swa = 0
+    for layer, kv in enumerate(heads_kv):
+        size = cells * kv * (k_len + v_len) * F16_BYTES
+        total += size
+        if windowed[layer]:
+            swa += size
+            n_swa += 1
+    return KVEstimate(cells, per_seq, total, swa, window if n_swa else 0, n_swa, n_layers)
+
+
+def check_kv_fits(kv: KVEstimate | None, role: str, name: str, per_seq: int, release: Callable[[], None]) -> None:
+    """Refuse, before llama.cpp allocates it, a KV cache larger than the memory this process can use.
+
+    ``release`` frees what was loaded so far (the model's weights) before the error is raised.
+    """
+    from ..machine.sysinfo import available_memory
+    from ..ui import fmt_bytes
+
+    room = available_memory() if kv is not None else None
+    if kv is None or room is None or kv.total_bytes <= 0.9 * room:
+        return
+    release()
+    fit = max(256, int(per_seq * 0.9 * room / kv.total_bytes) // 256 * 256)
+    raise ModelLoadError(
+        f"{role} {name}: a context of {per_seq} positions needs a {fmt_bytes(kv.total_bytes)} KV cache, but only "
+        f"{fmt_bytes(room)} of memory is available; use a smaller --ctx-size (-c {fit} would fit), or fewer "
+        "--parallel slots")
