@@ -24,13 +24,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .draft_length.costs import ensure_shapes
 from .drafters.base import Drafter, DraftRequest
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
-from .sampling import SamplingParams, target_probs
+from .sampling import SamplingParams, target_probs, token_logprobs
 from .target.api import EngineTarget
 from .target.batching import Segment
 from .types import Draft, VerifyResult
@@ -250,6 +252,8 @@ class Engine:
             verify_s = (t2 - t1) * share
             gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
+            if gen.config.logprobs is not None:
+                gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
             gen.drafter.advance(committed, result.n_accepted, gen.seq)
             other = ((t0 - t_begin) + (time.perf_counter() - t2)) * share  # bookkeeping, not the consumer's time
@@ -332,8 +336,18 @@ class Engine:
             else:
                 result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng)
             self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
+            self._note_logprobs(w.gen, logits, result)
             results.append(result)
         return results
+
+    @staticmethod
+    def _note_logprobs(gen: Generation, logits: np.ndarray, result: VerifyResult, rows: Sequence[int] | None = None) -> None:
+        """Keep the logprobs of a step's tokens from the verification rows (``rows``: a tree's path), while the
+        logits are still valid; the commit keeps as many as it commits."""
+        if gen.config.logprobs is None:
+            return
+        picked = logits[: len(result.token_ids)] if rows is None else logits[list(rows)]
+        gen.step_logprobs = token_logprobs(picked, result.token_ids, gen.config.logprobs)
 
     def _charged(self, gen: Generation, call, *args) -> None:
         """A target call that may save, restore or roll back recurrent state; its cost goes to ``gen``'s stats."""
@@ -352,6 +366,7 @@ class Engine:
         parents = [-1] + [p + 1 for p in draft.parents]  # rows: 0 = pending, i+1 = node i
         logits = target.eval_tree([w.gen.context[-1], *draft.token_ids], parents)  # [n+1, V]
         result, path = verify_tree_greedy(draft.token_ids, draft.parents, logits.argmax(axis=1).tolist())
+        self._note_logprobs(w.gen, logits, result, [0] + [i + 1 for i in path])
         before = target.tree_relayouts
         target.commit_tree([0] + [i + 1 for i in path])
         stats.n_tree_steps += 1

@@ -18,7 +18,8 @@ from .draft_length import MAX_DRAFT, DraftLengthPolicy
 from .drafters.base import Drafter
 from .errors import InvalidParameterError
 from .metrics import GenerationStats
-from .sampling import SamplingParams
+from .sampling import MAX_LOGPROBS, SamplingParams
+from .types import TokenLogprob
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -32,8 +33,11 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
     k: int = 4
+    logprobs: int | None = None  # None: none; n >= 0: each token's logprob and its n most likely alternatives
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidParameterError(f"logprobs must be in 0..{MAX_LOGPROBS} (got {self.logprobs})")
         if self.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1 (got {self.max_tokens})")
         if self.k < 1:
@@ -109,6 +113,8 @@ class Generation:
         self.status = "waiting"  # -> running -> done | cancelled
         self.output_ids: list[int] = []
         self.origins: list[str] = []  # per output token: the draft source that proposed it, or "target"
+        self.logprobs: list[TokenLogprob] = []  # per output token, when config.logprobs is set
+        self.step_logprobs: list[TokenLogprob] = []  # the current step's, before stop conditions cut it
         self.context = list(prompt_ids)  # committed tokens, including pending
         self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
         self.stop_text = _StopText(config.stop)

@@ -10,10 +10,14 @@ temperature over the surviving tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from .errors import InvalidParameterError
+from .types import TokenLogprob
+
+MAX_LOGPROBS = 20  # alternatives per token, as the OpenAI API allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +94,24 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
         raise ValueError("cannot sample from an all-zero distribution")
     idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
     return min(idx, probs.shape[0] - 1)
+
+
+def token_logprobs(logits: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
+    """Log-softmax of the raw logits (no temperature or filters, as vLLM and the OpenAI API report them) at
+    ``tokens[i]`` in row i, with the ``n_top`` most likely ids of each row.
+
+    Only the rows asked for are touched (one pass over each 262k-wide row of a large vocabulary: about a
+    millisecond), and only for requests that ask for logprobs.
+    """
+    out: list[TokenLogprob] = []
+    for row, tok in zip(np.atleast_2d(logits), tokens):
+        z = row.astype(np.float64)
+        top = float(z.max())
+        lse = top + float(np.log(np.exp(z - top).sum()))
+        alts: tuple[tuple[int, float], ...] = ()
+        if n_top > 0:
+            ids = np.argpartition(-z, n_top - 1)[:n_top]
+            ids = ids[np.lexsort((ids, -z[ids]))]  # most likely first; ties by id, so runs agree
+            alts = tuple((int(i), float(z[i] - lse)) for i in ids)
+        out.append(TokenLogprob(int(tok), float(z[int(tok)] - lse), alts))
+    return out

@@ -118,4 +118,15 @@ class VerifyResult:
     n_accepted: int
 
 
-__all__ = ["Draft", "VerifyResult"]
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The target's log-probability of one committed token, and of its ``top`` alternatives (id, logprob),
+    most likely first.  Read from the row that verified the token, so a draft token accepted from a
+    verification batch gets the same number plain decoding computes for it (where the call shapes are exact)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+__all__ = ["Draft", "TokenLogprob", "VerifyResult"]

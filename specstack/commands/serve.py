@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
-        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, profile, category",
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, profile, category, "
+        "chat_template",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -52,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
                    "(see `specstack generate --help`)")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
+                   "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
+                   "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
     p.add_argument("--cache-ram", type=int, default=512, help="MiB of host memory for finished prompts' KV, restored "
                    "instead of prefilled when a prompt comes back (default 512; 0 = off)")
     p.set_defaults(func=run)
@@ -63,7 +68,8 @@ def build_roles(args: argparse.Namespace):
     if args.config is not None:
         return load_roles(args.config)
     overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
-                 "exact": args.exact == "on", "cache_mb": args.cache_ram, "rollback": args.rollback}
+                 "exact": args.exact == "on", "cache_mb": args.cache_ram, "rollback": args.rollback,
+                 "chat_template": args.chat_template}
     if args.model is not None:
         overrides["model"] = args.model
     if args.model_draft is not None:
@@ -80,10 +86,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
                                     "pip install 'specstack[serve]'") from None
     roles = build_roles(args)
-    for role in roles:
-        from ..target import check_gguf_file
+    from ..server.chat import load_template
+    from ..target import check_gguf_file
 
+    for role in roles:  # before anything loads: a wrong path or template name fails now, not per request
         check_gguf_file(role.model, f"role {role.name!r} model")
+        load_template(role.model, role.chat_template)
     limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)

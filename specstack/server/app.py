@@ -29,8 +29,8 @@ from ..draft_length import MAX_DRAFT, POLICIES
 from ..drafters import available
 from ..generation import GenerationConfig
 from ..errors import SpecstackError
-from ..sampling import SamplingParams
-from .chat import load_template, render
+from ..sampling import MAX_LOGPROBS, SamplingParams
+from .chat import render
 from .metrics import ServerMetrics
 from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
@@ -88,8 +88,19 @@ class _Common(BaseModel):
     speculative: Speculative | None = None
 
 
+    # Accepted by the OpenAI API but not done here: a request that sets them gets a 400 naming the field
+    # (``unsupported``), never a 200 that silently ignores them.
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    response_format: Any = None
+    logit_bias: Any = None
+
+
 class CompletionRequest(_Common):
     prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
 
 
 class Message(BaseModel):
@@ -101,6 +112,28 @@ class Message(BaseModel):
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+def unsupported(body: _Common) -> None:
+    """400 for a field this server would otherwise ignore: the client must know it was not honoured."""
+    if body.tools or body.functions:
+        raise ApiError(400, "tools/function calling is not supported by specstack serve; leave out 'tools'",
+                       param="tools")
+    if body.tool_choice not in (None, "none"):
+        raise ApiError(400, "tool_choice is not supported (no tools here); leave it out", param="tool_choice")
+    if body.response_format not in (None, {"type": "text"}):
+        raise ApiError(400, "response_format other than {\"type\": \"text\"} (JSON mode, schemas) is not supported; "
+                       "leave it out", param="response_format")
+    if body.logit_bias:
+        raise ApiError(400, "logit_bias is not supported: it would change the target's distribution; leave it out",
+                       param="logit_bias")
+    if isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None:
+        raise ApiError(400, "echo with logprobs is not supported (it needs the prompt tokens' logprobs); ask for "
+                       "one or the other", param="echo")
+    if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -119,7 +152,6 @@ class ApiError(Exception):
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16) -> FastAPI:
     metrics = ServerMetrics()
     workers = {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
-    templates: dict[str, str | None] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -195,7 +227,9 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return JSONResponse({"object": "list", "data": [
             {"id": w.role.name, "object": "model", "created": 0, "owned_by": "specstack",
              "speculative": {"drafter": w.role.drafter, "k_policy": w.role.k_policy, "k": w.role.k,
-                             "parallel": w.role.parallel, "exact": w.role.exact}}
+                             "parallel": w.role.parallel, "exact": w.role.exact},
+             "chat_template": w.template.origin if w.template else None,
+             "n_ctx": w.target.n_ctx if w.target else None}
             for w in workers.values()]})
 
     @app.get("/")
@@ -204,22 +238,22 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        unsupported(body)
         w = worker_for(body.model)
         ids = body.prompt if isinstance(body.prompt, list) else w.target.tokenize(body.prompt)
         return await run(request, w, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Response:
+        unsupported(body)
         w = worker_for(body.model)
-        if w.role.name not in templates:
-            templates[w.role.name] = load_template(w.role.model)
         try:
-            prompt = render([m.model_dump() for m in body.messages], templates[w.role.name])
+            prompt = render([m.model_dump() for m in body.messages], w.template)
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="messages") from None
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await run(request, w, body, w.target.tokenize(prompt), chat=True)
+        return await run(request, w, body, w.target.tokenize(prompt, parse_special=w.template.kind != "plain"), chat=True)
 
     async def run(request: Request, w: RoleWorker, body: _Common, ids: list[int], chat: bool) -> Response:
         job = make_job(w, body, ids)
@@ -234,18 +268,23 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         if first["type"] == "error":
             return error(first["status"], first["message"], first["kind"])
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        echo = w.target.detokenize(ids) if getattr(body, "echo", False) else ""
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            if echo and first["type"] == "delta":
+                first = {**first, "text": echo + first["text"]}
             return EventSourceResponse(stream(request, w, job, first, rid, chat, include_usage), ping=15)
-        text, event = "", first
+        text, event, logprobs = echo, first, LogprobsOut(w.target, chat, len(echo))
         while event["type"] == "delta":
             text += event["text"]
+            logprobs.add(event)
             event = await next_event(request, w, job)
             if event is None:
                 return Response(status_code=499)
         if event["type"] == "error":
             return error(event["status"], event["message"], event["kind"])
-        return JSONResponse(final_body(rid, w.role.name, text, event, chat))
+        return JSONResponse(final_body(rid, w.role.name, text, event, chat,
+                                       logprobs.body() if job.config.logprobs is not None else None))
 
     def make_job(w: RoleWorker, body: _Common, ids: list[int]) -> Job:
         target = w.target
@@ -275,7 +314,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                       min_p=body.min_p, seed=body.seed)
             config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stops), sampling=sampling,
-                                      k=spec.get("k", w.role.k))
+                                      k=spec.get("k", w.role.k), logprobs=wanted_logprobs(body))
         except SpecstackError as exc:
             raise ApiError(400, str(exc)) from None
         return Job(ids, config, spec, asyncio.get_running_loop(), asyncio.Queue(),
@@ -304,12 +343,20 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         done = False
+        offset = 0
         try:
             if chat:
                 yield chunk(rid, obj, created, w.role.name, {"delta": {"role": "assistant"}, "finish_reason": None}, include_usage)
             while True:
                 if event["type"] == "delta":
-                    choice = {"delta": {"content": event["text"]}} if chat else {"text": event["text"], "logprobs": None}
+                    lp = None
+                    if event.get("logprobs") is not None:
+                        lp = LogprobsOut(w.target, chat, offset)
+                        lp.add(event)
+                        lp = lp.body()
+                    offset += len(event["text"])
+                    choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if chat
+                              else {"text": event["text"], "logprobs": lp})
                     yield chunk(rid, obj, created, w.role.name, {**choice, "finish_reason": None}, include_usage,
                                 {"tokens": event["tokens"]})
                 elif event["type"] == "done":
@@ -353,11 +400,56 @@ def summary(stats: dict[str, Any]) -> dict[str, Any]:
     return {k: stats[k] for k in keys if k in stats}
 
 
-def final_body(rid: str, model: str, text: str, event: dict[str, Any], chat: bool) -> dict[str, Any]:
+def wanted_logprobs(body: _Common) -> int | None:
+    """Alternatives per token a request asks for (None: no logprobs): completions' ``logprobs: N``,
+    chat's ``logprobs: true`` with ``top_logprobs: N``."""
+    if isinstance(body, ChatRequest):
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return getattr(body, "logprobs", None)
+
+
+class LogprobsOut:
+    """A response's ``logprobs`` in the OpenAI shape of its endpoint, from the engine's ``TokenLogprob``s.
+
+    Completions: ``tokens``, ``token_logprobs``, ``top_logprobs`` (text -> logprob) and ``text_offset``;
+    chat: ``content``, a list of ``{token, logprob, bytes, top_logprobs}``.
+    """
+
+    def __init__(self, target: Any, chat: bool, offset: int = 0) -> None:
+        self._target, self.chat, self.offset = target, chat, offset
+        self.items: list[tuple[str, bytes, Any]] = []
+
+    def add(self, event: dict[str, Any]) -> None:
+        for lp in event.get("logprobs") or ():
+            raw = self._target.token_bytes(lp.token)
+            self.items.append((raw.decode("utf-8", "replace"), raw, lp))
+
+    def body(self) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [{"token": text, "logprob": lp.logprob, "bytes": list(raw),
+                                 "top_logprobs": [self._alt(t, v) for t, v in lp.top]} for text, raw, lp in self.items]}
+        offsets, at = [], self.offset
+        for text, _, _ in self.items:
+            offsets.append(at)
+            at += len(text)
+        return {"tokens": [t for t, _, _ in self.items], "token_logprobs": [lp.logprob for _, _, lp in self.items],
+                "top_logprobs": [{self._text(t): v for t, v in lp.top} for _, _, lp in self.items],
+                "text_offset": offsets}
+
+    def _alt(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self._target.token_bytes(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    def _text(self, token: int) -> str:
+        return self._target.token_bytes(token).decode("utf-8", "replace")
+
+
+def final_body(rid: str, model: str, text: str, event: dict[str, Any], chat: bool,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": event["finish_reason"],
-                  "logprobs": None}
+                  "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": event["finish_reason"], "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": event["finish_reason"], "logprobs": logprobs}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice], "usage": event["usage"], "speculative": summary(event["stats"])}

@@ -56,6 +56,7 @@ class Role:
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
     profile: Path | None = None
     category: str | None = None
+    chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (``chat.load_template``)
 
     def __post_init__(self) -> None:
         if self.k_policy not in POLICIES:
@@ -92,6 +93,11 @@ def load_roles(path: Path) -> list[Role]:
             raise InvalidParameterError(f"roles file {path}: role {name!r} has unknown keys {', '.join(sorted(unknown))}; "
                                         f"known: {', '.join(sorted(known))}")
         values = dict(table)
+        if isinstance(values.get("chat_template"), str) and not values["chat_template"].strip():
+            raise InvalidParameterError(f"roles file {path}: role {name!r}: chat_template is empty")
+        template = values.get("chat_template")
+        if isinstance(template, str) and (base / Path(template).expanduser()).is_file():
+            values["chat_template"] = str(base / Path(template).expanduser())  # a file beside the roles file
         for key in ("model", "draft", "profile"):
             if key in values:
                 p = Path(values[key]).expanduser()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import SpecstackError
 from ..target import LlamaModel, ModelConfig
+from .chat import ChatTemplate, load_template
 from .metrics import ServerMetrics
 from .roles import Role
 
@@ -77,6 +79,7 @@ class RoleWorker:
         self._drafters: dict[str, Drafter] = {}
         self._policies: dict[str, DraftLengthPolicy] = {}
         self._costs: CostModel | None = None
+        self.template: ChatTemplate | None = None
         self._thread = threading.Thread(target=self._run, name=f"specstack-{role.name}", daemon=True)
 
     # -- called from the HTTP side ------------------------------------------
@@ -140,7 +143,11 @@ class RoleWorker:
         self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
                                              rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
-        announce_load(self.target, prefix=f"specstack serve: role {role.name!r}")
+        prefix = f"specstack serve: role {role.name!r}"
+        announce_load(self.target, prefix=prefix)
+        self.template = load_template(role.model, role.chat_template)
+        if self.template.warning:
+            print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
         ensure_shapes(self.target, role.exact)
         # Calibrated now, before any request: timing calls resets the target, which must never happen
         # while generations hold its sequences (a request may ask for the cost policy at any time).
@@ -213,8 +220,9 @@ class RoleWorker:
             new = range(job.sent, len(gen.output_ids))
             if text or len(new):
                 tokens = [[self.target.token_bytes(gen.output_ids[i]).decode("utf-8", "replace"), gen.origins[i]] for i in new]
+                logprobs = [gen.logprobs[i] for i in new] if job.config.logprobs is not None else None
                 job.sent = len(gen.output_ids)
-                job.emit({"type": "delta", "text": text, "tokens": tokens})
+                job.emit({"type": "delta", "text": text, "tokens": tokens, "logprobs": logprobs})
             if gen.done:
                 self._finish(job)
 

@@ -121,3 +121,32 @@ def system_info() -> str:
     """llama.cpp's build and CPU feature line (AVX2, AVX512, ...)."""
     init_backend()
     return llama_cpp_module().llama_print_system_info().decode(errors="replace")
+
+
+def builtin_chat_templates() -> list[str]:
+    """The chat templates llama.cpp knows by name (``llama_chat_builtin_templates``: gemma, chatml, llama3, ...)."""
+    lc = llama_cpp_module()
+    n = int(lc.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * n)()
+    lc.llama_chat_builtin_templates(names, n)
+    return sorted(name.decode() for name in names if name)
+
+
+def apply_builtin_chat_template(name: str, messages: list[tuple[str, str]]) -> str:
+    """``messages`` (role, text) through llama.cpp's built-in template ``name``, ending with the assistant's turn.
+
+    Raises ``ValueError`` when llama.cpp refuses (an unknown name, or messages the format cannot hold).
+    """
+    lc = llama_cpp_module()
+    keep = [(role.encode(), text.encode()) for role, text in messages]  # alive while llama.cpp reads them
+    chat = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(r, t) for r, t in keep])
+    size = 2 * sum(len(r) + len(t) for r, t in keep) + 256
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = int(lc.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, size))
+        if n < 0:
+            raise ValueError(f"llama.cpp's chat template {name!r} could not format these messages")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        size = n
+    raise ValueError(f"llama.cpp's chat template {name!r} returned an inconsistent size")

@@ -18,16 +18,20 @@ class Vocabulary:
     n_vocab: int
     _piece_cache: dict[int, bytes]
 
-    def tokenize(self, text: str | bytes, add_special: bool = True) -> list[int]:
-        """Text (or raw UTF-8 bytes) to token ids; ``add_special`` adds BOS when the model asks for it."""
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Text (or raw UTF-8 bytes) to token ids; ``add_special`` adds BOS when the model asks for it.
+
+        ``parse_special`` reads control tokens written as text (``<start_of_turn>``) as those tokens: chat
+        templates write them so; a user's own prompt text is never parsed that way (as llama-server).
+        """
         data = text if isinstance(text, bytes) else text.encode("utf-8")
         cap = len(data) + 8
         buf = (ctypes.c_int32 * cap)()
-        n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, False)
+        n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (ctypes.c_int32 * cap)()
-            n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, False)
+            n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
     def token_bytes(self, token: int) -> bytes:
