@@ -177,7 +177,7 @@ def test_k_is_recorded_only_where_it_is_used(capsys, args, k, note):
 
 
 @pytest.mark.parametrize("ctx,message", [
-    ("99999999", "could not create a context"),  # llama.cpp cannot allocate it (this once crashed after the error)
+    ("99999999", "KV cache, but only"),  # refused before llama.cpp allocates it (it once crashed after its error)
     ("4294967296", "more than llama.cpp can address"),  # wraps llama.cpp's 32-bit n_ctx and aborts inside it
 ])
 def test_impossible_context_sizes_are_errors_not_crashes(ctx, message):
@@ -186,6 +186,22 @@ def test_impossible_context_sizes_are_errors_not_crashes(ctx, message):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-500:]
     assert message in proc.stderr and "--ctx-size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("ctx", ["16", "100"])
+def test_small_contexts_run_without_aborting_in_llama_cpp(ctx):
+    """-c 100 once aborted in llama.cpp (GGML_ASSERT n_tokens_all <= n_batch): it rounds a small n_ctx up to 256 but
+    kept the n_batch it was given, and the shape probe and cost curve made calls wider than that."""
+    proc = subprocess.run([sys.executable, "-m", "specstack", "generate", "-p", "def f(", "-n", "8", "-c", ctx, "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert json.loads(proc.stdout)["n_tokens"] == 8
+
+
+def test_a_context_too_small_for_any_step_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "specstack", "generate", "-p", "x", "-n", "2", "-c", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--ctx-size 3 is too small" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_context_past_the_trained_one_is_a_warning(capsys):

@@ -379,7 +379,7 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     With several slots the curve reaches further (calls then carry many generations' rows).
     """
     ensure_shapes(model, exact, use_cache)
-    n_max = max(n_max, min(model.batch_cap, 64, 4 * model.n_slots))
+    n_max = min(max(n_max, min(64, 4 * model.n_slots)), model.batch_cap)  # no call wider than a batch (-c 10)
     path = cache_dir() / "costs.json"
     key = _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
     cache = _read_cache(path) if use_cache else {}

@@ -25,7 +25,8 @@ from .recurrent import Memory, SeqLog
 from .tree import TreeBatches
 from .vocab import Vocabulary
 
-_MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
+_MAX_CTX = 2**31 - 1
+MIN_CTX = 16  # below this llama.cpp aborts (a batch must hold every tree branch's output row)  # positions are int32 in llama.cpp
 
 
 class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
@@ -68,7 +69,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         # Positions per sequence: a unified cache is shared (sized slots x n_ctx), streams are per sequence.
         self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
         self._mem = lc.llama_get_memory(self._ctx)
-        self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx))
+        # llama.cpp rounds a small n_ctx up (to 256) but keeps the n_batch it was given: a call is capped by both.
+        n_batch = min(int(lc.llama_n_batch(self._ctx)), int(lc.llama_n_ubatch(self._ctx)))
+        self._batch_cap = self.batch_cap = max(1, min(config.n_batch, self.n_ctx, n_batch))
         self.seq_len = [0] * self.n_seq_max
         self._logs = [SeqLog() for _ in range(self.n_seq_max)]
         # Writes per sequence (decode, truncate, reset): a cache that remembers what a sequence held
@@ -135,6 +138,10 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         lc = self._lc
         params = lc.llama_context_default_params()
         per_seq = self._ctx_per_seq()
+        if per_seq < MIN_CTX:
+            self._free_model()
+            raise ModelLoadError(f"--ctx-size {per_seq} is too small: a sequence needs at least {MIN_CTX} positions "
+                                 "(prompt, new tokens and the rows a draft or a padded step adds); use -c 4096, the default")
         scratch = 1 if self.is_recurrent else 0
         total = per_seq * (self.n_slots + (scratch if not self.unified else 0))
         if total > _MAX_CTX:  # llama.cpp's n_ctx is 32-bit: a larger one wraps and aborts inside llama.cpp
@@ -148,7 +155,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self.kv = estimate_kv(self.meta, per_seq, total)
         check_kv_fits(self.kv, self.role, self.path.name, per_seq, self._free_model)
         params.n_ctx = total
-        params.n_batch = params.n_ubatch = max(1, min(self.config.n_batch, params.n_ctx))
+        # Not capped by n_ctx here: llama.cpp rounds a small n_ctx up (to 256) and caps n_batch by that; a batch
+        # smaller than n_seq_max (-c 3 with 8 tree branches) would abort inside llama.cpp.
+        params.n_batch = params.n_ubatch = max(1, self.config.n_batch)
         params.n_threads = params.n_threads_batch = self.n_threads
         params.n_seq_max = self.n_seq_max + scratch
         if self.is_recurrent and self.config.rollback != "checkpoint":
