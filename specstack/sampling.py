@@ -45,7 +45,12 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def rng(self) -> np.random.Generator:
-        return np.random.default_rng(self.seed)
+        return np.random.default_rng(self.entropy_seed)
+
+    @property
+    def entropy_seed(self) -> int | None:
+        """The seed numpy gets: a negative seed means "random", as llama.cpp's -1 (LLAMA_DEFAULT_SEED)."""
+        return None if self.seed is None or self.seed < 0 else self.seed
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

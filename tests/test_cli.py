@@ -214,3 +214,26 @@ def test_an_empty_prompt_generates_from_bos_like_llama_cpp(capsys):
     """-p '' tokenizes to BOS alone (the bundled model adds one), so plain decoding starts from it."""
     code, out, err = run_cli(capsys, "generate", "-p", "", "-n", "6", "--json", "--drafter", "prompt-lookup")
     assert code == 0 and json.loads(out)["n_tokens"] == 6 and "Traceback" not in err
+
+
+def test_k_max_zero_is_refused_not_taken_as_the_default(capsys):
+    code, _, err = run_cli(capsys, "generate", "-p", "x", "-n", "2", "--k-max", "0")
+    assert code == 2 and "k_max must be at least 1 (got 0)" in err
+
+
+def test_seed_minus_one_means_random_as_in_llama_cpp(capsys):
+    code, out, err = run_cli(capsys, "generate", "-p", "import os", "-n", "4", "--temp", "0.8", "--seed", "-1",
+                             "--drafter", "draft-model", "--json")
+    assert code == 0 and json.loads(out)["n_tokens"] == 4 and "Traceback" not in err
+
+
+def test_more_threads_than_cpus_warn(capsys):
+    code, _, err = run_cli(capsys, "generate", "-p", "x", "-n", "2", "-t", "64", "--json")
+    assert code == 0 and "-t 64 is more than the" in err
+
+
+def test_a_prompt_file_with_invalid_utf8_is_read_like_llama_cpp(capsys, tmp_path):
+    path = tmp_path / "p.py"
+    path.write_bytes(b"def f(\xff\xfe):\n    return ")
+    code, out, err = run_cli(capsys, "generate", "-f", str(path), "-n", "3", "--json")
+    assert code == 0 and json.loads(out)["n_tokens"] == 3 and "not valid UTF-8 (byte 6)" in err

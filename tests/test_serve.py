@@ -160,6 +160,43 @@ def test_errors_have_openai_bodies(client, server):
     assert httpx.get(server.url + "/nope").json()["error"]["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize("field,value", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"5": 10}),
+])
+def test_fields_not_honoured_are_400_naming_the_field(client, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="pycoder-6m", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                       extra_body={field: value})
+    assert e.value.body["param"] == field
+
+
+def test_image_parts_and_echo_with_logprobs_are_400(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="pycoder-6m", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}])
+    assert "image_url" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=4, echo=True, logprobs=1)
+    assert e.value.body["param"] == "echo"
+
+
+def test_seed_minus_one_is_random_not_a_500(client):
+    r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=4, temperature=0.8, seed=-1)
+    assert r.usage.completion_tokens == 4
+
+
+def test_logprobs_and_echo_on_completions(client, target):
+    r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 6
+    assert all(t[lp.tokens[i]] == lp.token_logprobs[i] for i, t in enumerate(lp.top_logprobs))  # greedy: the top one
+    echoed = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == target.detokenize(target.tokenize(PROMPT)) + r.choices[0].text
+
+
 def test_api_key_is_enforced(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

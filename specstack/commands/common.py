@@ -174,7 +174,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability; 0 = off")
-    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling (-1: random, as llama.cpp)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -184,6 +184,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
     """The target with its exact batch shapes settled (measured once per model and cached)."""
     set_verbose(getattr(args, "verbose", False))
+    warn_threads(args.threads)
     # A one-slot target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
     # unified KV cache gave bit-identical chain logits, so plain decoding is unaffected.
     branches = max(1, getattr(args, "tree_branches", 8))
@@ -199,6 +200,17 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
     announce_load(target)
     ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
     return target
+
+
+def warn_threads(threads: int) -> None:
+    """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so, once."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cpus:
+        print(f"specstack: warning: -t {threads} is more than the {cpus} CPUs this process may use; llama.cpp's "
+              f"threads will contend for them (use -t {cpus} or fewer, or leave -t out for one per physical core)",
+              file=sys.stderr, flush=True)
 
 
 def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:

@@ -51,9 +51,15 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.file is None:
         return args.prompt
     try:
-        return args.file.read_text(encoding="utf-8")
+        data = args.file.read_bytes()
     except OSError as exc:
         raise InvalidParameterError(f"cannot read prompt file {args.file}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # llama.cpp reads bytes; keep going, but say what was replaced
+        print(f"specstack: warning: prompt file {args.file} is not valid UTF-8 (byte {exc.start}); invalid bytes are "
+              "read as U+FFFD", file=sys.stderr)
+        return data.decode("utf-8", errors="replace")
 
 
 def apply_profile(args: argparse.Namespace, argv_flags: set[str]) -> None:

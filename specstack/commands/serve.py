@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         from ..server.app import Limits, create_app
     except ImportError as exc:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
-                                    "pip install 'specstack[serve]'") from None
+                                    "reinstall specstack (pip install .), which brings fastapi, uvicorn and sse-starlette") from None
     roles = build_roles(args)
     from ..server.chat import load_template
     from ..target import check_gguf_file

@@ -331,6 +331,8 @@ def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | 
     ``costs``, the target's t(n) is calibrated here (cached on disk) up to k_max + 1 rows.
     """
     for what, value in (("k", k), ("k_max", k_max)):
+        if value is not None and value < 1:  # k_max 0 once silently meant "the default"
+            raise InvalidParameterError(f"{what} must be at least 1 (got {value}); use --drafter none for plain decoding")
         if value is not None and value > MAX_DRAFT:
             raise InvalidParameterError(f"{what} must be at most {MAX_DRAFT} (got {value}): a verification batch "
                                         f"holds the pending token and at most {MAX_DRAFT} draft tokens")

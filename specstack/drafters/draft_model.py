@@ -79,7 +79,7 @@ class DraftModelDrafter:
         self.config = config
         self.temperature = config.draft_temp if config.draft_temp is not None else temperature
         self._sampled = temperature > 0.0 and self.temperature > 0.0
-        self._rng = np.random.default_rng(None if config.seed is None else config.seed + 1)
+        self._rng = np.random.default_rng(None if config.seed is None or config.seed < 0 else config.seed + 1)
         self._seqs: dict[int, _Seq] = {}
         self._tli: tuple[np.ndarray, np.ndarray, int] | None = None  # see restrict_to()
 
