@@ -195,6 +195,9 @@ def test_logprobs_and_echo_on_completions(client, target):
     assert all(t[lp.tokens[i]] == lp.token_logprobs[i] for i, t in enumerate(lp.top_logprobs))  # greedy: the top one
     echoed = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
     assert echoed.choices[0].text == target.detokenize(target.tokenize(PROMPT)) + r.choices[0].text
+    streamed = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=6, temperature=0, echo=True,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == echoed.choices[0].text
 
 
 def test_api_key_is_enforced(server):

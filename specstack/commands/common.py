@@ -204,9 +204,9 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
 
 def warn_threads(threads: int) -> None:
     """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so, once."""
-    import os
+    from ..machine.sysinfo import allowed_cpus
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = len(allowed_cpus())
     if threads > cpus:
         print(f"specstack: warning: -t {threads} is more than the {cpus} CPUs this process may use; llama.cpp's "
               f"threads will contend for them (use -t {cpus} or fewer, or leave -t out for one per physical core)",

@@ -24,7 +24,7 @@ from ..paths import cache_dir
 from ..target import BatchShapes, EngineTarget, plan_calls
 from ..ui import Progress
 
-CURVE_VERSION = 4  # bump when the measurement method changes: old cache entries are ignored
+CURVE_VERSION = 5  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass
@@ -177,7 +177,7 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     for i, want in enumerate(depths):
         sizes = [t for t in all_sizes if t <= model.n_ctx - want - 1 and (i == 0 or match1.get(t) or match2.get(t))]
         progress.update(i, f"at {want} tokens")
-        m1, m2, s1 = _match_at(model, want, sizes)
+        m1, m2, s1 = _match_at(model, want, sizes, n_ref)
         for t in all_sizes:
             match1[t] = match1.get(t, True) and m1.get(t, False)
             match2[t] = match2.get(t, True) and m2.get(t, False)
@@ -199,10 +199,11 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
                        prefill_exact=unbounded, settled=True)
 
 
-def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int]) -> tuple[dict[int, bool], dict[int, bool], bool]:
+def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
+              n_ref: int) -> tuple[dict[int, bool], dict[int, bool], bool]:
     """Per size (in order): do all its rows equal the unpadded (1) / padded (2) plain references after ``depth``
     tokens?  Stops at the first size where both runs have broken.  The references grow only as far as a live
-    run needs: 6 rows, then every size up to 24, then the largest probe."""
+    run needs: 6 rows, then ``n_ref``, then the largest probe."""
     toks = _filler(model, depth + max(sizes, default=2))
     model.reset()
     model.prefill(toks[:depth])
@@ -214,7 +215,7 @@ def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int]) -> tuple[di
     ok1 = ok2 = True
     for t in sizes:
         if t > len(ref1) and t > len(ref2):
-            n = min(next(g for g in (6, 24, max(sizes), t) if g >= t), max(sizes))
+            n = min(next(g for g in (6, n_ref, max(sizes)) if g >= t), max(sizes))
             ref1 = _plain_rows(model, toks, depth, n, pad=0) if ok1 else ref1
             ref2 = _plain_rows(model, toks, depth, n, pad=1) if ok2 else ref2
             if ok1 and ok2:

@@ -86,8 +86,6 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     speculative: Speculative | None = None
-
-
     # Accepted by the OpenAI API but not done here: a request that sets them gets a 400 naming the field
     # (``unsupported``), never a 200 that silently ignores them.
     tools: Any = None
@@ -271,9 +269,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         echo = w.target.detokenize(ids) if getattr(body, "echo", False) else ""
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            if echo and first["type"] == "delta":
-                first = {**first, "text": echo + first["text"]}
-            return EventSourceResponse(stream(request, w, job, first, rid, chat, include_usage), ping=15)
+            return EventSourceResponse(stream(request, w, job, first, rid, chat, include_usage, echo), ping=15)
         text, event, logprobs = echo, first, LogprobsOut(w.target, chat, len(echo))
         while event["type"] == "delta":
             text += event["text"]
@@ -339,14 +335,16 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                     return None
 
     async def stream(request: Request, w: RoleWorker, job: Job, event: dict[str, Any], rid: str, chat: bool,
-                     include_usage: bool) -> AsyncIterator[str]:
+                     include_usage: bool, echo: str = "") -> AsyncIterator[str]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         done = False
-        offset = 0
+        offset = len(echo)  # text_offset of the first generated token
         try:
             if chat:
                 yield chunk(rid, obj, created, w.role.name, {"delta": {"role": "assistant"}, "finish_reason": None}, include_usage)
+            if echo:  # completions' echo: the prompt's text first, even when no token follows
+                yield chunk(rid, obj, created, w.role.name, {"text": echo, "logprobs": None, "finish_reason": None}, include_usage)
             while True:
                 if event["type"] == "delta":
                     lp = None

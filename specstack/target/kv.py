@@ -79,8 +79,8 @@ def estimate_kv(meta: Any, per_seq: int, cells: int) -> KVEstimate | None:
         return None
     n_layers = int(n_layers)
     heads = _per_layer(n_head, n_layers, 1)
-    heads_kv = _per_layer(meta.get(f"{arch}.attention.head_count_kv"), n_layers, 0)
-    heads_kv = [kv if meta.get(f"{arch}.attention.head_count_kv") is not None else h for kv, h in zip(heads_kv, heads)]
+    kv_key = meta.get(f"{arch}.attention.head_count_kv")
+    heads_kv = heads if kv_key is None else _per_layer(kv_key, n_layers, 0)  # llama.cpp: n_head_kv defaults to n_head
     head_dim = int(n_embd) // max(max(heads), 1)
     k_len = int(meta.get(f"{arch}.attention.key_length") or head_dim)
     v_len = int(meta.get(f"{arch}.attention.value_length") or head_dim)

@@ -145,8 +145,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         scratch = 1 if self.is_recurrent else 0
         total = per_seq * (self.n_slots + (scratch if not self.unified else 0))
         if total > _MAX_CTX:  # llama.cpp's n_ctx is 32-bit: a larger one wraps and aborts inside llama.cpp
-            lc.llama_model_free(self._model)
-            self._model = None
+            self._free_model()
             raise ModelLoadError(f"context of {total} positions ({per_seq} per sequence x {total // per_seq}) is more "
                                  f"than llama.cpp can address ({_MAX_CTX}); use a smaller --ctx-size")
         if per_seq > self.n_ctx_train:
@@ -167,8 +166,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
-            lc.llama_model_free(self._model)
-            self._model = None  # freed here: close() must not free it again
+            self._free_model()
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
 
