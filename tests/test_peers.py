@@ -164,6 +164,35 @@ def _have_bins() -> bool:
     return True
 
 
+def _replaying_peer(bin_dir: Path, lost_runs: int) -> None:
+    """A llama-speculative-simple that replays a captured run, its log's tail lost the first times.
+
+    The loss is llama.cpp's own (its logger thread is not joined at exit): it cannot be forced in
+    the real binary, so this replays the real binary's captured output.
+    """
+    stderr = FIXTURES / "speculative-simple-draft-simple-k4.stderr.txt"
+    stdout = FIXTURES / "speculative-simple-draft-simple-k4.stdout.txt"
+    script = bin_dir / "llama-speculative-simple"
+    script.write_text(f"""#!/bin/sh
+n=$(cat "{bin_dir}/runs" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "{bin_dir}/runs"
+if [ $n -le {lost_runs} ]; then head -n 2 "{stderr}" >&2; exit 0; fi
+cat "{stderr}" >&2; cat "{stdout}"
+""")
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("lost_runs, runs, ok", [(0, 1, True), (2, 3, True), (3, 3, False)])
+def test_a_run_that_lost_its_log_tail_runs_again(tmp_path, lost_runs, runs, ok):
+    _replaying_peer(tmp_path, lost_runs)
+    run = lambda: peers.run_peer("llama-draft-simple", DEFAULT_TARGET, "x", draft=DEFAULT_DRAFT, bins=tmp_path)
+    if ok:
+        assert run()["n_accepted"] > 0
+    else:
+        with pytest.raises(PeerError, match="encoded"):
+            run()
+    assert int((tmp_path / "runs").read_text()) == runs == min(lost_runs + 1, peers.LOST_LOG_TRIES)
+
+
 @pytest.mark.skipif(not _have_bins(), reason="llama.cpp peer binaries not built (scripts/build_llama_bins.sh)")
 def test_run_peer_draft_model_matches_plain_greedy_output():
     prompt = "def fibonacci(n):\n    if n < 2:\n"

@@ -52,6 +52,14 @@ DEFAULT_BIN_DIR = Path.home() / ".cache" / "specstack" / "llama-bins" / "bin"
 BIN_DIR_ENV = "SPECSTACK_LLAMA_BINS"
 
 
+# llama.cpp's logger writes from a worker thread and is never joined at exit (llama.cpp issue
+# 22142): when the process ends before that thread is scheduled, as on a loaded machine, the
+# run exits 0 with the tail of its log, stats and text included, missing. Whatever is printed
+# arrives in order, so a present final stats line means nothing before it was lost; a run
+# without it is run again, up to this many times in all.
+LOST_LOG_TRIES = 3
+
+
 class PeerError(SpecstackError):
     """A llama.cpp peer binary is missing, failed, or printed something we cannot parse."""
 
@@ -242,14 +250,22 @@ def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str |
     Besides ``RESULT_KEYS`` the dict holds ``command``, ``k`` (the effective draft cap), and
     ``text`` (the generated text, to check that every method produced the same output).
     """
+    parse = _PARSERS.get(method, parse_speculative_simple)
     with tempfile.TemporaryDirectory(prefix="specstack-peer-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         # llama.cpp's -f drops one trailing newline; add one so the prompt arrives unchanged.
         prompt_file.write_text(prompt + "\n", encoding="utf-8")
         cmd = [*peer_command(method, model, prompt_file, draft=draft, n_predict=n_predict, threads=threads,
                              k=k, ctx=ctx, seed=seed, bins=bins), *extra_args]
-        proc = _run(cmd, method, timeout, show_command=True)
-    result = _PARSERS.get(method, parse_speculative_simple)(proc.stderr, method)
+        for attempt in range(1, LOST_LOG_TRIES + 1):
+            proc = _run(cmd, method, timeout, show_command=True)
+            try:
+                result = parse(proc.stderr, method)
+                break
+            except PeerError:
+                # A clean exit without its closing stats lost the tail of its log (see LOST_LOG_TRIES).
+                if attempt == LOST_LOG_TRIES:
+                    raise
     result["command"] = cmd
     result["text"] = generated_text(proc.stdout, prompt)
     if method == "llama-plain":
