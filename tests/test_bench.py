@@ -164,7 +164,7 @@ def tiny_run(tmp_path_factory):
     wl.write_text("".join(json.dumps({**r, "max_tokens": 16}) + "\n" for r in rows))
     out = tmp / "out"
     argv = ["bench", "run", "--workload", str(wl), "--methods", "none,prompt-lookup", "--k", "2", "--temp", "0,0.7",
-            "--cost-max-n", "4", "--cost-reps", "1", "-o", str(out), "-q"]
+            "--cost-max-n", "4", "--cost-reps", "1", "-o", str(out), "-q", "--exact", "on"]
     if not _has_matplotlib():
         argv.append("--no-plots")
     code = main(argv)

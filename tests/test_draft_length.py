@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from specstack.draft_length.costs import CostModel, calibrate, measure_curve
+from specstack.draft_length import costs
+from specstack.draft_length.costs import CostModel, calibrate, ensure_shapes, exact_mode, measure_curve, measure_exact_cost
 from specstack.draft_length import (
     AcceptanceTracker,
     CostK,
@@ -218,12 +219,42 @@ def test_a_cached_curve_that_no_longer_fits_the_machine_is_measured_again(target
     calibrate(target, n_max=6)
     path = tmp_path / "costs.json"
     cache = json.loads(path.read_text())
-    [key] = [k for k in cache if not k.startswith("shapes-")]
+    [key] = [k for k in cache if not k.startswith(("shapes-", "exact-auto-"))]
     cache[key]["curve_s"] = [1000.0 * (1 + 0.01 * n) for n in range(6)]  # a million times too slow
     path.write_text(json.dumps(cache))
+    monkeypatch.setattr(costs, "_checked", set())  # as a new process finds it
     again = calibrate(target, n_max=6)
     assert again.source == "calibrated"
     assert json.loads(path.read_text())[key]["curve_s"] == pytest.approx(again.curve)  # the cache is fixed too
+
+
+def test_exact_auto_keeps_exact_shapes_only_where_they_cost_little(target, tmp_path, monkeypatch):
+    """--exact auto times what padding and splitting add here, then keeps exact shapes under the limit only,
+    and says why; the mode a run gets is in ``shapes.why`` for every output."""
+    from specstack.target import BatchShapes
+
+    monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
+    before = target.shapes
+    try:
+        measured = BatchShapes(min_rows=2, max_rows=3, settled=True)  # as on Gemma 3 Q4_K_M: 17 rows take 6 calls
+        cost = measure_exact_cost(target, measured)
+        assert cost.rows == 17 and cost.pad >= 0 and cost.split > 0  # six calls cost more than one
+        for limit, on in ((100.0, True), (-1.0, False)):
+            monkeypatch.setattr(costs, "AUTO_EXACT_LIMIT", limit)
+            target.set_shapes(BatchShapes(min_rows=2))  # not settled: measured (or read from the cache) again
+            shapes = ensure_shapes(target, "auto")
+            assert shapes.exact is on and shapes.why.startswith(f"--exact auto: {'on' if on else 'off'}")
+            assert "pycoder-6m.gguf" in shapes.why and "padded one-token step" in shapes.why
+        target.set_shapes(BatchShapes(min_rows=2))
+        assert ensure_shapes(target, "on").why == "--exact on" and target.shapes.exact
+    finally:
+        target.set_shapes(before)
+
+
+def test_exact_modes():
+    assert (exact_mode(True), exact_mode(False), exact_mode("auto")) == ("on", "off", "auto")
+    with pytest.raises(InvalidParameterError, match="auto, on, off"):
+        exact_mode("sometimes")
 
 
 def test_measure_curve_leaves_target_reusable(target):

@@ -162,7 +162,7 @@ def server():
     from specstack.server.app import create_app
     from specstack.server.roles import Role
 
-    role = Role(name="gemma", model=_gemma_path(), ctx=2048, parallel=2, chat_template="gemma")
+    role = Role(name="gemma", model=_gemma_path(), ctx=2048, parallel=2, chat_template="gemma", exact="on")
     with Server(create_app([role])) as s:
         yield s
 

@@ -61,7 +61,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server():
-    app = create_app(default_roles(parallel=2), Limits(max_tokens=512, max_body_bytes=64_000), api_key=KEY, max_queue=1)
+    # --exact on: these tests compare served output with plain decoding bit for bit.
+    app = create_app(default_roles(parallel=2, exact="on"), Limits(max_tokens=512, max_body_bytes=64_000), api_key=KEY,
+                     max_queue=1)
     with Server(app) as s:
         s.app = app
         yield s
@@ -123,7 +125,9 @@ def test_chat_streaming_and_not(client):
 
 def test_models_health_and_metrics(client, server):
     assert [m.id for m in client.models.list()] == ["pycoder-6m"]
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # open without a key
+    health = httpx.get(server.url + "/health").json()  # open without a key
+    assert health == {"status": "ok", "roles": {"pycoder-6m": {"exact": {"requested": "on", "mode": "on", "why": "--exact on"}}}}
+    assert client.models.list().data[0].model_extra["speculative"]["exact"] == health["roles"]["pycoder-6m"]["exact"]
     text = httpx.get(server.url + "/metrics").text
     assert 'specstack_spec_decode_num_accepted_tokens_total{role="pycoder-6m",source="prompt-lookup"}' in text
     assert "specstack_spec_decode_num_accepted_tokens_per_pos_total" in text and "specstack_busy_slots" in text

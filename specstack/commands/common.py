@@ -12,7 +12,7 @@ from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..draft_length.costs import ensure_shapes
+from ..draft_length.costs import EXACT_MODES, ensure_shapes
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter, config_from_options, option_name
@@ -38,12 +38,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"context size in tokens per sequence (default {DEFAULT_CTX}, as llama.cpp, or the model's trained "
                    "context if shorter; 0 = the model's trained context). The KV cache's size is printed at load, and a "
                    "context whose cache cannot fit in memory is refused")
-    g.add_argument("--exact", choices=("on", "off"), default="on",
-                   help="on (default): keep every target call in the batch shapes measured to compute exactly as plain "
-                   "decoding (pad one-token steps where a one-row call differs, as on F16; split verification where a larger "
-                   "call differs, as on some Q4_K_M models), so greedy speculative output is identical to plain output. "
-                   "off: never pad or split: faster plain steps on such models, but speculative output may then differ from "
-                   "plain decoding at near-ties (see README, Exactness)")
+    g.add_argument("--exact", choices=EXACT_MODES, default="auto",
+                   help="auto (default): measure, once per model and thread count (cached), what exact call shapes cost "
+                   "here and keep them only where that is at most 3%% of a step, else run as off; every output says which "
+                   "mode is in force and why. on: keep every target call in the batch shapes measured to compute exactly "
+                   "as plain decoding (pad one-token steps where a one-row call differs, as on F16; split verification "
+                   "where a larger call differs, as on Q4_K_M), so greedy speculative output is identical to plain "
+                   "output at any price. off: never pad or split: faster, but speculative output may then differ from "
+                   "plain decoding at near-ties, as every peer's does (see README, Exactness)")
     g.add_argument("--experts", type=int, default=None,
                    help="LOSSY: run an MoE target with this many active experts (llama.cpp's expert_used_count "
                    "override). Faster, but the output is no longer the model's; it is labelled lossy everywhere. "
@@ -198,7 +200,7 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
                                     rollback=getattr(args, "rollback", "auto"),
                                     rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
     announce_load(target)
-    ensure_shapes(target, exact=getattr(args, "exact", "on") == "on")
+    ensure_shapes(target, exact=getattr(args, "exact", "on"))
     return target
 
 

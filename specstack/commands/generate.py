@@ -106,10 +106,12 @@ def exactness(shapes: BatchShapes) -> dict:
 
 def describe_shapes(shapes: BatchShapes) -> str:
     if not shapes.exact:
-        return "off (--exact off): calls are never padded or split"
+        return f"off ({shapes.why or '--exact off'}): calls are never padded or split"
     top = "any size" if shapes.max_rows >= 512 else f"at most {shapes.max_rows} rows (longer verifications are split)"
-    pad = "one-token steps padded to 2 rows" if shapes.min_rows > 1 else "no padding"
-    return f"on: {pad}; calls of {top}"
+    pad = "no padding"
+    if shapes.min_rows > 1:
+        pad = "one-token steps padded to 2 rows" + ("" if shapes.pad_logits else " (no logits asked of the pad)")
+    return f"on ({shapes.why or '--exact on'}): {pad}; calls of {top}"
 
 
 def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dict | None = None) -> str:

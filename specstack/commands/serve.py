@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ..draft_length.costs import EXACT_MODES
 from ..errors import InvalidParameterError
 
 
@@ -49,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help="context per slot without --config (default 4096, or the model's trained context if shorter; "
                    "0 = the model's trained context); each role's context and KV cache size are printed at load")
-    p.add_argument("--exact", choices=("on", "off"), default="on", help="exact call shapes (see `specstack generate --help`)")
+    p.add_argument("--exact", choices=EXACT_MODES, default="auto",
+                   help="exact call shapes: auto (default), on or off (see `specstack generate --help`); /health and "
+                   "/v1/models say which mode each role runs in and why")
     p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
                    "(see `specstack generate --help`)")
@@ -68,7 +71,7 @@ def build_roles(args: argparse.Namespace):
     if args.config is not None:
         return load_roles(args.config)
     overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
-                 "exact": args.exact == "on", "cache_mb": args.cache_ram, "rollback": args.rollback,
+                 "exact": args.exact, "cache_mb": args.cache_ram, "rollback": args.rollback,
                  "chat_template": args.chat_template}
     if args.model is not None:
         overrides["model"] = args.model

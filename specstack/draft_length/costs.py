@@ -9,6 +9,7 @@ by model file (path, size, mtime), threads and llama.cpp build.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from ..paths import cache_dir
 from ..target import BatchShapes, EngineTarget, plan_calls
 from ..ui import Progress
 
-CURVE_VERSION = 5  # bump when the measurement method changes: old cache entries are ignored
+CURVE_VERSION = 6  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass
@@ -162,8 +163,10 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     matches at both depths (``probe_depths``).  Sizes are tried in order and the probe stops once neither
     reference can extend its run of exact sizes, so a model whose calls stop being exact at 4 rows (Q4_K_M
     here) costs a dozen calls per depth, not a hundred.  The reference that admits the longer run wins
-    (unpadded on ties), and ``max_rows`` is the end of that run.  ``show_progress`` shows a ``ui.Progress``
-    on stderr (a line even when stderr is not a terminal).
+    (unpadded on ties), and ``max_rows`` is the end of that run.  Padded plain decoding is also run with no
+    logits asked of the pad (``BatchShapes.pad_logits``): where its rows equal the padded reference's at both
+    depths, pads go without.  ``show_progress`` shows a ``ui.Progress`` on stderr (a line even when stderr is
+    not a terminal).
     """
     cap = model.batch_cap
     n_ref = max(2, min(n_ref, cap))
@@ -171,17 +174,17 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     depths = list(depths) if depths is not None else list(probe_depths(model, max(all_sizes)))
     match1: dict[int, bool] = {1: True}
     match2: dict[int, bool] = {2: True}
-    same = True
+    same = lean = True
     progress = Progress(f"measuring exact call shapes of {Path(str(model.config.path)).name} (once per model, cached)",
                         len(depths), "KV depths", quiet=not show_progress, interval=0.0)
     for i, want in enumerate(depths):
         sizes = [t for t in all_sizes if t <= model.n_ctx - want - 1 and (i == 0 or match1.get(t) or match2.get(t))]
         progress.update(i, f"at {want} tokens")
-        m1, m2, s1 = _match_at(model, want, sizes, n_ref)
+        m1, m2, s1, lean1 = _match_at(model, want, sizes, n_ref)
         for t in all_sizes:
             match1[t] = match1.get(t, True) and m1.get(t, False)
             match2[t] = match2.get(t, True) and m2.get(t, False)
-        same = same and s1
+        same, lean = same and s1, lean and lean1
     progress.close()
 
     def run(match: dict[int, bool], first: int) -> int:
@@ -196,20 +199,22 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     min_rows, end = (1, end1) if same or end1 >= end2 else (2, end2)
     unbounded = end == all_sizes[-1]
     return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
-                       prefill_exact=unbounded, settled=True)
+                       prefill_exact=unbounded, settled=True, pad_logits=min_rows == 1 or not lean)
 
 
 def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
-              n_ref: int) -> tuple[dict[int, bool], dict[int, bool], bool]:
+              n_ref: int) -> tuple[dict[int, bool], dict[int, bool], bool, bool]:
     """Per size (in order): do all its rows equal the unpadded (1) / padded (2) plain references after ``depth``
     tokens?  Stops at the first size where both runs have broken.  The references grow only as far as a live
-    run needs: 6 rows, then ``n_ref``, then the largest probe."""
+    run needs: 6 rows, then ``n_ref``, then the largest probe.  Also returns whether the two references agree,
+    and whether padded plain decoding with no logits asked of the pad equals the padded reference (6 rows)."""
     toks = _filler(model, depth + max(sizes, default=2))
     model.reset()
     model.prefill(toks[:depth])
     model.checkpoint(0)  # a recurrent model comes back here by restoring its state
     ref1 = ref2 = np.empty((0, model.n_vocab), dtype=np.float32)
     same = True
+    lean = None
     m1: dict[int, bool] = {}
     m2: dict[int, bool] = {}
     ok1 = ok2 = True
@@ -220,6 +225,8 @@ def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
             ref2 = _plain_rows(model, toks, depth, n, pad=1) if ok2 else ref2
             if ok1 and ok2:
                 same = same and bool(np.array_equal(ref1, ref2))
+            if lean is None:
+                lean = bool(np.array_equal(_plain_rows(model, toks, depth, len(ref2), pad=1, pad_logits=False), ref2))
         rows = model.raw_call(toks[depth : depth + t])
         ok1 = m1[t] = ok1 and bool(np.array_equal(rows, ref1[:t]))
         ok2 = m2[t] = ok2 and bool(np.array_equal(rows, ref2[:t]))
@@ -227,12 +234,13 @@ def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
         if not ok1 and not ok2:
             break
     model.reset()
-    return m1, m2, same
+    return m1, m2, same, bool(lean)
 
 
-def _plain_rows(model: EngineTarget, toks: Sequence[int], depth: int, n: int, pad: int) -> np.ndarray:
+def _plain_rows(model: EngineTarget, toks: Sequence[int], depth: int, n: int, pad: int,
+                pad_logits: bool = True) -> np.ndarray:
     """Logits of ``n`` tokens after ``depth`` decoded one call at a time (``pad`` throw-away rows each)."""
-    rows = np.stack([model.raw_call([toks[depth + j]], pad=pad)[0].copy() for j in range(n)])
+    rows = np.stack([model.raw_call([toks[depth + j]], pad=pad, pad_logits=pad_logits)[0].copy() for j in range(n)])
     model.truncate(depth)
     return rows
 
@@ -345,33 +353,141 @@ def _write_cache(path: Path, cache: dict) -> None:
         pass  # a read-only cache dir only costs a re-measurement
 
 
-def ensure_shapes(model: EngineTarget, exact: bool = True, use_cache: bool = True) -> BatchShapes:
-    """Give ``model`` its measured exact shapes (cached on disk next to the cost curves).
+EXACT_MODES = ("auto", "on", "off")
+# --exact auto keeps exact calls where they cost at most this share of the calls they replace.  Below
+# it the price of bit-identity is within this machine's run-to-run noise; above it (a pad row that
+# costs most of a step, as on Gemma 3 at 1-2 threads, or verification split into many calls) the
+# speed is worth more to most users than identity at near-ties, which no peer offers either.
+AUTO_EXACT_LIMIT = 0.03
 
-    Shapes already settled (measured, or chosen with ``exact=False``) are
-    kept.  ``exact=False`` skips the measurement: no padding and no splitting
-    (fastest, but speculative output may then differ from plain decoding
-    where llama.cpp's numerics depend on the call shape).
+
+@dataclass(frozen=True)
+class ExactCost:
+    """What exact call shapes cost on this model and thread count, as fractions of the calls they replace.
+
+    pad: a one-token step padded to ``min_rows`` over an unpadded one-row step.
+    split: a ``rows``-row verification split into calls of at most ``max_rows`` over one call.
+    """
+
+    pad: float
+    split: float
+    rows: int
+
+    @property
+    def worst(self) -> float:
+        return max(self.pad, self.split)
+
+    def describe(self) -> str:
+        return (f"a padded one-token step costs {100 * self.pad:+.0f}%, a {self.rows}-row verification split "
+                f"into exact calls {100 * self.split:+.0f}%")
+
+
+def exact_mode(exact: bool | str) -> str:
+    """``--exact`` as one of ``EXACT_MODES`` (True/False, as in older roles files, mean on/off)."""
+    mode = {True: "on", False: "off"}.get(exact, exact) if isinstance(exact, bool) else str(exact)
+    if mode not in EXACT_MODES:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"exact must be one of {', '.join(EXACT_MODES)} (got {exact!r})")
+    return mode
+
+
+def ensure_shapes(model: EngineTarget, exact: bool | str = "on", use_cache: bool = True) -> BatchShapes:
+    """Give ``model`` its call shapes for ``--exact`` (``exact_mode``): measured exact shapes, cached on disk
+    next to the cost curves (on); none (off: no padding and no splitting, fastest, but speculative output may
+    then differ from plain decoding where llama.cpp's numerics depend on the call shape); or, for auto, the
+    exact shapes where ``measure_exact_cost`` finds them within ``AUTO_EXACT_LIMIT``, else none.  The
+    choice and its reason are in ``shapes.why``.  Shapes already settled are kept.
     """
     from ..target import INEXACT
 
+    mode = exact_mode(exact)
     if model.shapes.settled:
         return model.shapes
-    if not exact:
+    if mode == "off":
         model.set_shapes(INEXACT)
         return model.shapes
     path = cache_dir() / "costs.json"
     key = "shapes-" + _cache_key(model, 0)
     cache = _read_cache(path) if use_cache else {}
-    if key in cache:
-        model.set_shapes(BatchShapes(**cache[key], settled=True))
-        return model.shapes
-    model.set_shapes(measure_shapes(model, show_progress=True))
-    if use_cache:
-        cache = _read_cache(path)
-        cache[key] = model.shapes.to_dict()
-        _write_cache(path, cache)
+    if key in cache and "why" in cache[key]:
+        shapes = BatchShapes(**{**cache[key], "settled": True})
+    else:
+        shapes = measure_shapes(model, show_progress=True)
+    shapes = dataclasses.replace(shapes, why="--exact on")
+    if use_cache and key not in cache:
+        _store(path, key, shapes.to_dict())
+    if mode == "auto":
+        shapes = _auto_shapes(model, shapes, use_cache)
+    model.set_shapes(shapes)
     return model.shapes
+
+
+def _auto_shapes(model: EngineTarget, shapes: BatchShapes, use_cache: bool) -> BatchShapes:
+    """``--exact auto``: the measured exact ``shapes`` if they cost little here, else none; cached per model."""
+    from ..target import INEXACT
+
+    if shapes.min_rows == 1 and shapes.max_rows >= model.batch_cap:
+        return dataclasses.replace(shapes, why="--exact auto: on, every call shape is exact on this model (free)")
+    path = cache_dir() / "costs.json"
+    key = "exact-auto-" + _cache_key(model, 0)
+    cached = _read_cache(path).get(key) if use_cache else None
+    cost = ExactCost(**cached) if cached else measure_exact_cost(model, shapes)
+    if use_cache and not cached:
+        _store(path, key, dataclasses.asdict(cost))
+    where = f"{Path(str(model.path)).name} at {model.n_threads} thread{'' if model.n_threads == 1 else 's'}"
+    if cost.worst <= AUTO_EXACT_LIMIT:
+        return dataclasses.replace(shapes, why=f"--exact auto: on, exactness costs little on {where} ({cost.describe()})")
+    return dataclasses.replace(INEXACT, why=f"--exact auto: off, exactness would cost too much on {where} "
+                               f"({cost.describe()}; the limit is {100 * AUTO_EXACT_LIMIT:.0f}%); greedy output may "
+                               "differ from plain decoding at near-ties; --exact on keeps it identical")
+
+
+def measure_exact_cost(model: EngineTarget, shapes: BatchShapes, depth: int = 128, rows: int = 17,
+                       reps: int = 9, budget_s: float = 1.0) -> ExactCost:
+    """Time what ``shapes`` add over unconstrained calls (``ExactCost``), interleaved, each kind's minimum.
+
+    Both sides of each comparison run in the same round, so load on a shared machine spreads over both;
+    the minimum of the rounds is the least disturbed sample of each.
+    """
+    rows = max(2, min(rows, model.batch_cap, model.capacity - depth - 1))
+    depth = max(1, min(depth, model.capacity - rows - 1))
+    toks = _filler(model, depth + rows)
+    model.reset()
+    model.prefill(toks[:depth])
+    model.checkpoint(0)
+    pad = max(0, shapes.min_rows - 1)
+    chunks = [toks[depth + i : depth + min(i + shapes.max_rows, rows)] for i in range(0, rows, shapes.max_rows)]
+
+    def timed(calls: Sequence[tuple[Sequence[int], int]]) -> float:
+        t0 = time.perf_counter()
+        for part, p in calls:
+            model.raw_call(part, pad=p, pad_logits=shapes.pad_logits)
+        spent = time.perf_counter() - t0
+        model.truncate(depth)
+        return spent
+
+    kinds = {"plain": [(toks[depth : depth + 1], 0)], "padded": [(toks[depth : depth + 1], pad)],
+             "whole": [(toks[depth : depth + rows], 0)],
+             "split": [(c, max(0, shapes.min_rows - len(c))) for c in chunks]}
+    for calls in kinds.values():  # first calls of a shape allocate buffers
+        timed(calls)
+    best = {k: float("inf") for k in kinds}
+    start = time.perf_counter()
+    for _ in range(reps):
+        for k, calls in kinds.items():
+            best[k] = min(best[k], timed(calls))
+        if time.perf_counter() - start > budget_s:
+            break
+    model.reset()
+    return ExactCost(pad=max(0.0, best["padded"] / best["plain"] - 1),
+                     split=max(0.0, best["split"] / best["whole"] - 1) if len(chunks) > 1 else 0.0, rows=rows)
+
+
+def _store(path: Path, key: str, value: object) -> None:
+    cache = _read_cache(path)
+    cache[key] = value
+    _write_cache(path, cache)
 
 
 def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
@@ -390,6 +506,7 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
             _checked.add((path, key))
             return cached
     curve = measure_curve(model, n_max)
+    _checked.add((path, key))  # measured by this process: nothing to check against
     if use_cache:
         cache = _read_cache(path)
         cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}

@@ -134,6 +134,14 @@ def unsupported(body: _Common) -> None:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 
 
+def exactness(w: RoleWorker) -> dict[str, Any]:
+    """The ``--exact`` mode a role runs in and why (auto decides at load, by measurement)."""
+    shapes = w.target.shapes if w.target is not None and w.target.shapes.settled else None
+    if shapes is None:
+        return {"requested": w.role.exact, "mode": None, "why": "not loaded yet"}
+    return {"requested": w.role.exact, "mode": "on" if shapes.exact else "off", "why": shapes.why}
+
+
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
@@ -214,7 +222,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             return error(503, "; ".join(failed), "unavailable_error", code="503")
         if not all(w.ready.is_set() for w in workers.values()):
             return error(503, "Loading model", "unavailable_error", code="503")
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "roles": {w.role.name: {"exact": exactness(w)} for w in workers.values()}})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -225,7 +233,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return JSONResponse({"object": "list", "data": [
             {"id": w.role.name, "object": "model", "created": 0, "owned_by": "specstack",
              "speculative": {"drafter": w.role.drafter, "k_policy": w.role.k_policy, "k": w.role.k,
-                             "parallel": w.role.parallel, "exact": w.role.exact},
+                             "parallel": w.role.parallel, "exact": exactness(w)},
              "chat_template": w.template.origin if w.template else None,
              "n_ctx": w.target.n_ctx if w.target else None}
             for w in workers.values()]})

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..draft_length import POLICIES
+from ..draft_length.costs import exact_mode
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..profile import load_profile, read_toml
@@ -51,7 +52,7 @@ class Role:
     threads: int = 0
     ctx: int | None = None  # per slot; None = 4096 (or the trained context if shorter), 0 = the trained context
     parallel: int = 4  # slots: generations decoded together
-    exact: bool = True
+    exact: str = "auto"  # auto, on or off (``costs.exact_mode``; true/false read as on/off)
     rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
     profile: Path | None = None
@@ -65,6 +66,10 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: parallel must be >= 1 (got {self.parallel})")
         if self.k < 1 or (self.k_max is not None and self.k_max < 1):
             raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
+        try:
+            object.__setattr__(self, "exact", exact_mode(self.exact))
+        except InvalidParameterError:
+            raise InvalidParameterError(f"role {self.name!r}: exact must be auto, on or off (got {self.exact!r})") from None
         if self.rollback not in STRATEGIES:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or (self.ctx is not None and self.ctx < 0):

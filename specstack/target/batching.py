@@ -28,23 +28,32 @@ class BatchShapes:
       longer verification batches are split into calls of at most this size.
     prefill_exact: a long prefill chunk computes KV exactly as decode steps
       do, so a generated token's KV can be reused as a later prompt's prefix.
+    pad_logits: pad rows ask for logits too.  llama.cpp runs the last
+      layer's feed-forward and the output matrix on the rows that want logits
+      only, so dropping the pad's logits changes those calls' shapes; where
+      that was measured to leave the real row unchanged (Gemma 3 Q4_K_M
+      here), a padded step skips a whole vocabulary-wide output row.
     """
 
     min_rows: int = 2
     max_rows: int = 1 << 20
     prefill_exact: bool = True
     settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
-    exact: bool = True  # False: never pad or split (--exact off)
+    exact: bool = True  # False: never pad or split (--exact off, or auto where exactness costs too much)
+    pad_logits: bool = True
+    why: str = ""  # how the mode was chosen (``--exact``, or what auto measured), shown in every output
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
             raise ValueError(f"bad batch shapes: min_rows={self.min_rows}, max_rows={self.max_rows}")
 
     def to_dict(self) -> dict:
-        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact, "exact": self.exact}
+        return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact,
+                "exact": self.exact, "pad_logits": self.pad_logits, "why": self.why}
 
 
-INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False)  # draft models, --exact off
+INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False,
+                      why="--exact off")  # draft models, --exact off
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ statistics, and its prompt-lookup path crashed on these models.
 
 from __future__ import annotations
 
+import dataclasses
+
 import warnings
 from typing import Sequence
 
@@ -89,7 +91,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
     def set_shapes(self, shapes: BatchShapes) -> None:
         """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
         cap = min(shapes.max_rows, self._batch_cap)
-        self.shapes = BatchShapes(shapes.min_rows, max(cap, shapes.min_rows), shapes.prefill_exact, shapes.settled, shapes.exact)
+        self.shapes = dataclasses.replace(shapes, max_rows=max(cap, shapes.min_rows))
         self.min_batch = self.shapes.min_rows
         # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)
@@ -295,14 +297,16 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
                 "use a shorter prompt, fewer max tokens or a larger --ctx-size"
             )
 
-    def _call(self, entries: Sequence[tuple[int, list[int], int, int]]) -> list[np.ndarray | None]:
+    def _call(self, entries: Sequence[tuple[int, list[int], int, int]],
+              pad_logits: bool | None = None) -> list[np.ndarray | None]:
         """One ``llama_decode``: per entry (seq, tokens, pad, logits_from) the tokens then ``pad`` copies of the last.
 
         Pads are dropped from the KV cache right after; causal attention means
         they cannot change the real rows.  A recurrent model's pads would advance
         its state: they stay as phantoms rolled back with the next cut (rollback)
         or go to the scratch sequence (checkpoint); see ``_init_rewind``.  Output rows: on an exact target
-        every row of the call (pads too) when any entry wants logits, else
+        every row of the call (pads too, unless ``pad_logits``, by default the
+        measured ``shapes.pad_logits``, is off) when any entry wants logits, else
         none; otherwise just each entry's rows from ``logits_from``.  Returns
         per entry the logits of its rows from ``logits_from`` (None if none).
         """
@@ -312,14 +316,16 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
                 self._settle(seq)
         exact = self.config.exact
         all_out = exact and any(f < len(t) for _, t, _, f in entries)
+        pad_out = self.shapes.pad_logits if pad_logits is None else pad_logits
         m = out_row = 0
         where: list[int | None] = []  # output row of each entry's first wanted row
         scratch = self._scratch
         for seq, toks, pad, first in entries:
             n = len(toks) + pad
+            n_out = n if pad_out else len(toks)
             wanted = first < len(toks)
             where.append((out_row + first if all_out else out_row) if wanted else None)
-            out_row += n if all_out else (len(toks) - first if wanted and not exact else 0)
+            out_row += n_out if all_out else (len(toks) - first if wanted and not exact else 0)
             start = self.seq_len[seq]
             self._b_token[m : m + len(toks)] = toks
             self._b_token[m + len(toks) : m + n] = toks[-1]
@@ -327,7 +333,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
             if scratch >= 0 and pad:  # pads of a recurrent model: the scratch sequence, from position 0
                 self._b_pos[m + len(toks) : m + n] = np.arange(pad, dtype=np.int32)
             if all_out:
-                self._b_logits[m : m + n] = 1
+                self._b_logits[m : m + n_out] = 1
+                self._b_logits[m + n_out : m + n] = 0
             else:
                 self._b_logits[m : m + n] = 0
                 if not exact and first < len(toks):
@@ -361,8 +368,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(out_row, self.n_vocab))
         return [None if w is None else logits[w : w + len(t) - f] for w, (_, t, _, f) in zip(where, entries)]
 
-    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0) -> np.ndarray:
+    def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0,
+                 pad_logits: bool | None = None) -> np.ndarray:
         """One unsplit call, padded by ``pad`` rows only (shape measurement and cost curves need exact shapes)."""
         self._check_room(seq, len(tokens) + pad)
-        rows = self._call([(seq, list(tokens), pad, 0 if outputs else len(tokens))])[0]
+        rows = self._call([(seq, list(tokens), pad, 0 if outputs else len(tokens))], pad_logits)[0]
         return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
