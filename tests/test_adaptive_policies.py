@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from specstack.draft_length import make_policy
-from specstack.draft_length.costs import CostModel
+from specstack.draft_length.costs import CostModel, ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -34,6 +34,7 @@ DRAFTERS = {  # name -> (drafter spec, options, whether it drafts trees)
 @pytest.fixture(scope="module")
 def tree_target():
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_seq_max=4), role="target")
+    ensure_shapes(model, "on")  # trees are verified as trees only where tree calls were measured exact
     yield model
     model.close()
 
@@ -60,5 +61,7 @@ def test_adaptive_policy_with_every_drafter_is_lossless(tree_target, plain, stor
         accepted += gen.stats.n_accepted
         tree_steps += gen.stats.n_tree_steps
     assert accepted > 0, f"{name} under {policy}: no draft token was accepted, so nothing was verified"
-    if trees:
+    if trees and tree_target.shapes.tree_exact:
         assert tree_steps > 0, f"{name} under {policy}: no tree was verified as a tree"
+    elif trees:  # tree calls measured inexact on this CPU (an AVX2 build): exact mode verified chains
+        assert tree_steps == 0, f"{name} under {policy}: a tree was verified although tree calls are inexact here"

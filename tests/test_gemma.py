@@ -7,7 +7,11 @@ check runs where the window masks cells out.  One model load per fixture, shared
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -163,7 +167,9 @@ def server():
     from specstack.server.roles import Role
 
     role = Role(name="gemma", model=_gemma_path(), ctx=2048, parallel=2, chat_template="gemma", exact="on")
-    with Server(create_app([role])) as s:
+    app = create_app([role])
+    with Server(app) as s:
+        s.app = app
         yield s
 
 
@@ -189,3 +195,70 @@ def test_logprobs_over_http(server):
     chat = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                           temperature=0, logprobs=True, top_logprobs=1)
     assert len(chat.choices[0].logprobs.content) == 4
+
+
+def test_disconnect_before_a_plain_response_frees_the_slot(server):
+    """A non-streaming client that times out is noticed within a step or two (was: the generation ran on for
+    minutes, holding its slot, and was counted ok; Starlette's http middleware hid the disconnect)."""
+    from test_serve import count_metric
+
+    worker = next(iter(server.app.state.workers.values()))
+    cancelled = count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"')
+    body = {"prompt": PROMPTS[0][:400], "max_tokens": 400, "temperature": 0}  # the base model runs on: seconds
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    deadline = time.time() + 10
+    while (worker.engine.running or worker.active) and time.time() < deadline:
+        time.sleep(0.02)
+    assert worker.engine.running == 0 and worker.active == 0
+    assert count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"') == cancelled + 1
+
+
+@pytest.mark.parametrize("key", [None, "test-key"])
+def test_sigterm_drains_every_accepted_request_streams_too(key):
+    """SIGTERM with 3 streams and 1 plain request accepted, 2 slots: the two decoding and the two still queued
+    all finish properly (streams with their finish chunk and [DONE]), then the process exits 0."""
+    from test_serve import spawn_server
+
+    # Gemma: slow enough here (about 50 tok/s a stream) that SIGTERM comes mid-stream; the tiny bundled
+    # model finished before sse-starlette's shutdown watcher (polled every 0.5 s) could cut it.
+    proc, url = spawn_server("-m", str(_gemma_path()), "-c", "2048", "-np", "2", "--exact", "on",
+                             *(("--api-key", key) if key else ()))
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"prompt": PROMPTS[0][:400], "max_tokens": 100, "temperature": 0}
+    results: dict[int, dict] = {}
+    started = [threading.Event() for _ in range(2)]
+
+    def stream(i: int) -> None:
+        events = []
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, headers=headers, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line[5:].strip())
+                    if i < 2:
+                        started[i].set()
+        chunks = [json.loads(e) for e in events if e != "[DONE]"]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        results[i] = {"status": r.status_code, "done": events[-1:] == ["[DONE]"], "finish": finish[-1]}
+
+    def plain() -> None:
+        r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120)
+        results[3] = {"status": r.status_code, "tokens": r.json()["usage"]["completion_tokens"]}
+
+    try:
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=plain)]
+        for t in threads[:2]:
+            t.start()
+        assert all(e.wait(60) for e in started), "the first two streams never produced a token"
+        for t in threads[2:]:
+            t.start()
+        time.sleep(0.2)  # accepted and queued behind the two decoding streams
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        assert {i: results.get(i) for i in range(3)} == {i: {"status": 200, "done": True, "finish": "length"} for i in range(3)}
+        assert results.get(3) == {"status": 200, "tokens": 100}
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

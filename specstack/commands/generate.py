@@ -111,7 +111,9 @@ def describe_shapes(shapes: BatchShapes) -> str:
     pad = "no padding"
     if shapes.min_rows > 1:
         pad = "one-token steps padded to 2 rows" + ("" if shapes.pad_logits else " (no logits asked of the pad)")
-    return f"on ({shapes.why or '--exact on'}): {pad}; calls of {top}"
+    trees = {True: "; trees verified as trees", False: "; trees verified as chains (tree calls measured inexact here)",
+             None: ""}[shapes.tree_exact]
+    return f"on ({shapes.why or '--exact on'}): {pad}; calls of {top}{trees}"
 
 
 def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dict | None = None) -> str:

@@ -25,7 +25,7 @@ from ..paths import cache_dir
 from ..target import BatchShapes, EngineTarget, plan_calls
 from ..ui import Progress
 
-CURVE_VERSION = 6  # bump when the measurement method changes: old cache entries are ignored
+CURVE_VERSION = 7  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass
@@ -175,12 +175,15 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     match1: dict[int, bool] = {1: True}
     match2: dict[int, bool] = {2: True}
     same = lean = True
+    trees: dict[int, bool] = {}
     progress = Progress(f"measuring exact call shapes of {Path(str(model.config.path)).name} (once per model, cached)",
                         len(depths), "KV depths", quiet=not show_progress, interval=0.0)
     for i, want in enumerate(depths):
         sizes = [t for t in all_sizes if t <= model.n_ctx - want - 1 and (i == 0 or match1.get(t) or match2.get(t))]
         progress.update(i, f"at {want} tokens")
-        m1, m2, s1, lean1 = _match_at(model, want, sizes, n_ref)
+        m1, m2, s1, lean1, trees1 = _match_at(model, want, sizes, n_ref)
+        for n, ok in trees1.items():
+            trees[n] = trees.get(n, True) and ok
         for t in all_sizes:
             match1[t] = match1.get(t, True) and m1.get(t, False)
             match2[t] = match2.get(t, True) and m2.get(t, False)
@@ -198,16 +201,64 @@ def measure_shapes(model: EngineTarget, n_ref: int = 24, probes: Sequence[int] =
     end1, end2 = run(match1, 1), run(match2, 2)
     min_rows, end = (1, end1) if same or end1 >= end2 else (2, end2)
     unbounded = end == all_sizes[-1]
-    return BatchShapes(min_rows=min_rows, max_rows=cap if unbounded else end,
-                       prefill_exact=unbounded, settled=True, pad_logits=min_rows == 1 or not lean)
+    max_rows = cap if unbounded else end
+    fitting = [ok for n, ok in trees.items() if n <= max_rows]
+    return BatchShapes(min_rows=min_rows, max_rows=max_rows, prefill_exact=unbounded, settled=True,
+                       pad_logits=min_rows == 1 or not lean, tree_exact=all(fitting) if fitting else None)
+
+
+# Tree layouts the shape probe verifies (parents, as ``eval_tree`` takes them): a fork at the root, a
+# fork below it, a bushy tree, and one as deep as 12 nodes; sizes fall on both sides of a 4-row group.
+TREE_PROBES: tuple[tuple[int, ...], ...] = (
+    (-1, 0, 0),
+    (-1, 0, 0, 2),
+    (-1, 0, 1, 0, 3, 1),
+    (-1, 0, 0, 0, 1, 2, 3, 4, 5),
+    (-1, 0, 1, 2, 3, 4, 5, 0, 7, 8, 1, 10),
+)
+
+
+def _trees_at(model: EngineTarget, depth: int, max_rows: int) -> dict[int, bool]:
+    """Per probed tree size: do a tree's rows equal, branch by branch, a chain call of that branch after the
+    ``depth`` tokens sequence 0 holds?  A tree call lays its rows out, masks and sizes its batch unlike any chain, so whether tree
+    verification is exact is measured, not assumed: on an AVX2 build a 4-node F16 tree differed by ~4e-4.  A
+    chain within the exact shapes equals plain decoding, so a matching tree of that size does too.  Empty
+    where the target cannot verify trees (one sequence, recurrent); trees of more than ``max_rows`` nodes (no
+    exact chain to compare with) are skipped."""
+    if model.n_seq_max < 2 or not model.unified or model.is_recurrent:
+        return {}
+    longest = max(len(p) for p in TREE_PROBES)
+    toks = _filler(model, depth + longest)  # the tree's nodes: any ordinary tokens after the context
+    result: dict[int, bool] = {}
+    for parents in TREE_PROBES:
+        n = len(parents)
+        leaves = [i for i in range(n) if i not in parents]
+        if n > min(max_rows, model.batch_cap) or len(leaves) > model.n_seq_max or depth + n + 1 > model.capacity:
+            continue
+        nodes = toks[depth : depth + n]
+        rows = model.eval_tree(nodes, parents).copy()
+        model.commit_tree([0])
+        model.truncate(depth)
+        ok = True
+        for leaf in leaves:
+            path = [leaf]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            path.reverse()
+            chain = model.raw_call([nodes[i] for i in path], pad=max(0, model.min_batch - len(path)))
+            ok = ok and bool(np.array_equal(rows[path], chain[: len(path)]))
+            model.truncate(depth)
+        result[n] = ok
+    return result
 
 
 def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
-              n_ref: int) -> tuple[dict[int, bool], dict[int, bool], bool, bool]:
+              n_ref: int) -> tuple[dict[int, bool], dict[int, bool], bool, bool, dict[int, bool]]:
     """Per size (in order): do all its rows equal the unpadded (1) / padded (2) plain references after ``depth``
     tokens?  Stops at the first size where both runs have broken.  The references grow only as far as a live
     run needs: 6 rows, then ``n_ref``, then the largest probe.  Also returns whether the two references agree,
-    and whether padded plain decoding with no logits asked of the pad equals the padded reference (6 rows)."""
+    whether padded plain decoding with no logits asked of the pad equals the padded reference (6 rows), and
+    ``_trees_at``'s verdicts at this depth."""
     toks = _filler(model, depth + max(sizes, default=2))
     model.reset()
     model.prefill(toks[:depth])
@@ -233,8 +284,9 @@ def _match_at(model: EngineTarget, depth: int, sizes: Sequence[int],
         model.truncate(depth)
         if not ok1 and not ok2:
             break
+    trees = _trees_at(model, depth, max([t for t in m1 if m1[t] or m2.get(t)], default=1))
     model.reset()
-    return m1, m2, same, bool(lean)
+    return m1, m2, same, bool(lean), trees
 
 
 def _plain_rows(model: EngineTarget, toks: Sequence[int], depth: int, n: int, pad: int,

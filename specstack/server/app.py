@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..commands.common import DRAFTER_FLAGS, check_drafter_options
@@ -132,6 +132,26 @@ def unsupported(body: _Common) -> None:
                        "one or the other", param="echo")
     if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    bad = _invalid_text(body.model_dump(exclude_none=True))
+    if bad is not None:
+        raise ApiError(400, f"{bad} holds a lone UTF-16 surrogate (such as \\ud800), which is not Unicode text and "
+                       "cannot be tokenized; send valid UTF-8", param=bad)
+
+
+def _invalid_text(value: Any, where: str = "") -> str | None:
+    """The path of the first string that cannot be UTF-8 (JSON's "\\ud800" decodes to a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "body"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _invalid_text(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
 
 
 def exactness(w: RoleWorker) -> dict[str, Any]:
@@ -148,11 +168,68 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
                         status_code=status, headers=headers)
 
 
+DISCONNECT_POLL_S = 0.25  # how often a waiting request looks for its client having gone
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.response = error(status, message, kind, param, code, headers)
+
+
+class Guard:
+    """Body size and API key, checked before any route runs: a plain ASGI middleware.
+
+    Starlette's ``@app.middleware("http")`` wraps ``receive``, so a route's ``request.is_disconnected()``
+    never saw a non-streaming client leave, and its generation held a slot for minutes (vLLM moved to a
+    plain ASGI middleware for the same reason).  A body without a Content-Length (``Transfer-Encoding:
+    chunked``) is read here up to the limit, so it cannot reach the tokenizer by being unannounced.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None) -> None:
+        self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return await self._too_large(length, scope, receive, send)
+        if self.api_key and scope["path"].startswith("/v1/") and headers.get("authorization", "") != f"Bearer {self.api_key}":
+            return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
+                               code="invalid_api_key")(scope, receive, send)
+        if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
+            body, more = b"", True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > self.max_body_bytes:
+                    return await self._too_large(f"more than {self.max_body_bytes}", scope, receive, send)
+            receive = _replay(body, receive)
+        return await self.app(scope, receive, send)
+
+    async def _too_large(self, size: str, scope: dict, receive: Any, send: Any) -> None:
+        await error(413, f"the request body has {size} bytes; the limit is {self.max_body_bytes} "
+                         "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI ``receive`` that gives the body already read, then passes on (a disconnect is still seen)."""
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16) -> FastAPI:
@@ -167,6 +244,9 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         for w in workers.values():  # after uvicorn has drained in-flight requests
             await asyncio.to_thread(w.stop)
 
+    # SIGTERM drains: uvicorn stops accepting and waits for open requests (up to --timeout), streams
+    # too.  sse-starlette would otherwise end every open stream at once, without its finish chunk or [DONE].
+    AppStatus.disable_automatic_graceful_drain()
     app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.workers = workers
     app.state.metrics = metrics
@@ -188,18 +268,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error")
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > limits.max_body_bytes:
-            return error(413, f"the request body has {length} bytes; the limit is {limits.max_body_bytes} "
-                              "(start the server with a larger --max-body)", code="body_too_large")
-        path = request.url.path
-        if api_key and path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
-                             code="invalid_api_key")
-        return await call_next(request)
+    app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key)
 
     def worker_for(model: str | None) -> RoleWorker:
         if model is None or model not in workers:
@@ -333,14 +402,22 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                                param="speculative.drafter")
 
     async def next_event(request: Request, w: RoleWorker, job: Job) -> dict[str, Any] | None:
-        """The job's next event; None (and the job cancelled) when the client disconnects."""
+        """The job's next event; None (and the job cancelled) when the client disconnects.
+
+        The client is checked every ``DISCONNECT_POLL_S`` whether or not events keep coming: a plain
+        response's tokens arrive faster than that, and checking only when none came never noticed
+        a client that had left (the generation ran on for minutes, holding its slot)."""
         while True:
-            try:
-                return await asyncio.wait_for(job.events.get(), timeout=0.25)
-            except asyncio.TimeoutError:
+            now = time.monotonic()
+            if now - job.checked_at >= DISCONNECT_POLL_S:
+                job.checked_at = now
                 if await request.is_disconnected():
                     w.cancel(job)
                     return None
+            try:
+                return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
 
     async def stream(request: Request, w: RoleWorker, job: Job, event: dict[str, Any], rid: str, chat: bool,
                      include_usage: bool, echo: str = "") -> AsyncIterator[str]:

@@ -66,6 +66,8 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: parallel must be >= 1 (got {self.parallel})")
         if self.k < 1 or (self.k_max is not None and self.k_max < 1):
             raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
+        for key in ("model", "draft"):  # a str path from Python code works as a TOML one does
+            object.__setattr__(self, key, Path(getattr(self, key)))
         try:
             object.__setattr__(self, "exact", exact_mode(self.exact))
         except InvalidParameterError:

@@ -54,6 +54,7 @@ class Job:
     gen: Generation | None = None
     sent: int = 0  # output tokens already reported
     submitted: float = field(default_factory=time.perf_counter)
+    checked_at: float = field(default_factory=time.monotonic)  # when the server last looked for the client
 
     def emit(self, event: dict[str, Any]) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)

@@ -33,6 +33,9 @@ class BatchShapes:
       only, so dropping the pad's logits changes those calls' shapes; where
       that was measured to leave the real row unchanged (Gemma 3 Q4_K_M
       here), a padded step skips a whole vocabulary-wide output row.
+    tree_exact: tree calls (``eval_tree``) within ``max_rows`` were measured
+      to give every branch the logits of a chain call; where they were not
+      (an AVX2 build, F16), exact mode verifies chains only.
     """
 
     min_rows: int = 2
@@ -41,6 +44,7 @@ class BatchShapes:
     settled: bool = False  # measured for this model, or chosen (INEXACT); else assumed
     exact: bool = True  # False: never pad or split (--exact off, or auto where exactness costs too much)
     pad_logits: bool = True
+    tree_exact: bool | None = None  # tree calls measured equal to chains (None: not measured, no trees here)
     why: str = ""  # how the mode was chosen (``--exact``, or what auto measured), shown in every output
 
     def __post_init__(self) -> None:
@@ -49,7 +53,7 @@ class BatchShapes:
 
     def to_dict(self) -> dict:
         return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact,
-                "exact": self.exact, "pad_logits": self.pad_logits, "why": self.why}
+                "exact": self.exact, "pad_logits": self.pad_logits, "tree_exact": self.tree_exact, "why": self.why}
 
 
 INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False,
