@@ -47,21 +47,35 @@ def read_toml(path: Path, what: str, fix: str) -> dict[str, Any]:
         return tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise InvalidParameterError(f"cannot read {what} {path}: {exc.strerror}; {fix}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidParameterError(f"{what} {path} is not UTF-8 text (byte {exc.start}; a binary file?); {fix}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidParameterError(f"{what} {path} is not valid TOML ({exc}); {fix}") from None
 
 
 def load_profile(path: Path, category: str | None = None) -> dict[str, Any]:
-    """Settings for ``category`` (falling back to [default]) from a profile file."""
+    """Settings for ``category`` (falling back to [default]) from a profile file; each checked for its type."""
     data = read_toml(path, "profile", f"write one with `specstack tune -o {path}`")
+    layout = "settings go in a [default] table or [category.NAME] tables, as `specstack tune` writes them"
+    stray = set(data) - {"default", "category"}
+    if stray:
+        raise InvalidParameterError(f"profile {path} has unknown top-level keys {', '.join(sorted(stray))}; {layout}")
+    cats = data.get("category", {})
+    if not isinstance(data.get("default", {}), dict) or not isinstance(cats, dict):
+        raise InvalidParameterError(f"profile {path}: default and category must be tables; {layout}")
     settings = dict(data.get("default", {}))
     if category is not None:
-        cats = data.get("category", {})
-        if category not in cats:
+        if category not in cats or not isinstance(cats[category], dict):
             known = ", ".join(cats) or "none"
             raise InvalidParameterError(f"profile {path} has no category {category!r} (it has: {known})")
         settings.update(cats[category])
     unknown = set(settings) - set(SETTINGS)
     if unknown:
-        raise InvalidParameterError(f"profile {path} has unknown settings: {', '.join(sorted(unknown))}")
+        raise InvalidParameterError(f"profile {path} has unknown settings: {', '.join(sorted(unknown))} "
+                                    f"(known: {', '.join(SETTINGS)})")
+    for key, value in settings.items():
+        ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) if key == "k" else isinstance(value, str)
+        if not ok:
+            want = "an integer of at least 1" if key == "k" else "a string"
+            raise InvalidParameterError(f"profile {path}: {key} must be {want} (got {value!r})")
     return settings

@@ -105,7 +105,7 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
     (["-t", "-3"], "threads must be >= 0"),
     (["--k-policy", "fixed", "-k", "1000"], "at most 62"),
     (["--k-max", "100"], "at most 62"),
-    (["--drafter", "suffix", "--suffix-cache", "/nonexistent-dir/x.npz"], "not writable"),
+    (["--drafter", "suffix", "--suffix-cache", "/nonexistent-dir/x.npz"], "cannot write in /nonexistent-dir"),
 ])
 def test_bad_flags_fail_before_generating(capsys, args, message):
     code, out, err = run_cli(capsys, "generate", "-p", "import os", "-n", "4", *args)
@@ -237,3 +237,74 @@ def test_a_prompt_file_with_invalid_utf8_is_read_like_llama_cpp(capsys, tmp_path
     path.write_bytes(b"def f(\xff\xfe):\n    return ")
     code, out, err = run_cli(capsys, "generate", "-f", str(path), "-n", "3", "--json")
     assert code == 0 and json.loads(out)["n_tokens"] == 3 and "not valid UTF-8 (byte 6)" in err
+
+
+# ----------------------------------------------------------------------------- issue 22: more bad input
+
+@pytest.mark.parametrize("content,message", [
+    (b'k = "abc"\n', "unknown top-level keys k"),
+    (b"default = 5\n", "default and category must be tables"),
+    (b'[default]\nk = "abc"\n', "k must be an integer of at least 1"),
+    (b"\x7fELF\x02\x01\x01\x00\xd0\xff", "not UTF-8 text"),
+])
+def test_a_bad_profile_is_a_clear_error(capsys, tmp_path, content, message):
+    profile = tmp_path / "p.toml"
+    profile.write_bytes(content)
+    code, out, err = run_cli(capsys, "generate", "-p", "x", "-n", "2", "--profile", str(profile))
+    assert code == 2 and out == "" and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--drafter", "prompt-lookup", "--tree"], "--tree applies to --drafter rest or suffix"),
+    (["--drafter", "draft-model", "--ngram-min", "2"], "--ngram-min applies to --drafter prompt-lookup"),
+    (["--ngram-min", "5", "--ngram-max", "2"], "--ngram-min <= --ngram-max"),
+    (["--drafter", "draft-model", "--draft-p-min", "2"], "--draft-p-min must be in [0, 1)"),
+    (["--drafter", "cascade:suffix,magic"], "unknown drafter 'magic'"),
+])
+def test_drafter_arguments_are_checked_before_the_target_loads(capsys, args, message):
+    """Named by the flags the user typed, and before the target's load line: a load and probe take minutes."""
+    code, out, err = run_cli(capsys, "generate", "-p", "x", "-n", "2", *args)
+    assert code == 2 and out == "" and message in err and "loaded" not in err and "Traceback" not in err
+
+
+def test_a_workload_that_is_not_utf8_is_a_clear_error(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"prompt": "\xd0\xff"}\n')
+    code, _, err = run_cli(capsys, "bench", "run", "--workload", str(bad), "--methods", "none", "-q", "-o", str(tmp_path / "o"))
+    assert code == 2 and "not UTF-8 text" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("corpus,out,message", [
+    ("/bin/ls", None, "nothing to index"),
+    (None, "/proc/nope/store", "cannot write the datastore in /proc/nope"),
+])
+def test_datastore_build_refuses_what_would_be_empty_or_unwritable(capsys, tmp_path, corpus, out, message):
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    target = Path(out) if out else tmp_path / "store"
+    code, _, err = run_cli(capsys, "datastore", "build", corpus or str(readme), "-o", str(target))
+    assert code == 2 and message in err and "Traceback" not in err and not target.exists()
+
+
+def test_models_scan_fails_when_no_file_could_be_read(tmp_path):
+    (tmp_path / "a.gguf").write_bytes(b"GG")
+    proc = subprocess.run([sys.executable, "-m", "specstack", "models", "scan", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "none of the 1 GGUF file(s) found could be read" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--port", "-1"], "--port must be in 1..65535"),
+    (["--drafter", "magic"], "unknown drafter 'magic' in --drafter"),
+    (["--drafter", "draft-model", "-md", "/nonexistent.gguf"], "draft model (-md)"),
+])
+def test_serve_refuses_bad_arguments_at_start_up(argv, message):
+    """It used to start and answer every request with 503 (--drafter magic), or print a traceback (--port -1)."""
+    proc = subprocess.run([sys.executable, "-m", "specstack", "serve", *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_roles_file_with_a_wrong_type_names_the_key(tmp_path):
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[roles.a]\nparallel = "two"\n')
+    proc = subprocess.run([sys.executable, "-m", "specstack", "serve", "--config", str(roles)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "role 'a': parallel must be an integer (got 'two')" in proc.stderr

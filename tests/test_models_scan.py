@@ -162,7 +162,7 @@ def test_cli_progress_for_many_files(tmp_path, cache_env, capsys, monkeypatch):
     d.mkdir()
     for i in range(25):
         (d / f"junk{i:02}.gguf").write_bytes(b"GGUF" + bytes(3))
-    assert main(["models", "scan", str(d)]) == 0
+    assert main(["models", "scan", str(d)]) == 1  # nothing readable: exit 1 (issue 22, item 14)
     cap = capsys.readouterr()
     assert "scanning 1/25" in cap.err and "scanning 25/25" in cap.err
     assert "unreadable files (25, skipped)" in cap.out

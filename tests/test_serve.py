@@ -295,6 +295,22 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, route, body, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == param and "surrogate" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("extra, param", [
+    ({"max_tokens": True}, "max_tokens"),  # was taken as 1
+    ({"top_k": 2.5}, "top_k"),
+    ({"temperature": True}, "temperature"),
+    ({"speculative": {"drafter": "draft-model", "tree": True}}, "speculative.tree"),  # was ignored
+    ({"speculative": {"n_min": 2}}, None),  # prompt-lookup's own option: accepted
+])
+def test_values_that_would_be_misread_or_ignored_are_400s(server, extra, param):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "max_tokens": 2, **extra},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    if param is None:
+        assert r.status_code == 200
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
 def test_roles_file(tmp_path):
     (tmp_path / "roles.toml").write_text(
         '[roles.frontdoor]\ndrafter = "prompt-lookup"\nparallel = 2\n\n'

@@ -105,8 +105,14 @@ def resolve(name_or_path: str | Path) -> Path:
 def load(name_or_path: str | Path) -> Workload:
     """Load and validate a workload; any bad line raises WorkloadError naming file and line."""
     path = resolve(name_or_path)
-    with open(path, encoding="utf-8") as f:
-        requests = parse_lines(f, source=str(path), stem=path.stem)
+    try:
+        with open(path, encoding="utf-8") as f:
+            requests = parse_lines(f, source=str(path), stem=path.stem)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start}); a workload is JSON Lines, one request "
+                            "per line") from None
+    except OSError as exc:
+        raise WorkloadError(f"cannot read workload {path}: {exc.strerror}") from None
     return Workload(path.stem, path, tuple(requests))
 
 

@@ -7,6 +7,7 @@ Flag names follow llama.cpp where one exists (-m, -md, -n, -t, -c, --temp,
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import Field, dataclass, fields
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Callable, Mapping
 from ..draft_length.costs import EXACT_MODES, ensure_shapes
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
-from ..drafters.base import Drafter, config_from_options, option_name
+from ..drafters.base import Drafter, check_name, config_from_options, option_name
 from ..drafters.cascade import CascadeConfig
 from ..drafters.draft_model import DraftModelConfig
 from ..drafters.moe_self import MoeSelfConfig
@@ -27,6 +28,7 @@ from ..sampling import SamplingParams
 from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..target import LlamaModel, ModelConfig, set_verbose
 from ..target.api import DEFAULT_CTX
+from ..errors import InvalidParameterError
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -183,8 +185,48 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
 
 
+def preflight(args: argparse.Namespace) -> None:
+    """Every argument that needs no model, checked before the target loads (a load and its first shape probe
+    take minutes for a big model): drafter names, drafter flags that the chosen drafters would ignore, their
+    values (named by flag), and the draft model's file where a drafter reads it."""
+    name = getattr(args, "drafter", None)
+    if name is None:
+        return
+    built = set(check_name(name))  # unknown names first
+    unused = inapplicable(name, {f.dest for f in DRAFTER_FLAGS if getattr(args, f.dest, None) is not None})
+    if unused is not None:
+        raise InvalidParameterError(f"{unused.flag} applies to --drafter {' or '.join(sorted(unused.configs))}, which "
+                                    f"{name!r} does not use; leave it out or choose one of those")
+    options = {k: v for k, v in drafter_options(args).items() if v is not None}
+    try:
+        check_drafter_options(options)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(_by_flag(str(exc))) from None
+    if "draft-model" in built and getattr(args, "model_draft", None) is not None:
+        from ..machine.gguf_meta import read_gguf
+
+        read_gguf(args.model_draft, tensors=False)  # a missing or broken -md fails in milliseconds, before the target
+
+
+def inapplicable(name: str, given: set[str]) -> DrafterFlag | None:
+    """The first drafter option given (by dest) that no drafter ``name`` builds would read: it would be
+    ignored without a word (``--tree`` with prompt-lookup, ``speculative.tree`` with draft-model)."""
+    built = set(check_name(name))
+    return next((f for f in DRAFTER_FLAGS if f.dest in given and not built & set(f.configs)), None)
+
+
+def _by_flag(message: str) -> str:
+    """A config error in the words the user typed: field names (n_min, p_min) become their flags.  Only names
+    with an underscore: "tree" or "datastore" are also ordinary words of the messages."""
+    for f in DRAFTER_FLAGS:
+        if "_" in f.field:
+            message = re.sub(rf"\b{re.escape(f.field)}\b", f.flag, message)
+    return message
+
+
 def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
     """The target with its exact batch shapes settled (measured once per model and cached)."""
+    preflight(args)
     set_verbose(getattr(args, "verbose", False))
     warn_threads(args.threads)
     # A one-slot target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a

@@ -68,4 +68,8 @@ def run_scan(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(render(result))
+    if result.errors and not result.models:  # nothing usable: a script must not read this as success
+        print(f"specstack models: error: none of the {len(result.errors)} GGUF file(s) found could be read "
+              "(listed above); check the paths, or re-download or re-convert the models", file=sys.stderr)
+        return 1
     return 0

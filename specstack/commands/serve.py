@@ -88,12 +88,17 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
                                     "reinstall specstack (pip install .), which brings fastapi, uvicorn and sse-starlette") from None
+    if not 0 < args.port < 65536:
+        raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
     roles = build_roles(args)
+    from ..drafters.base import check_name
     from ..server.chat import load_template
     from ..target import check_gguf_file
 
-    for role in roles:  # before anything loads: a wrong path or template name fails now, not per request
+    for role in roles:  # before anything loads: a wrong path, drafter or template name fails now, not per request
         check_gguf_file(role.model, f"role {role.name!r} model")
+        if "draft-model" in check_name(role.drafter, f"role {role.name!r}'s drafter" if args.config else "--drafter"):
+            check_gguf_file(role.draft, f"role {role.name!r} draft model (-md)")
         load_template(role.model, role.chat_template)
     limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)

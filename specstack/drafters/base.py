@@ -88,6 +88,19 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def check_name(name: str, where: str = "--drafter") -> list[str]:
+    """The drafters ``name`` builds (a cascade's or fusion's parts too); an unknown one is an error naming ``where``.
+
+    Called before any model loads, so a typo costs nothing (it used to surface after the target's load).
+    """
+    base, _, spec = name.partition(":")
+    parts = [p for p in spec.replace("+", ",").split(",") if p] if base in ("cascade", "fusion") else []
+    for n in [base, *parts]:
+        if n.partition(":")[0] not in _REGISTRY:
+            raise InvalidParameterError(f"unknown drafter {n!r} in {where}; choose one of: {', '.join(available())}")
+    return [base, *parts]
+
+
 def create(name: str, ctx: BuildContext) -> Drafter:
     """Build the drafter called ``name``; unknown names list the known ones.
 

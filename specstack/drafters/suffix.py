@@ -9,6 +9,7 @@ queried and the draft with the higher score (expected accepted tokens) wins.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -70,13 +71,16 @@ class SuffixConfig:
                 f"suffix needs 0 <= min_token_prob <= 1 (got {self.min_token_prob})"
             )
         if self.cache_path:
-            import os
+            import tempfile
 
             parent = Path(self.cache_path).expanduser().resolve().parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
+            try:  # probe by writing: root passes a permission check that a read-only filesystem still refuses
+                with tempfile.NamedTemporaryFile(dir=parent, prefix=".specstack-probe-"):
+                    pass
+            except OSError as exc:
                 raise InvalidParameterError(
-                    f"suffix cache {self.cache_path}: folder {parent} does not exist or is not writable; the global "
-                    "tree is saved there after each request, so pick a writable path")
+                    f"suffix cache {self.cache_path}: cannot write in {parent} ({exc.strerror or exc}); the global "
+                    "tree is saved there after each request, so pick a writable path") from None
         if self.global_budget_tokens < 0:
             raise InvalidParameterError(
                 f"suffix needs global_budget_tokens >= 0 (got {self.global_budget_tokens}); "
@@ -113,6 +117,7 @@ class SuffixDrafter:
         self.global_tree = SuffixTree(cfg.max_depth)
         self._next_seq = 0
         self._gens: dict[int, _Generation] = {}
+        self._save_failed = False  # a failed cache save is reported once
         if cfg.cache_path and Path(cfg.cache_path).exists():
             self.load(cfg.cache_path)
 
@@ -145,7 +150,14 @@ class SuffixDrafter:
             return
         self._add_global(gen.prompt + gen.output if self.config.global_prompts else gen.output)
         if self.config.cache_path:
-            self.save(self.config.cache_path)
+            try:
+                self.save(self.config.cache_path)
+            except OSError as exc:  # the output is already out: say so once, keep serving
+                if not self._save_failed:
+                    self._save_failed = True
+                    print(f"specstack: warning: cannot save the suffix cache to {self.config.cache_path} "
+                          f"({exc.strerror or exc}); the global tree lives in memory only until it can",
+                          file=sys.stderr, flush=True)
 
     # --- drafts -----------------------------------------------------------------------
     def propose_chain(self, context_ids: Sequence[int], max_tokens: int, seq: int = 0) -> Lookup:

@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..commands.common import DRAFTER_FLAGS, check_drafter_options
+from ..commands.common import DRAFTER_FLAGS, check_drafter_options, inapplicable
 from ..draft_length import MAX_DRAFT, POLICIES
-from ..drafters import available
+from ..drafters.base import check_name
 from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import MAX_LOGPROBS, SamplingParams
@@ -56,7 +56,7 @@ def _speculative_model() -> type[BaseModel]:
     Option values are checked where the flags' are, by the drafters' config dataclasses
     (``check_drafter_options``, before the job is queued).
     """
-    k_field = (Optional[int], Field(None, ge=1, le=MAX_DRAFT))
+    k_field = (Optional[int], Field(None, ge=1, le=MAX_DRAFT, strict=True))
     fields: dict[str, Any] = {"drafter": (Optional[str], None), "k_policy": (Optional[Literal[POLICIES]], None),
                               "k": k_field, "k_max": k_field}
     for flag in DRAFTER_FLAGS:
@@ -75,16 +75,17 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0, le=1)
-    seed: int | None = None
+    # strict: JSON true is not 1 (max_tokens: true used to mean one token), nor 2.0 an integer
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float = Field(1.0, ge=0, le=100, strict=True)
+    top_p: float = Field(1.0, gt=0, le=1, strict=True)
+    top_k: int = Field(0, ge=0, strict=True)
+    min_p: float = Field(0.0, ge=0, le=1, strict=True)
+    seed: int | None = Field(None, strict=True)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, le=1, strict=True, description="one choice per request")
     speculative: Speculative | None = None
     # Accepted by the OpenAI API but not done here: a request that sets them gets a 400 naming the field
     # (``unsupported``), never a 200 that silently ignores them.
@@ -97,7 +98,7 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[int]
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
     echo: bool = False
 
 
@@ -109,9 +110,9 @@ class Message(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
 
 
 def unsupported(body: _Common) -> None:
@@ -380,6 +381,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             check_drafter_options(spec)
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="speculative") from None
+        drafter = spec.get("drafter", w.role.drafter)
+        unused = inapplicable(drafter, set(spec))
+        if unused is not None:
+            raise ApiError(400, f"speculative.{unused.dest} applies to drafter {' or '.join(sorted(unused.configs))}, "
+                           f"not {drafter!r}; leave it out or choose one of those", param=f"speculative.{unused.dest}")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if any(not s for s in stops):
             raise ApiError(400, "stop strings must be non-empty", param="stop")
@@ -394,12 +400,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                    time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None)
 
     def check_drafter(name: str) -> None:
-        base, _, spec = name.partition(":")
-        parts = [p for p in spec.replace("+", ",").split(",") if p] if base in ("cascade", "fusion") else []
-        for n in [base, *parts]:
-            if n not in available():
-                raise ApiError(400, f"unknown drafter {n!r} in speculative.drafter; choose from: {', '.join(available())}",
-                               param="speculative.drafter")
+        try:
+            check_name(name, "speculative.drafter")
+        except SpecstackError as exc:
+            raise ApiError(400, str(exc), param="speculative.drafter") from None
 
     async def next_event(request: Request, w: RoleWorker, job: Job) -> dict[str, Any] | None:
         """The job's next event; None (and the job cancelled) when the client disconnects.

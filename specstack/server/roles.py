@@ -60,6 +60,7 @@ class Role:
     chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (``chat.load_template``)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.k_policy not in POLICIES:
             raise InvalidParameterError(f"role {self.name!r}: k_policy must be one of {', '.join(POLICIES)} (got {self.k_policy!r})")
         if self.parallel < 1:
@@ -76,6 +77,26 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or (self.ctx is not None and self.ctx < 0):
             raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
+
+
+    def _check_types(self) -> None:
+        """Each key's type, named (a roles file's ``parallel = "two"`` said "'<' not supported between ...")."""
+        for key in ROLE_INTS:
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be an integer (got {value!r})")
+        for key in ROLE_STRINGS:
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be a string (got {value!r})")
+        for key in ("model", "draft", "profile"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, (str, Path)):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
+
+
+ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb")
+ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template")
 
 
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:

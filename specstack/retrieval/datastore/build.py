@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,17 +99,33 @@ def write_store(
     }
     _check_replaceable(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "tokens.npy", tokens)
-    np.save(tmp / "sa.npy", sa)
-    np.save(tmp / "index.npy", index)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        np.save(tmp / "tokens.npy", tokens)
+        np.save(tmp / "sa.npy", sa)
+        np.save(tmp / "index.npy", index)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpecstackError(f"cannot write the datastore to {out}: {exc.strerror or exc}; choose a folder you can "
+                             "write (-o)") from None
     return meta
+
+
+def _check_writable(folder: Path) -> None:
+    """Probe by writing (root passes permission checks that the filesystem still refuses), before the slow part."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specstack-probe-"):
+            pass
+    except OSError as exc:
+        raise SpecstackError(f"cannot write the datastore in {folder}: {exc.strerror or exc}; choose a folder you "
+                             "can write (-o)") from None
 
 
 def _check_replaceable(out: Path) -> None:
@@ -226,6 +243,7 @@ def build_from_files(
     t0 = time.perf_counter()
     out = Path(out)
     _check_replaceable(out)  # fail before the slow part
+    _check_writable(out.parent)
     inside = out.resolve()
     files = [(p, n) for p, n in collect_files(corpus, include, exclude)
              if inside not in p.resolve().parents]  # never index a store built inside the corpus
@@ -282,6 +300,9 @@ def build_from_files(
     progress.close(f"tokenized {len(docs)} files, {total} tokens")
     if skipped:
         log(f"skipped {skipped} binary or non-UTF-8 files")
+    if total == 0:
+        raise SpecstackError(f"nothing to index: the {len(files)} file(s) given hold no UTF-8 text tokens ({skipped} "
+                             "binary or non-UTF-8); point the corpus at source or text files")
     log(f"sorting {total} suffixes")
     meta = write_store(out, docs, n_vocab=n_vocab, tokenizer=tokenizer, sources=used, inputs_digest=digest)
     return BuildResult(out, False, meta, time.perf_counter() - t0)
