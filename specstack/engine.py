@@ -75,6 +75,7 @@ class Engine:
                  prompt_cache_bytes: int = 0) -> None:
         self.target = target
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+        self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
         self.policy = policy
         if not target.shapes.settled:
@@ -168,7 +169,11 @@ class Engine:
 
     def _swap(self, slot: _Slot, prompt: Sequence[int]) -> None:
         """Host-memory prompt cache: keep what the slot holds before it is overwritten, and bring back
-        a saved prefix when one reuses more of ``prompt`` than the slot does."""
+        a saved prefix when one reuses more of ``prompt`` than the slot does.  Before that, a running
+        sibling's prompt (the other choices of an ``n > 1`` request): its KV is copied over, so a prompt
+        shared by several generations is prefilled once."""
+        if self._copy_sibling(slot, prompt):
+            return
         cache = self.prompt_cache
         if cache is None:
             return
@@ -179,6 +184,31 @@ class Engine:
         if saved is not None and there > here and self.target.load_seq(slot.seq, saved.data, len(saved.tokens)):
             slot.cached, slot.prefilled = list(saved.tokens), saved.prefilled
             cache.hits += 1
+
+    def _copy_sibling(self, slot: _Slot, prompt: Sequence[int]) -> bool:
+        """Copy the KV of a running slot whose prompt ``prompt`` reuses more of than ``slot`` holds (llama.cpp's
+        per-sequence state, as the host prompt cache saves it: the copy computes exactly what a prefill would).
+        Attention models only: a recurrent state has moved past the prompt by the time it could be copied."""
+        if self.target.is_recurrent:
+            return False
+        here = reusable(self.target, slot.cached, slot.prefilled, prompt)
+        best, there = None, here
+        for s in self._slots:
+            if s is slot or s.gen is None:
+                continue
+            n = reusable(self.target, s.cached, s.prefilled, prompt)
+            if n > there and n >= MIN_REUSE:
+                best, there = s, n
+        if best is None:
+            return False
+        if self.prompt_cache is not None and here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:
+            self.prompt_cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))  # what it held
+        if not self.target.load_seq(slot.seq, self.target.save_seq(best.seq), self.target.seq_len[best.seq]):
+            slot.cached, slot.prefilled = [], 0
+            return False
+        slot.cached, slot.prefilled = list(best.cached), best.prefilled
+        self.sibling_copies += 1
+        return True
 
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         t0 = time.perf_counter()
@@ -224,7 +254,10 @@ class Engine:
         gen.stats.n_tokens = len(gen.output_ids)
         # The clock stops at the last token: what a drafter does after the request
         # (the suffix drafter files the output into its global tree) is off the token path.
-        gen.stats.total_s = time.perf_counter() - gen.started
+        end = time.perf_counter()
+        gen.stats.total_s = end - gen.started
+        if gen.stats.n_tokens > 1 and gen.stats.ttft_s > 0:  # mean gap between tokens after the first
+            gen.stats.itl_s = (end - gen.submitted - gen.stats.ttft_s) / (gen.stats.n_tokens - 1)
         self._release(gen, keep_cache=True)
         gen.status = "done"
         if gen.parent_policy is not None:

@@ -53,6 +53,7 @@ class GenerationStats:
     n_reused: int = 0  # prompt tokens whose KV was reused from an earlier request (not prefilled)
     queue_s: float = 0.0  # waiting for a free slot
     ttft_s: float = 0.0  # submission to first token
+    itl_s: float = 0.0  # inter-token latency: mean time between output tokens after the first (vLLM's TPOT)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -154,6 +155,7 @@ class GenerationStats:
             "time_s": {
                 "queue": round(self.queue_s, 6),
                 "first_token": round(self.ttft_s, 6),
+                "inter_token": round(self.itl_s, 6),
                 "prefill": round(self.prefill_s, 6),
                 "draft": round(self.draft_s, 6),
                 "verify": round(self.verify_s, 6),

@@ -252,7 +252,9 @@ def test_sigterm_drains_every_accepted_request_streams_too(key):
         assert all(e.wait(60) for e in started), "the first two streams never produced a token"
         for t in threads[2:]:
             t.start()
-        time.sleep(0.2)  # accepted and queued behind the two decoding streams
+        deadline = time.time() + 60  # until both are accepted and queued behind the two decoding streams
+        while time.time() < deadline and "specstack_queue_depth{role=" not in _queued(url, 2):
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
@@ -264,3 +266,9 @@ def test_sigterm_drains_every_accepted_request_streams_too(key):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _queued(url: str, n: int) -> str:
+    """The /metrics line saying ``n`` requests wait for a slot, or ""."""
+    lines = httpx.get(url + "/metrics", timeout=10).text.splitlines()
+    return next((line for line in lines if line.startswith("specstack_queue_depth{") and line.endswith(f" {float(n)}")), "")

@@ -159,7 +159,7 @@ def test_errors_have_openai_bodies(client, server):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
     wrong = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "temperature": "hot"}, headers=headers)
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "temperature"
-    many = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "n": 2}, headers=headers)
+    many = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "n": 17}, headers=headers)
     assert many.status_code == 400 and many.json()["error"]["param"] == "n"
     big = httpx.post(server.url + "/v1/completions", content=b" " * 70_000, headers=headers)
     assert big.status_code == 413
@@ -309,6 +309,55 @@ def test_values_that_would_be_misread_or_ignored_are_400s(server, extra, param):
         assert r.status_code == 200
     else:
         assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_n_choices_share_one_prefill_and_match_single_requests(server, client):
+    """n = 3, greedy: every choice is the single request's text; the prompt is prefilled once (the other
+    choices copy its KV) and counted once in usage; each choice has its own speculation summary."""
+    worker = next(iter(server.app.state.workers.values()))
+    one = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=24, temperature=0)
+    copies = worker.engine.sibling_copies
+    three = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=24, temperature=0, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert all(c.text == one.choices[0].text for c in three.choices)
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert len(three.model_extra["speculative"]["choices"]) == 3
+    assert worker.engine.sibling_copies > copies  # 2 slots: the second choice copied the first's prompt
+    parts = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=24, temperature=0, n=3, stream=True,
+                                      stream_options={"include_usage": True})
+    texts, finishes, usage = ["", "", ""], [None] * 3, None
+    for c in parts:
+        if c.usage is not None:
+            usage = c.usage
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [one.choices[0].text] * 3 and finishes == ["length"] * 3
+    assert usage.prompt_tokens == one.usage.prompt_tokens and usage.completion_tokens == 72
+
+
+def test_n_choices_sample_with_seed_plus_index(client):
+    """Choice i of a seeded request is the single request with seed + i: reproducible per choice.  Fixed k:
+    with the cost policy the drafts, and so the random draws of rejection sampling, follow what the role's
+    policy learnt from earlier requests."""
+    fixed = {"speculative": {"k_policy": "fixed"}}
+    both = client.chat.completions.create(model="pycoder-6m", messages=[{"role": "user", "content": "def add(a, b):"}],
+                                          max_tokens=16, temperature=0.9, seed=7, n=2, extra_body=fixed)
+    for i in range(2):
+        alone = client.chat.completions.create(model="pycoder-6m", messages=[{"role": "user", "content": "def add(a, b):"}],
+                                               max_tokens=16, temperature=0.9, seed=7 + i, extra_body=fixed)
+        assert both.choices[i].message.content == alone.choices[0].message.content
+    assert both.choices[0].message.content != both.choices[1].message.content  # two seeds, two samples
+
+
+def test_latency_is_reported_per_response_and_in_metrics(client, server):
+    r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=16, temperature=0)
+    spec = r.model_extra["speculative"]
+    assert spec["time_to_first_token_s"] > 0 and spec["inter_token_latency_s"] > 0
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'specstack_inter_token_latency_seconds_count{role="pycoder-6m"}' in metrics
+    assert 'specstack_time_to_first_token_seconds_count{role="pycoder-6m"}' in metrics
 
 
 def test_roles_file(tmp_path):

@@ -9,6 +9,7 @@ object overrides its role's defaults (``drafter``, ``k_policy``, ``k``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -47,6 +48,9 @@ class Limits:
     max_tokens: int = 4096
     timeout_s: float = 600.0
     retry_after_s: int = 1
+    # Choices per request (``n``).  Each is its own generation with its own slot; with more choices than
+    # slots the rest wait in the queue (and take its places), as separate requests would.
+    max_n: int = 16
 
 
 def _speculative_model() -> type[BaseModel]:
@@ -85,7 +89,7 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, strict=True, description="one choice per request")
+    n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")
     speculative: Speculative | None = None
     # Accepted by the OpenAI API but not done here: a request that sets them gets a 400 naming the field
     # (``unsupported``), never a 200 that silently ignores them.
@@ -332,35 +336,56 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return await run(request, w, body, w.target.tokenize(prompt, parse_special=w.template.kind != "plain"), chat=True)
 
     async def run(request: Request, w: RoleWorker, body: _Common, ids: list[int], chat: bool) -> Response:
-        job = make_job(w, body, ids)
+        jobs = make_jobs(w, body, ids)
         try:
-            w.submit(job)
+            w.submit(*jobs)
         except QueueFull as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(limits.retry_after_s)}) from None
-        first = await next_event(request, w, job)
+        first = await next_event(request, w, jobs)
         if first is None:
-            return Response(status_code=499)  # client gone; the job was cancelled
+            return Response(status_code=499)  # client gone; the jobs were cancelled
         if first["type"] == "error":
+            cancel_all(w, jobs)
             return error(first["status"], first["message"], first["kind"])
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         echo = w.target.detokenize(ids) if getattr(body, "echo", False) else ""
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(stream(request, w, job, first, rid, chat, include_usage, echo), ping=15)
-        text, event, logprobs = echo, first, LogprobsOut(w.target, chat, len(echo))
-        while event["type"] == "delta":
-            text += event["text"]
-            logprobs.add(event)
-            event = await next_event(request, w, job)
+            return EventSourceResponse(stream(request, w, jobs, first, rid, chat, include_usage, echo), ping=15)
+        texts = [echo] * len(jobs)
+        logprobs = [LogprobsOut(w.target, chat, len(echo)) for _ in jobs]
+        finals: dict[int, dict[str, Any]] = {}
+        event: dict[str, Any] | None = first
+        while True:
+            i = event["index"]
+            if event["type"] == "error":
+                cancel_all(w, jobs)
+                return error(event["status"], event["message"], event["kind"])
+            if event["type"] == "delta":
+                texts[i] += event["text"]
+                logprobs[i].add(event)
+            else:
+                finals[i] = event
+                if len(finals) == len(jobs):
+                    break
+            event = await next_event(request, w, jobs)
             if event is None:
                 return Response(status_code=499)
-        if event["type"] == "error":
-            return error(event["status"], event["message"], event["kind"])
-        return JSONResponse(final_body(rid, w.role.name, text, event, chat,
-                                       logprobs.body() if job.config.logprobs is not None else None))
+        wanted = jobs[0].config.logprobs is not None
+        return JSONResponse(final_body(rid, w.role.name, texts, [finals[i] for i in range(len(jobs))], chat,
+                                       [lp.body() for lp in logprobs] if wanted else None))
 
-    def make_job(w: RoleWorker, body: _Common, ids: list[int]) -> Job:
+    def cancel_all(w: RoleWorker, jobs: list[Job]) -> None:
+        for job in jobs:
+            w.cancel(job)
+
+    def make_jobs(w: RoleWorker, body: _Common, ids: list[int]) -> list[Job]:
+        """One job per choice (``n``), checked once: choice i samples with ``seed + i`` (a negative or absent seed:
+        each its own random one), and all share one events queue, their events tagged with the choice's index."""
+        if body.n > limits.max_n:
+            raise ApiError(400, f"n is {body.n}; this server allows at most {limits.max_n} choices per request",
+                           param="n")
         target = w.target
         limit = limits.max_prompt_tokens or target.capacity - 1
         if not ids:
@@ -396,8 +421,13 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                                       k=spec.get("k", w.role.k), logprobs=wanted_logprobs(body))
         except SpecstackError as exc:
             raise ApiError(400, str(exc)) from None
-        return Job(ids, config, spec, asyncio.get_running_loop(), asyncio.Queue(),
-                   time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None)
+        events: asyncio.Queue = asyncio.Queue()
+        deadline = time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None
+        seeded = body.seed is not None and body.seed >= 0
+        return [Job(ids, config if i == 0 else dataclasses.replace(
+                        config, sampling=dataclasses.replace(sampling, seed=body.seed + i if seeded else body.seed)),
+                    spec, asyncio.get_running_loop(), events, deadline, index=i)
+                for i in range(body.n)]
 
     def check_drafter(name: str) -> None:
         try:
@@ -405,66 +435,76 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="speculative.drafter") from None
 
-    async def next_event(request: Request, w: RoleWorker, job: Job) -> dict[str, Any] | None:
-        """The job's next event; None (and the job cancelled) when the client disconnects.
+    async def next_event(request: Request, w: RoleWorker, jobs: list[Job]) -> dict[str, Any] | None:
+        """The next event of any of a request's jobs; None (and the jobs cancelled) when the client disconnects.
 
         The client is checked every ``DISCONNECT_POLL_S`` whether or not events keep coming: a plain
         response's tokens arrive faster than that, and checking only when none came never noticed
         a client that had left (the generation ran on for minutes, holding its slot)."""
+        head = jobs[0]
         while True:
             now = time.monotonic()
-            if now - job.checked_at >= DISCONNECT_POLL_S:
-                job.checked_at = now
+            if now - head.checked_at >= DISCONNECT_POLL_S:
+                head.checked_at = now
                 if await request.is_disconnected():
-                    w.cancel(job)
+                    cancel_all(w, jobs)
                     return None
             try:
-                return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
+                return await asyncio.wait_for(head.events.get(), timeout=DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 continue
 
-    async def stream(request: Request, w: RoleWorker, job: Job, event: dict[str, Any], rid: str, chat: bool,
+    async def stream(request: Request, w: RoleWorker, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
                      include_usage: bool, echo: str = "") -> AsyncIterator[str]:
+        """The choices' chunks as they come, each with its ``index``; every choice ends with its finish chunk,
+        the usage chunk (prompt counted once) and ``[DONE]`` follow the last."""
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        done = False
-        offset = len(echo)  # text_offset of the first generated token
+        finished: dict[int, dict[str, Any]] = {}
+        offsets = [len(echo)] * len(jobs)  # text_offset of each choice's next token
+
+        def piece(i: int, choice: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+            return chunk(rid, obj, created, w.role.name, {**choice, "index": i}, include_usage, extra)
+
         try:
-            if chat:
-                yield chunk(rid, obj, created, w.role.name, {"delta": {"role": "assistant"}, "finish_reason": None}, include_usage)
-            if echo:  # completions' echo: the prompt's text first, even when no token follows
-                yield chunk(rid, obj, created, w.role.name, {"text": echo, "logprobs": None, "finish_reason": None}, include_usage)
+            for i in range(len(jobs)):
+                if chat:
+                    yield piece(i, {"delta": {"role": "assistant"}, "finish_reason": None})
+                if echo:  # completions' echo: the prompt's text first, even when no token follows
+                    yield piece(i, {"text": echo, "logprobs": None, "finish_reason": None})
             while True:
+                i = event["index"]
                 if event["type"] == "delta":
                     lp = None
                     if event.get("logprobs") is not None:
-                        lp = LogprobsOut(w.target, chat, offset)
+                        lp = LogprobsOut(w.target, chat, offsets[i])
                         lp.add(event)
                         lp = lp.body()
-                    offset += len(event["text"])
+                    offsets[i] += len(event["text"])
                     choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if chat
                               else {"text": event["text"], "logprobs": lp})
-                    yield chunk(rid, obj, created, w.role.name, {**choice, "finish_reason": None}, include_usage,
-                                {"tokens": event["tokens"]})
+                    yield piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})
                 elif event["type"] == "done":
-                    done = True
+                    finished[i] = event
                     choice = {"delta": {}} if chat else {"text": "", "logprobs": None}
-                    yield chunk(rid, obj, created, w.role.name, {**choice, "finish_reason": event["finish_reason"]},
-                                include_usage, {"speculative": summary(event["stats"])})
-                    if include_usage:
-                        yield json.dumps({"id": rid, "object": obj, "created": created, "model": w.role.name,
-                                          "choices": [], "usage": event["usage"]})
-                    yield "[DONE]"
-                    return
+                    yield piece(i, {**choice, "finish_reason": event["finish_reason"]},
+                                {"speculative": summary(event["stats"])})
+                    if len(finished) == len(jobs):
+                        if include_usage:
+                            yield json.dumps({"id": rid, "object": obj, "created": created, "model": w.role.name,
+                                              "choices": [], "usage": total_usage(list(finished.values()))})
+                        yield "[DONE]"
+                        return
                 else:
-                    done = True
+                    finished[i] = event
+                    cancel_all(w, [j for j in jobs if j.index not in finished])
                     yield json.dumps({"error": {"message": event["message"], "type": event["kind"], "param": None,
                                                 "code": event["status"]}})
                     return
-                event = await job.events.get()
+                event = await jobs[0].events.get()
         finally:
-            if not done:
-                w.cancel(job)  # the client went away mid-stream: stop within one step, free the slot
+            if len(finished) < len(jobs):
+                cancel_all(w, [j for j in jobs if j.index not in finished])  # the client went away mid-stream
 
     return app
 
@@ -484,7 +524,9 @@ def summary(stats: dict[str, Any]) -> dict[str, Any]:
     """What speculation did for one request: drafted, accepted, acceptance, mean accepted length, by source."""
     keys = ("drafter", "k_policy", "n_drafted", "n_accepted", "acceptance_rate", "mean_accepted_length", "by_source",
             "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason")
-    return {k: stats[k] for k in keys if k in stats}
+    times = stats.get("time_s", {})
+    return {**{k: stats[k] for k in keys if k in stats},
+            "time_to_first_token_s": times.get("first_token"), "inter_token_latency_s": times.get("inter_token")}
 
 
 def wanted_logprobs(body: _Common) -> int | None:
@@ -531,12 +573,27 @@ class LogprobsOut:
         return self._target.token_bytes(token).decode("utf-8", "replace")
 
 
-def final_body(rid: str, model: str, text: str, event: dict[str, Any], chat: bool,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": event["finish_reason"],
-                  "logprobs": logprobs}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": event["finish_reason"], "logprobs": logprobs}
+def total_usage(finals: list[dict[str, Any]]) -> dict[str, int]:
+    """A request's usage over its choices: the prompt once (it was processed once), every choice's tokens."""
+    prompt = finals[0]["usage"]["prompt_tokens"]
+    completion = sum(f["usage"]["completion_tokens"] for f in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, Any]], chat: bool,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A whole response: one choice per text (``index`` in order), the usage over all, and speculation's
+    summary (per choice under ``speculative.choices`` when there are several)."""
+    choices = []
+    for i, (text, event) in enumerate(zip(texts, finals)):
+        lp = logprobs[i] if logprobs is not None else None
+        if chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "finish_reason": event["finish_reason"], "logprobs": lp})
+        else:
+            choices.append({"index": i, "text": text, "finish_reason": event["finish_reason"], "logprobs": lp})
+    spec = summary(finals[0]["stats"])
+    if len(finals) > 1:
+        spec = {**spec, "choices": [summary(f["stats"]) for f in finals]}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": event["usage"], "speculative": summary(event["stats"])}
+            "model": model, "choices": choices, "usage": total_usage(finals), "speculative": spec}

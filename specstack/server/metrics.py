@@ -32,6 +32,8 @@ class ServerMetrics:
         self.k = Histogram(p + "draft_k", "Draft tokens verified per step (the k chosen)", ["role"],
                            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Submission to first token", ["role"], registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "Mean time between a request's tokens after the first",
+                             ["role"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r)
 
     def requests_started(self, role: str, n_prompt: int) -> None:
         self.prompt_tokens.labels(role).inc(n_prompt)
@@ -57,6 +59,8 @@ class ServerMetrics:
             self.k.labels(role).observe(drafted)
         if s.ttft_s > 0:
             self.ttft.labels(role).observe(s.ttft_s)
+        if s.itl_s > 0:
+            self.itl.labels(role).observe(s.itl_s)
 
     def requests_failed(self, role: str, kind: str) -> None:
         self.requests.labels(role, kind).inc()

@@ -55,9 +55,10 @@ class Job:
     sent: int = 0  # output tokens already reported
     submitted: float = field(default_factory=time.perf_counter)
     checked_at: float = field(default_factory=time.monotonic)  # when the server last looked for the client
+    index: int = 0  # which choice of its request (``n > 1``: the choices share one events queue)
 
     def emit(self, event: dict[str, Any]) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        self.loop.call_soon_threadsafe(self.events.put_nowait, {**event, "index": self.index})
 
 
 class RoleWorker:
@@ -93,14 +94,16 @@ class RoleWorker:
         self._wake.set()
         self._thread.join(timeout)
 
-    def submit(self, job: Job) -> None:
-        """Queue a job, or raise ``QueueFull`` when every slot and queue place is taken."""
+    def submit(self, *jobs: Job) -> None:
+        """Queue jobs (a request's choices) all or none, or raise ``QueueFull`` when slots and queue lack room."""
         with self._lock:
-            if self._active >= self.role.parallel + self.max_queue:
-                raise QueueFull(f"role {self.role.name!r} is at capacity ({self.role.parallel} slots busy, "
-                                f"{self.max_queue} requests waiting); retry later")
-            self._active += 1
-        self._inbox.put(("submit", job))
+            if self._active + len(jobs) > self.role.parallel + self.max_queue:
+                raise QueueFull(f"role {self.role.name!r} is at capacity ({self.role.parallel} slots, "
+                                f"{self.max_queue} queue places, {self._active} taken; this request needs "
+                                f"{len(jobs)}); retry later")
+            self._active += len(jobs)
+        for job in jobs:
+            self._inbox.put(("submit", job))
         self._wake.set()
 
     def cancel(self, job: Job) -> None:
