@@ -100,3 +100,20 @@ def test_interrupted_save_keeps_the_previous_cache(tmp_path, monkeypatch):
     e = SuffixDrafter(cfg, A)
     e.begin([0, 1, 2])
     assert e.global_tree.n_tokens == 4
+
+
+def test_a_cache_that_can_no_longer_be_saved_warns_once_and_keeps_drafting(tmp_path, capsys):
+    """The folder went away after start-up (a full or unmounted disk): the output is already out, so
+    end() warns once instead of raising, and the global tree keeps growing in memory."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    d = SuffixDrafter(SuffixConfig(cache_path=str(folder / "suffix.npz")), A)
+    folder.joinpath("suffix.npz").unlink(missing_ok=True)
+    folder.rmdir()
+    for first in (1, 5):
+        d.begin([first, 2])
+        d.advance([3, 4], 0)
+        d.end()
+    err = capsys.readouterr().err
+    assert err.count("cannot save the suffix cache") == 1
+    assert d.global_tree.n_tokens > 0

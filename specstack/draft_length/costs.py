@@ -496,7 +496,7 @@ def _auto_shapes(model: EngineTarget, shapes: BatchShapes, use_cache: bool) -> B
 
 
 def measure_exact_cost(model: EngineTarget, shapes: BatchShapes, depth: int = 128, rows: int = 17,
-                       reps: int = 9, budget_s: float = 1.0) -> ExactCost:
+                       reps: int = 7, budget_s: float = 0.5) -> ExactCost:
     """Time what ``shapes`` add over unconstrained calls (``ExactCost``), interleaved, each kind's minimum.
 
     Both sides of each comparison run in the same round, so load on a shared machine spreads over both;
