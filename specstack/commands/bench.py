@@ -225,11 +225,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         sys.stdout.write(report.render_markdown(results))
     print("bench: wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    if results["mismatches"]:
-        print(f"bench: {len(results['mismatches'])} speculative output(s) at temperature 0 differ from plain decoding "
-              "(see MISMATCH above and in results.md): lossless speculation is broken", file=sys.stderr)
-        return 1
-    return 130 if results["interrupted"] else 0
+    message, code = mismatch_outcome(len(results["mismatches"]), target.shapes)
+    if message:
+        print(message, file=sys.stderr)
+    return code or (130 if results["interrupted"] else 0)
+
+
+def mismatch_outcome(n: int, shapes: Any) -> tuple[str, int]:
+    """What greedy mismatches mean for the exit status: a bug (1) in exact mode, expected (0, a note) when
+    calls ran unpadded and unsplit (``--exact off``, or ``auto`` where exactness costs too much)."""
+    if not n:
+        return "", 0
+    if shapes.exact:
+        return (f"bench: {n} speculative output(s) at temperature 0 differ from plain decoding (see MISMATCH above "
+                "and in results.md): lossless speculation is broken", 1)
+    return (f"bench: note: {n} speculative output(s) at temperature 0 differ from plain decoding at near-ties, as "
+            f"expected with exact shapes off ({shapes.why}); run with --exact on for bit-identical output", 0)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
