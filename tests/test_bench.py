@@ -358,8 +358,9 @@ def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():
 
 
 def test_demo_prints_one_row_per_method_from_the_runner(capsys):
-    code, out, err = run_cli(capsys, "demo", "--prompts", "1", "-n", "8")
+    code, out, err = run_cli(capsys, "demo", "--prompts", "1", "-n", "8", "--exact", "on")  # identity is asserted
     lines = out.splitlines()
+    assert lines[-1].startswith("exact shapes: on (--exact on)")
     assert code == 0 and lines[0].split() == ["method", "tok/s", "speedup", "accept", "mean", "len", "identical"]
     rows = {line.split()[0]: line.split() for line in lines[2:7]}
     assert list(rows) == ["none", "prompt-lookup", "prompt-lookup+cost", "draft-model", "draft-model+cost"]

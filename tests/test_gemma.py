@@ -197,16 +197,32 @@ def test_logprobs_over_http(server):
     assert len(chat.choices[0].logprobs.content) == 4
 
 
-def test_disconnect_before_a_plain_response_frees_the_slot(server):
+@pytest.mark.parametrize("key", [None, "test-key"])
+def test_disconnect_before_a_plain_response_frees_the_slot(server, key):
     """A non-streaming client that times out is noticed within a step or two (was: the generation ran on for
-    minutes, holding its slot, and was counted ok; Starlette's http middleware hid the disconnect)."""
+    minutes, holding its slot, and was counted ok), with and without the API key's check in front."""
+    from test_serve import Server
+
+    from specstack.server.app import create_app
+    from specstack.server.roles import Role
+
+    if key is None:
+        _disconnect(server, {})
+        return
+    app = create_app([Role(name="gemma", model=_gemma_path(), ctx=2048, parallel=1, exact="on")], api_key=key)
+    with Server(app) as keyed:
+        keyed.app = app
+        _disconnect(keyed, {"Authorization": f"Bearer {key}"})
+
+
+def _disconnect(server, headers: dict[str, str]) -> None:
     from test_serve import count_metric
 
     worker = next(iter(server.app.state.workers.values()))
     cancelled = count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"')
     body = {"prompt": PROMPTS[0][:400], "max_tokens": 400, "temperature": 0}  # the base model runs on: seconds
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=httpx.Timeout(60, read=1.0))
     deadline = time.time() + 10
     while (worker.engine.running or worker.active) and time.time() < deadline:
         time.sleep(0.02)

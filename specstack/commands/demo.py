@@ -19,6 +19,7 @@ from ..paths import DATA_DIR
 from ..prompts import held_out_prompts
 from ..ui import table
 from .common import add_model_args, load_target
+from .generate import describe_shapes
 
 # Rows after plain decoding (which always runs first: speedups are relative to it).
 # METHOD@cost is the bench's spelling of "this drafter under the cost policy"; shown as +cost.
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             if r["method"] == "none":
                 print(f"--- {r['request']} ---\n{r['text']}", file=sys.stderr)
     print(format_table(aggregate(results), len(wl.requests)))
+    print(f"exact shapes: {describe_shapes(target.shapes)}")  # which guarantee the 'identical' column rests on
     return 130 if results["interrupted"] else 0
 
 
