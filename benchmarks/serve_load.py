@@ -1,7 +1,7 @@
 """Load test for OpenAI-compatible servers: specstack serve, or llama-server on the same GGUFs.
 
-N concurrent clients (the official async `openai` client) send greedy completions of held-out
-prompts for a fixed time. Every output is checked against the same server's answer to that prompt
+N concurrent clients (the official async `openai` client) stream greedy completions of held-out
+prompts for a fixed time; each reports time to first token and inter-token latency (p50/p99). Every output is checked against the same server's answer to that prompt
 when it ran alone. A 429 is counted and retried after its Retry-After; anything else is a failure.
 The server's memory (RSS) is sampled throughout.
 
@@ -18,7 +18,6 @@ import asyncio
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -77,10 +76,23 @@ def rss_mb(pid: int | None) -> float:
 
 
 async def one(client: openai.AsyncOpenAI, prompt: str, n: int, stats: dict) -> str | None:
+    """One streamed greedy completion: its text, with latency, time to first token and inter-token latency
+    (the mean gap between its tokens after the first, as specstack's /metrics defines it) in ``stats``."""
     while True:
         t0 = time.perf_counter()
+        first = None
+        parts: list[str] = []
+        tokens = 0
         try:
-            r = await client.completions.create(model="default", prompt=prompt, max_tokens=n, temperature=0)
+            stream = await client.completions.create(model="default", prompt=prompt, max_tokens=n, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True})
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+                for choice in chunk.choices:
+                    if choice.text:
+                        first = first or time.perf_counter()
+                        parts.append(choice.text)
         except openai.RateLimitError as exc:
             stats["429"] += 1
             await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
@@ -88,16 +100,23 @@ async def one(client: openai.AsyncOpenAI, prompt: str, n: int, stats: dict) -> s
         except Exception as exc:  # a real failure
             stats["failures"].append(repr(exc)[:200])
             return None
-        stats["latency"].append(time.perf_counter() - t0)
-        stats["tokens"] += r.usage.completion_tokens if r.usage else 0
-        return r.choices[0].text
+        end = time.perf_counter()
+        tokens = tokens or len(parts)  # a server without stream usage: one token per chunk
+        stats["latency"].append(end - t0)
+        stats["tokens"] += tokens
+        if first is not None:
+            stats["ttft"].append(first - t0)
+            if tokens > 1:
+                stats["itl"].append((end - first) / (tokens - 1))
+        return "".join(parts)
 
 
 async def load(url: str, clients: int, seconds: float, n: int, prompts: list[str], reference: dict[str, str],
                pid: int | None) -> dict:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=os.environ.get("SPECSTACK_API_KEY", "none"), max_retries=0,
                                 timeout=600)
-    stats = {"429": 0, "failures": [], "latency": [], "tokens": 0, "identical": 0, "checked": 0, "rss": []}
+    stats = {"429": 0, "failures": [], "latency": [], "ttft": [], "itl": [], "tokens": 0, "identical": 0, "checked": 0,
+             "rss": []}
     stop = time.perf_counter() + seconds
 
     async def user(i: int) -> None:
@@ -121,13 +140,19 @@ async def load(url: str, clients: int, seconds: float, n: int, prompts: list[str
     return stats
 
 
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by rank; 0 for no values."""
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
+
+
 def report(name: str, clients: int, s: dict) -> str:
-    lat = sorted(s["latency"]) or [0.0]
-    p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
     rss = s["rss"] or [0.0]
     return (f"{name:14s} clients {clients:3d}: {len(s['latency'])} ok, {s['429']} x 429 (retried), "
             f"{len(s['failures'])} failures; {s['tokens'] / s['wall']:.1f} tok/s aggregate; latency p50 "
-            f"{statistics.median(lat):.2f} s p95 {p95:.2f} s; identical to solo {s['identical']}/{s['checked']}; "
+            f"{pct(s['latency'], 0.5):.2f} s p95 {pct(s['latency'], 0.95):.2f} s; TTFT p50 {1000 * pct(s['ttft'], 0.5):.0f} "
+            f"ms p99 {1000 * pct(s['ttft'], 0.99):.0f} ms; ITL p50 {1000 * pct(s['itl'], 0.5):.1f} ms p99 "
+            f"{1000 * pct(s['itl'], 0.99):.1f} ms; identical to solo {s['identical']}/{s['checked']}; "
             f"RSS {rss[0]:.0f} -> max {max(rss):.0f} -> {rss[-1]:.0f} MB")
 
 
