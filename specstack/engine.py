@@ -168,47 +168,37 @@ class Engine:
                 raise
 
     def _swap(self, slot: _Slot, prompt: Sequence[int]) -> None:
-        """Host-memory prompt cache: keep what the slot holds before it is overwritten, and bring back
-        a saved prefix when one reuses more of ``prompt`` than the slot does.  Before that, a running
-        sibling's prompt (the other choices of an ``n > 1`` request): its KV is copied over, so a prompt
-        shared by several generations is prefilled once."""
-        if self._copy_sibling(slot, prompt):
-            return
+        """Bring into ``slot`` the longest reusable prefix of ``prompt`` held elsewhere: a running sibling's
+        KV (the other choices of an ``n > 1`` request, so a shared prompt is prefilled once) or the host
+        prompt cache's, both copied as llama.cpp's per-sequence state, which computes what a prefill would.
+        What the slot held goes to the host cache first, when it would be lost."""
+        here = reusable(self.target, slot.cached, slot.prefilled, prompt)
+        source, there = None, here
+        if not self.target.is_recurrent:  # a recurrent state has moved past the prompt by the time it is copied
+            for s in self._slots:
+                n = worth_reusing(self.target, s.cached, s.prefilled, prompt) if s is not slot and s.gen else 0
+                if n > there:
+                    source, there = s, n
         cache = self.prompt_cache
-        if cache is None:
-            return
-        here = reusable(self.target, slot.cached, slot.prefilled, prompt)
-        saved, there = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt))
-        if here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
+        saved, kept = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt)) if cache else (None, 0)
+        if cache is not None and here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
             cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))
-        if saved is not None and there > here and self.target.load_seq(slot.seq, saved.data, len(saved.tokens)):
-            slot.cached, slot.prefilled = list(saved.tokens), saved.prefilled
+        if saved is not None and kept > there:
+            source, there = saved, kept
+        if source is None:
+            return
+        if source is saved:
+            tokens, prefilled, data, n = saved.tokens, saved.prefilled, saved.data, len(saved.tokens)
+        else:
+            tokens, prefilled, data, n = source.cached, source.prefilled, self.target.save_seq(source.seq), self.target.seq_len[source.seq]
+        if not self.target.load_seq(slot.seq, data, n):
+            slot.cached, slot.prefilled = [], 0  # load_seq emptied the sequence
+            return
+        slot.cached, slot.prefilled = list(tokens), prefilled
+        if source is saved:
             cache.hits += 1
-
-    def _copy_sibling(self, slot: _Slot, prompt: Sequence[int]) -> bool:
-        """Copy the KV of a running slot whose prompt ``prompt`` reuses more of than ``slot`` holds (llama.cpp's
-        per-sequence state, as the host prompt cache saves it: the copy computes exactly what a prefill would).
-        Attention models only: a recurrent state has moved past the prompt by the time it could be copied."""
-        if self.target.is_recurrent:
-            return False
-        here = reusable(self.target, slot.cached, slot.prefilled, prompt)
-        best, there = None, here
-        for s in self._slots:
-            if s is slot or s.gen is None:
-                continue
-            n = reusable(self.target, s.cached, s.prefilled, prompt)
-            if n > there and n >= MIN_REUSE:
-                best, there = s, n
-        if best is None:
-            return False
-        if self.prompt_cache is not None and here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:
-            self.prompt_cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))  # what it held
-        if not self.target.load_seq(slot.seq, self.target.save_seq(best.seq), self.target.seq_len[best.seq]):
-            slot.cached, slot.prefilled = [], 0
-            return False
-        slot.cached, slot.prefilled = list(best.cached), best.prefilled
-        self.sibling_copies += 1
-        return True
+        else:
+            self.sibling_copies += 1
 
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         t0 = time.perf_counter()

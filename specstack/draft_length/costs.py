@@ -436,7 +436,7 @@ class ExactCost:
 
 def exact_mode(exact: bool | str) -> str:
     """``--exact`` as one of ``EXACT_MODES`` (True/False, as in older roles files, mean on/off)."""
-    mode = {True: "on", False: "off"}.get(exact, exact) if isinstance(exact, bool) else str(exact)
+    mode = ("on" if exact else "off") if isinstance(exact, bool) else exact
     if mode not in EXACT_MODES:
         from ..errors import InvalidParameterError
 
@@ -462,7 +462,7 @@ def ensure_shapes(model: EngineTarget, exact: bool | str = "on", use_cache: bool
     path = cache_dir() / "costs.json"
     key = "shapes-" + _cache_key(model, 0)
     cache = _read_cache(path) if use_cache else {}
-    if key in cache and "why" in cache[key]:
+    if key in cache:
         shapes = BatchShapes(**{**cache[key], "settled": True})
     else:
         shapes = measure_shapes(model, show_progress=True)
@@ -560,7 +560,5 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     curve = measure_curve(model, n_max)
     _checked.add((path, key))  # measured by this process: nothing to check against
     if use_cache:
-        cache = _read_cache(path)
-        cache[key] = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}
-        _write_cache(path, cache)
+        _store(path, key, {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()})
     return CostModel(curve, shapes=model.shapes)
