@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from .target.api import EngineTarget
 from .target.batching import Segment
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
+
+if TYPE_CHECKING:
+    from .draft_length.background import BackgroundCalibration
 
 
 @dataclass
@@ -72,18 +75,28 @@ class Engine:
     """
 
     def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None,
-                 prompt_cache_bytes: int = 0) -> None:
+                 prompt_cache_bytes: int = 0, background: "BackgroundCalibration | None" = None,
+                 batch_tokens: int | None = None, prefill_cap: int | None = None) -> None:
         self.target = target
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
         self.policy = policy
+        # A first run's measurements (``draft_length.background``): each step lends them its own duration.
+        self.background = background
         if not target.shapes.settled:
             ensure_shapes(target)  # which call shapes keep output exact: measured once per model, cached
         self._eog = target.eog_ids()
         self._slots = [_Slot(s) for s in range(target.n_slots)]
         self._waiting: deque[Generation] = deque()
         self._running: list[Generation] = []
+        # Prompts processed inside steps (``_prefill_some``): each step, after the running generations' rows,
+        # at most ``batch_tokens`` prompt tokens, at most ``prefill_cap`` of one prompt.  None: a prompt is
+        # prefilled whole when admitted (one caller, nobody to stall).
+        self.batch_tokens = batch_tokens
+        self.prefill_cap = prefill_cap if prefill_cap is not None else batch_tokens
+        self._prefilling: list[Generation] = []
+        self.prefill_steps = 0  # steps that processed prompt chunks of generations waiting for their first token
 
     # -- requests ----------------------------------------------------------
 
@@ -117,6 +130,9 @@ class Engine:
             return
         if gen.status == "waiting":
             self._waiting.remove(gen)
+        elif gen.status == "prefilling":
+            self._prefilling.remove(gen)
+            self._release(gen, keep_cache=False)
         else:
             self._release(gen, keep_cache=False)
         gen.stats.stop_reason = gen.stats.stop_reason or "cancelled"
@@ -125,11 +141,12 @@ class Engine:
     @property
     def busy(self) -> bool:
         """Whether any generation is running or waiting."""
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting or self._prefilling)
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Generations holding a slot: decoding, or still processing their prompt."""
+        return len(self._running) + len(self._prefilling)
 
     @property
     def waiting(self) -> int:
@@ -137,15 +154,38 @@ class Engine:
 
     def step(self) -> None:
         """Admit waiting generations into free slots, then advance every running one by one step."""
+        t0 = time.perf_counter()
         self._admit()
-        if not self._running:
+        if not self._running and not self._prefilling:
             return
         try:
-            self._advance(list(self._running))
+            rows = self._advance(list(self._running)) if self._running else 0
+            if self._prefilling:
+                self._prefill_some(rows)
         except BaseException:
-            for gen in list(self._running):  # never leave a half-done step behind
+            for gen in self._running + self._prefilling:  # never leave a half-done step behind
                 self.cancel(gen)
             raise
+        if self.background is not None:
+            self.idle(time.perf_counter() - t0)
+
+    def idle(self, seconds: float) -> bool:
+        """Lend ``seconds`` to the background measurement, if one is left, and adopt its result when it can be.
+        Returns whether one is still left."""
+        if self.background is None:
+            return False
+        self.background.lend(seconds)
+        if self.background.adopt(self):
+            self.background = None
+        return self.background is not None
+
+    def forget_decoded(self) -> None:
+        """Forget every prefix the slots and the host cache hold (their KV stays until overwritten): shapes that
+        pad one-token steps differently were adopted, and KV decoded before would not extend exactly."""
+        for slot in self._slots:
+            slot.cached, slot.prefilled = [], 0
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
 
     # -- slots and prefix reuse -------------------------------------------
 
@@ -155,6 +195,8 @@ class Engine:
             if not free:
                 return
             gen = self._waiting[0]
+            if any(p.prompt_ids == gen.prompt_ids for p in self._prefilling):
+                return  # another choice of the same prompt (n > 1) is prefilling it: copy its KV when done
             for s in free:
                 if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
                     s.cached, s.prefilled = [], 0
@@ -201,33 +243,73 @@ class Engine:
             self.sibling_copies += 1
 
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
+        """Give ``gen`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
+        (``batch_tokens`` None) or chunk by chunk in the coming steps (``_prefill_some``)."""
         t0 = time.perf_counter()
-        slot.gen, gen.seq, gen.status, gen.started = gen, slot.seq, "running", t0
-        self._running.append(gen)
+        slot.gen, gen.seq, gen.status, gen.started = gen, slot.seq, "prefilling", t0
+        self._prefilling.append(gen)
         if reuse:
             self.target.truncate(reuse, slot.seq)
         else:
             self.target.reset(slot.seq)
         slot.cached, slot.prefilled = [], 0
-        rest = gen.prompt_ids[reuse:-1]
-        if rest:
-            self.target.prefill(rest, slot.seq)
+        gen.stats.n_reused = reuse
+        gen.stats.queue_s = t0 - gen.submitted
+        if self.batch_tokens is None:
+            self._prefill(gen, len(gen.prompt_ids))
+
+    def _prefill_some(self, rows: int) -> None:
+        """Fill what the step's ``rows`` left of ``batch_tokens`` with prompt chunks, first come first served,
+        at most ``prefill_cap`` tokens of one prompt; at least one chunk a step, so prompts always advance.
+
+        Chunks end where a cold prefill's calls end (multiples of ``prefill_chunk``, see ``LlamaModel.prefill``),
+        one sequence per call: each prompt's KV is computed by the very calls a solo run makes, so neither its
+        output nor that of the running generations (whose rows are in calls of their own) changes."""
+        left = max(0, (self.batch_tokens or 0) - rows)
+        self.prefill_steps += 1
+        for gen in list(self._prefilling):
+            took = self._prefill(gen, max(1, min(left, self.prefill_cap or left)))
+            left -= took
+            if left <= 0:
+                return
+
+    def _prefill(self, gen: Generation, tokens: int) -> int:
+        """Prefill up to ``tokens`` more of ``gen``'s prompt (rounded to chunk edges, at least to the next one);
+        once all but its last token are in, it starts decoding.  Returns the tokens prefilled."""
+        slot, target = self._slots[gen.seq], self.target
+        t0 = time.perf_counter()
+        at, end = target.seq_len[slot.seq], len(gen.prompt_ids) - 1
+        chunk = max(1, min(target.config.prefill_chunk, target.batch_cap))
+        stop = min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
+        if stop > at:
+            target.prefill(gen.prompt_ids[at:stop], slot.seq)
+        gen.stats.prefill_s += time.perf_counter() - t0
+        if stop >= end:
+            self._begin(gen, slot)
+        return max(0, stop - at)
+
+    def _begin(self, gen: Generation, slot: _Slot) -> None:
+        """The prompt is in (all but the pending last token): the generation decodes from the next step."""
+        t0 = time.perf_counter()
+        self._prefilling.remove(gen)
+        self._running.append(gen)
+        gen.status = "running"
         slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
         gen.drafter.begin(gen.prompt_ids, slot.seq)  # indexing the prompt is prompt processing, like the prefill
-        gen.stats.n_reused = reuse
         gen.stats.rewind = self.target.strategy
         if self.target.is_recurrent:
             gen.stats.trees = f"chains: a {self.target.memory} target needs one recurrent state per branch"
-        gen.stats.queue_s = t0 - gen.submitted
-        gen.stats.prefill_s = time.perf_counter() - t0
+        gen.stats.prefill_s += time.perf_counter() - t0
 
     def _release(self, gen: Generation, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
         slot = self._slots[gen.seq]
+        began = gen.status != "prefilling"  # a prompt still being prefilled has no drafter state yet
         if gen in self._running:
             self._running.remove(gen)
         try:
-            gen.drafter.end(slot.seq, complete=keep_cache)
+            if began:
+                gen.drafter.end(slot.seq, complete=keep_cache)
         finally:
             if keep_cache and self.target.can_truncate(len(gen.context) - 1, slot.seq):
                 self.target.truncate(len(gen.context) - 1, slot.seq)  # a stop may cut accepted tokens
@@ -255,7 +337,8 @@ class Engine:
 
     # -- the step ------------------------------------------------------------
 
-    def _advance(self, gens: list[Generation]) -> None:
+    def _advance(self, gens: list[Generation]) -> int:
+        """One step of every running generation; returns the rows it verified."""
         t_begin = time.perf_counter()
         work = self._budgets(gens)
         t0 = time.perf_counter()
@@ -284,6 +367,7 @@ class Engine:
             gen._emit(gen.stop_text.take(final=False))
             if gen.stats.stop_reason:
                 self._finish(gen)
+        return sum(1 + len(w.draft) for w in work)
 
     def _budgets(self, gens: list[Generation]) -> list[_Work]:
         """Each generation's budget from its policy, valued against what the others already put in the step."""

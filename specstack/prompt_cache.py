@@ -78,6 +78,9 @@ class PromptCache:
             self.entries.remove(oldest)
             self.bytes -= len(oldest.data)
 
+    def clear(self) -> None:
+        self.entries, self.bytes = [], 0
+
     def best(self, score) -> tuple[_Saved | None, int]:
         """The entry with the highest ``score(entry)`` (reusable tokens), and that score."""
         best, top = None, 0

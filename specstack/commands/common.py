@@ -13,7 +13,7 @@ from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..draft_length.costs import EXACT_MODES, ensure_shapes
+from ..draft_length.costs import EXACT_MODES, CostModel, ensure_shapes
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
 from ..drafters.base import Drafter, check_name, config_from_options, option_name
@@ -224,8 +224,9 @@ def _by_flag(message: str) -> str:
     return message
 
 
-def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
-    """The target with its exact batch shapes settled (measured once per model and cached)."""
+def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -> LlamaModel:
+    """The target with its exact batch shapes settled (measured once per model and cached); ``settle=False``
+    leaves that to the caller (``draft_length.background.settle``)."""
     preflight(args)
     set_verbose(getattr(args, "verbose", False))
     warn_threads(args.threads)
@@ -242,7 +243,8 @@ def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
                                     rollback=getattr(args, "rollback", "auto"),
                                     rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
     announce_load(target)
-    ensure_shapes(target, exact=getattr(args, "exact", "on"))
+    if settle:
+        ensure_shapes(target, exact=getattr(args, "exact", "on"))
     return target
 
 
@@ -286,8 +288,8 @@ def lossy_label(info: dict[str, Any] | None) -> str | None:
             "output is not the model's own")
 
 
-def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPolicy:
-    """The --k-policy object; the cost policy calibrates t(n) first (cached on disk).
+def build_policy(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
+    """The --k-policy object; the cost policy prices with ``costs``, or calibrates t(n) first (cached on disk).
 
     The cost policy chooses every step's k itself, so a -k given with it is not used:
     a note on stderr says so rather than let it pass silently.
@@ -296,7 +298,14 @@ def build_policy(args: argparse.Namespace, target: LlamaModel) -> DraftLengthPol
     if name == "cost" and getattr(args, "k_given", False):
         print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
               f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-    return make_policy(name, args.k, k_max=args.k_max, target=target)  # load_target settled the shapes (--exact)
+    return make_policy(name, args.k, costs=costs, k_max=args.k_max, target=target)  # shapes settled (--exact)
+
+
+def cost_curve_rows(args: argparse.Namespace) -> int | None:
+    """Rows of the cost curve the --k-policy needs (None: it needs none)."""
+    if getattr(args, "k_policy", "fixed") != "cost" or getattr(args, "drafter", "none") == "none":
+        return None
+    return (args.k_max or DEFAULT_K_MAX) + 1
 
 
 # Required config fields that a request cannot set (the drafter name or the server's flags give them),

@@ -13,12 +13,14 @@ from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..target import BatchShapes
 from ..ui import table
+from ..draft_length.background import settle
 from .common import (
     add_drafter_args,
     add_model_args,
     add_sampling_args,
     build_drafter,
     build_policy,
+    cost_curve_rows,
     experts,
     load_target,
     lossy_label,
@@ -77,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
-    target = load_target(args)
+    target = load_target(args, settle=False)
+    # A model never measured here gets its first token at once: shapes and costs are measured beside it.
+    costs, background = settle(target, args.exact, cost_curve_rows(args))
     moe = experts(args)
     if lossy_label(moe):
         print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)
-    engine = Engine(target, build_drafter(args.drafter, target, args), build_policy(args, target))
+    engine = Engine(target, build_drafter(args.drafter, target, args), build_policy(args, target, costs),
+                    background=background)
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
@@ -90,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
         if moe:
             out["experts"] = moe
         print(json.dumps(out))
-        return 0
-    for piece in gen:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
+    else:
+        for piece in gen:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
+    if engine.background is not None:  # measured to the end, so that the next run starts from the cache
+        engine.background.finish(engine)
     return 0
 
 
@@ -105,6 +112,8 @@ def exactness(shapes: BatchShapes) -> dict:
 
 
 def describe_shapes(shapes: BatchShapes) -> str:
+    if shapes.pending:
+        return f"on ({shapes.why}): every call one row, as plain decoding, so no draft changed the output"
     if not shapes.exact:
         return f"off ({shapes.why or '--exact off'}): calls are never padded or split"
     top = "any size" if shapes.max_rows >= 512 else f"at most {shapes.max_rows} rows (longer verifications are split)"

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
-        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, profile, category, "
-        "chat_template",
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, batch_tokens, "
+        "prefill_cap, profile, category, chat_template",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
     p.add_argument("--cache-ram", type=int, default=512, help="MiB of host memory for finished prompts' KV, restored "
                    "instead of prefilled when a prompt comes back (default 512; 0 = off)")
+    p.add_argument("--batch-tokens", type=int, default=512,
+                   help="rows one engine step may process (like vLLM's max_num_batched_tokens): the running generations' "
+                   "pending and draft tokens first, then waiting prompts in chunks, so a long prompt never stalls "
+                   "the streams (default 512; 0 = prefill each prompt whole when it is admitted)")
+    p.add_argument("--prefill-cap", type=int, default=256,
+                   help="prompt tokens of one request per step at most, so one long prompt cannot take a whole "
+                   "step (default 256; rounded to the 128-token chunks a solo run prefills)")
     p.set_defaults(func=run)
 
 
@@ -72,7 +79,7 @@ def build_roles(args: argparse.Namespace):
         return load_roles(args.config)
     overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
                  "exact": args.exact, "cache_mb": args.cache_ram, "rollback": args.rollback,
-                 "chat_template": args.chat_template}
+                 "chat_template": args.chat_template, "batch_tokens": args.batch_tokens, "prefill_cap": args.prefill_cap}
     if args.model is not None:
         overrides["model"] = args.model
     if args.model_draft is not None:

@@ -56,6 +56,13 @@ class CostModel:
     _seen: dict[int, int] = field(default_factory=dict)
     _scale: float = 1.0
 
+    def adopt(self, measured: "CostModel") -> None:
+        """Price with ``measured`` from now on: a calibration that finished after this object was handed to
+        policies (``background``), which all share it.  What was learnt online was learnt against the
+        provisional curve, so it goes too."""
+        self.curve, self.shapes, self.source = list(measured.curve), measured.shapes, measured.source
+        self._online, self._seen, self._scale = {}, {}, 1.0
+
     def call_s(self, rows: int) -> float:
         """One call of ``rows`` rows (padded to min_rows)."""
         n = max(rows, self.shapes.min_rows, 1)
@@ -314,9 +321,10 @@ def time_calls(model: EngineTarget, tokens: Sequence[int], sizes: Sequence[int],
     model.checkpoint(0)
 
     def call(n: int) -> float:
-        t0 = time.perf_counter()
-        model.raw_call(tokens[depth : depth + n], pad=max(0, pad - n))
-        spent = time.perf_counter() - t0
+        with model.gate:  # a background measurement times its calls only once it has the cores
+            t0 = time.perf_counter()
+            model.raw_call(tokens[depth : depth + n], pad=max(0, pad - n))
+            spent = time.perf_counter() - t0
         model.truncate(depth)
         return spent
 
@@ -444,49 +452,78 @@ def exact_mode(exact: bool | str) -> str:
     return mode
 
 
-def ensure_shapes(model: EngineTarget, exact: bool | str = "on", use_cache: bool = True) -> BatchShapes:
+def ensure_shapes(model: EngineTarget, exact: bool | str = "on", use_cache: bool = True,
+                  show_progress: bool = True) -> BatchShapes:
     """Give ``model`` its call shapes for ``--exact`` (``exact_mode``): measured exact shapes, cached on disk
     next to the cost curves (on); none (off: no padding and no splitting, fastest, but speculative output may
     then differ from plain decoding where llama.cpp's numerics depend on the call shape); or, for auto, the
     exact shapes where ``measure_exact_cost`` finds them within ``AUTO_EXACT_LIMIT``, else none.  The
     choice and its reason are in ``shapes.why``.  Shapes already settled are kept.
     """
-    from ..target import INEXACT
-
-    mode = exact_mode(exact)
     if model.shapes.settled:
         return model.shapes
-    if mode == "off":
-        model.set_shapes(INEXACT)
-        return model.shapes
-    path = cache_dir() / "costs.json"
-    key = "shapes-" + _cache_key(model, 0)
-    cache = _read_cache(path) if use_cache else {}
-    if key in cache:
-        shapes = BatchShapes(**{**cache[key], "settled": True})
-    else:
-        shapes = measure_shapes(model, show_progress=True)
-    shapes = dataclasses.replace(shapes, why="--exact on")
-    if use_cache and key not in cache:
-        _store(path, key, shapes.to_dict())
-    if mode == "auto":
-        shapes = _auto_shapes(model, shapes, use_cache)
+    shapes = cached_shapes(model, exact) if use_cache else None
+    if shapes is None:
+        shapes = _measured_shapes(model, exact_mode(exact), use_cache, show_progress)
     model.set_shapes(shapes)
     return model.shapes
 
 
-def _auto_shapes(model: EngineTarget, shapes: BatchShapes, use_cache: bool) -> BatchShapes:
-    """``--exact auto``: the measured exact ``shapes`` if they cost little here, else none; cached per model."""
+def cached_shapes(model: EngineTarget, exact: bool | str) -> BatchShapes | None:
+    """What ``ensure_shapes`` gives, from the disk cache alone; None where it would measure."""
     from ..target import INEXACT
 
-    if shapes.min_rows == 1 and shapes.max_rows >= model.batch_cap:
-        return dataclasses.replace(shapes, why="--exact auto: on, every call shape is exact on this model (free)")
+    mode = exact_mode(exact)
+    if mode == "off":
+        return INEXACT
+    cache = _read_cache(cache_dir() / "costs.json")
+    found = cache.get("shapes-" + _cache_key(model, 0))
+    if found is None:
+        return None
+    shapes = BatchShapes(**{**found, "settled": True, "pending": False, "why": "--exact on"})
+    if mode == "on":
+        return shapes
+    if _free(model, shapes):
+        return _auto_verdict(model, shapes, None)
+    cost = cache.get("exact-auto-" + _cache_key(model, 0))
+    return _auto_verdict(model, shapes, ExactCost(**cost)) if cost else None
+
+
+def _measured_shapes(model: EngineTarget, mode: str, use_cache: bool, show_progress: bool) -> BatchShapes:
+    """``ensure_shapes`` past the cache: measure (and store) what is missing."""
+    from ..target import INEXACT
+
+    if mode == "off":
+        return INEXACT
     path = cache_dir() / "costs.json"
-    key = "exact-auto-" + _cache_key(model, 0)
-    cached = _read_cache(path).get(key) if use_cache else None
-    cost = ExactCost(**cached) if cached else measure_exact_cost(model, shapes)
-    if use_cache and not cached:
-        _store(path, key, dataclasses.asdict(cost))
+    key = "shapes-" + _cache_key(model, 0)
+    cache = _read_cache(path) if use_cache else {}
+    if key in cache:
+        shapes = BatchShapes(**{**cache[key], "settled": True, "pending": False})
+    else:
+        shapes = measure_shapes(model, show_progress=show_progress)
+        if use_cache:
+            _store(path, key, shapes.to_dict())
+    shapes = dataclasses.replace(shapes, why="--exact on")
+    if mode == "on" or _free(model, shapes):
+        return _auto_verdict(model, shapes, None) if mode == "auto" else shapes
+    cost = measure_exact_cost(model, shapes)
+    if use_cache:
+        _store(path, "exact-auto-" + _cache_key(model, 0), dataclasses.asdict(cost))
+    return _auto_verdict(model, shapes, cost)
+
+
+def _free(model: EngineTarget, shapes: BatchShapes) -> bool:
+    """Exact shapes that constrain nothing: no pad, no split."""
+    return shapes.min_rows == 1 and shapes.max_rows >= model.batch_cap
+
+
+def _auto_verdict(model: EngineTarget, shapes: BatchShapes, cost: ExactCost | None) -> BatchShapes:
+    """``--exact auto``: the measured exact ``shapes`` if they cost little here (``cost``; None: free), else none."""
+    from ..target import INEXACT
+
+    if cost is None:
+        return dataclasses.replace(shapes, why="--exact auto: on, every call shape is exact on this model (free)")
     where = f"{Path(str(model.path)).name} at {model.n_threads} thread{'' if model.n_threads == 1 else 's'}"
     if cost.worst <= AUTO_EXACT_LIMIT:
         return dataclasses.replace(shapes, why=f"--exact auto: on, exactness costs little on {where} ({cost.describe()})")
@@ -512,10 +549,11 @@ def measure_exact_cost(model: EngineTarget, shapes: BatchShapes, depth: int = 12
     chunks = [toks[depth + i : depth + min(i + shapes.max_rows, rows)] for i in range(0, rows, shapes.max_rows)]
 
     def timed(calls: Sequence[tuple[Sequence[int], int]]) -> float:
-        t0 = time.perf_counter()
-        for part, p in calls:
-            model.raw_call(part, pad=p, pad_logits=shapes.pad_logits)
-        spent = time.perf_counter() - t0
+        with model.gate:
+            t0 = time.perf_counter()
+            for part, p in calls:
+                model.raw_call(part, pad=p, pad_logits=shapes.pad_logits)
+            spent = time.perf_counter() - t0
         model.truncate(depth)
         return spent
 
@@ -542,15 +580,26 @@ def _store(path: Path, key: str, value: object) -> None:
     _write_cache(path, cache)
 
 
-def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool = True) -> CostModel:
+def curve_key(model: EngineTarget, n_max: int) -> tuple[int, str]:
+    """The curve ``calibrate`` measures for ``n_max`` (widened for several slots, capped by a batch) and its
+    cache key under the model's shapes."""
+    n_max = min(max(n_max, min(64, 4 * model.n_slots)), model.batch_cap)  # no call wider than a batch (-c 10)
+    return n_max, _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
+
+
+def curve_cached(model: EngineTarget, n_max: int) -> bool:
+    """Whether ``calibrate`` would find the curve in the disk cache (under the model's shapes)."""
+    return curve_key(model, n_max)[1] in _read_cache(cache_dir() / "costs.json")
+
+
+def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool | str = True) -> CostModel:
     """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now.
 
     With several slots the curve reaches further (calls then carry many generations' rows).
     """
     ensure_shapes(model, exact, use_cache)
-    n_max = min(max(n_max, min(64, 4 * model.n_slots)), model.batch_cap)  # no call wider than a batch (-c 10)
+    n_max, key = curve_key(model, n_max)
     path = cache_dir() / "costs.json"
-    key = _cache_key(model, n_max) + repr(sorted(model.shapes.to_dict().items()))
     cache = _read_cache(path) if use_cache else {}
     if key in cache:
         cached = CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")

@@ -55,6 +55,10 @@ class Role:
     exact: str = "auto"  # auto, on or off (``costs.exact_mode``; true/false read as on/off)
     rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
+    # Prompts are processed inside decode steps: per step at most batch_tokens rows (the running generations'
+    # first), at most prefill_cap of one prompt (``Engine._prefill_some``); batch_tokens 0: whole at admission.
+    batch_tokens: int = 512
+    prefill_cap: int = 256
     profile: Path | None = None
     category: str | None = None
     chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (``chat.load_template``)
@@ -77,6 +81,9 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or (self.ctx is not None and self.ctx < 0):
             raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
+        if self.batch_tokens < 0 or self.prefill_cap < 1:
+            raise InvalidParameterError(f"role {self.name!r}: batch_tokens must be >= 0 (0: prompts prefilled whole) and "
+                                        f"prefill_cap >= 1 (got {self.batch_tokens} and {self.prefill_cap})")
 
 
     def _check_types(self) -> None:
@@ -95,7 +102,7 @@ class Role:
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
 
 
-ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb")
+ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap")
 ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template")
 
 

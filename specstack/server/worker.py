@@ -22,7 +22,8 @@ from typing import Any
 
 from ..commands.common import announce_load
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
-from ..draft_length.costs import CostModel, calibrate, ensure_shapes
+from ..draft_length.background import settle
+from ..draft_length.costs import CostModel
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
 from ..engine import Engine
@@ -33,6 +34,7 @@ from .chat import ChatTemplate, load_template
 from .metrics import ServerMetrics
 from .roles import Role
 
+IDLE_LEND_S = 0.05  # an idle worker lends a first run's measurement the cores in slices this long (its wake-up delay)
 FINISH = {"length": "length", "context": "length", "eos": "stop", "stop": "stop", "cancelled": "cancelled",
           "timeout": "length"}
 
@@ -135,10 +137,12 @@ class RoleWorker:
                     for job in list(self._jobs):
                         self._fail(job, 500, f"generation failed: {exc}", "server_error")
                 self._report()
-            else:
+            elif not self.engine.idle(IDLE_LEND_S):  # idle time goes to a first run's measurement, if any
                 self._wake.wait(0.2)
                 self._wake.clear()
             self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
+        if self.engine is not None and self.engine.background is not None:
+            self.engine.background.abandon()  # its context is freed before the weights it shares
         if self.target is not None:
             self.target.close()
 
@@ -152,13 +156,14 @@ class RoleWorker:
         self.template = load_template(role.model, role.chat_template)
         if self.template.warning:
             print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
-        ensure_shapes(self.target, role.exact)
-        # Calibrated now, before any request: timing calls resets the target, which must never happen
-        # while generations hold its sequences (a request may ask for the cost policy at any time).
-        self._costs = calibrate(self.target, n_max=(role.k_max or DEFAULT_K_MAX) + 1)
+        # Settled before any request, from the cache, or else measured on a second context beside the engine
+        # (a request may ask for the cost policy at any time, and measuring on the engine's own context would
+        # reset sequences that generations hold).
+        self._costs, background = settle(self.target, role.exact, n_max=(role.k_max or DEFAULT_K_MAX) + 1)
         default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
         self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default),
-                             prompt_cache_bytes=role.cache_mb << 20)
+                             prompt_cache_bytes=role.cache_mb << 20, background=background,
+                             batch_tokens=role.batch_tokens or None, prefill_cap=role.prefill_cap)
 
     def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
         """One drafter instance per distinct setting (it serves every generation that uses it)."""

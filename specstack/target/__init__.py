@@ -19,12 +19,12 @@ Modules, one job each:
 
 from .api import EngineTarget, ModelConfig, Target
 from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_verbose, system_info
-from .batching import INEXACT, BatchShapes, Piece, Segment, plan_calls
+from .batching import INEXACT, PLAIN_ROWS, BatchShapes, Piece, Segment, plan_calls
 from .model import LlamaModel
 from .vocab import VocabModel
 
 __all__ = [
     "EngineTarget", "ModelConfig", "Target", "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
-    "llama_version", "quantize", "set_verbose", "system_info", "INEXACT", "BatchShapes", "Piece", "Segment",
+    "llama_version", "quantize", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
     "plan_calls", "LlamaModel", "VocabModel",
 ]

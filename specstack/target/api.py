@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -102,6 +103,7 @@ class EngineTarget(Target, Protocol):
     seq_len: list[int]
     writes: list[int]
     tree_relayouts: int
+    gate: AbstractContextManager  # entered around every llama.cpp call (``draft_length.background.Gate``)
     # recurrent/hybrid models (``recurrent``): how rejected tokens leave the state
     is_recurrent: bool
     memory: str

@@ -36,6 +36,10 @@ class BatchShapes:
     tree_exact: tree calls (``eval_tree``) within ``max_rows`` were measured
       to give every branch the logits of a chain call; where they were not
       (an AVX2 build, F16), exact mode verifies chains only.
+    pending: the shapes are being measured in the background
+      (``draft_length.background``); meanwhile every call that commits
+      tokens has one row (``PLAIN_ROWS``), which is plain decoding itself and
+      so exact without any measurement.
     """
 
     min_rows: int = 2
@@ -46,6 +50,7 @@ class BatchShapes:
     pad_logits: bool = True
     tree_exact: bool | None = None  # tree calls measured equal to chains (None: not measured, no trees here)
     why: str = ""  # how the mode was chosen (``--exact``, or what auto measured), shown in every output
+    pending: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
@@ -53,11 +58,17 @@ class BatchShapes:
 
     def to_dict(self) -> dict:
         return {"min_rows": self.min_rows, "max_rows": self.max_rows, "prefill_exact": self.prefill_exact,
-                "exact": self.exact, "pad_logits": self.pad_logits, "tree_exact": self.tree_exact, "why": self.why}
+                "exact": self.exact, "pad_logits": self.pad_logits, "tree_exact": self.tree_exact, "why": self.why,
+                "pending": self.pending}
 
 
 INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False,
                       why="--exact off")  # draft models, --exact off
+# Until the shapes are measured (in the background, on a model never seen before): one row per call, no
+# pads, no trees.  A verification is then split into one-row calls, each the very call plain decoding
+# makes, so speculation cannot change the output; the cost policy, seeing no saving, drafts nothing.
+PLAIN_ROWS = BatchShapes(min_rows=1, max_rows=1, prefill_exact=False, settled=True, tree_exact=False, pending=True,
+                         why="measuring this model's exact call shapes in the background; until then plain one-row calls")
 
 
 @dataclass(frozen=True, slots=True)

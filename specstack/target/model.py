@@ -10,6 +10,7 @@ statistics, and its prompt-lookup path crashed on these models.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import warnings
@@ -40,19 +41,28 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
     (sequence 0) used by draft models, calibration and tools.
     """
 
-    def __init__(self, config: ModelConfig, role: str = "model") -> None:
+    def __init__(self, config: ModelConfig, role: str = "model", *, weights: "LlamaModel | None" = None,
+                 positions: int | None = None) -> None:
+        """Load ``config.path``; or, with ``weights``, open one more context on that model's loaded weights
+        (nothing is read again) holding at most ``positions`` per sequence, for work beside the main context
+        (``draft_length.background``).  Its config, and so its cache keys, stay those of ``config``."""
         self.config = config
         self.role = role
-        self.path = check_gguf_file(config.path, role)
-        from ..machine.gguf_meta import read_gguf
+        self._positions = positions
+        self._owns_model = weights is None
+        if weights is not None:
+            self.path, self.meta = weights.path, weights.meta
+        else:
+            self.path = check_gguf_file(config.path, role)
+            from ..machine.gguf_meta import read_gguf
 
-        self.meta = read_gguf(self.path)
+            self.meta = read_gguf(self.path)
         if self.meta.tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
                                  "compare its tokenizer, but it cannot run; pass a model with weights")
         init_backend()
         self._lc = lc = llama_cpp_module()
-        self._model = self._load_model()
+        self._model = self._load_model() if weights is None else weights._model
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
@@ -82,6 +92,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._batch = lc.llama_batch_init(self._batch_cap, 0, self.n_seq_max + (1 if self.is_recurrent else 0))
         self._init_batch_views()
         self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
+        # Entered around every llama_decode: a context that works beside another (``sibling``) takes turns on
+        # the cores through a ``background.Gate``; alone, nothing to wait for.
+        self.gate: contextlib.AbstractContextManager = contextlib.nullcontext()
         self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
         self._piece_cache: dict[int, bytes] = {}
         self.bos_id = int(lc.llama_vocab_bos(self._vocab))
@@ -176,12 +189,16 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         """Positions per sequence: ``-c`` if given (0: the trained context), else llama.cpp's default 4096,
         or the trained context where that is shorter."""
         trained = self.n_ctx_train if self.n_ctx_train > 0 else DEFAULT_CTX
-        if self.config.n_ctx is None:
-            return min(DEFAULT_CTX, trained)
-        return self.config.n_ctx or trained
+        per_seq = min(DEFAULT_CTX, trained) if self.config.n_ctx is None else (self.config.n_ctx or trained)
+        return per_seq if self._positions is None else min(per_seq, self._positions)
+
+    def sibling(self, positions: int) -> "LlamaModel":
+        """Another context on these weights, ``positions`` per sequence at most, configured as this one."""
+        return LlamaModel(self.config, role=f"{self.role} (second context)", weights=self, positions=positions)
 
     def _free_model(self) -> None:
-        self._lc.llama_model_free(self._model)
+        if self._owns_model:  # a sibling context never frees the weights it borrowed
+            self._lc.llama_model_free(self._model)
         self._model = None  # freed here: close() must not free it again
 
     def _init_batch_views(self) -> None:
@@ -205,8 +222,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
             lc.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            lc.llama_model_free(self._model)
-            self._model = None
+            self._free_model()
 
     def __del__(self) -> None:  # best effort; explicit close() is preferred
         try:
@@ -348,7 +364,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         if m > self._batch_cap:
             raise ValueError(f"decode call of {m} rows exceeds the batch capacity {self._batch_cap}")
         b.n_tokens = m
-        rc = lc.llama_decode(self._ctx, b)
+        with self.gate:
+            rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             raise ContextOverflowError(
                 f"llama_decode failed (code {rc}) on {m} tokens of {self.path.name}; "
