@@ -280,7 +280,7 @@ class Engine:
         t0 = time.perf_counter()
         at, end = target.seq_len[slot.seq], len(gen.prompt_ids) - 1
         chunk = max(1, min(target.config.prefill_chunk, target.batch_cap))
-        stop = min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
+        stop = end if at + tokens >= end else min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
         if stop > at:
             target.prefill(gen.prompt_ids[at:stop], slot.seq)
         gen.stats.prefill_s += time.perf_counter() - t0
