@@ -91,6 +91,9 @@ def url(cluster, suffix_dir):
 @pytest.fixture(scope="module")
 def single():
     with TestClient(create_app(roles(), LIMITS, max_queue=4)) as client:
+        deadline = time.time() + WAIT_S
+        while client.get("/health").status_code != 200 and time.time() < deadline:
+            time.sleep(0.2)
         yield client
 
 
@@ -142,7 +145,8 @@ def test_greedy_outputs_equal_the_single_process_server(url, single):
 
 
 def test_errors_are_the_single_process_servers(url, single):
-    for body in ({"model": "nope", "prompt": "x"}, {"model": MODEL, "prompt": "x", "max_tokens": 10_000},
+    for body in ({"model": MODEL, "prompt": "x", "n": 99}, {"model": MODEL, "prompt": "x", "logit_bias": {"1": 1}},
+                 {"model": MODEL, "prompt": "x", "max_tokens": 10_000},
                  {"model": MODEL, "prompt": "x", "speculative": {"drafter": "bogus"}}):
         a, b = httpx.post(url + "/v1/completions", json=body, timeout=WAIT_S), single.post("/v1/completions", json=body)
         assert (a.status_code, a.json()) == (b.status_code, b.json())

@@ -66,10 +66,12 @@ def application(roles: list[Role], limits: Limits, api_key: str | None = None, m
         role = dataclasses.replace(role, threads=role.threads or default_threads())
         handles[role.name] = _role_deployment(role, limits, max_queue, replicas or role.replicas, routing,
                                               suffix_log, share_suffix).bind(role, max_queue, share_suffix)
+    front_capacity = max(100, 4 * sum(r.parallel * (replicas or r.replicas) for r in roles) + max_queue)
     front = serve.deployment(Ingress).options(
         name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=max(100, 4 * sum(r.parallel * (replicas or r.replicas) for r in roles) + max_queue),
-        max_queued_requests=max_queue,
+        # the front only waits on the roles: their queues (--max-queue) answer 429 in the API's shape, and this
+        # one, far larger, only guards the process (past it Serve's proxy answers a plain 429 with Retry-After)
+        max_ongoing_requests=front_capacity, max_queued_requests=front_capacity,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=limits.retry_after_s),
         graceful_shutdown_timeout_s=limits.timeout_s or 600)
     return front.bind(roles, limits, api_key, max_queue, handles)
