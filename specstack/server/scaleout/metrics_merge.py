@@ -18,6 +18,8 @@ def merge(texts: dict[str, str]) -> bytes:
     totals: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     for replica, text in sorted(texts.items()):
         for fam in text_string_to_metric_families(text):
+            if fam.name.endswith("_created"):  # creation times: neither summable nor needed
+                continue
             out = families.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type, fam.unit))
             for s in fam.samples:
                 if s.name.endswith("_created"):  # creation times: neither summable nor needed
