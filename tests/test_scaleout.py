@@ -168,12 +168,18 @@ def test_a_session_stays_on_its_replica(url):
 
 
 def test_a_returning_conversation_goes_to_the_replica_holding_its_prefix(url):
-    for i, prompt in enumerate(PROMPTS[:4]):
-        head = prompt[:500]
-        r1 = complete(url, head, 24)
-        follow = head + r1["choices"][0]["text"] + f"\n# turn {i}\n"
-        r2 = complete(url, follow, 8)
-        assert r2["speculative"]["replica"] == r1["speculative"]["replica"]
+    # Each conversation starts on one replica (its session's) and comes back under a session of the other:
+    # the prefix outranks the session, so it returns where its KV is (session or pow2 routing would not).
+    owners = sessions_by_replica(url)
+    by_replica = {r: s for s, r in owners.items()}
+    assert len(by_replica) == 2
+    (a, on_a), (b, on_b) = sorted(by_replica.items())
+    for i, (start, back, holder) in enumerate(((on_a, on_b, a), (on_b, on_a, b), (on_a, on_b, a))):
+        head = PROMPTS[i][:500]
+        r1 = complete(url, head, 24, session=start)
+        assert r1["speculative"]["replica"] == holder
+        r2 = complete(url, head + r1["choices"][0]["text"] + f"\n# turn {i}\n", 8, session=back)
+        assert r2["speculative"]["replica"] == holder
         assert r2["speculative"]["reused_prompt_tokens"] >= r1["usage"]["prompt_tokens"] - 16
 
 
