@@ -128,9 +128,9 @@ def stop(own: bool) -> None:
 def run_until_signal(app: Any, address: str | None, host: str, port: int) -> int:
     """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here)."""
     done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     own = start(app, address, host, port)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler would end us at once
+        signal.signal(sig, lambda *_: done.set())
     print(f"specstack serve --ray: http://{host}:{port}/ on Ray {'(started here)' if own else 'at ' + address}",
           flush=True)
     done.wait()
