@@ -119,11 +119,18 @@ class RemoteRole:
                                     "message": f"role {self.role.name!r}: every replica and the queue are full "
                                                f"({exc}); retry later"})
         except (RayActorError, RayTaskError) as exc:
-            if len(ended) < len(jobs):
-                head.events.put_nowait({"type": "error", "index": min(set(range(len(jobs))) - ended), "status": 503,
-                                        "kind": "server_error", "message": f"role {self.role.name!r}: the replica "
-                                        f"serving this request died ({type(exc).__name__}); retry: Serve is "
-                                        "replacing it"})
+            self._fail(head, jobs, ended, f"the replica serving this request died ({type(exc).__name__}); retry: "
+                                          "Serve is replacing it")
+        except Exception as exc:  # anything else Serve raises: an error event, never a request left waiting
+            self._fail(head, jobs, ended, f"the request could not be served ({type(exc).__name__}: {exc})")
+        else:
+            self._fail(head, jobs, ended, "the replica ended the stream early; retry")
         finally:
             for job in jobs:
                 self._pumps.pop(id(job), None)
+
+    def _fail(self, head: Job, jobs: list[Job], ended: set[int], why: str) -> None:
+        """End the request with an error event, unless every choice has ended already."""
+        if len(ended) < len(jobs):
+            head.events.put_nowait({"type": "error", "index": min(set(range(len(jobs))) - ended), "status": 503,
+                                    "kind": "server_error", "message": f"role {self.role.name!r}: {why}"})

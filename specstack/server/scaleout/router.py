@@ -60,8 +60,9 @@ class PrefixRouter(ConsistentHashRouter):
         session = pending_request.metadata.session_id
         if session:
             owner = self._lookup_ranked_replicas(session)[:1]
-            if owner and owner[0] in self._replicas and all(r != [self._replicas[owner[0]]] for r in ranks):
-                ranks.append([self._replicas[owner[0]]])
+            replica = self._replicas.get(owner[0]) if owner else None
+            if replica is not None and [replica] not in ranks:
+                ranks.append([replica])
         ranks.append(list(candidate_replicas))
         return ranks
 
@@ -110,8 +111,10 @@ class PrefixRouter(ConsistentHashRouter):
             return None
         scores = [(matched(prompt, self._held(r)), r) for r in candidates]
         top, best = max(scores, key=lambda s: s[0])
-        if top < self._min_match or len(candidates) < 2:
-            return best if top >= self._min_match else None
+        if top < self._min_match:
+            return None
+        if len(candidates) < 2:
+            return best
         loads = [n for n in (await self._queue_lens(candidates)).values() if n is not None]
         if loads and max(loads) - min(loads) > self._balance_abs and max(loads) > self._balance_rel * min(loads):
             return None
