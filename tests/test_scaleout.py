@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -65,6 +66,7 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(os.environ.pop("RAY_TMPDIR"), ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
