@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, batch_tokens, "
-        "prefill_cap, profile, category, chat_template",
+        "prefill_cap, profile, category, chat_template, replicas (with --ray)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -69,6 +69,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-cap", type=int, default=256,
                    help="prompt tokens of one request per step at most, so one long prompt cannot take a whole "
                    "step (default 256; rounded to the 128-token chunks a solo run prefills)")
+    ray = p.add_argument_group("scale-out on Ray Serve (pip install 'specstack[ray]'; see docs/scale-out.md)")
+    ray.add_argument("--ray", action="store_true", help="serve each role as a Ray Serve deployment of replicas, "
+                     "requests routed to the replica holding their prefix or session; the same API")
+    ray.add_argument("--address", default=None, help="with --ray: the Ray cluster to join ('auto': the one `ray start` "
+                     "runs on this machine); default: start a local Ray instance, stopped again on SIGTERM")
+    ray.add_argument("--replicas", type=int, default=None, help="with --ray: engines per role (default: each role's "
+                     "'replicas' key, else 1); each takes its role's threads as CPUs")
+    ray.add_argument("--routing", choices=("prefix", "session", "pow2"), default="prefix",
+                     help="with --ray: prefix (default: the replica holding the longest prefix, else the session's, "
+                     "else the least loaded), session (x-session-id or 'user' only) or pow2 (Ray's default)")
+    ray.add_argument("--suffix-log", type=Path, default=None, metavar="PATH",
+                     help="with --ray: checkpoint the finished outputs the replicas share (suffix statistics) to "
+                     "PATH (a folder: one file per role), and load them back at start")
+    ray.add_argument("--no-share-suffix", action="store_true",
+                     help="with --ray: each replica keeps its own suffix statistics")
     p.set_defaults(func=run)
 
 
@@ -109,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
         load_template(role.model, role.chat_template)
     limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)
+    if args.ray:
+        return run_ray(args, roles, limits)
+    if args.address or args.replicas or args.suffix_log or args.no_share_suffix or args.routing != "prefix":
+        raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
+                                    "--ray only; add --ray or leave them out")
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
     print(f"specstack serve: http://{args.host}:{args.port}/ roles: {', '.join(r.name for r in roles)}", flush=True)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler
@@ -116,3 +136,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None)
     return 0
+
+
+def run_ray(args: argparse.Namespace, roles, limits) -> int:
+    """``--ray``: the same API from Ray Serve deployments (``server.scaleout``)."""
+    if args.replicas is not None and args.replicas < 1:
+        raise InvalidParameterError(f"--replicas must be >= 1 (got {args.replicas})")
+    try:
+        from ..server.scaleout.deploy import application, run_until_signal
+    except ImportError as exc:
+        raise InvalidParameterError(f"specstack serve --ray needs Ray Serve ({exc.name} is missing): "
+                                    "pip install 'specstack[ray]'") from None
+    app = application(roles, limits, api_key=args.api_key, max_queue=args.max_queue, replicas=args.replicas,
+                      routing=args.routing, suffix_log=args.suffix_log, share_suffix=not args.no_share_suffix)
+    return run_until_signal(app, args.address, args.host, args.port)

@@ -9,6 +9,7 @@ object overrides its role's defaults (``drafter``, ``k_policy``, ``k``,
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import time
@@ -16,7 +17,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Optional, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +38,26 @@ from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
+
+# The request's session (``x-session-id`` header, else the body's ``user``), set around ``submit``: a scale-out
+# backend routes by it (``scaleout.remote``); the single-process worker has one engine and ignores it.
+SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specstack_session", default=None)
+
+
+class RoleBackend(Protocol):
+    """What the routes need of a role: ``RoleWorker`` (one engine in this process, the default) or
+    ``scaleout.remote.RemoteRole`` (a Ray Serve deployment of replicas).  One set of routes serves both."""
+
+    role: Role
+    ready: Any  # .is_set()
+    load_error: str | None
+    target: Any  # tokenize, detokenize, token_bytes, capacity, n_vocab, n_ctx, shapes
+    template: Any
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def submit(self, *jobs: Job) -> None: ...
+    def cancel(self, job: Job) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,7 @@ class _Common(BaseModel):
     top_k: int = Field(0, ge=0, strict=True)
     min_p: float = Field(0.0, ge=0, le=1, strict=True)
     seed: int | None = Field(None, strict=True)
+    user: str | None = None  # OpenAI's end-user id: the session key for routing when no x-session-id is sent
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -159,7 +181,7 @@ def _invalid_text(value: Any, where: str = "") -> str | None:
     return None
 
 
-def exactness(w: RoleWorker) -> dict[str, Any]:
+def exactness(w: RoleBackend) -> dict[str, Any]:
     """The ``--exact`` mode a role runs in and why (auto decides at load, by measurement)."""
     shapes = w.target.shapes if w.target is not None and w.target.shapes.settled else None
     if shapes is None:
@@ -237,9 +259,14 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
-def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16) -> FastAPI:
+def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
+               backends: dict[str, RoleBackend] | None = None,
+               render_metrics: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
+    """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name)
+    and ``render_metrics`` put other engines behind the same routes (``specstack serve --ray``)."""
     metrics = ServerMetrics()
-    workers = {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
+    workers: dict[str, RoleBackend] = backends if backends is not None else {
+        r.name: RoleWorker(r, metrics, max_queue) for r in roles}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -275,7 +302,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key)
 
-    def worker_for(model: str | None) -> RoleWorker:
+    def worker_for(model: str | None) -> RoleBackend:
         if model is None or model not in workers:
             if model is not None and len(workers) > 1:
                 raise ApiError(404, f"model {model!r} is not served here; choose one of: {', '.join(workers)}",
@@ -300,7 +327,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        body = await render_metrics() if render_metrics is not None else metrics.render()
+        return Response(body, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -335,19 +363,22 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             body.max_tokens = body.max_completion_tokens
         return await run(request, w, body, w.target.tokenize(prompt, parse_special=w.template.kind != "plain"), chat=True)
 
-    async def run(request: Request, w: RoleWorker, body: _Common, ids: list[int], chat: bool) -> Response:
+    async def run(request: Request, w: RoleBackend, body: _Common, ids: list[int], chat: bool) -> Response:
         jobs = make_jobs(w, body, ids)
+        token = SESSION.set(request.headers.get("x-session-id") or body.user)
         try:
             w.submit(*jobs)
         except QueueFull as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(limits.retry_after_s)}) from None
+        finally:
+            SESSION.reset(token)
         first = await next_event(request, w, jobs)
         if first is None:
             return Response(status_code=499)  # client gone; the jobs were cancelled
         if first["type"] == "error":
             cancel_all(w, jobs)
-            return error(first["status"], first["message"], first["kind"])
+            return error_event(first)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         echo = w.target.detokenize(ids) if getattr(body, "echo", False) else ""
         if body.stream:
@@ -361,7 +392,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             i = event["index"]
             if event["type"] == "error":
                 cancel_all(w, jobs)
-                return error(event["status"], event["message"], event["kind"])
+                return error_event(event)
             if event["type"] == "delta":
                 texts[i] += event["text"]
                 logprobs[i].add(event)
@@ -376,11 +407,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return JSONResponse(final_body(rid, w.role.name, texts, [finals[i] for i in range(len(jobs))], chat,
                                        [lp.body() for lp in logprobs] if wanted else None))
 
-    def cancel_all(w: RoleWorker, jobs: list[Job]) -> None:
+    def cancel_all(w: RoleBackend, jobs: list[Job]) -> None:
         for job in jobs:
             w.cancel(job)
 
-    def make_jobs(w: RoleWorker, body: _Common, ids: list[int]) -> list[Job]:
+    def make_jobs(w: RoleBackend, body: _Common, ids: list[int]) -> list[Job]:
         """One job per choice (``n``), checked once: choice i samples with ``seed + i`` (a negative or absent seed:
         each its own random one), and all share one events queue, their events tagged with the choice's index."""
         if body.n > limits.max_n:
@@ -435,7 +466,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="speculative.drafter") from None
 
-    async def next_event(request: Request, w: RoleWorker, jobs: list[Job]) -> dict[str, Any] | None:
+    async def next_event(request: Request, w: RoleBackend, jobs: list[Job]) -> dict[str, Any] | None:
         """The next event of any of a request's jobs; None (and the jobs cancelled) when the client disconnects.
 
         The client is checked every ``DISCONNECT_POLL_S`` whether or not events keep coming: a plain
@@ -454,7 +485,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             except asyncio.TimeoutError:
                 continue
 
-    async def stream(request: Request, w: RoleWorker, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
+    async def stream(request: Request, w: RoleBackend, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
                      include_usage: bool, echo: str = "") -> AsyncIterator[str]:
         """The choices' chunks as they come, each with its ``index``; every choice ends with its finish chunk,
         the usage chunk (prompt counted once) and ``[DONE]`` follow the last."""
@@ -509,6 +540,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     return app
 
 
+def error_event(event: dict[str, Any]) -> JSONResponse:
+    """An engine's error event as the response (a scale-out 429 carries its code and Retry-After)."""
+    return error(event["status"], event["message"], event["kind"], code=event.get("code"), headers=event.get("headers"))
+
+
 def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], include_usage: bool,
           extra: dict[str, Any] | None = None) -> str:
     body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
@@ -523,7 +559,8 @@ def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], 
 def summary(stats: dict[str, Any]) -> dict[str, Any]:
     """What speculation did for one request: drafted, accepted, acceptance, mean accepted length, by source."""
     keys = ("drafter", "k_policy", "n_drafted", "n_accepted", "acceptance_rate", "mean_accepted_length", "by_source",
-            "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason")
+            "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason",
+            "replica")  # replica: which Ray Serve replica ran it (``serve --ray`` only)
     times = stats.get("time_s", {})
     return {**{k: stats[k] for k in keys if k in stats},
             "time_to_first_token_s": times.get("first_token"), "inter_token_latency_s": times.get("inter_token")}

@@ -62,11 +62,14 @@ class Role:
     profile: Path | None = None
     category: str | None = None
     chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (``chat.load_template``)
+    replicas: int = 1  # engines of this role under `specstack serve --ray` (one engine without --ray)
 
     def __post_init__(self) -> None:
         self._check_types()
         if self.k_policy not in POLICIES:
             raise InvalidParameterError(f"role {self.name!r}: k_policy must be one of {', '.join(POLICIES)} (got {self.k_policy!r})")
+        if self.replicas < 1:
+            raise InvalidParameterError(f"role {self.name!r}: replicas must be >= 1 (got {self.replicas})")
         if self.parallel < 1:
             raise InvalidParameterError(f"role {self.name!r}: parallel must be >= 1 (got {self.parallel})")
         if self.k < 1 or (self.k_max is not None and self.k_max < 1):
@@ -102,7 +105,7 @@ class Role:
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
 
 
-ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap")
+ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas")
 ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template")
 
 

@@ -1,0 +1,139 @@
+"""The Serve application of ``specstack serve --ray``, and the command's start, wait and stop.
+
+One deployment per role (``role-NAME``): ``replicas`` engines, each
+``num_cpus`` = its threads and ``max_ongoing_requests`` = its slots; past the
+slots, Serve's queue (``--max-queue``) and then 429 with ``Retry-After``.  Its
+router is ``router.PrefixRouter``, and two deployment-scoped actors serve all
+its replicas: the suffix log and the metrics board.  One ingress deployment
+runs ``create_app`` (the same routes as the single-process server) over
+``remote.RemoteRole`` backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestRouterConfig
+
+from ...target import default_threads
+from ..app import Limits, create_app
+from ..roles import Role
+from .metrics_merge import merge
+from .remote import RemoteRole
+from .replica import BOARD, SUFFIX_LOG, RoleReplica
+from .router import MODES, PrefixRouter
+from .suffix_share import MetricsBoard, SuffixLog
+
+APP = "specstack"
+STATS_PERIOD_S = 2.0  # how often replicas publish their prefixes to the routers
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP front: ``create_app``'s routes, each role a ``RemoteRole`` over its deployment's handle."""
+
+    def __init__(self, roles: list[Role], limits: Limits, api_key: str | None, max_queue: int,
+                 handles: dict[str, Any]) -> None:
+        self.roles, self.limits, self.api_key, self.max_queue, self.handles = roles, limits, api_key, max_queue, handles
+
+    def __serve_build_asgi_app__(self) -> Any:
+        backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
+        return create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=backends,
+                          render_metrics=self.render_metrics)
+
+    async def render_metrics(self) -> bytes:
+        """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role."""
+        texts: dict[str, str] = {}
+        for handle in self.handles.values():
+            texts.update(await handle.all_metrics.remote())
+        return merge(texts)
+
+
+def application(roles: list[Role], limits: Limits, api_key: str | None = None, max_queue: int = 16,
+                replicas: int | None = None, routing: str = "prefix", suffix_log: Path | None = None,
+                share_suffix: bool = True) -> Any:
+    """The bound Serve application; ``replicas`` overrides every role's ``replicas`` key."""
+    if routing not in MODES:
+        raise ValueError(f"--routing must be one of {', '.join(MODES)} (got {routing!r})")
+    handles = {}
+    for role in roles:
+        role = dataclasses.replace(role, threads=role.threads or default_threads())
+        handles[role.name] = _role_deployment(role, limits, max_queue, replicas or role.replicas, routing,
+                                              suffix_log, share_suffix).bind(role, max_queue, share_suffix)
+    front_capacity = max(100, 4 * sum(r.parallel * (replicas or r.replicas) for r in roles) + max_queue)
+    front = serve.deployment(Ingress).options(
+        name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
+        # the front only waits on the roles: their queues (--max-queue) answer 429 in the API's shape, and this
+        # one, far larger, only guards the process (past it Serve's proxy answers a plain 429 with Retry-After)
+        max_ongoing_requests=front_capacity, max_queued_requests=front_capacity,
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=limits.retry_after_s),
+        graceful_shutdown_timeout_s=limits.timeout_s or 600)
+    return front.bind(roles, limits, api_key, max_queue, handles)
+
+
+def _role_deployment(role: Role, limits: Limits, max_queue: int, replicas: int, routing: str,
+                     suffix_log: Path | None, share_suffix: bool) -> Any:
+    router = RequestRouterConfig(request_routing_stats_period_s=STATS_PERIOD_S)
+    if routing != "pow2":
+        router = RequestRouterConfig(request_router_class=PrefixRouter, request_router_kwargs={"mode": routing},
+                                     request_routing_stats_period_s=STATS_PERIOD_S)
+    actors = [DeploymentActorConfig(name=BOARD, actor_class=ray.remote(MetricsBoard), actor_options={"num_cpus": 0})]
+    if share_suffix:
+        actors.append(DeploymentActorConfig(
+            name=SUFFIX_LOG, actor_class=ray.remote(SuffixLog), actor_options={"num_cpus": 0},
+            init_kwargs={"path": _log_path(suffix_log, role), "vocab": f"{role.model.name}"}))
+    return serve.deployment(RoleReplica).options(
+        name=f"role-{role.name}", num_replicas=replicas, ray_actor_options={"num_cpus": role.threads},
+        max_ongoing_requests=role.parallel, max_queued_requests=max_queue,
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=limits.retry_after_s),
+        request_router_config=router, deployment_actors=actors,
+        graceful_shutdown_timeout_s=limits.timeout_s or 600)
+
+
+def _log_path(base: Path | None, role: Role) -> str | None:
+    """The role's suffix log file: ``--suffix-log`` itself, or beside it per role when a folder is given."""
+    if base is None:
+        return None
+    base = base.expanduser()
+    return str(base / f"{role.name}.suffix-log.json") if base.is_dir() else str(base)
+
+
+def start(app: Any, address: str | None, host: str, port: int, num_cpus: int | None = None) -> bool:
+    """Connect to ``address`` (or start a local Ray instance), then run the application; returns whether
+    this process started Ray (and so must stop it)."""
+    own = address is None
+    ray.init(address=address, include_dashboard=False if own else None, num_cpus=num_cpus if own else None,
+             logging_level="warning")
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=APP, route_prefix="/", blocking=False)
+    return own
+
+
+def stop(own: bool) -> None:
+    """Drain: Serve stops routing, waits for in-flight requests (up to each deployment's graceful timeout)."""
+    try:
+        serve.delete(APP)
+        if own:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def run_until_signal(app: Any, address: str | None, host: str, port: int) -> int:
+    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here)."""
+    done = threading.Event()
+    own = start(app, address, host, port)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler would end us at once
+        signal.signal(sig, lambda *_: done.set())
+    print(f"specstack serve --ray: http://{host}:{port}/ on Ray {'(started here)' if own else 'at ' + address}",
+          flush=True)
+    done.wait()
+    print("specstack serve --ray: draining", flush=True)
+    stop(own)
+    return 0

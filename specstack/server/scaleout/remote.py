@@ -1,0 +1,136 @@
+"""The ingress side of a role served by a Ray Serve deployment: what ``create_app``'s routes call.
+
+``RemoteRole`` stands where a ``RoleWorker`` stands in the single-process
+server (``app.RoleBackend``): the routes tokenize, check and build jobs as
+always, and ``submit`` streams the jobs' events back from a replica chosen by
+the role's router.  The ingress loads the model's vocabulary only (no
+weights), and reads context size and exactness from a replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ...target import VocabModel
+from ..app import SESSION
+from ..chat import load_template
+from ..roles import Role
+from ..worker import Job
+
+
+@dataclass(frozen=True)
+class ShapesView:
+    """A replica's measured exactness, as ``app.exactness`` reads ``target.shapes``."""
+
+    settled: bool
+    exact: bool
+    why: str
+
+
+class RemoteTarget:
+    """The vocabulary, and the sizes a replica reported: what the routes read of a target."""
+
+    def __init__(self, vocab: VocabModel, info: dict[str, Any]) -> None:
+        self.vocab = vocab
+        self.capacity, self.n_vocab, self.n_ctx = info["capacity"], info["n_vocab"], info["n_ctx"]
+        exact = info["exact"]
+        self.shapes = ShapesView(exact["mode"] is not None, exact["mode"] == "on", exact["why"])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+
+class RemoteRole:
+    """A role whose engines are a Serve deployment's replicas (``replica.RoleReplica``), behind ``handle``."""
+
+    def __init__(self, role: Role, handle: Any, retry_after_s: int = 1) -> None:
+        self.role, self.handle, self.retry_after_s = role, handle, retry_after_s
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.target: RemoteTarget | None = None
+        self.template = None
+        self._pumps: dict[int, asyncio.Task] = {}
+        self._connecting: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    def stop(self) -> None:
+        if self.target is not None:
+            self.target.vocab.close()
+
+    async def _connect(self) -> None:
+        try:
+            self.template = load_template(self.role.model, self.role.chat_template)
+            vocab = await asyncio.to_thread(VocabModel, self.role.model, f"tokenizer of role {self.role.name!r}")
+            self.target = RemoteTarget(vocab, await self.handle.describe.remote())
+        except Exception as exc:  # /health and every request report it
+            self.load_error = f"{type(exc).__name__}: {exc}"
+        self.ready.set()
+
+    def submit(self, *jobs: Job) -> None:
+        """Send a request's choices to one replica; its events arrive on ``jobs[0].events``."""
+        pump = asyncio.get_running_loop().create_task(self._pump(list(jobs), SESSION.get()))
+        for job in jobs:
+            self._pumps[id(job)] = pump
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: cancel the call (the replica cancels its jobs between two steps)."""
+        pump = self._pumps.pop(id(job), None)
+        if pump is not None and not pump.done():
+            pump.cancel()
+
+    async def _pump(self, jobs: list[Job], session: str | None) -> None:
+        from ray.exceptions import RayActorError, RayTaskError
+        from ray.serve.exceptions import BackPressureError
+
+        head = jobs[0]
+        payload = {"prompt_ids": head.prompt_ids, "jobs": [(j.config, j.speculative) for j in jobs],
+                   "timeout_s": None if head.deadline is None else max(0.0, head.deadline - time.perf_counter()),
+                   "retry_after_s": self.retry_after_s}
+        options: dict[str, Any] = {"stream": True}
+        if session:
+            options["session_id"] = session
+        stream = self.handle.options(**options).generate.remote(payload)
+        ended: set[int] = set()
+        try:
+            async for event in stream:
+                if event["type"] != "delta":
+                    ended.add(event["index"])
+                head.events.put_nowait(event)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except BackPressureError as exc:
+            after = str(math.ceil(exc.retry_after_s or self.retry_after_s))
+            head.events.put_nowait({"type": "error", "index": 0, "status": 429, "kind": "rate_limit_error",
+                                    "code": "rate_limit_exceeded", "headers": {"Retry-After": after},
+                                    "message": f"role {self.role.name!r}: every replica and the queue are full "
+                                               f"({exc}); retry later"})
+        except (RayActorError, RayTaskError) as exc:
+            self._fail(head, jobs, ended, f"the replica serving this request died ({type(exc).__name__}); retry: "
+                                          "Serve is replacing it")
+        except Exception as exc:  # anything else Serve raises: an error event, never a request left waiting
+            self._fail(head, jobs, ended, f"the request could not be served ({type(exc).__name__}: {exc})")
+        else:
+            self._fail(head, jobs, ended, "the replica ended the stream early; retry")
+        finally:
+            for job in jobs:
+                self._pumps.pop(id(job), None)
+
+    def _fail(self, head: Job, jobs: list[Job], ended: set[int], why: str) -> None:
+        """End the request with an error event, unless every choice has ended already."""
+        if len(ended) < len(jobs):
+            head.events.put_nowait({"type": "error", "index": min(set(range(len(jobs))) - ended), "status": 503,
+                                    "kind": "server_error", "message": f"role {self.role.name!r}: {why}"})

@@ -1,0 +1,83 @@
+"""The parts of `serve --ray` that need no cluster: prefix hashes, the shared suffix log, merged metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specstack.drafters.suffix import SuffixConfig, SuffixDrafter
+from specstack.errors import InvalidParameterError
+from specstack.server.scaleout.metrics_merge import merge
+from specstack.server.scaleout.prefix import CHUNK, chain, matched, published
+from specstack.server.scaleout.suffix_share import SuffixLog, feed, suffix_drafters
+
+
+def test_a_prefix_matches_by_whole_chunks_and_only_from_the_start():
+    held = set(published([list(range(100))]))
+    assert matched(chain(list(range(100)) + [7, 8, 9]), held) == (100 // CHUNK) * CHUNK
+    assert matched(chain(list(range(40))), held) == 2 * CHUNK
+    assert matched(chain([1] + list(range(1, 100))), held) == 0  # the first chunk differs: nothing reusable
+    assert matched(chain(list(range(CHUNK - 1))), held) == 0  # shorter than a chunk: no hash at all
+    shifted = chain(list(range(CHUNK, 2 * CHUNK)))  # the same tokens at another position: another prefix
+    assert not set(shifted) & held
+
+
+def test_published_hashes_are_capped_newest_sequences_first():
+    seqs = [[i] * (4 * CHUNK) for i in range(10)]
+    out = published(seqs, limit=8)
+    assert len(out) == 8 and out[:4] == chain(seqs[0])
+
+
+def test_the_suffix_log_serves_deltas_and_reloads_its_checkpoint(tmp_path):
+    path = tmp_path / "log.json"
+    log = SuffixLog(str(path), budget_tokens=10, vocab="v1")
+    assert log.add("a", [1, 2], [3, 4]) == 1
+    log.add("b", [5], [6, 7])
+    version, new = log.since(1)
+    assert version == 2 and new == [("b", [5], [6, 7])]
+    log.add("a", [8, 9], [10, 11])  # 11 tokens: the oldest entry goes
+    assert [o for _, _, o in log.since(0)[1]] == [[6, 7], [10, 11]]
+    log.save()
+    assert not list(tmp_path.glob(".log.json.*"))  # written through a temporary file, renamed
+    again = SuffixLog(str(path), budget_tokens=10, vocab="v1")
+    assert again.since(0) == log.since(0) and again.add("c", [1], [2]) == 4
+    with pytest.raises(InvalidParameterError, match="another vocabulary"):
+        SuffixLog(str(path), vocab="v2")
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(InvalidParameterError, match="not a specstack suffix log"):
+        SuffixLog(str(path))
+
+
+def test_another_replicas_output_feeds_the_suffix_trees_as_their_own_end_would():
+    mine = SuffixDrafter(SuffixConfig())
+    mine.begin([1, 2, 3])
+    mine.advance([4, 5, 6, 7], 0)
+    mine.end()
+    other = SuffixDrafter(SuffixConfig())
+    feed(other, [1, 2, 3], [4, 5, 6, 7])
+    assert other.global_tree.n_tokens == mine.global_tree.n_tokens
+    for d in (mine, other):  # a new request drafts from the global tree: the earlier output's continuation
+        d.begin([9, 8, 1, 2, 3, 4])
+    assert other.propose_chain([9, 8, 1, 2, 3, 4], 3).token_ids == mine.propose_chain([9, 8, 1, 2, 3, 4], 3).token_ids
+    assert other.propose_chain([9, 8, 1, 2, 3, 4], 3).token_ids == (5, 6, 7)
+    from specstack.drafters.cascade import CascadeConfig, CascadeDrafter
+    from specstack.drafters.none import NoDrafter
+
+    assert suffix_drafters([CascadeDrafter([other, NoDrafter()], CascadeConfig(("suffix", "none"))), mine]) == [mine, other]
+
+
+def test_metrics_merge_labels_each_replica_and_sums_a_total():
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    texts = {}
+    for replica, n in (("r1", 3), ("r2", 4)):
+        reg = CollectorRegistry()
+        Counter("specstack_generation_tokens", "t", ["role"], registry=reg).labels("m").inc(n)
+        Histogram("specstack_ttft", "h", ["role"], buckets=(1.0,), registry=reg).labels("m").observe(0.5)
+        texts[replica] = generate_latest(reg).decode()
+    out = merge(texts).decode()
+    assert 'specstack_generation_tokens_total{replica="r1",role="m"} 3.0' in out
+    assert 'specstack_generation_tokens_total{replica="total",role="m"} 7.0' in out
+    assert 'specstack_ttft_bucket{le="1.0",replica="total",role="m"} 2.0' in out
+    assert "_created" not in out
