@@ -167,7 +167,8 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
         "hybrid: --from specstack/models/pycoder-lfm2.gguf --width 2048 --layers 16 --attn-layers 6 "
         "--ffn 8192 --kv-heads 16. Gemma 3 1B-shaped from Gemma 3 270M Q4_K_M (keeps its quant blocks): "
         "--from gemma-3-270m-q4_k_m.gguf --width 1152 --layers 26 --ffn 6912 --ftype q4_k_m; gemma3 is "
-        "bit-exact only at widths of 4^k times the source's (1152 is close, not exact: see docs/standin.md).",
+        "bit-exact only at widths of 4^k times the source's (1152 is close, not exact: see docs/standin.md); "
+        "a bit-exact 1B-parameter one keeps the width: --width 640 --layers 26 --ffn 15872 --ftype q4_k_m.",
     )
     p.add_argument("--from", dest="src", type=Path, default=DEFAULT_TARGET,
                    help="source GGUF (llama, dense or MoE, or lfm2: F16/F32/BF16; gemma3: also quantized, "
