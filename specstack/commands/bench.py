@@ -160,15 +160,20 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
     p = bsub.add_parser(
         "make-standin",
         help="write a big zero-padded copy of a model that computes exactly the same function",
-        description="Write a cost-faithful stand-in target: the source model (llama or lfm2) "
+        description="Write a cost-faithful stand-in target: the source model (llama, lfm2 or gemma3) "
         "zero-padded to a wider hidden size, FFN and head count, plus layers that add nothing. Its "
         "greedy output equals the source's; its decode cost is that of the big shape. Example (about "
         "1.05B parameters): --width 2048 --layers 22 --ffn 5632. LFM2-1.2B-like from the bundled "
         "hybrid: --from specstack/models/pycoder-lfm2.gguf --width 2048 --layers 16 --attn-layers 6 "
-        "--ffn 8192 --kv-heads 16.",
+        "--ffn 8192 --kv-heads 16. Gemma 3 1B-shaped from Gemma 3 270M Q4_K_M (keeps its quant blocks): "
+        "--from gemma-3-270m-q4_k_m.gguf --width 1152 --layers 26 --ffn 6912 --ftype q4_k_m; gemma3 is "
+        "bit-exact only at widths of 4^k times the source's (1152 is close, not exact: see docs/standin.md); "
+        "a bit-exact 1B-parameter one keeps the width: --width 640 --layers 26 --ffn 15872 --ftype q4_k_m.",
     )
     p.add_argument("--from", dest="src", type=Path, default=DEFAULT_TARGET,
-                   help="source GGUF (llama, dense or MoE, or lfm2; F16/F32/BF16); default: the bundled target")
+                   help="source GGUF (llama, dense or MoE, or lfm2: F16/F32/BF16; gemma3: also quantized, "
+                   "then --ftype f16 dequantizes and its own ftype copies its quant blocks); "
+                   "default: the bundled target")
     p.add_argument("--width", type=int, required=True, help="hidden size of the stand-in")
     p.add_argument("--layers", type=int, required=True, help="number of layers of the stand-in")
     p.add_argument("--ffn", type=int, default=None,
@@ -176,6 +181,8 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--kv-heads", type=int, default=None,
                    help="KV heads per attention layer (default: keep the source's query heads per KV head); "
                    "fewer KV heads match a real model's KV cache but are not bit-exact in q4_k_m")
+    p.add_argument("--heads", type=int, default=None,
+                   help="gemma3 only: query heads (default: the source's; head_dim stays the source's)")
     p.add_argument("--attn-layers", type=int, default=None,
                    help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
     p.add_argument("--ftype", choices=FTYPES, default="f16", help="weight format (default f16)")
@@ -282,10 +289,11 @@ def cmd_make_standin(args: argparse.Namespace) -> int:
 
     src = Path(args.src)
     kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)
+    heads = getattr(args, "heads", None)
     plan = plan_standin(read_source_shape(src), args.width, args.layers, args.ffn, args.ftype,
-                        kv_heads=kv_heads, attn_layers=attn_layers)
+                        kv_heads=kv_heads, attn_layers=attn_layers, heads=heads)
     make_standin(src, args.output, args.width, args.layers, args.ftype, ffn=args.ffn, threads=args.threads,
-                 kv_heads=kv_heads, attn_layers=attn_layers)
+                 kv_heads=kv_heads, attn_layers=attn_layers, heads=heads)
     o, s = plan.out, plan.src
     size = Path(args.output).stat().st_size
     if o.arch == "lfm2":
@@ -297,8 +305,8 @@ def cmd_make_standin(args: argparse.Namespace) -> int:
     if plan.exact_for(args.ftype):
         verdict = "bit-exact"
     elif not plan.bit_exact:
-        verdict = ("not bit-exact (width is not a " + ("multiple" if o.arch == "lfm2" else "power-of-2 multiple")
-                   + " of the source's)")
+        verdict = ("not bit-exact (width is not a " + {"lfm2": "multiple", "gemma3": "power-of-4 multiple"}.get(
+                   o.arch, "power-of-2 multiple") + " of the source's)")
     elif plan.regrouped_heads:
         verdict = f"not bit-exact in {args.ftype} (--kv-heads regroups query heads; exact in f16)"
     else:

@@ -1,6 +1,7 @@
 """Cost-faithful stand-in targets: a big model that computes exactly a small model's function.
 
-A stand-in zero-pads a llama-architecture or LFM2 (``lfm2``, short-conv/attention hybrid) GGUF
+A stand-in zero-pads a llama-architecture, LFM2 (``lfm2``, short-conv/attention hybrid) or Gemma 3
+(``gemma3``; see the ``gemma3`` module, which also covers quantized sources) GGUF
 to a wider hidden size, a wider FFN and more attention heads, and adds layers that write nothing
 to the residual stream. Its logits equal the source's, while every decode step moves the bytes
 and does the FLOPs of the big shape. So acceptance comes from the real (small) trained model and
@@ -78,6 +79,8 @@ Modules, one job each (this package re-exports the API other code imports):
 - ``source``: reading the source GGUF: its shape, its fields, its tensors as floats.
 - ``llama``: layer placement for llama (dense and MoE) sources: llama.cpp's ``use_more_bits`` rule
   and the residual copy count m.
+- ``gemma3``: Gemma 3 sources: checks, layout (source layers first) and padding, from floats or
+  by copying a quantized source's blocks.
 - ``lfm2``: layer layout for LFM2 sources: how many attention layers, where, and where each source
   layer goes so Q4_K_M keeps its tensor types.
 - ``plan``: ``plan_standin``: checks a request and builds the ``StandinPlan`` (pure, no I/O).

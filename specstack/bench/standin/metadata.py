@@ -16,9 +16,11 @@ if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without
     from gguf import GGUFReader, GGUFWriter
 
 
-def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float) -> None:
+def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float,
+                  file_type: int = 1) -> None:
     """Write the source's fields to ``writer`` with the stand-in's shape and epsilon ``eps``
-    (general.file_type F16: the quantizer sets its own), then the ``specstack.standin.*`` keys."""
+    (general.file_type ``file_type``, F16 by default: the quantizer sets its own), then the
+    ``specstack.standin.*`` keys."""
     from gguf import GGUFValueType as V
 
     o, arch = plan.out, plan.src.arch
@@ -30,6 +32,9 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps
         f"{arch}.attention.head_count_kv": list(o.layer_kv) if arch == "lfm2" else o.n_head_kv,
         f"{arch}.block_count": o.n_layer,
     }
+    swa = read_field(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(swa, list):  # per-layer flags (gemma3): each layer keeps its source layer's
+        updates[f"{arch}.attention.sliding_window_pattern"] = [swa[j] for j in plan.layer_source]
     for f in reader.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
@@ -46,7 +51,7 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps
         elif f.name == f"{arch}.attention.layer_norm_rms_epsilon":
             writer.add_key_value(f.name, eps, V.FLOAT32)
         elif f.name == "general.file_type":
-            writer.add_key_value(f.name, 1, V.UINT32)  # LLAMA_FTYPE_MOSTLY_F16
+            writer.add_key_value(f.name, file_type, V.UINT32)  # LLAMA_FTYPE_MOSTLY_F16 unless kept
         elif f.name == "general.name":
             writer.add_key_value(f.name, f"{f.contents()}-standin-w{o.n_embd}-l{o.n_layer}", V.STRING)
         elif vtype == V.ARRAY:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from ...errors import SpecstackError
 
 FTYPES = ("f16", "q8_0", "q4_k_m")
-ARCHS = ("llama", "lfm2")
+ARCHS = ("llama", "lfm2", "gemma3")
 
 # Tensor kinds per layer ("blk.{i}.{kind}.weight"), in llama.cpp's order.
 _PER_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -26,6 +26,9 @@ _LFM2_ATTN = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_
               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 _LFM2_CONV = ("attn_norm", "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj",
               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# Gemma 3: per-head q/k norms and sandwich norms after attention and after the FFN.
+_GEMMA3 = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+           "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 
 
 class StandinError(SpecstackError):
@@ -53,6 +56,10 @@ class LlamaShape:
     arch: str = "llama"
     layer_kv: tuple[int, ...] = ()  # lfm2 only
     l_cache: int = 0  # lfm2 only: short-conv kernel length
+    # A quantized source (gemma3 only): its ftype name ("q4_k_m", "q8_0", or "file type N"), and the
+    # largest quant block length of the tensors whose rows are n_embd / n_head x head_dim / n_ff long.
+    quantized: str | None = None
+    row_blocks: tuple[int, int, int] = (1, 1, 1)
 
     @property
     def per_layer(self) -> tuple[str, ...]:
@@ -68,6 +75,8 @@ class LlamaShape:
     def layer_kinds(self, i: int) -> tuple[str, ...]:
         if self.arch == "lfm2":
             return _LFM2_ATTN if self.is_attention(i) else _LFM2_CONV
+        if self.arch == "gemma3":
+            return _GEMMA3
         return self.per_layer
 
     @property
@@ -85,10 +94,10 @@ class LlamaShape:
         total = 0
         for i in range(self.n_layer):
             if self.is_attention(i):
-                mix = d * hd * (2 * self.n_head + 2 * self.kv_heads(i)) + (2 * hd if self.arch == "lfm2" else 0)
+                mix = d * hd * (2 * self.n_head + 2 * self.kv_heads(i)) + (2 * hd if self.arch != "llama" else 0)
             else:
                 mix = 4 * d * d + self.l_cache * d  # in_proj (3 d x d), out_proj, conv taps
-            total += mix + ffn + 2 * d
+            total += mix + ffn + (4 if self.arch == "gemma3" else 2) * d
         embd = self.n_vocab * d * (1 if self.tied_output else 2)
         return total + embd + d
 
@@ -115,9 +124,10 @@ class StandinPlan:
         """True when c is a power of two, so the rescaled norms round exactly like the source's.
 
         LFM2's q/k norms share the residual norms' epsilon but act on unscaled values: only
-        c = 1 (epsilon unchanged) is exact there. A changed GQA group size (``kv_heads``) is
+        c = 1 (epsilon unchanged) is exact there; so it is for Gemma 3, whose embedding scale
+        sqrt(n_embd) changes with the width too (``gemma3``). A changed GQA group size (``kv_heads``) is
         exact in F16 (see ``exact_for``)."""
-        if self.src.arch == "lfm2":
+        if self.src.arch in ("lfm2", "gemma3"):  # gemma3: see the gemma3 module
             return self.norm_scale == 1.0
         return math.frexp(self.norm_scale)[0] == 0.5
 
@@ -133,6 +143,8 @@ class StandinPlan:
         logits bit for bit (what the package docstring argues; the tests measure it)."""
         if not self.bit_exact:
             return False
+        if self.src.arch == "gemma3":  # a quantized source's blocks are copied; head_dim fills whole blocks
+            return True
         if ftype == "q4_k_m":
             return self.q4_types_match and not self.regrouped_heads
         if ftype == "q8_0":

@@ -8,6 +8,7 @@ and tensor infos first, then the tensors one by one, to a ``.partial`` file rena
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -94,26 +95,30 @@ def _scaled_epsilon(reader: GGUFReader, plan: StandinPlan) -> float:
     return float(np.float32(eps_src) * np.float32(plan.copies * s.n_embd / o.n_embd))
 
 
+# (numpy shape, dtype, raw GGML type or None) of a stand-in tensor, by name
+_Info = Callable[[str], tuple[tuple[int, ...], np.dtype, object]]
+
+
 def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: float, jobs: list[_Job],
-                progress: bool) -> None:
-    """Header, key/values and tensor infos (sizes from ``_shape_of``, nothing built yet), then
+                progress: bool, info: _Info, file_type: int = 1) -> None:
+    """Header, key/values and tensor infos (sizes from ``info``, nothing built yet), then
     each tensor as it is built, checked against the size already promised in the header."""
     from ...ui import Progress
 
     alignment = read_field(reader, "general.alignment")
     if alignment:
         writer.data_alignment = int(alignment)
-    copy_metadata(reader, writer, plan, eps)
+    copy_metadata(reader, writer, plan, eps, file_type=file_type)
     for name, _ in jobs:
-        shape, dtype = _shape_of(name, plan)
-        writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+        shape, dtype, raw = info(name)
+        writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize, raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     tick = Progress("make-standin", len(jobs), unit="tensors", quiet=not progress)
     for i, (name, make) in enumerate(jobs, 1):
         arr = make()
-        expect = _shape_of(name, plan)
+        expect = info(name)
         assert arr.shape == expect[0] and arr.dtype == expect[1], (name, arr.shape, arr.dtype, expect)
         writer.write_tensor_data(arr)
         tick.update(i, note=name)
@@ -122,24 +127,41 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
 
 def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int | None = None,
                       ftype_for_checks: str = "f16", progress: bool = True, kv_heads: int | None = None,
-                      attn_layers: int | None = None) -> StandinPlan:
-    """Write the F16 stand-in, one tensor at a time (peak memory: the largest tensor)."""
+                      attn_layers: int | None = None, heads: int | None = None) -> StandinPlan:
+    """Write the F16 stand-in, one tensor at a time (peak memory: the largest tensor).
+
+    A quantized (gemma3) source with ``ftype_for_checks`` its own ftype is written in its own
+    quant blocks instead (``plan.out.quantized``; see the gemma3 module), not in F16."""
     import gguf
 
     reader = open_source(src)
     plan = plan_standin(read_shape(reader), width, layers, ffn, ftype_for_checks, kv_heads=kv_heads,
-                        attn_layers=attn_layers)
+                        attn_layers=attn_layers, heads=heads)
     eps = _scaled_epsilon(reader, plan)
-    jobs = list(_tensor_jobs(reader, plan))
+    file_type = 1
+    if plan.src.arch == "gemma3":
+        from .gemma3 import Gemma3Tensors
+
+        builder = Gemma3Tensors(reader, plan, keep=plan.out.quantized is not None)
+        jobs, info = list(builder.jobs()), builder.info
+        if builder.keep:
+            file_type = int(read_field(reader, "general.file_type"))
+    else:
+        builder = None
+        jobs = list(_tensor_jobs(reader, plan))
+        info = (lambda name: (*_shape_of(name, plan), None))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     writer = gguf.GGUFWriter(tmp, plan.src.arch)
     try:
-        _write_gguf(writer, reader, plan, eps, jobs, progress)
+        _write_gguf(writer, reader, plan, eps, jobs, progress, info, file_type)
         writer.close()
         os.replace(tmp, out)
     except BaseException:
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
+    if builder is not None and builder.inexact_scales and progress:
+        print(f"make-standin: note: {builder.inexact_scales} embedding scales (f16 subnormals) did not divide "
+              f"exactly by sqrt({plan.copies})", file=sys.stderr)
     return plan
