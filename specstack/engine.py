@@ -96,7 +96,6 @@ class Engine:
         self.batch_tokens = batch_tokens
         self.prefill_cap = prefill_cap if prefill_cap is not None else batch_tokens
         self._prefilling: list[Generation] = []
-        self.prefill_steps = 0  # steps that processed prompt chunks of generations waiting for their first token
 
     # -- requests ----------------------------------------------------------
 
@@ -266,7 +265,6 @@ class Engine:
         one sequence per call: each prompt's KV is computed by the very calls a solo run makes, so neither its
         output nor that of the running generations (whose rows are in calls of their own) changes."""
         left = max(0, (self.batch_tokens or 0) - rows)
-        self.prefill_steps += 1
         for gen in list(self._prefilling):
             took = self._prefill(gen, max(1, min(left, self.prefill_cap or left)))
             left -= took

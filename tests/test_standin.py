@@ -299,15 +299,27 @@ LFM2_SHAPE = LlamaShape(n_embd=256, n_layer=6, n_head=8, n_head_kv=4, head_dim=3
                         tied_output=True, arch="lfm2", layer_kv=(0, 0, 4, 0, 0, 4), l_cache=3)
 
 
-def write_random_lfm2(path: Path, d: int = 256, n_layer: int = 6, attn: tuple[int, ...] = (2, 5), n_head: int = 8,
-                      n_kv: int = 4, n_ff: int = 512, l_cache: int = 3, seed: int = 0) -> Path:
-    """A random-weight LFM2 GGUF with the pycoder tokenizer (copied from the bundled draft)."""
+def add_pycoder_tokenizer(w: "gguf.GGUFWriter") -> int:
+    """Copy the bundled draft's BPE tokenizer into a random-weight GGUF being written; returns its vocabulary size."""
     tok = gguf.GGUFReader(DEFAULT_DRAFT)
 
     def strings(key):
         f = tok.fields[key]
         return [bytes(f.parts[i]) for i in f.data]
 
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(strings("tokenizer.ggml.tokens"))
+    w.add_token_types(tok.fields["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(strings("tokenizer.ggml.merges"))
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    return len(tok.fields["tokenizer.ggml.tokens"].data)
+
+
+def write_random_lfm2(path: Path, d: int = 256, n_layer: int = 6, attn: tuple[int, ...] = (2, 5), n_head: int = 8,
+                      n_kv: int = 4, n_ff: int = 512, l_cache: int = 3, seed: int = 0) -> Path:
+    """A random-weight LFM2 GGUF with the pycoder tokenizer (copied from the bundled draft)."""
     w = gguf.GGUFWriter(path, "lfm2")
     w.add_name("random-lfm2")
     w.add_context_length(512)
@@ -320,15 +332,8 @@ def write_random_lfm2(path: Path, d: int = 256, n_layer: int = 6, attn: tuple[in
     w.add_rope_freq_base(10000.0)
     w.add_shortconv_l_cache(l_cache)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(strings("tokenizer.ggml.tokens"))
-    w.add_token_types(tok.fields["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(strings("tokenizer.ggml.merges"))
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
+    n_vocab = add_pycoder_tokenizer(w)
     rng = np.random.default_rng(seed)
-    n_vocab = len(tok.fields["tokenizer.ggml.tokens"].data)
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * 0.08).astype(np.float16)
@@ -516,12 +521,6 @@ def test_cli_make_standin_lfm2(tmp_path, capsys, lfm2_random):
 
 def write_random_gemma3(path: Path, d: int = 256, n_layer: int = 6, n_head: int = 2, n_kv: int = 1,
                         hd: int = 256, n_ff: int = 512, swa: int = 8, seed: int = 0) -> Path:
-    tok = gguf.GGUFReader(DEFAULT_DRAFT)
-
-    def strings(key):
-        f = tok.fields[key]
-        return [bytes(f.parts[i]) for i in f.data]
-
     w = gguf.GGUFWriter(path, "gemma3")
     w.add_name("random-gemma3")
     w.add_context_length(512)
@@ -536,15 +535,8 @@ def write_random_gemma3(path: Path, d: int = 256, n_layer: int = 6, n_head: int 
     w.add_rope_freq_base(1e6)
     w.add_sliding_window(swa)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(strings("tokenizer.ggml.tokens"))
-    w.add_token_types(tok.fields["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(strings("tokenizer.ggml.merges"))
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
+    n_vocab = add_pycoder_tokenizer(w)
     rng = np.random.default_rng(seed)
-    n_vocab = len(tok.fields["tokenizer.ggml.tokens"].data)
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)

@@ -184,8 +184,7 @@ class BackgroundCalibration:
         """Run what is left to its end now (the engine is idle), then adopt it."""
         if not self.done:
             _say(f"finishing the one-time measurement of {self.name} (later runs find it cached and start at once)")
-            self.lend(math.inf)
-        self.adopt(engine)
+        engine.idle(math.inf)  # lends what is left, adopts, and lets the engine forget this measurement
 
     def abandon(self) -> None:
         """Give the measurement up and wait for its context to be freed (before the weights are)."""
@@ -227,5 +226,5 @@ def settle(target: "LlamaModel", exact: bool | str, n_max: int | None,
         target.set_shapes(INEXACT if mode == "off" else PLAIN_ROWS)
     what = "its cost curve" if shapes is not None else "its exact call shapes" + (" and cost curve" if n_max else "")
     _say(f"first run of {work.name} at {target.n_threads} thread{'' if target.n_threads == 1 else 's'}: measuring "
-         f"{what} beside the first generations (cached for later runs); until then {describe(target.shapes)}")
+         f"{what} beside the first generations (cached for later runs); meanwhile {describe(target.shapes)}")
     return work.costs, work

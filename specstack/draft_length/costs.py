@@ -462,54 +462,47 @@ def ensure_shapes(model: EngineTarget, exact: bool | str = "on", use_cache: bool
     """
     if model.shapes.settled:
         return model.shapes
-    shapes = cached_shapes(model, exact) if use_cache else None
-    if shapes is None:
-        shapes = _measured_shapes(model, exact_mode(exact), use_cache, show_progress)
-    model.set_shapes(shapes)
+    model.set_shapes(_exact_shapes(model, exact_mode(exact), use_cache, measure=True, show_progress=show_progress))
     return model.shapes
 
 
 def cached_shapes(model: EngineTarget, exact: bool | str) -> BatchShapes | None:
     """What ``ensure_shapes`` gives, from the disk cache alone; None where it would measure."""
-    from ..target import INEXACT
-
-    mode = exact_mode(exact)
-    if mode == "off":
-        return INEXACT
-    cache = _read_cache(cache_dir() / "costs.json")
-    found = cache.get("shapes-" + _cache_key(model, 0))
-    if found is None:
-        return None
-    shapes = BatchShapes(**{**found, "settled": True, "pending": False, "why": "--exact on"})
-    if mode == "on":
-        return shapes
-    if _free(model, shapes):
-        return _auto_verdict(model, shapes, None)
-    cost = cache.get("exact-auto-" + _cache_key(model, 0))
-    return _auto_verdict(model, shapes, ExactCost(**cost)) if cost else None
+    return _exact_shapes(model, exact_mode(exact), use_cache=True, measure=False)
 
 
-def _measured_shapes(model: EngineTarget, mode: str, use_cache: bool, show_progress: bool) -> BatchShapes:
-    """``ensure_shapes`` past the cache: measure (and store) what is missing."""
+def _exact_shapes(model: EngineTarget, mode: str, use_cache: bool, measure: bool,
+                  show_progress: bool = False) -> BatchShapes | None:
+    """The shapes of ``--exact mode``: from the cache, else measured and stored (or None, unless ``measure``)."""
     from ..target import INEXACT
 
     if mode == "off":
         return INEXACT
     path = cache_dir() / "costs.json"
-    key = "shapes-" + _cache_key(model, 0)
     cache = _read_cache(path) if use_cache else {}
+    key = "shapes-" + _cache_key(model, 0)
     if key in cache:
         shapes = BatchShapes(**{**cache[key], "settled": True, "pending": False})
+    elif not measure:
+        return None
     else:
         shapes = measure_shapes(model, show_progress=show_progress)
         if use_cache:
             _store(path, key, shapes.to_dict())
     shapes = dataclasses.replace(shapes, why="--exact on")
-    if mode == "on" or _free(model, shapes):
-        return _auto_verdict(model, shapes, None) if mode == "auto" else shapes
-    cost = measure_exact_cost(model, shapes)
-    if use_cache:
-        _store(path, "exact-auto-" + _cache_key(model, 0), dataclasses.asdict(cost))
+    if mode == "on":
+        return shapes
+    if _free(model, shapes):
+        return _auto_verdict(model, shapes, None)
+    key = "exact-auto-" + _cache_key(model, 0)
+    if key in cache:
+        cost = ExactCost(**cache[key])
+    elif not measure:
+        return None
+    else:
+        cost = measure_exact_cost(model, shapes)
+        if use_cache:
+            _store(path, key, dataclasses.asdict(cost))
     return _auto_verdict(model, shapes, cost)
 
 
