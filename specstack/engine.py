@@ -96,6 +96,7 @@ class Engine:
         self.batch_tokens = batch_tokens
         self.prefill_cap = prefill_cap if prefill_cap is not None else batch_tokens
         self._prefilling: list[Generation] = []
+        self.prefill_token_s = 0.0  # seconds per prompt token, from chunks prefilled in steps (EMA)
 
     # -- requests ----------------------------------------------------------
 
@@ -281,10 +282,38 @@ class Engine:
         stop = end if at + tokens >= end else min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
         if stop > at:
             target.prefill(gen.prompt_ids[at:stop], slot.seq)
+            self._observe_prefill(stop - at, time.perf_counter() - t0)
         gen.stats.prefill_s += time.perf_counter() - t0
         if stop >= end:
             self._begin(gen, slot)
         return max(0, stop - at)
+
+    def _observe_prefill(self, tokens: int, seconds: float) -> None:
+        """Learn what a prompt token costs, the price of a draft row that displaces one (``BatchLoad``).
+        Short tails are skipped: a call's fixed cost would make their tokens look dear."""
+        if tokens < 32 or seconds <= 0:
+            return
+        per = seconds / tokens
+        self.prefill_token_s = per if self.prefill_token_s == 0 else self.prefill_token_s + 0.2 * (per - self.prefill_token_s)
+
+    def _free_rows(self, gens: list[Generation]) -> int | None:
+        """Draft rows this step can verify before they displace prompt tokens that are waiting for it: the
+        budget, less every running generation's pending row and the prompt chunks the step would take
+        (at most ``prefill_cap`` of each prompt).  None when no prompt waits: drafts displace nothing."""
+        if self.batch_tokens is None or not self._prefilling:
+            return None
+        cap = self.prefill_cap or self.batch_tokens
+        wanted = sum(min(cap, len(g.prompt_ids) - 1 - self.target.seq_len[g.seq]) for g in self._prefilling)
+        return max(0, self.batch_tokens - len(gens) - wanted)
+
+    @staticmethod
+    def _prompt_token_estimate(gens: list[Generation]) -> float:
+        """Before any chunk was timed here: a prompt token's cost from the cost curve's widest call."""
+        costs = next((g.policy.costs for g in gens if g.policy.costs is not None), None)
+        if costs is None:
+            return 0.0
+        n = len(costs.curve)
+        return costs.call_s(n) / n
 
     def _begin(self, gen: Generation, slot: _Slot) -> None:
         """The prompt is in (all but the pending last token): the generation decodes from the next step."""
@@ -372,6 +401,8 @@ class Engine:
         target, work = self.target, []
         rows: list[int] = []
         tokens = 0.0
+        free = self._free_rows(gens)
+        displaced_s = self.prefill_token_s or self._prompt_token_estimate(gens)
         for i, gen in enumerate(gens):
             room = target.capacity - target.seq_len[gen.seq] - 1  # draft slots left after pending
             if room < 0:
@@ -380,12 +411,15 @@ class Engine:
                 continue
             cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft))
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
-            load = SOLO if len(gens) == 1 else BatchLoad(tuple(rows) + (1,) * later, tokens + later)
+            load = (SOLO if len(gens) == 1 and free is None else
+                    BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s if free is not None else 0.0))
             tree = (gen.config.sampling.greedy and target.unified and target.n_seq_max > 1 and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
             tokens += budget.expected
+            if free is not None:
+                free = max(0, free - (rows[-1] - 1))
             work.append(_Work(gen, budget))
         return work
 

@@ -11,6 +11,7 @@ from specstack.draft_length import costs
 from specstack.draft_length.costs import CostModel, calibrate, ensure_shapes, exact_mode, measure_curve, measure_exact_cost
 from specstack.draft_length import (
     AcceptanceTracker,
+    BatchLoad,
     CostK,
     FixedK,
     HeuristicK,
@@ -130,6 +131,20 @@ def test_cost_picks_small_k_when_verification_is_compute_bound():
         k = max(trim(p, "s", next_k(p)), 1)
         p.observe(outcome(k, min(k, 1)))
     assert p.best_k_for("s") <= 1
+
+
+def test_cost_drafts_less_when_draft_rows_displace_waiting_prompt_tokens():
+    """A burst of prompts: draft rows past the step's free rows push prompt tokens out of the step."""
+    p = CostK(linear_costs(base=1e-2, per_token=1e-4), k_max=16)
+    for _ in range(60):  # acceptance 3 of every draft: worth a long draft when rows are free
+        k = max(trim(p, "s", next_k(p)), 1)
+        p.observe(outcome(k, min(k, 3)))
+    free = p.best_k_for("s", BatchLoad(free_rows=64, displaced_s=1e-2))
+    squeezed = p.best_k_for("s", BatchLoad(free_rows=0, displaced_s=1e-2))
+    assert free == p.best_k_for("s") >= 3  # rows to spare: the prompt costs nothing
+    assert squeezed < free  # each displaced row costs a plain step's worth of delay
+    assert p.best_k_for("s", BatchLoad(free_rows=2, displaced_s=1e-2)) >= 2  # the free rows are still used
+    assert BatchLoad(free_rows=2, displaced_s=0.5).displacement_s(5) == 1.5
 
 
 def test_cost_probes_after_a_run_of_plain_steps():

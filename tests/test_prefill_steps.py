@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from specstack.draft_length import FixedK
-from specstack.draft_length.costs import ensure_shapes
+from specstack.draft_length import BatchLoad, CostK, FixedK
+from specstack.draft_length.budget import SOLO
+from specstack.draft_length.costs import calibrate, ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -101,3 +102,37 @@ def test_choices_of_one_prompt_prefill_it_once(slots):
         g.run()
     assert engine.sibling_copies == 1  # the second copied the first's KV instead of prefilling it again
     assert gens[0].output_ids == gens[1].output_ids == _solo(slots, LONG[0], 24)
+
+
+class _Recording(CostK):
+    """The cost policy, keeping every load the engine priced a draft against."""
+
+    seen: list[BatchLoad] = []
+
+    def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False):
+        self.seen.append(load)
+        return super().budget(cap, load, tree)
+
+
+def test_draft_rows_are_priced_against_waiting_prompt_tokens(slots):
+    """While prompts wait to be prefilled, the cost policy sees how many draft rows the step has free and
+    what a displaced prompt token costs; once they are in, drafts displace nothing.  Output is unchanged."""
+    _Recording.seen = []
+    engine = Engine(slots, create("prompt-lookup", BuildContext(slots)), _Recording(calibrate(slots), k_max=16),
+                    batch_tokens=BUDGET, prefill_cap=CAP)
+    stream = engine.generate(SHORT[0], GenerationConfig(max_tokens=80))
+    for _ in range(3):
+        engine.step()
+    late = [engine.generate(p, GenerationConfig(max_tokens=8)) for p in LONG]
+    during = len(_Recording.seen)
+    while any(g.status in ("waiting", "prefilling") for g in late):
+        engine.step()
+    squeezed = [load for load in _Recording.seen[during:] if load.free_rows is not None]
+    assert squeezed and all(load.displaced_s > 0 for load in squeezed)
+    # Both prompts want a capped chunk: the budget left for drafts is what the chunks leave.
+    assert min(load.free_rows for load in squeezed) <= max(0, BUDGET - 1 - 2 * CAP)
+    after = len(_Recording.seen)
+    for g in [stream, *late]:
+        g.run()
+    assert all(load.free_rows is None for load in _Recording.seen[after:])
+    assert stream.output_ids == _solo(slots, SHORT[0], 80) and stream.stats.n_accepted > 0

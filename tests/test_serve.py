@@ -7,11 +7,13 @@ serving the bundled pair with two slots.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -191,7 +193,8 @@ def test_image_parts_and_echo_with_logprobs_are_400(client):
 
 def test_seed_minus_one_is_random_not_a_500(client):
     r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=4, temperature=0.8, seed=-1)
-    assert r.usage.completion_tokens == 4
+    # Served, not a 500: a random draw may end at <eos> before 4 tokens (it did, once in many runs).
+    assert 1 <= r.usage.completion_tokens <= 4 and r.choices[0].finish_reason in ("length", "stop")
 
 
 def test_logprobs_and_echo_on_completions(client, target):
@@ -430,3 +433,59 @@ def test_a_role_that_cannot_load_is_reported_by_health(tmp_path):
     finally:
         s.server.should_exit = True
         s.thread.join(30)
+
+
+def test_a_disconnect_during_another_prompts_prefill_frees_everything(server, monkeypatch):
+    """Stream A hangs up while B's long prompt is being prefilled inside the steps (the engine is held
+    between two of B's chunks until A is gone): A's slot is freed, B's answer is plain decoding's, and
+    nothing is left behind."""
+    long_prompt = (Path(os.__file__).parent / "textwrap.py").read_text(encoding="utf-8")[:1200]
+    # The module's server: a step takes at most 256 tokens of one prompt (the default --prefill-cap).
+    worker = next(iter(server.app.state.workers.values()))
+    engine = worker.engine
+    held, resume = threading.Event(), threading.Event()
+    step = engine.step
+
+    def held_step() -> None:  # instrumentation, between steps: A decodes until B arrives, then B is held half in
+        deadline = time.time() + 30
+        while engine._running and not held.is_set() and worker.active < 2 and time.time() < deadline:
+            time.sleep(0.005)
+        if engine._running and engine._prefilling and engine.target.seq_len[engine._prefilling[0].seq] > 0 \
+                and not held.is_set():
+            held.set()
+            resume.wait(30)
+        step()
+
+    monkeypatch.setattr(engine, "step", held_step)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    cancelled = count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"')
+    answers: list[dict] = []
+
+    def long_request() -> None:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": long_prompt, "max_tokens": 16, "temperature": 0},
+                       headers=headers, timeout=120)
+        answers.append(r.json())
+
+    body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        lines = r.iter_lines()  # held, so that leaving the loop does not close the stream
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["choices"]:
+                break  # A is streaming
+        b = threading.Thread(target=long_request)
+        b.start()
+        assert held.wait(30) and engine._prefilling  # B is half prefilled
+    deadline = time.time() + 10  # A has hung up: the server notices while the engine is held, and queues the cancel
+    while worker._inbox.empty() and time.time() < deadline:
+        time.sleep(0.02)
+    resume.set()
+    b.join(60)
+    while (engine.running or worker.active) and time.time() < deadline + 10:
+        time.sleep(0.02)
+    assert engine.running == 0 and worker.active == 0
+    assert count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"') == cancelled + 1
+    ids = worker.target.tokenize(long_prompt + answers[0]["choices"][0]["text"])
+    assert ids[len(worker.target.tokenize(long_prompt)):] == plain_ids(worker.target, long_prompt, 16)
+    assert 'specstack_busy_slots{role="pycoder-6m"} 0.0' in httpx.get(server.url + "/metrics").text
+    again = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    assert again.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, temperature=0).usage.completion_tokens == 8

@@ -37,10 +37,26 @@ KeepGoing = Callable[[str, Sequence[float], float], bool]
 
 @dataclass(frozen=True, slots=True)
 class BatchLoad:
-    """What the other generations already put in this step: their rows and expected committed tokens."""
+    """What the other generations already put in this step: their rows and expected committed tokens.
+
+    With prompts waiting to be prefilled inside the step (a server's ``--batch-tokens``), draft rows and
+    prompt chunks share one token budget: ``free_rows`` draft rows fit beside this step's prompt chunks
+    (None: no prompt is waiting), and each draft row past them pushes one prompt token to a later step,
+    priced at ``displaced_s``, the seconds a prompt token takes to prefill.  That price is not spent in
+    this step; it is what a waiting request's first token is delayed by, so under a burst of prompts
+    a draft row must be worth more than the prompt token it displaces and drafting shrinks.
+    """
 
     rows: tuple[int, ...] = ()
     tokens: float = 0.0
+    free_rows: int | None = None
+    displaced_s: float = 0.0
+
+    def displacement_s(self, draft_rows: int) -> float:
+        """What ``draft_rows`` drafted rows cost in prompt tokens pushed to a later step."""
+        if self.free_rows is None or draft_rows <= self.free_rows:
+            return 0.0
+        return (draft_rows - self.free_rows) * self.displaced_s
 
 
 SOLO = BatchLoad()

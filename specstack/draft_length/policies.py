@@ -213,7 +213,7 @@ class CostK(_Policy):
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        key = (name, tuple(sorted(load.rows)), round(load.tokens, 1))
+        key = (name, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows, round(load.displaced_s, 4))
         hit = self._best.get(key)
         if hit is None or self._steps - hit[1] >= 16:
             hit = (best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
@@ -224,8 +224,9 @@ class CostK(_Policy):
         return hit[0]
 
     def _step_cost(self, n: int, load: BatchLoad = SOLO) -> float:
-        """The step with this generation verifying n rows, plus the loop's per-step overhead."""
-        return self.costs.batch_s(load.rows + (n,)) + self._overhead_s
+        """The step with this generation verifying n rows, plus the loop's per-step overhead, plus the prompt
+        tokens its n - 1 draft rows push out of the step (``BatchLoad.displacement_s``)."""
+        return self.costs.batch_s(load.rows + (n,)) + self._overhead_s + load.displacement_s(n - 1)
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         if not self._sources:
