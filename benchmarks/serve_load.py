@@ -14,9 +14,11 @@ Workloads (``--workload``, comma-separated):
   the reply and a new user message and resends the whole conversation, as chat clients do. Each
   conversation opens with its own session line, so no two are alike and no prompt cache answers a
   turn it has not seen; ``--chat-check`` conversations are replayed alone afterwards, turn by turn.
-- ``burst``: the code streams run, and every ``--burst-every`` seconds ``--burst-size`` long prompts
-  (``--long-chars`` characters, each unique from its first line, ``--burst-n`` tokens) arrive at
-  once, whether or not the last burst is done. Reported apart: the streams, and the long prompts' TTFT.
+- ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it)
+  ``--burst-size`` long prompts (``--long-chars`` characters, each unique from its first line, so
+  no prompt cache holds them; ``--burst-n`` tokens) arrive at once, whether or not the last burst is
+  done. Reported apart: the streams (their ITL and stalls), and the long prompts' TTFT. Size bursts
+  to the machine: one that takes longer to prefill than ``--burst-every`` piles up behind the next.
 
 Modes:
 
@@ -31,7 +33,7 @@ Modes:
 - ``--url URL``: a server already running.
 
     python benchmarks/serve_load.py --peer llama-server --llama-sweep -m STANDIN -md DRAFT \\
-        --chat-template gemma --drafter draft-model --seconds 30 --json results.json
+        --chat-template gemma --drafter draft-model --seconds 20 --llama-sweep-seconds 15 --json results.json
     python benchmarks/serve_load.py --spawn specstack --clients 16 --seconds 120
     python benchmarks/serve_load.py --spawn llama-server --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT --llama-draft
     python benchmarks/serve_load.py --url http://127.0.0.1:8080 --clients 4
@@ -73,6 +75,7 @@ CHAT_TURNS = (
     "Suggest one improvement to the first part and show the changed code.",
 )
 STALE_RETRIES = 3
+START = time.perf_counter()
 QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
 
 
@@ -230,7 +233,13 @@ def wait_quiet(servers: list[Server], timeout: float = 900) -> None:
         time.sleep(1.0)
         if all(cpu_seconds(s.pid) - b < QUIET_CPU for s, b in zip(live, before)):
             return
-    print(f"WARNING: servers still busy after {timeout:.0f} s; measuring anyway", flush=True)
+    say(f"WARNING: servers still busy after {timeout:.0f} s; measuring anyway")
+
+
+def say(message: str) -> None:
+    """A progress line, stamped with the minutes and seconds since the start (for planning a run's length)."""
+    elapsed = int(time.perf_counter() - START)
+    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", flush=True)
 
 
 def rss_mb(pid: int | None) -> float:
@@ -628,12 +637,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return Plan(args, held_out_prompts(args.prompts), held_out_prompts())
 
 
-def prepare(server: Server, plan: Plan) -> None:
-    """Warm a server up with the code prompts alone, keeping its answers as the references."""
+def prepare(server: Server, plan: Plan, others: list[Server]) -> None:
+    """Warm a server up, let it settle (specstack measures a model it has not seen beside its first requests,
+    and its call shapes may change when that ends), then keep its answers to the code prompts alone as the
+    references."""
     t0 = time.perf_counter()
+    with_client(server.url, lambda c: solo_answers(c, plan.prompts[:1], plan.args.n))
+    wait_quiet([server, *others])
     plan.references[server.url] = with_client(server.url, lambda c: solo_answers(c, plan.prompts, plan.args.n))
-    print(f"{server.name}: {len(plan.references[server.url])} solo answers in {time.perf_counter() - t0:.1f} s "
-          f"({server.label})", flush=True)
+    say(f"{server.name}: warmed up, {len(plan.references[server.url])} solo answers, {time.perf_counter() - t0:.1f} s "
+        f"({server.label})")
 
 
 def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[LlamaSetting, list[dict[str, Any]]]:
@@ -646,7 +659,7 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
         try:
             server = spawn_llama(args, parallel, setting)
         except ServerFailed as exc:  # a setting this build or model refuses: reported, not fatal
-            print(f"llama-sweep {setting.label:22s}: did not start\n{exc}", flush=True)
+            say(f"llama-sweep {setting.label:22s}: did not start\n{exc}")
             continue
         try:
             with_client(server.url, lambda c: solo_answers(c, plan.prompts[:2], args.n))  # warm-up
@@ -656,8 +669,8 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
             server.stop()
         s = stats.summary()
         rows.append({"setting": setting.label, "flags": list(setting.flags), **s})
-        print(f"llama-sweep {setting.label:22s}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, ITL p50 "
-              f"{s['itl_p50_ms']:.1f} ms, {s['ok']} ok, {s['failures']} failures", flush=True)
+        say(f"llama-sweep {setting.label:22s}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, ITL p50 "
+            f"{s['itl_p50_ms']:.1f} ms, {s['ok']} ok, {s['failures']} failures")
     if not rows:
         raise ServerFailed("no llama-server setting started")
     ok = [r for r in rows if r["failures"] == 0 and r["ok"]] or rows
@@ -680,8 +693,8 @@ def check_chat_template(servers: list[Server]) -> None:
         with_client(server.url, lambda c: stream(chat(c, [{"role": "user", "content": "Hello."}], 1), stats))
         lengths[server.name] = stats.prompt_tokens[-1] if stats.prompt_tokens else None
     same = len(set(lengths.values())) == 1
-    print(f"chat template check: one user message is {lengths} prompt tokens"
-          f"{'' if same else ' -- WARNING: the servers format chats differently (--chat-template)'}", flush=True)
+    say(f"chat template check: one user message is {lengths} prompt tokens"
+        f"{'' if same else ' -- WARNING: the servers format chats differently (--chat-template)'}")
 
 
 def run_peer(args: argparse.Namespace) -> None:
@@ -698,15 +711,14 @@ def run_peer(args: argparse.Namespace) -> None:
     try:
         servers = [spawn_specstack(args, parallel), spawn_llama(args, parallel, setting)]
         for server in servers:
-            prepare(server, plan)
-            wait_quiet(servers)
+            prepare(server, plan, servers)
         if "chat" in workloads:
             check_chat_template(servers)
         for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
             for server in (servers if k % 2 == 0 else servers[::-1]):
                 wait_quiet(servers)
                 result = run_point(server, workload, clients, plan)
-                print(report(workload, clients, server.name, result), flush=True)
+                say(report(workload, clients, server.name, result))
                 for f in failures(result)[:5]:
                     print("  failure:", f)
                 rows.append(record(workload, clients, server, result))
@@ -736,11 +748,11 @@ def run_single(args: argparse.Namespace) -> None:
             server = (spawn_specstack(args, parallel) if args.spawn == SPECSTACK
                       else spawn_llama(args, parallel, fixed_llama_setting(args)))
         try:
-            prepare(server, plan)
+            prepare(server, plan, [])
             for workload in args.workload.split(","):
                 wait_quiet([server])
                 result = run_point(server, workload, clients, plan)
-                print(report(workload, clients, args.spawn or args.url, result), flush=True)
+                say(report(workload, clients, args.spawn or args.url, result))
                 for f in failures(result)[:5]:
                     print("  failure:", f)
                 rows.append(record(workload, clients, server, result))
@@ -783,12 +795,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=12, help="code prompts cycled")
     ap.add_argument("--chat-turns", type=int, default=4, help="turns per conversation")
     ap.add_argument("--chat-chars", type=int, default=900, help="characters of code in a chat message (the last ones)")
-    ap.add_argument("--chat-check", type=int, default=2,
+    ap.add_argument("--chat-check", type=int, default=1,
                     help="conversations per chat run replayed alone to check identical-to-solo (0: none)")
-    ap.add_argument("--burst-every", type=float, default=10, help="seconds between bursts")
-    ap.add_argument("--burst-size", type=int, default=3, help="long prompts per burst")
+    ap.add_argument("--burst-every", type=float, default=20,
+                    help="seconds between bursts, the first at half of it (default 20: one burst in a 20 s run)")
+    ap.add_argument("--burst-size", type=int, default=2, help="long prompts per burst (default 2)")
     ap.add_argument("--burst-n", type=int, default=8, help="tokens per long prompt")
-    ap.add_argument("--long-chars", type=int, default=6000, help="characters per long prompt (Gemma: ~1,700 tokens)")
+    ap.add_argument("--long-chars", type=int, default=5400, help="characters per long prompt (default 5400: about "
+                    "1,600 Gemma tokens)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write every result here")
     args = ap.parse_args(argv)
     if args.peer:
