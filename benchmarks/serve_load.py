@@ -14,11 +14,12 @@ Workloads (``--workload``, comma-separated):
   the reply and a new user message and resends the whole conversation, as chat clients do. Each
   conversation opens with its own session line, so no two are alike and no prompt cache answers a
   turn it has not seen; ``--chat-check`` conversations are replayed alone afterwards, turn by turn.
-- ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it)
-  ``--burst-size`` long prompts (``--long-chars`` characters, each unique from its first line, so
-  no prompt cache holds them; ``--burst-n`` tokens) arrive at once, whether or not the last burst is
-  done. Reported apart: the streams (their ITL and stalls), and the long prompts' TTFT. Size bursts
-  to the machine: one that takes longer to prefill than ``--burst-every`` piles up behind the next.
+- ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it;
+  default: one burst, mid-run) ``--burst-size`` long prompts (``--long-chars`` characters, each
+  unique from its first line, so no prompt cache holds them; ``--burst-n`` tokens) arrive at once,
+  whether or not the last burst is done. Reported apart: the streams (their ITL and stalls), and
+  the long prompts' TTFT. Size bursts to the machine: two 1,600-token prompts are about 22 s of
+  prefill for the Gemma 3 1B-shaped Q4_K_M stand-in at 2 threads (llama-server: ~148 tok/s).
 
 Modes:
 
@@ -33,7 +34,7 @@ Modes:
 - ``--url URL``: a server already running.
 
     python benchmarks/serve_load.py --peer llama-server --llama-sweep -m STANDIN -md DRAFT \\
-        --chat-template gemma --drafter draft-model --seconds 20 --llama-sweep-seconds 15 --json results.json
+        --chat-template gemma --drafter draft-model --seconds 15 --llama-sweep-seconds 10 --json results.json
     python benchmarks/serve_load.py --spawn specstack --clients 16 --seconds 120
     python benchmarks/serve_load.py --spawn llama-server --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT --llama-draft
     python benchmarks/serve_load.py --url http://127.0.0.1:8080 --clients 4
@@ -633,6 +634,11 @@ def record(workload: str, clients: int, server: Server, result: dict[str, Any]) 
 # -- modes -------------------------------------------------------------------------------------------
 
 
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=1))
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     return Plan(args, held_out_prompts(args.prompts), held_out_prompts())
 
@@ -651,7 +657,7 @@ def prepare(server: Server, plan: Plan, others: list[Server]) -> None:
 
 def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[LlamaSetting, list[dict[str, Any]]]:
     """Each llama-server setting on the code workload at ``--llama-sweep-clients``: the fastest without failures
-    wins. Each gets a fresh server with the main run's slots and two warm-up requests."""
+    wins. Each gets a fresh server with the main run's slots and a warm-up request."""
     rows = []
     sweep_args = argparse.Namespace(**{**vars(args), "seconds": args.llama_sweep_seconds})
     sweep_plan = dataclasses.replace(plan, args=sweep_args, references={})
@@ -662,7 +668,7 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
             say(f"llama-sweep {setting.label:22s}: did not start\n{exc}")
             continue
         try:
-            with_client(server.url, lambda c: solo_answers(c, plan.prompts[:2], args.n))  # warm-up
+            with_client(server.url, lambda c: solo_answers(c, plan.prompts[:1], args.n))  # warm-up
             wait_quiet([server])
             stats = with_client(server.url, lambda c: run_code(c, server, args.llama_sweep_clients, sweep_plan))["main"]
         finally:
@@ -708,8 +714,11 @@ def run_peer(args: argparse.Namespace) -> None:
         setting, sweep = llama_sweep(args, plan, parallel)
     servers: list[Server] = []
     rows: list[dict[str, Any]] = []
+    saved = {"args": vars(args), "llama_sweep": sweep, "llama_setting": dataclasses.asdict(setting),
+             "parallel": parallel, "results": rows}
     try:
         servers = [spawn_specstack(args, parallel), spawn_llama(args, parallel, setting)]
+        say(f"logs: {', '.join(str(s.log) for s in servers)}")
         for server in servers:
             prepare(server, plan, servers)
         if "chat" in workloads:
@@ -722,6 +731,7 @@ def run_peer(args: argparse.Namespace) -> None:
                 for f in failures(result)[:5]:
                     print("  failure:", f)
                 rows.append(record(workload, clients, server, result))
+                write_json(args.json, saved)  # after every run: an interrupted run keeps what it measured
     finally:
         for server in servers:
             server.stop()
@@ -730,9 +740,6 @@ def run_peer(args: argparse.Namespace) -> None:
           f"per run, {args.n} tokens per request\n")
     print(markdown(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "llama_sweep": sweep, "llama_setting":
-                                               dataclasses.asdict(setting), "parallel": parallel, "results": rows},
-                                              indent=1))
         print(f"\nwrote {args.json}")
 
 
@@ -756,10 +763,9 @@ def run_single(args: argparse.Namespace) -> None:
                 for f in failures(result)[:5]:
                     print("  failure:", f)
                 rows.append(record(workload, clients, server, result))
+                write_json(args.json, {"args": vars(args), "results": rows})
         finally:
             server.stop()
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": rows}, indent=1))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -797,8 +803,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chat-chars", type=int, default=900, help="characters of code in a chat message (the last ones)")
     ap.add_argument("--chat-check", type=int, default=1,
                     help="conversations per chat run replayed alone to check identical-to-solo (0: none)")
-    ap.add_argument("--burst-every", type=float, default=20,
-                    help="seconds between bursts, the first at half of it (default 20: one burst in a 20 s run)")
+    ap.add_argument("--burst-every", type=float, default=None,
+                    help="seconds between bursts, the first at half of it (default --seconds: one burst, mid-run)")
     ap.add_argument("--burst-size", type=int, default=2, help="long prompts per burst (default 2)")
     ap.add_argument("--burst-n", type=int, default=8, help="tokens per long prompt")
     ap.add_argument("--long-chars", type=int, default=5400, help="characters per long prompt (default 5400: about "
@@ -811,6 +817,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.workload.split(",")) - set(WORKLOADS)
     if unknown:
         ap.error(f"unknown workload {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
+    args.burst_every = args.burst_every or args.seconds
     if args.llama_sweep and not args.peer:
         ap.error("--llama-sweep goes with --peer")
     return args
