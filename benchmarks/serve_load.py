@@ -4,8 +4,9 @@ N concurrent clients (the official async ``openai`` client) stream greedy genera
 time. Each request reports time to first token (TTFT), inter-token latency (ITL: the mean gap
 between its tokens after the first, as specstack's /metrics and vLLM's TPOT define it) and its
 longest gap between two chunks (a stall). A 429 is counted and retried after its Retry-After;
-anything else is a failure. Outputs are checked against the same server's answer alone. Aggregate
-tok/s is completion tokens over wall time; requests started before the deadline run to their end.
+anything else is a failure. Outputs are checked against the same server's answer alone (not the
+burst's long prompts, each new). Aggregate tok/s is completion tokens over wall time; requests
+started before the deadline run to their end.
 
 Workloads (``--workload``, comma-separated):
 
@@ -370,8 +371,8 @@ async def stream(start: Callable[[], Awaitable[AsyncIterator]], stats: Stats) ->
             await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
             continue
         except openai.APIConnectionError as exc:
-            # A kept-alive connection the server had just closed (llama-server closes each after 100 requests)
-            # fails before any response; a client retries that. Anything else, or again and again, is a failure.
+            # A kept-alive connection the server closed just as it was reused fails before any response (llama-server:
+            # a few per hundred requests here); clients retry that. Anything else, or again and again, is a failure.
             if first is None and stale < STALE_RETRIES and "without sending a response" in str(exc.__cause__):
                 stale += 1
                 stats.reconnects += 1
@@ -395,6 +396,7 @@ async def stream(start: Callable[[], Awaitable[AsyncIterator]], stats: Stats) ->
 
 
 async def sample_rss(pid: int | None, stop: float, stats: Stats) -> None:
+    """The server's resident memory every 2 s of a run (a leak shows as a climb across runs)."""
     while time.perf_counter() < stop:
         stats.rss.append(rss_mb(pid))
         await asyncio.sleep(2)
@@ -422,6 +424,7 @@ class Conversation:
 
 
 def user_message(turn: int, tag: str, number: int, plan: Plan) -> str:
+    """Conversation ``number``'s user message at ``turn``: about held-out code cut from the bundled prompts."""
     chars = plan.args.chat_chars
     code = plan.pool[number % len(plan.pool)][-chars:]
     other = plan.pool[(number + 7) % len(plan.pool)][-chars:]
