@@ -1,13 +1,43 @@
-"""Load test for OpenAI-compatible servers: specstack serve, or llama-server on the same GGUFs.
+"""Load test for OpenAI-compatible servers: specstack serve against llama-server on the same GGUFs.
 
-N concurrent clients (the official async `openai` client) stream greedy completions of held-out
-prompts for a fixed time; each reports time to first token and inter-token latency (p50/p99). Every output is checked against the same server's answer to that prompt
-when it ran alone. A 429 is counted and retried after its Retry-After; anything else is a failure.
-The server's memory (RSS) is sampled throughout.
+N concurrent clients (the official async ``openai`` client) stream greedy generations for a fixed
+time. Each request reports time to first token (TTFT), inter-token latency (ITL: the mean gap
+between its tokens after the first, as specstack's /metrics and vLLM's TPOT define it) and its
+longest gap between two chunks (a stall). A 429 is counted and retried after its Retry-After;
+anything else is a failure. Outputs are checked against the same server's answer alone (not the
+burst's long prompts, each new). Aggregate tok/s is completion tokens over wall time; requests
+started before the deadline run to their end.
 
+Workloads (``--workload``, comma-separated):
+
+- ``code``: held-out code prompts on /v1/completions, cycled.
+- ``chat``: each client holds multi-turn conversations on /v1/chat/completions; every turn appends
+  the reply and a new user message and resends the whole conversation, as chat clients do. Each
+  conversation opens with its own session line, so no two are alike and no prompt cache answers a
+  turn it has not seen; ``--chat-check`` conversations are replayed alone afterwards, turn by turn.
+- ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it;
+  default: one burst, mid-run) ``--burst-size`` long prompts (``--long-chars`` characters, each
+  unique from its first line, so no prompt cache holds them; ``--burst-n`` tokens) arrive at once,
+  whether or not the last burst is done. Reported apart: the streams (their ITL and stalls), and
+  the long prompts' TTFT. Size bursts to the machine: two 1,600-token prompts are about 22 s of
+  prefill for the Gemma 3 1B-shaped Q4_K_M stand-in at 2 threads (llama-server: ~148 tok/s).
+
+Modes:
+
+- ``--peer llama-server``: specstack and llama-server on the same -m/-md, both started once with
+  as many slots as the largest client count (plus a burst's prompts), both left running; for each
+  client count and workload each server runs in turn, the order swapped every other point, and no
+  point starts before both are idle (no CPU use for a second; specstack's first-run measurement of
+  a model done). ``--llama-sweep`` first tries llama-server's draft settings (draft model at
+  ``--spec-draft-n-max`` 2/4/8, every n-gram ``--spec-type`` this build has, none) on the code
+  workload and keeps the fastest.
+- ``--spawn specstack|llama-server``: one server, started anew for each client count (slots = clients).
+- ``--url URL``: a server already running.
+
+    python benchmarks/serve_load.py --peer llama-server --llama-sweep -m STANDIN -md DRAFT \\
+        --chat-template gemma --drafter draft-model --seconds 15 --llama-sweep-seconds 10 --json results.json
     python benchmarks/serve_load.py --spawn specstack --clients 16 --seconds 120
-    python benchmarks/serve_load.py --spawn specstack --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT
-    python benchmarks/serve_load.py --spawn llama-server --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT
+    python benchmarks/serve_load.py --spawn llama-server --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT --llama-draft
     python benchmarks/serve_load.py --url http://127.0.0.1:8080 --clients 4
 """
 
@@ -15,19 +45,82 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import httpx
 import openai
 
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
+
+T = TypeVar("T")
+SPECSTACK = "specstack"
+LLAMA = "llama-server"
+WORKLOADS = ("code", "chat", "burst")
+API_KEY = os.environ.get("SPECSTACK_API_KEY", "none")
+CHAT_TURNS = (
+    "Session {tag}. Explain what this code does:\n\n```python\n{code}\n```",
+    "Now write a unit test for the last function in it.",
+    "Here is another part of the same project:\n\n```python\n{other}\n```\n\nHow do the two parts fit together?",
+    "Suggest one improvement to the first part and show the changed code.",
+)
+STALE_RETRIES = 3
+START = time.perf_counter()
+QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
+
+
+class ServerFailed(RuntimeError):
+    """A server exited or never answered /health; the message holds its command and the end of its log."""
+
+
+# -- servers -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A server under test: spawned here (``proc`` and a log file) or already running (``--url``)."""
+
+    name: str
+    url: str
+    label: str = ""  # its settings, for the report
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log is not None and self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass(frozen=True)
+class LlamaSetting:
+    """A llama-server speculation setting: its name in reports and its flags."""
+
+    label: str
+    flags: tuple[str, ...]
 
 
 def free_port() -> int:
@@ -36,31 +129,119 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args, parallel: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    if args.spawn == "specstack":
-        cmd = [sys.executable, "-m", "specstack", "serve", "--port", str(port), "-np", str(parallel), "-m", args.model,
-               "-md", args.model_draft, "-t", str(args.threads), "--drafter", args.drafter, "--max-queue", "64"]
-    else:
-        from specstack.bench.peers import DEFAULT_BIN_DIR
+def llama_binary() -> Path:
+    from specstack.bench.peers import bin_dir
 
-        binary = Path(os.environ.get("SPECSTACK_LLAMA_BINS", DEFAULT_BIN_DIR)) / "llama-server"
-        cmd = [str(binary), "-m", args.model, "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
-               "-t", str(args.threads), "-c", str(512 * parallel), "--temp", "0", *args.llama_args.split()]
-        if args.model_draft and args.llama_draft:
-            cmd += ["-md", args.model_draft]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
+    return bin_dir() / "llama-server"
+
+
+def trained_context(model: str) -> int:
+    """The GGUF's trained context (``ARCH.context_length``), 0 when it does not say."""
+    import gguf
+
+    reader = gguf.GGUFReader(model)
+    for key, f in reader.fields.items():
+        if key.endswith(".context_length"):
+            return int(f.parts[-1][0])
+    return 0
+
+
+def slot_context(args: argparse.Namespace) -> int:
+    """Context per slot for both servers: ``--ctx``, else specstack's default (4096, or the trained context if
+    shorter). llama-server's ``-c`` is the total, divided among its slots, so it gets this times the slots."""
+    if args.ctx:
+        return args.ctx
+    trained = trained_context(args.model)
+    return min(4096, trained) if trained else 4096
+
+
+def specstack_command(args: argparse.Namespace, parallel: int, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "specstack", "serve", "--port", str(port), "-np", str(parallel), "-m", args.model,
+           "-md", args.model_draft, "-t", str(args.threads), "--drafter", args.drafter, "--max-queue", "64",
+           "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram)]
+    if args.chat_template:
+        cmd += ["--chat-template", args.chat_template]
+    return cmd + args.specstack_args.split()
+
+
+def chat_template_flags(template: str | None) -> list[str]:
+    """llama-server's flags for a chat template. A built-in name needs ``--no-jinja``: with Jinja on (this
+    build's default) ``--chat-template gemma`` is taken as a Jinja template whose whole text is 'gemma'."""
+    if not template:
+        return []
+    if Path(template).is_file():
+        return ["--chat-template-file", template]
+    return ["--no-jinja", "--chat-template", template]
+
+
+def llama_command(args: argparse.Namespace, parallel: int, port: int, spec: list[str]) -> list[str]:
+    return [str(llama_binary()), "-m", args.model, "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
+            "-t", str(args.threads), "-c", str(slot_context(args) * parallel), "--cache-ram", str(args.cache_ram),
+            "--temp", "0", *chat_template_flags(args.chat_template), *spec, *args.llama_args.split()]
+
+
+def spawn(name: str, cmd: list[str], port: int, label: str = "") -> Server:
+    """Start a server with its output in a log file and wait until /health answers 200."""
+    log = Path(tempfile.mkstemp(prefix=f"serve_load-{name}-", suffix=".log")[1])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(name, f"http://127.0.0.1:{port}", label, proc, log)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"{args.spawn} did not become healthy: {' '.join(cmd)}")
+    server.stop()
+    tail = "\n".join(server.log_text().splitlines()[-20:])
+    raise ServerFailed(f"{name} did not become healthy: {' '.join(cmd)}\n{tail}")
+
+
+def spawn_specstack(args: argparse.Namespace, parallel: int) -> Server:
+    port = free_port()
+    return spawn(SPECSTACK, specstack_command(args, parallel, port), port,
+                 f"--drafter {args.drafter} {args.specstack_args}".strip())
+
+
+def spawn_llama(args: argparse.Namespace, parallel: int, setting: LlamaSetting) -> Server:
+    port = free_port()
+    return spawn(LLAMA, llama_command(args, parallel, port, list(setting.flags)), port, setting.label)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measuring(server: Server) -> bool:
+    """Whether specstack is still measuring a model it has not seen (``draft_length.background``): it then uses
+    idle time, and would take the cores from the other server's run."""
+    text = server.log_text()
+    return "first run of" in text and "specstack: measured" not in text and "WARNING: measuring" not in text
+
+
+def wait_quiet(servers: list[Server], timeout: float = 900) -> None:
+    """Wait until no server is doing background work: specstack's measurement done, and no CPU use for a second."""
+    live = [s for s in servers if s.pid is not None and s.proc.poll() is None]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(s.name == SPECSTACK and measuring(s) for s in live):
+            time.sleep(1)
+            continue
+        before = [cpu_seconds(s.pid) for s in live]
+        time.sleep(1.0)
+        if all(cpu_seconds(s.pid) - b < QUIET_CPU for s, b in zip(live, before)):
+            return
+    say(f"WARNING: servers still busy after {timeout:.0f} s; measuring anyway")
+
+
+def say(message: str) -> None:
+    """A progress line, stamped with the minutes and seconds since the start (for planning a run's length)."""
+    elapsed = int(time.perf_counter() - START)
+    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", flush=True)
 
 
 def rss_mb(pid: int | None) -> float:
@@ -75,69 +256,64 @@ def rss_mb(pid: int | None) -> float:
     return 0.0
 
 
-async def one(client: openai.AsyncOpenAI, prompt: str, n: int, stats: dict) -> str | None:
-    """One streamed greedy completion: its text, with latency, time to first token and inter-token latency
-    (the mean gap between its tokens after the first, as specstack's /metrics defines it) in ``stats``."""
-    while True:
-        t0 = time.perf_counter()
-        first = None
-        parts: list[str] = []
-        tokens = 0
-        try:
-            stream = await client.completions.create(model="default", prompt=prompt, max_tokens=n, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True})
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    if choice.text:
-                        first = first or time.perf_counter()
-                        parts.append(choice.text)
-        except openai.RateLimitError as exc:
-            stats["429"] += 1
-            await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
-            continue
-        except Exception as exc:  # a real failure
-            stats["failures"].append(repr(exc)[:200])
-            return None
-        end = time.perf_counter()
-        tokens = tokens or len(parts)  # a server without stream usage: one token per chunk
-        stats["latency"].append(end - t0)
-        stats["tokens"] += tokens
-        if first is not None:
-            stats["ttft"].append(first - t0)
-            if tokens > 1:
-                stats["itl"].append((end - first) / (tokens - 1))
-        return "".join(parts)
+# -- llama-server's speculation settings -------------------------------------------------------------
 
 
-async def load(url: str, clients: int, seconds: float, n: int, prompts: list[str], reference: dict[str, str],
-               pid: int | None) -> dict:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=os.environ.get("SPECSTACK_API_KEY", "none"), max_retries=0,
-                                timeout=600)
-    stats = {"429": 0, "failures": [], "latency": [], "ttft": [], "itl": [], "tokens": 0, "identical": 0, "checked": 0,
-             "rss": []}
-    stop = time.perf_counter() + seconds
+def ngram_types() -> list[str]:
+    """The n-gram ``--spec-type`` values this llama-server build lists in its --help."""
+    text = subprocess.run([str(llama_binary()), "--help"], capture_output=True, text=True, timeout=60).stdout
+    match = re.search(r"^--spec-type (\S+)", text, re.MULTILINE)
+    return [t for t in match.group(1).split(",") if t.startswith("ngram-")] if match else []
 
-    async def user(i: int) -> None:
-        j = i
-        while time.perf_counter() < stop:
-            p = prompts[j % len(prompts)]
-            j += clients
-            text = await one(client, p, n, stats)
-            if text is not None:
-                stats["checked"] += 1
-                stats["identical"] += text == reference[p]
 
-    async def sample() -> None:
-        while time.perf_counter() < stop:
-            stats["rss"].append(rss_mb(pid))
-            await asyncio.sleep(2)
+def llama_settings(args: argparse.Namespace) -> list[LlamaSetting]:
+    """What ``--llama-sweep`` tries: no speculation, the draft model at each n_max, each n-gram type alone."""
+    settings = [LlamaSetting("none", ())]
+    for n_max in args.llama_n_max:
+        settings.append(LlamaSetting(f"draft-simple n_max {n_max}", ("-md", args.model_draft, "--spec-type",
+                                                                     "draft-simple", "--spec-draft-n-max", str(n_max))))
+    settings += [LlamaSetting(t, ("--spec-type", t)) for t in ngram_types()]
+    return settings
 
-    t0 = time.perf_counter()
-    await asyncio.gather(sample(), *(user(i) for i in range(clients)))
-    stats["wall"] = time.perf_counter() - t0
-    return stats
+
+def fixed_llama_setting(args: argparse.Namespace) -> LlamaSetting:
+    """llama-server's setting without a sweep: ``--llama-args``, with the draft model if ``--llama-draft``."""
+    flags = ("-md", args.model_draft) if args.llama_draft else ()
+    return LlamaSetting(" ".join([*flags, args.llama_args]).strip() or "no speculation", flags)
+
+
+# -- requests ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    """One (workload, clients, server) run's raw numbers; ``summary`` reduces them."""
+
+    ok: int = 0
+    rate_limited: int = 0
+    reconnects: int = 0
+    failures: list[str] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    stall: list[float] = field(default_factory=list)
+    tokens: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
+    identical: int = 0
+    checked: int = 0
+    rss: list[float] = field(default_factory=list)
+    wall: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        rss = self.rss or [0.0]
+        return {"ok": self.ok, "429": self.rate_limited, "reconnects": self.reconnects, "failures": len(self.failures),
+                "tok_s": self.tokens / self.wall if self.wall else 0.0, "tokens": self.tokens, "wall_s": self.wall,
+                "ttft_p50_ms": 1000 * pct(self.ttft, 0.5), "ttft_p99_ms": 1000 * pct(self.ttft, 0.99),
+                "itl_p50_ms": 1000 * pct(self.itl, 0.5), "itl_p99_ms": 1000 * pct(self.itl, 0.99),
+                "stall_p99_ms": 1000 * pct(self.stall, 0.99), "latency_p50_s": pct(self.latency, 0.5),
+                "prompt_tokens_mean": sum(self.prompt_tokens) / len(self.prompt_tokens) if self.prompt_tokens else 0,
+                "identical": self.identical, "checked": self.checked,
+                "rss_mb": {"start": rss[0], "max": max(rss), "end": rss[-1]}}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -146,52 +322,516 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
 
 
-def report(name: str, clients: int, s: dict) -> str:
-    rss = s["rss"] or [0.0]
-    return (f"{name:14s} clients {clients:3d}: {len(s['latency'])} ok, {s['429']} x 429 (retried), "
-            f"{len(s['failures'])} failures; {s['tokens'] / s['wall']:.1f} tok/s aggregate; latency p50 "
-            f"{pct(s['latency'], 0.5):.2f} s p95 {pct(s['latency'], 0.95):.2f} s; TTFT p50 {1000 * pct(s['ttft'], 0.5):.0f} "
-            f"ms p99 {1000 * pct(s['ttft'], 0.99):.0f} ms; ITL p50 {1000 * pct(s['itl'], 0.5):.1f} ms p99 "
-            f"{1000 * pct(s['itl'], 0.99):.1f} ms; identical to solo {s['identical']}/{s['checked']}; "
-            f"RSS {rss[0]:.0f} -> max {max(rss):.0f} -> {rss[-1]:.0f} MB")
+def new_client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
 
 
-def main() -> None:
+def completion(client: openai.AsyncOpenAI, prompt: str, n: int) -> Callable[[], Awaitable[AsyncIterator]]:
+    return lambda: client.completions.create(model="default", prompt=prompt, max_tokens=n, temperature=0, stream=True,
+                                             stream_options={"include_usage": True})
+
+
+def chat(client: openai.AsyncOpenAI, messages: list[dict[str, str]], n: int) -> Callable[[], Awaitable[AsyncIterator]]:
+    return lambda: client.chat.completions.create(model="default", messages=messages, max_tokens=n, temperature=0,
+                                                  stream=True, stream_options={"include_usage": True})
+
+
+def chunk_text(chunk: Any) -> str:
+    """The text a streamed chunk carries, completions (``text``) or chat (``delta.content``)."""
+    parts = []
+    for choice in chunk.choices:
+        delta = getattr(choice, "delta", None)
+        parts.append((delta.content if delta is not None else choice.text) or "")
+    return "".join(parts)
+
+
+async def stream(start: Callable[[], Awaitable[AsyncIterator]], stats: Stats) -> str | None:
+    """One streamed request: its text, with its latency, TTFT, ITL and longest gap in ``stats``; None if it failed."""
+    stale = 0
+    while True:
+        t0 = time.perf_counter()
+        first = last = None
+        gap = 0.0
+        parts: list[str] = []
+        tokens = 0
+        try:
+            async for chunk in await start():
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+                    stats.prompt_tokens.append(chunk.usage.prompt_tokens)
+                text = chunk_text(chunk)
+                if text:
+                    now = time.perf_counter()
+                    first = first or now
+                    gap = max(gap, now - last) if last is not None else gap
+                    last = now
+                    parts.append(text)
+        except openai.RateLimitError as exc:
+            stats.rate_limited += 1
+            await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
+            continue
+        except openai.APIConnectionError as exc:
+            # A kept-alive connection the server closed just as it was reused fails before any response (llama-server:
+            # a few per hundred requests here); clients retry that. Anything else, or again and again, is a failure.
+            if first is None and stale < STALE_RETRIES and "without sending a response" in str(exc.__cause__):
+                stale += 1
+                stats.reconnects += 1
+                continue
+            stats.failures.append(f"{exc!r} ({exc.__cause__!r})"[:200])
+            return None
+        except Exception as exc:  # a real failure
+            stats.failures.append(repr(exc)[:200])
+            return None
+        end = time.perf_counter()
+        tokens = tokens or len(parts)  # a server without stream usage: one token per chunk
+        stats.ok += 1
+        stats.latency.append(end - t0)
+        stats.tokens += tokens
+        if first is not None:
+            stats.ttft.append(first - t0)
+            stats.stall.append(gap)
+            if tokens > 1:
+                stats.itl.append((end - first) / (tokens - 1))
+        return "".join(parts)
+
+
+async def sample_rss(pid: int | None, stop: float, stats: Stats) -> None:
+    """The server's resident memory every 2 s of a run (a leak shows as a climb across runs)."""
+    while time.perf_counter() < stop:
+        stats.rss.append(rss_mb(pid))
+        await asyncio.sleep(2)
+
+
+# -- workloads ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What every run of a workload shares: the inputs, each server's solo answers, and the run's shape."""
+
+    args: argparse.Namespace
+    prompts: list[str]  # the code workload's
+    pool: list[str]  # every held-out prompt: chat code and long prompts are cut from it
+    references: dict[str, dict[str, str]] = field(default_factory=dict)  # server url -> prompt -> solo answer
+
+
+@dataclass
+class Conversation:
+    """A chat workload conversation: what each turn sent and what came back."""
+
+    number: int
+    turns: list[tuple[list[dict[str, str]], str]] = field(default_factory=list)
+
+
+def user_message(turn: int, tag: str, number: int, plan: Plan) -> str:
+    """Conversation ``number``'s user message at ``turn``: about held-out code cut from the bundled prompts."""
+    chars = plan.args.chat_chars
+    code = plan.pool[number % len(plan.pool)][-chars:]
+    other = plan.pool[(number + 7) % len(plan.pool)][-chars:]
+    return CHAT_TURNS[turn % len(CHAT_TURNS)].format(tag=tag, code=code, other=other)
+
+
+def long_prompt(plan: Plan, tag: str, j: int) -> str:
+    """The j-th long prompt of a burst run: held-out prompts joined to ``--long-chars``, after a line naming it,
+    so no cached prefix of any other prompt covers more than a few tokens of it."""
+    head = f"# request {tag}-{j}\n"
+    body, i = "", j
+    while len(body) < plan.args.long_chars:
+        body += plan.pool[i % len(plan.pool)] + "\n\n"
+        i += 1
+    return head + body[: plan.args.long_chars]
+
+
+async def closed_loop(clients: int, body: Callable[[int], Awaitable[None]]) -> None:
+    await asyncio.gather(*(body(i) for i in range(clients)))
+
+
+async def code_streams(client: openai.AsyncOpenAI, clients: int, stop: float, plan: Plan,
+                       reference: dict[str, str], stats: Stats) -> None:
+    """Each client cycles through the code prompts (client i starts at prompt i) until ``stop``."""
+
+    async def user(i: int) -> None:
+        j = i
+        while time.perf_counter() < stop:
+            p = plan.prompts[j % len(plan.prompts)]
+            j += clients
+            text = await stream(completion(client, p, plan.args.n), stats)
+            if text is not None and p in reference:
+                stats.checked += 1
+                stats.identical += text == reference[p]
+
+    await closed_loop(clients, user)
+
+
+async def run_code(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    stats = Stats()
+    stop = time.perf_counter() + plan.args.seconds
+    t0 = time.perf_counter()
+    await asyncio.gather(sample_rss(server.pid, stop, stats),
+                         code_streams(client, clients, stop, plan, plan.references.get(server.url, {}), stats))
+    stats.wall = time.perf_counter() - t0
+    return {"main": stats}
+
+
+async def run_chat(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """Client i holds conversations i, i + clients, ...; each turn resends the whole conversation."""
+    stats = Stats()
+    args = plan.args
+    stop = time.perf_counter() + args.seconds
+    done: list[Conversation] = []
+
+    async def user(i: int) -> None:
+        number = i
+        while time.perf_counter() < stop:
+            talk = Conversation(number)
+            messages: list[dict[str, str]] = []
+            for turn in range(args.chat_turns):
+                if time.perf_counter() >= stop:
+                    break
+                text = user_message(turn, f"{clients}.{number}", number, plan)
+                messages = messages + [{"role": "user", "content": text}]
+                reply = await stream(chat(client, messages, args.n), stats)
+                if reply is None:
+                    break
+                talk.turns.append((messages, reply))
+                messages = messages + [{"role": "assistant", "content": reply}]
+            done.append(talk)
+            number += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(sample_rss(server.pid, stop, stats), closed_loop(clients, user))
+    stats.wall = time.perf_counter() - t0
+    return {"main": stats, "conversations": sorted(done, key=lambda c: c.number)}
+
+
+async def run_burst(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """The code streams, and bursts of long prompts at fixed times (open loop: both servers get the same bursts)."""
+    streams, long = Stats(), Stats()
+    args = plan.args
+    start = time.perf_counter()
+    stop = start + args.seconds
+
+    async def bursts() -> None:
+        tasks, m = [], 0
+        while (at := start + args.burst_every * (m + 0.5)) < stop:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            prompts = [long_prompt(plan, f"{clients}.{m}", j) for j in range(args.burst_size)]
+            tasks += [asyncio.create_task(stream(completion(client, p, args.burst_n), long)) for p in prompts]
+            m += 1
+        await asyncio.gather(*tasks)
+
+    await asyncio.gather(sample_rss(server.pid, stop, streams), bursts(),
+                         code_streams(client, clients, stop, plan, plan.references.get(server.url, {}), streams))
+    streams.wall = long.wall = time.perf_counter() - start
+    return {"main": streams, "long": long}
+
+
+RUNNERS = {"code": run_code, "chat": run_chat, "burst": run_burst}
+
+
+async def solo_answers(client: openai.AsyncOpenAI, prompts: list[str], n: int) -> dict[str, str]:
+    """Each code prompt's answer with the server otherwise idle: the reference for identical-to-solo. Also warms
+    the server up (its first requests, and a host prompt cache both servers then hold alike)."""
+    answers = {}
+    for p in prompts:
+        text = await stream(completion(client, p, n), Stats())
+        if text is not None:
+            answers[p] = text
+    return answers
+
+
+async def check_chat(client: openai.AsyncOpenAI, conversations: list[Conversation], limit: int, n: int,
+                     stats: Stats) -> None:
+    """Replay the first ``limit`` conversations' turns alone, each with the messages it was sent under load."""
+    for talk in [c for c in conversations if c.turns][:limit]:
+        for messages, reply in talk.turns:
+            alone = await stream(chat(client, messages, n), Stats())
+            stats.checked += 1
+            stats.identical += alone == reply
+
+
+def with_client(url: str, work: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> T:
+    """Run ``work`` on a fresh event loop with a client closed before the loop ends (else httpx's cleanup fails
+    on a closed loop and prints tracebacks)."""
+    async def main() -> T:
+        async with new_client(url) as client:
+            return await work(client)
+
+    return asyncio.run(main())
+
+
+def run_point(server: Server, workload: str, clients: int, plan: Plan) -> dict[str, Any]:
+    """One timed run; a chat run's conversations are then checked (untimed)."""
+    result = with_client(server.url, lambda c: RUNNERS[workload](c, server, clients, plan))
+    if workload == "chat" and plan.args.chat_check:
+        with_client(server.url, lambda c: check_chat(c, result["conversations"], plan.args.chat_check, plan.args.n,
+                                                     result["main"]))
+    return result
+
+
+# -- reports -----------------------------------------------------------------------------------------
+
+
+def report(workload: str, clients: int, name: str, result: dict[str, Any]) -> str:
+    s = result["main"].summary()
+    check = f"identical to solo {s['identical']}/{s['checked']}" if s["checked"] else "identity not checked"
+    line = (f"{workload:5s} {name:12s} clients {clients:3d}: {s['ok']} ok, {s['429']} x 429 (retried), "
+            f"{s['reconnects']} stale connections (retried), {s['failures']} failures; {s['tok_s']:.1f} tok/s "
+            f"aggregate; TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms; ITL p50 {s['itl_p50_ms']:.1f} "
+            f"ms p99 {s['itl_p99_ms']:.1f} ms; stall p99 {s['stall_p99_ms']:.0f} ms; {check}; "
+            f"RSS {s['rss_mb']['start']:.0f} -> max {s['rss_mb']['max']:.0f} MB")
+    if "long" in result:
+        g = result["long"].summary()
+        line += (f"\n      long prompts: {g['ok']} ok, {g['failures']} failures, {g['prompt_tokens_mean']:.0f} prompt "
+                 f"tokens each; TTFT p50 {g['ttft_p50_ms']:.0f} ms p99 {g['ttft_p99_ms']:.0f} ms")
+    return line
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    return [f for key in ("main", "long") if key in result for f in result[key].failures]
+
+
+def pair(a: dict[str, Any], b: dict[str, Any], key: str, digits: int = 0) -> str:
+    """``a``'s and ``b``'s p50 / p99 of one latency (ms), as two table cells."""
+    def cell(s: dict[str, Any]) -> str:
+        return f"{s[key + '_p50_ms']:.{digits}f} / {s[key + '_p99_ms']:.{digits}f}"
+
+    return f"{cell(a)} | {cell(b)}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """workload x clients: both servers' tok/s and ratio, TTFT and ITL p50/p99 (ms); burst's long prompts apart."""
+    by = {(r["workload"], r["clients"], r["server"]): r for r in rows}
+    points = sorted({(r["workload"], r["clients"]) for r in rows}, key=lambda p: (WORKLOADS.index(p[0]), p[1]))
+    out = ["| workload | clients | specstack tok/s | llama-server tok/s | ratio | TTFT p50 / p99 ms specstack | "
+           "llama-server | ITL p50 / p99 ms specstack | llama-server | identical to solo s / l |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for w, c in points:
+        a, b = by[(w, c, SPECSTACK)]["main"], by[(w, c, LLAMA)]["main"]
+        ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("nan")
+        same = (f"{a['identical']}/{a['checked']} / {b['identical']}/{b['checked']}" if a["checked"] or b["checked"]
+                else "not checked")
+        out.append(f"| {w} | {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {ratio:.2f}x | {pair(a, b, 'ttft')} | "
+                   f"{pair(a, b, 'itl', 1)} | {same} |")
+    bursts = [p for p in points if p[0] == "burst"]
+    if bursts:
+        out += ["", "| burst, clients | long-prompt TTFT p50 / p99 ms specstack | llama-server | stream stall p99 ms "
+                "specstack | llama-server | long prompt tokens |", "|---|---|---|---|---|---|"]
+        for w, c in bursts:
+            a, b = by[(w, c, SPECSTACK)], by[(w, c, LLAMA)]
+            out.append(f"| {c} | {pair(a['long'], b['long'], 'ttft')} | {a['main']['stall_p99_ms']:.0f} | "
+                       f"{b['main']['stall_p99_ms']:.0f} | {a['long']['prompt_tokens_mean']:.0f} |")
+    return "\n".join(out)
+
+
+def record(workload: str, clients: int, server: Server, result: dict[str, Any]) -> dict[str, Any]:
+    """A run as JSON: summaries, and the raw per-request numbers."""
+    row: dict[str, Any] = {"workload": workload, "clients": clients, "server": server.name, "settings": server.label}
+    for key in ("main", "long"):
+        if key in result:
+            row[key] = result[key].summary()
+            row[key + "_raw"] = dataclasses.asdict(result[key])
+    return row
+
+
+# -- modes -------------------------------------------------------------------------------------------
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=1))
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    return Plan(args, held_out_prompts(args.prompts), held_out_prompts())
+
+
+def prepare(server: Server, plan: Plan, others: list[Server]) -> None:
+    """Warm a server up, let it settle (specstack measures a model it has not seen beside its first requests,
+    and its call shapes may change when that ends), then keep its answers to the code prompts alone as the
+    references."""
+    t0 = time.perf_counter()
+    with_client(server.url, lambda c: solo_answers(c, plan.prompts[:1], plan.args.n))
+    wait_quiet([server, *others])
+    plan.references[server.url] = with_client(server.url, lambda c: solo_answers(c, plan.prompts, plan.args.n))
+    say(f"{server.name}: warmed up, {len(plan.references[server.url])} solo answers, {time.perf_counter() - t0:.1f} s "
+        f"({server.label})")
+
+
+def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[LlamaSetting, list[dict[str, Any]]]:
+    """Each llama-server setting on the code workload at ``--llama-sweep-clients``: the fastest without failures
+    wins. Each gets a fresh server with the main run's slots and a warm-up request."""
+    rows = []
+    sweep_args = argparse.Namespace(**{**vars(args), "seconds": args.llama_sweep_seconds})
+    sweep_plan = dataclasses.replace(plan, args=sweep_args, references={})
+    for setting in llama_settings(args):
+        try:
+            server = spawn_llama(args, parallel, setting)
+        except ServerFailed as exc:  # a setting this build or model refuses: reported, not fatal
+            say(f"llama-sweep {setting.label:22s}: did not start\n{exc}")
+            continue
+        try:
+            with_client(server.url, lambda c: solo_answers(c, plan.prompts[:1], args.n))  # warm-up
+            wait_quiet([server])
+            stats = with_client(server.url, lambda c: run_code(c, server, args.llama_sweep_clients, sweep_plan))["main"]
+        finally:
+            server.stop()
+        s = stats.summary()
+        rows.append({"setting": setting.label, "flags": list(setting.flags), **s})
+        say(f"llama-sweep {setting.label:22s}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, ITL p50 "
+            f"{s['itl_p50_ms']:.1f} ms, {s['ok']} ok, {s['failures']} failures")
+    if not rows:
+        raise ServerFailed("no llama-server setting started")
+    ok = [r for r in rows if r["failures"] == 0 and r["ok"]] or rows
+    best = max(ok, key=lambda r: r["tok_s"])
+    print(f"\nllama-server sweep at {args.llama_sweep_clients} clients, {args.llama_sweep_seconds:g} s each:\n\n"
+          "| setting | tok/s | TTFT p50 ms | ITL p50 ms | ok | failures |\n|---|---|---|---|---|---|")
+    for r in rows:
+        mark = " **(winner)**" if r is best else ""
+        print(f"| {r['setting']}{mark} | {r['tok_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['itl_p50_ms']:.1f} | "
+              f"{r['ok']} | {r['failures']} |")
+    print(f"\nwinner: {best['setting']} ({' '.join(best['flags']) or 'no speculation flags'})\n", flush=True)
+    return LlamaSetting(best["setting"], tuple(best["flags"])), rows
+
+
+def check_chat_template(servers: list[Server]) -> None:
+    """Warn if the servers format one chat message into different prompt lengths (different chat templates)."""
+    lengths = {}
+    for server in servers:
+        stats = Stats()
+        with_client(server.url, lambda c: stream(chat(c, [{"role": "user", "content": "Hello."}], 1), stats))
+        lengths[server.name] = stats.prompt_tokens[-1] if stats.prompt_tokens else None
+    same = len(set(lengths.values())) == 1
+    say(f"chat template check: one user message is {lengths} prompt tokens"
+        f"{'' if same else ' -- WARNING: the servers format chats differently (--chat-template)'}")
+
+
+def run_peer(args: argparse.Namespace) -> None:
+    plan = make_plan(args)
+    workloads = args.workload.split(",")
+    counts = [int(c) for c in args.sweep.split(",")]
+    parallel = max(counts) + (args.burst_size if "burst" in workloads else 0)
+    sweep: list[dict[str, Any]] = []
+    setting = fixed_llama_setting(args)
+    if args.llama_sweep:
+        setting, sweep = llama_sweep(args, plan, parallel)
+    servers: list[Server] = []
+    rows: list[dict[str, Any]] = []
+    saved = {"args": vars(args), "llama_sweep": sweep, "llama_setting": dataclasses.asdict(setting),
+             "parallel": parallel, "results": rows}
+    try:
+        servers = [spawn_specstack(args, parallel), spawn_llama(args, parallel, setting)]
+        say(f"logs: {', '.join(str(s.log) for s in servers)}")
+        for server in servers:
+            prepare(server, plan, servers)
+        if "chat" in workloads:
+            check_chat_template(servers)
+        for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
+            for server in (servers if k % 2 == 0 else servers[::-1]):
+                wait_quiet(servers)
+                result = run_point(server, workload, clients, plan)
+                say(report(workload, clients, server.name, result))
+                for f in failures(result)[:5]:
+                    print("  failure:", f)
+                rows.append(record(workload, clients, server, result))
+                write_json(args.json, saved)  # after every run: an interrupted run keeps what it measured
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"\nspecstack: {servers[0].label}; llama-server: {servers[1].label}; "
+          f"{parallel} slots each, {slot_context(args)} positions per slot, {args.threads} threads, {args.seconds:g} s "
+          f"per run, {args.n} tokens per request\n")
+    print(markdown(rows))
+    if args.json:
+        print(f"\nwrote {args.json}")
+
+
+def run_single(args: argparse.Namespace) -> None:
+    """``--spawn`` (a fresh server per client count, slots = clients) or ``--url``."""
+    plan = make_plan(args)
+    counts = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.clients]
+    rows = []
+    for clients in counts:
+        server = Server(args.url or "", args.url or "")
+        if args.spawn:
+            parallel = clients if args.sweep else args.parallel
+            server = (spawn_specstack(args, parallel) if args.spawn == SPECSTACK
+                      else spawn_llama(args, parallel, fixed_llama_setting(args)))
+        try:
+            prepare(server, plan, [])
+            for workload in args.workload.split(","):
+                wait_quiet([server])
+                result = run_point(server, workload, clients, plan)
+                say(report(workload, clients, args.spawn or args.url, result))
+                for f in failures(result)[:5]:
+                    print("  failure:", f)
+                rows.append(record(workload, clients, server, result))
+                write_json(args.json, {"args": vars(args), "results": rows})
+        finally:
+            server.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", help="an already running server")
-    ap.add_argument("--spawn", choices=("specstack", "llama-server"), help="start this server for the run")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--url", help="an already running server")
+    mode.add_argument("--spawn", choices=(SPECSTACK, LLAMA), help="start this server for each client count")
+    mode.add_argument("--peer", choices=(LLAMA,), help="specstack against this server, interleaved, in one run")
     ap.add_argument("-m", "--model", default=str(DEFAULT_TARGET))
     ap.add_argument("-md", "--model-draft", default=str(DEFAULT_DRAFT))
     ap.add_argument("--drafter", default="prompt-lookup", help="specstack's default drafter")
+    ap.add_argument("--specstack-args", default="", help="extra specstack serve flags, e.g. '--exact off'")
     ap.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. '--spec-draft-n-max 8'")
     ap.add_argument("--llama-draft", action="store_true", help="give llama-server the draft model (-md)")
+    ap.add_argument("--llama-sweep", action="store_true",
+                    help="with --peer: first try llama-server's speculation settings and keep the fastest")
+    ap.add_argument("--llama-n-max", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 8],
+                    help="--spec-draft-n-max values the sweep tries (default 2,4,8)")
+    ap.add_argument("--llama-sweep-clients", type=int, default=4)
+    ap.add_argument("--llama-sweep-seconds", type=float, default=20)
+    ap.add_argument("--chat-template", default=None, help="both servers' chat template: a llama.cpp built-in name "
+                    "(gemma, chatml, ...) or a Jinja file")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=0,
+                    help="context per slot, both servers (default: 4096, or the trained context if shorter)")
+    ap.add_argument("--cache-ram", type=int, default=512, help="MiB of host prompt cache, both servers (default 512)")
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--sweep", default=None, help="comma-separated client counts; slots = clients")
-    ap.add_argument("--parallel", type=int, default=4, help="server slots without --sweep")
-    ap.add_argument("--seconds", type=float, default=120)
-    ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=12)
-    args = ap.parse_args()
-    prompts = held_out_prompts(args.prompts)
-    runs = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.clients]
-    for clients in runs:
-        proc = None
-        url = args.url
-        if args.spawn:
-            proc, url = spawn(args, clients if args.sweep else args.parallel)
-        try:
-            ref_client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get("SPECSTACK_API_KEY", "none"), timeout=600)
-            reference = {p: ref_client.completions.create(model="default", prompt=p, max_tokens=args.n, temperature=0)
-                         .choices[0].text for p in prompts}
-            stats = asyncio.run(load(url, clients, args.seconds, args.n, prompts, reference, proc.pid if proc else None))
-            print(report(args.spawn or url, clients, stats), flush=True)
-            for f in stats["failures"][:5]:
-                print("  failure:", f)
-        finally:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+    ap.add_argument("--sweep", default=None, help="comma-separated client counts (--peer: default 1,2,4,8)")
+    ap.add_argument("--parallel", type=int, default=4, help="server slots with --spawn and without --sweep")
+    ap.add_argument("--workload", default=None, help="comma-separated: code, chat, burst (default: code; --peer: all)")
+    ap.add_argument("--seconds", type=float, default=120, help="each run's length")
+    ap.add_argument("-n", type=int, default=64, help="tokens per request (chat: per turn)")
+    ap.add_argument("--prompts", type=int, default=12, help="code prompts cycled")
+    ap.add_argument("--chat-turns", type=int, default=4, help="turns per conversation")
+    ap.add_argument("--chat-chars", type=int, default=900, help="characters of code in a chat message (the last ones)")
+    ap.add_argument("--chat-check", type=int, default=1,
+                    help="conversations per chat run replayed alone to check identical-to-solo (0: none)")
+    ap.add_argument("--burst-every", type=float, default=None,
+                    help="seconds between bursts, the first at half of it (default --seconds: one burst, mid-run)")
+    ap.add_argument("--burst-size", type=int, default=2, help="long prompts per burst (default 2)")
+    ap.add_argument("--burst-n", type=int, default=8, help="tokens per long prompt")
+    ap.add_argument("--long-chars", type=int, default=5400, help="characters per long prompt (default 5400: about "
+                    "1,600 Gemma tokens)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write every result here")
+    args = ap.parse_args(argv)
+    if args.peer:
+        args.sweep = args.sweep or "1,2,4,8"
+    args.workload = args.workload or (",".join(WORKLOADS) if args.peer else "code")
+    unknown = set(args.workload.split(",")) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workload {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
+    args.burst_every = args.burst_every or args.seconds
+    if args.llama_sweep and not args.peer:
+        ap.error("--llama-sweep goes with --peer")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        run_peer(args) if args.peer else run_single(args)
+    except ServerFailed as exc:
+        raise SystemExit(str(exc)) from None
 
 
 if __name__ == "__main__":
