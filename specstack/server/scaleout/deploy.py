@@ -11,9 +11,11 @@ runs ``create_app`` (the same routes as the single-process server) over
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from ray import serve
 from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestRouterConfig
 
 from ...target import default_threads
-from ..app import Limits, create_app
+from ..app import Limits, create_app, error
 from ..roles import Role
 from .metrics_merge import merge
 from .remote import RemoteRole
@@ -41,11 +43,27 @@ class Ingress:
     def __init__(self, roles: list[Role], limits: Limits, api_key: str | None, max_queue: int,
                  handles: dict[str, Any]) -> None:
         self.roles, self.limits, self.api_key, self.max_queue, self.handles = roles, limits, api_key, max_queue, handles
+        self.front: InFlight | None = None
 
     def __serve_build_asgi_app__(self) -> Any:
         backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
-        return create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=backends,
-                          render_metrics=self.render_metrics)
+        self.front = InFlight(create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=backends,
+                                         render_metrics=self.render_metrics), self.limits.retry_after_s)
+        return self.front
+
+    async def drain(self) -> int:
+        """Refuse new requests, and wait (up to ``--timeout``, else 600 s) until every request this ingress holds
+        has ended; returns how many are left.
+
+        Run before the application is deleted: deleting stops the role replicas once their own requests end, and
+        a request still queued here for a slot (past the replicas' ``max_ongoing_requests``) would then wait for a
+        replica that never comes, until Serve gives up on the deletion."""
+        assert self.front is not None
+        self.front.draining = True
+        deadline = time.monotonic() + (self.limits.timeout_s or 600)
+        while self.front.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self.front.active
 
     async def render_metrics(self) -> bytes:
         """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role."""
@@ -53,6 +71,29 @@ class Ingress:
         for handle in self.handles.values():
             texts.update(await handle.all_metrics.remote())
         return merge(texts)
+
+
+class InFlight:
+    """ASGI wrapper of the ingress's app: counts HTTP requests until their response has been sent (a stream's
+    ``[DONE]`` included), and once ``draining`` answers new ones 503 with ``Retry-After`` in the API's error shape
+    (so the drain ends under a steady load, and /health tells load balancers to go elsewhere)."""
+
+    def __init__(self, app: Any, retry_after_s: int) -> None:
+        self.app, self.retry_after_s = app, retry_after_s
+        self.active, self.draining = 0, False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan: the app's own start-up and shutdown
+            return await self.app(scope, receive, send)
+        if self.draining:
+            refusal = error(503, "the server is shutting down; retry on another server or later", "server_error",
+                            code="shutting_down", headers={"Retry-After": str(self.retry_after_s)})
+            return await refusal(scope, receive, send)
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
 
 
 def application(roles: list[Role], limits: Limits, api_key: str | None = None, max_queue: int = 16,
@@ -116,8 +157,17 @@ def start(app: Any, address: str | None, host: str, port: int, num_cpus: int | N
 
 
 def stop(own: bool) -> None:
-    """Drain: Serve stops routing, waits for in-flight requests (up to each deployment's graceful timeout)."""
+    """Drain, then stop: the ingress refuses new requests (503) and waits for every request it holds, queued ones
+    included (``Ingress.drain``); then the application is deleted (Serve's proxy answers 404) and, if started here,
+    Serve and Ray stop."""
     try:
+        try:
+            left = serve.get_app_handle(APP).drain.remote().result()
+            if left:
+                print(f"specstack serve --ray: {left} request(s) still running after the drain timeout; stopping them",
+                      flush=True)
+        except Exception as exc:  # an ingress already gone: nothing of ours to wait for
+            print(f"specstack serve --ray: could not drain the ingress ({type(exc).__name__}: {exc})", flush=True)
         serve.delete(APP)
         if own:
             serve.shutdown()
