@@ -81,3 +81,44 @@ def test_metrics_merge_labels_each_replica_and_sums_a_total():
     assert 'specstack_generation_tokens_total{replica="total",role="m"} 7.0' in out
     assert 'specstack_ttft_bucket{le="1.0",replica="total",role="m"} 2.0' in out
     assert "_created" not in out
+
+
+def test_a_draining_front_waits_for_requests_in_flight_and_refuses_new_ones():
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'specstack[ray]' (CI does)")
+    import asyncio
+
+    from specstack.server.scaleout.deploy import InFlight
+
+    async def run() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def app(scope, receive, send):  # a response still being sent (a stream, or a request queued for a slot)
+            started.set()
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        def sink(into: list):
+            async def send(message):
+                into.append(message)
+            return send
+
+        front, scope = InFlight(app, retry_after_s=3), {"type": "http", "method": "POST", "path": "/v1/completions",
+                                                         "headers": []}
+        served, refused = [], []
+        task = asyncio.create_task(front(scope, receive, sink(served)))
+        await started.wait()
+        assert front.active == 1
+        front.draining = True
+        await front(scope, receive, sink(refused))
+        assert refused[0]["status"] == 503 and (b"retry-after", b"3") in refused[0]["headers"]
+        assert json.loads(refused[1]["body"])["error"]["code"] == "shutting_down"
+        assert front.active == 1  # the request in flight still counts until its response is sent
+        release.set()
+        await task
+        assert front.active == 0 and served[0]["status"] == 200
+
+    asyncio.run(run())
