@@ -148,12 +148,25 @@ def _log_path(base: Path | None, role: Role) -> str | None:
 def start(app: Any, address: str | None, host: str, port: int, num_cpus: int | None = None) -> bool:
     """Connect to ``address`` (or start a local Ray instance), then run the application; returns whether
     this process started Ray (and so must stop it)."""
+    own = connect(address, num_cpus)
+    run(app, host, port)
+    return own
+
+
+def connect(address: str | None, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local instance (returns True: this process must stop it).
+
+    ``ray.init`` replaces the SIGTERM handler with one that exits at once: a command's own handler goes after."""
     own = address is None
     ray.init(address=address, include_dashboard=False if own else None, num_cpus=num_cpus if own else None,
              logging_level="warning")
+    return own
+
+
+def run(app: Any, host: str, port: int) -> None:
+    """Start Serve's HTTP proxy on ``host:port`` and deploy the application (returns once it is running)."""
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=APP, route_prefix="/", blocking=False)
-    return own
 
 
 def stop(own: bool) -> None:
@@ -176,11 +189,16 @@ def stop(own: bool) -> None:
 
 
 def run_until_signal(app: Any, address: str | None, host: str, port: int) -> int:
-    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here)."""
+    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here).
+
+    The handlers go in right after ``ray.init`` (whose own would exit at once), before the deployment: the
+    application answers requests a little before ``serve.run`` returns, and a signal in that window must drain
+    too (it is acted on as soon as the deployment returns)."""
     done = threading.Event()
-    own = start(app, address, host, port)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler would end us at once
+    own = connect(address)
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    run(app, host, port)
     print(f"specstack serve --ray: http://{host}:{port}/ on Ray {'(started here)' if own else 'at ' + address}",
           flush=True)
     done.wait()
