@@ -5,23 +5,28 @@ in a private temporary folder, no dashboard, a small object store), waits for /h
 every replica to report in /metrics, warms it up, runs the load with the official async `openai` client
 (streamed, greedy), then stops it with SIGTERM. The script and its servers run the specstack of the checkout
 the script is in (its root goes first on sys.path and on the servers' PYTHONPATH, which Ray's workers inherit),
-not whichever one is installed.
+not whichever one is installed. Each run also reports the cores its engines, Serve's HTTP front (proxy and
+ingress), the rest of Ray and this client kept busy: on a small machine they compete for the same cores.
 
 Parts (--part, default all):
 
 - throughput: the same closed load (--clients streams of held-out code prompts for --seconds) on 1 replica
   and on 2 replicas of --threads threads each, plus the single-process server as a reference row;
-  aggregate tok/s and the ratio to 1 replica (goal: 2 replicas >= 1.8x).
+  aggregate tok/s and the ratio to 1 replica (goal: 2 replicas >= 1.8x). With the bundled 6M-parameter
+  pair a token costs the engine so little that the HTTP path (proxy, ingress, one SSE chunk per token)
+  is the bottleneck; a model whose decoding dominates (-m gemma-3-270m-q4_k_m.gguf) measures the engines.
 - routing: --sessions users on 2 replicas, each running multi-turn chats back to back for --seconds (every
   turn resends the whole history under the chat's x-session-id), under --routing prefix, session and pow2;
   prefix reuse (the share of prompt tokens not prefilled, from each response's
   speculative.reused_prompt_tokens), TTFT p50/p99 and aggregate tok/s (goal: reuse >= 90% with prefix).
+  "Resent history" is the share of prompt tokens that repeat the chat's previous turn: what a perfect
+  per-chat cache would skip (the first turns, and the bundled model's 512 positions, bound it).
 - suffix: a repetitive workload (--suffix-prompts code prompts asked --rounds times, in shuffled rounds,
   drafter suffix) on 1 replica that sees every request, and on 2 replicas with and without shared suffix
   statistics; acceptance (accepted / drafted) and tok/s of the repeat rounds (goal: shared reaches the
   1-replica acceptance).
-- drain: SIGTERM to `specstack serve --ray` while a stream is in flight: does the stream still end with
-  its finish chunk and [DONE], all its tokens, and does the server exit 0.
+- drain: SIGTERM to `specstack serve --ray` with --drain-streams long streams on 2 slots (one queued): does
+  every stream still end with its finish chunk, [DONE] and all its tokens, and does the server exit 0.
 
     python benchmarks/scaleout.py --part all --json scaleout.json
     python benchmarks/scaleout.py --part throughput --seconds 60 --clients 4
@@ -137,6 +142,11 @@ class Server:
         else:
             print(f"  server log kept: {self.log_path}", flush=True)
 
+    def measured(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
+        """Run a load on this server, with the cores each part of the stack used (``measured``)."""
+        assert self.proc is not None
+        return measured(self.url, self.proc.pid, fn, *args)
+
     def stop(self, timeout: float = 120) -> None:
         """SIGTERM and wait: the server drains in-flight requests, then (under --ray) stops its Ray."""
         if self.proc is None or self.proc.poll() is not None:
@@ -175,6 +185,60 @@ def replica_ids(metrics: str) -> set[str]:
     return set(re.findall(r'replica="([^"]+)"', metrics)) - {"total"}
 
 
+# -- where the CPU goes -------------------------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> dict[int, tuple[int, str]]:
+    """``root`` and its descendants: pid -> (parent pid, command line)."""
+    procs: dict[int, tuple[int, str]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                procs[int(d.name)] = (ppid, (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in procs and pid not in tree:
+            tree[pid] = procs[pid]
+            todo += [p for p, (pp, _) in procs.items() if pp == pid]
+    return tree
+
+
+def kind(cmdline: str) -> str:
+    """Which part of the serving stack a process is: the engines (role replicas), Serve's HTTP front (proxy and
+    ingress), or the rest of Ray (controller, raylet, GCS, the driver). The single-process server is all
+    "engines": its HTTP front runs in the engine's process."""
+    if "ray::" in cmdline:
+        if ":role-" in cmdline:
+            return "engines"
+        return "front" if ":ingress" in cmdline or "ProxyActor" in cmdline else "ray"
+    return "engines" if " serve " in cmdline and "--ray" not in cmdline else "ray"
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server's process tree, by ``kind``, and of this client."""
+    out = {"engines": 0.0, "front": 0.0, "ray": 0.0}
+    for pid, (_, cmdline) in process_tree(root).items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[kind(cmdline)] += (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+    t = os.times()
+    out["client"] = t.user + t.system
+    return out
+
+
+def cpu_cores(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Cores each kind kept busy on average over ``wall`` seconds."""
+    return {k: (after[k] - before[k]) / wall if wall else 0.0 for k in after}
+
+
 # -- one request ----------------------------------------------------------------------------------------------
 
 
@@ -201,6 +265,7 @@ class Stats:
     accepted: int = 0
     history: int = 0  # routing: prompt tokens that resend the chat's previous turn (what a cache could skip)
     rate_limited: int = 0
+    differ: int = 0  # throughput: outputs unlike an earlier run's for the same prompt (see ``closed_load``)
     wall: float = 0.0
     ttft: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -238,13 +303,10 @@ def client_for(url: str) -> openai.AsyncOpenAI:
 
 
 async def call(client: openai.AsyncOpenAI, stats: Stats, n: int, prompt: str | None = None,
-               messages: list[dict[str, str]] | None = None, session: str | None = None,
-               spec: dict[str, Any] | None = None) -> Reply | None:
+               messages: list[dict[str, str]] | None = None, session: str | None = None) -> Reply | None:
     """One streamed greedy completion (``prompt``) or chat turn (``messages``); a 429 waits its Retry-After and
     retries, any other error is a failure (None). TTFT is client-side: the first chunk with text."""
     extra = {"extra_headers": {"x-session-id": session}} if session else {}
-    if spec:
-        extra["extra_body"] = {"speculative": spec}
     common = dict(model="default", max_tokens=n, temperature=0, stream=True, stream_options={"include_usage": True},
                   **extra)
     while True:
@@ -283,25 +345,43 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
 
 
-async def warm_up(url: str, count: int) -> None:
+async def warm_up(client: openai.AsyncOpenAI, count: int) -> None:
     """A few short requests, not measured, so every replica has run (and its cost curve is loaded) before the
     clock starts. Short prompts (< 32 tokens) hold no routable prefix, and their outputs are not the workload's."""
-    client = client_for(url)
     scratch = Stats()
     await asyncio.gather(*(call(client, scratch, 16, prompt=f"def warm_up_{i}(x):\n") for i in range(count)))
 
 
-def run_async(coro: Any) -> Any:
-    return asyncio.run(coro)
+def load(url: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``await fn(client, *args)`` with a client of its own, closed before its event loop ends."""
+
+    async def go() -> Any:
+        async with client_for(url) as client:
+            return await fn(client, *args)
+
+    return asyncio.run(go())
+
+
+def measured(url: str, pid: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
+    """``load(url, fn, *args)`` and the cores each part of the stack (the server's process tree ``pid``, and this
+    client) kept busy meanwhile: on a machine with few cores the HTTP front and the client compete with the
+    engines, and this says how much."""
+    t0, before = time.perf_counter(), cpu_seconds(pid)
+    result = load(url, fn, *args)
+    return result, cpu_cores(before, cpu_seconds(pid), time.perf_counter() - t0)
 
 
 # -- part 1: throughput ---------------------------------------------------------------------------------------
 
 
-async def closed_load(url: str, clients: int, seconds: float, n: int, prompts: list[str],
+async def closed_load(client: openai.AsyncOpenAI, clients: int, seconds: float, n: int, prompts: list[str],
                       outputs: dict[str, str]) -> Stats:
-    """``clients`` users, each streaming the prompts in turn (offset by its index) until ``seconds`` pass."""
-    client, stats = client_for(url), Stats()
+    """``clients`` users, each streaming the prompts in turn (offset by its index) until ``seconds`` pass.
+
+    Each output is compared with the first output any run gave for its prompt: greedy outputs are the same
+    whatever the replica or the batch only in exact mode (``--exact`` on, or auto where it settles on), so a
+    difference is counted, not failed: it says the runs did not all decode exactly."""
+    stats = Stats()
     stop = time.perf_counter() + seconds
 
     async def user(i: int) -> None:
@@ -313,8 +393,7 @@ async def closed_load(url: str, clients: int, seconds: float, n: int, prompts: l
             if reply is not None:
                 stats.add(reply)
                 outputs.setdefault(p, reply.text)
-                if outputs[p] != reply.text:
-                    stats.failures.append(f"output differs from an earlier run's for prompt {prompts.index(p)}")
+                stats.differ += outputs[p] != reply.text
 
     t0 = time.perf_counter()
     await asyncio.gather(*(user(i) for i in range(clients)))
@@ -330,9 +409,9 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     prompts, outputs, rows = held_out_prompts(args.prompts), {}, []
     for setup in setups:
         with Server(setup, args, parallel=args.clients) as server:
-            run_async(warm_up(server.url, 2 * setup.replicas))
-            stats = run_async(closed_load(server.url, args.clients, args.seconds, args.n, prompts, outputs))
-        rows.append(row(setup, server, stats, clients=args.clients))
+            load(server.url, warm_up, 2 * setup.replicas)
+            stats, cpu = server.measured(closed_load, args.clients, args.seconds, args.n, prompts, outputs)
+        rows.append(row(setup, server, stats, cpu, clients=args.clients))
         print(line("throughput", rows[-1], stats), flush=True)
     base = rows[0]["tok_s"] or 1.0
     for r in rows:
@@ -340,23 +419,27 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def row(setup: Setup, server: Server, stats: Stats, **extra: Any) -> dict[str, Any]:
-    """A run's numbers, as the tables and --json carry them."""
+def row(setup: Setup, server: Server, stats: Stats, cpu: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """A run's numbers, as the tables and --json carry them (``cpu``: cores busy by part of the stack)."""
     return {"setup": setup.name, "ray": setup.ray, "replicas": setup.replicas if setup.ray else 1,
             "threads": setup.threads, "flags": list(setup.flags), "requests": stats.requests, "tokens": stats.tokens,
             "wall_s": stats.wall, "tok_s": stats.tok_s(), "ttft_p50_s": pct(stats.ttft, 0.5),
             "ttft_p99_s": pct(stats.ttft, 0.99), "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused,
             "reuse": stats.reuse(), "drafted": stats.drafted, "accepted": stats.accepted,
             "acceptance": stats.acceptance(), "split": stats.split(), "rate_limited": stats.rate_limited,
+            "outputs_differ": stats.differ,
             "failures": len(stats.failures), "failure_examples": stats.failures[:5], "start_s": server.start_s,
-            "stop_s": server.stop_s, "exit_code": server.returncode, **extra}
+            "stop_s": server.stop_s, "exit_code": server.returncode, "cpu_cores": cpu,
+            "cpu": " / ".join(f"{cpu.get(k, 0.0):.2f}" for k in ("engines", "front", "ray", "client")), **extra}
 
 
 def line(part: str, r: dict[str, Any], stats: Stats) -> str:
     text = (f"[{part}] {r['setup']}: {r['requests']} requests, {r['tok_s']:.1f} tok/s aggregate, TTFT p50 "
-            f"{1000 * r['ttft_p50_s']:.0f} ms p99 {1000 * r['ttft_p99_s']:.0f} ms, prompt reuse {100 * r['reuse']:.1f}%, "
+            f"{1000 * r['ttft_p50_s']:.0f} ms p99 {1000 * r['ttft_p99_s']:.0f} ms, "
+            f"prompt reuse {100 * r['reuse']:.1f}%, "
             f"acceptance {100 * r['acceptance']:.1f}%, replicas {r['split']}, {r['rate_limited']} x 429, "
-            f"{r['failures']} failures; start {r['start_s']:.1f} s, stop {r['stop_s']:.1f} s (exit {r['exit_code']})")
+            f"{r['failures']} failures; cores busy engines/front/ray/client {r['cpu']}; start {r['start_s']:.1f} s, "
+            f"stop {r['stop_s']:.1f} s (exit {r['exit_code']})")
     for f in stats.failures[:3]:
         text += f"\n  failure: {f}"
     return text
@@ -370,11 +453,11 @@ FOLLOW_UPS = ("Continue the code.", "Add a docstring.", "Handle the errors.", "W
               "Simplify it.", "Add type hints.", "Rename the variables.", "Make it faster.")
 
 
-async def chats(url: str, users: int, seconds: float, turns: int, n: int, snippets: list[str]) -> Stats:
+async def chats(client: openai.AsyncOpenAI, users: int, seconds: float, turns: int, n: int, snippets: list[str]) -> Stats:
     """``users`` users, each running chats of ``turns`` turns back to back until ``seconds`` pass (a chat in
     progress finishes its turns). Every chat has its own session id and opens with the shared system prompt and
     a numbered code snippet, so its first turn shares only the system prompt with earlier chats."""
-    client, stats = client_for(url), Stats()
+    stats = Stats()
     stop = time.perf_counter() + seconds
     counter = iter(range(1 << 30))
 
@@ -409,9 +492,9 @@ def part_routing(args: argparse.Namespace) -> list[dict[str, Any]]:
     for mode in args.routing:
         setup = Setup(f"2 replicas, --routing {mode}", replicas=2, threads=args.threads, flags=("--routing", mode))
         with Server(setup, args, parallel=args.parallel) as server:
-            run_async(warm_up(server.url, 4))
-            stats = run_async(chats(server.url, args.sessions, args.seconds, args.turns, args.chat_n, snippets))
-        rows.append(row(setup, server, stats, routing=mode, sessions=args.sessions, turns=args.turns,
+            load(server.url, warm_up, 4)
+            stats, cpu = server.measured(chats, args.sessions, args.seconds, args.turns, args.chat_n, snippets)
+        rows.append(row(setup, server, stats, cpu, routing=mode, sessions=args.sessions, turns=args.turns,
                         history_share=stats.history / stats.prompt_tokens if stats.prompt_tokens else 0.0))
         print(line("routing", rows[-1], stats) + f"; resent history {100 * rows[-1]['history_share']:.1f}% of prompt "
               "tokens", flush=True)
@@ -421,11 +504,11 @@ def part_routing(args: argparse.Namespace) -> list[dict[str, Any]]:
 # -- part 3: shared suffix statistics ---------------------------------------------------------------------------
 
 
-async def rounds(url: str, clients: int, prompts: list[str], count: int, n: int, seed: int) -> tuple[Stats, Stats]:
+async def rounds(client: openai.AsyncOpenAI, clients: int, prompts: list[str], count: int, n: int, seed: int) -> tuple[Stats, Stats]:
     """Every prompt once per round, in a shuffled order, over ``clients`` users; SETTLE_S between rounds, so every
     replica has pulled every earlier output before a prompt comes back (the steady state of a long run).
     Returns the first round's stats and the later rounds' (their wall: the rounds' own time, pauses left out)."""
-    client, first, later = client_for(url), Stats(), Stats()
+    first, later = Stats(), Stats()
     rng = random.Random(seed)
     for r in range(count):
         stats = first if r == 0 else later
@@ -461,8 +544,9 @@ def part_suffix(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for setup in setups:
         with Server(setup, args, parallel=args.clients) as server:
-            first, later = run_async(rounds(server.url, args.clients, prompts, args.rounds, args.suffix_n, args.seed))
-        rows.append(row(setup, server, later, first_round_acceptance=first.acceptance(),
+            (first, later), cpu = server.measured(rounds, args.clients, prompts, args.rounds, args.suffix_n,
+                                                  args.seed)
+        rows.append(row(setup, server, later, cpu, first_round_acceptance=first.acceptance(),
                         first_round_tok_s=first.tok_s(), rounds=args.rounds, prompts=len(prompts)))
         print(line("suffix", rows[-1], later) + f"; round 1: acceptance {100 * first.acceptance():.1f}%, "
               f"{first.tok_s():.1f} tok/s", flush=True)
@@ -482,7 +566,7 @@ def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
     streams: list[dict[str, Any]] = [{"first": threading.Event()} for _ in range(args.drain_streams)]
     late: dict[str, Any] = {}
     with Server(setup, args, parallel=2) as server:
-        run_async(warm_up(server.url, 1))
+        load(server.url, warm_up, 1)
         threads = [threading.Thread(target=drain_stream, args=(server.url, args.drain_n, i, s), daemon=True)
                    for i, s in enumerate(streams)]
         for t in threads:
@@ -578,11 +662,13 @@ COLUMNS: dict[str, list[Column]] = {
     "throughput": [("setup", "setup", str), ("requests", "requests", str), ("tok_s", "tok/s", "{:.1f}".format),
                    ("vs_1_replica", "x 1 replica", "{:.2f}".format), ("ttft_p50_s", "TTFT p50 ms", ms_text),
                    ("ttft_p99_s", "TTFT p99 ms", ms_text), ("acceptance", "acceptance", pct_text),
-                   ("split", "replica split %", str), ("failures", "failures", str)],
+                   ("split", "replica split %", str), ("cpu", "cores: engines/front/ray/client", str),
+                   ("outputs_differ", "outputs differ", str), ("failures", "failures", str)],
     "routing": [("routing", "routing", str), ("requests", "turns", str), ("reuse", "prefix reuse", pct_text),
                 ("history_share", "resent history", pct_text), ("ttft_p50_s", "TTFT p50 ms", ms_text),
                 ("ttft_p99_s", "TTFT p99 ms", ms_text), ("tok_s", "tok/s", "{:.1f}".format),
-                ("split", "replica split %", str), ("failures", "failures", str)],
+                ("split", "replica split %", str), ("cpu", "cores: engines/front/ray/client", str),
+                ("failures", "failures", str)],
     "suffix": [("setup", "setup", str), ("first_round_acceptance", "round 1 acceptance", pct_text),
                ("acceptance", "repeat acceptance", pct_text), ("tok_s", "repeat tok/s", "{:.1f}".format),
                ("first_round_tok_s", "round 1 tok/s", "{:.1f}".format), ("split", "replica split %", str),
@@ -623,9 +709,10 @@ def main() -> None:
     g = ap.add_argument_group("routing")
     g.add_argument("--routing", type=lambda s: s.split(","), default=["prefix", "session", "pow2"])
     g.add_argument("--sessions", type=int, default=8, help="concurrent chat users (default 8)")
-    g.add_argument("--turns", type=int, default=6, help="turns per chat; every turn resends the history (default 6)")
-    g.add_argument("--chat-n", type=int, default=24, help="tokens per answer (default 24: 6 turns fit 512 tokens)")
-    g.add_argument("--snippet-chars", type=int, default=300, help="code in each chat's first message (default 300)")
+    g.add_argument("--turns", type=int, default=8, help="turns per chat; every turn resends the history (default 8)")
+    g.add_argument("--chat-n", type=int, default=24,
+                   help="tokens per answer (default 24: 8 turns fit the bundled model's 512 positions)")
+    g.add_argument("--snippet-chars", type=int, default=240, help="code in each chat's first message (default 240)")
     g.add_argument("-np", "--parallel", type=int, default=4, help="slots per replica (default 4)")
     g = ap.add_argument_group("suffix")
     g.add_argument("--rounds", type=int, default=4, help="times each prompt is asked (default 4)")
