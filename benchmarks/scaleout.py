@@ -25,8 +25,8 @@ Parts (--part, default all):
   drafter suffix) on 1 replica that sees every request, and on 2 replicas with and without shared suffix
   statistics; acceptance (accepted / drafted) and tok/s of the repeat rounds (goal: shared reaches the
   1-replica acceptance).
-- drain: SIGTERM to `specstack serve --ray` with --drain-streams long streams on 2 slots (one queued): does
-  every stream still end with its finish chunk, [DONE] and all its tokens, and does the server exit 0.
+- drain: SIGTERM to `specstack serve --ray` with --drain-streams long streams on 2 slots (the others queued):
+  does every stream still end with its finish chunk, [DONE] and all its tokens, and does the server exit 0.
 
     python benchmarks/scaleout.py --part all --json scaleout.json
     python benchmarks/scaleout.py --part throughput --seconds 60 --clients 4
@@ -99,7 +99,7 @@ class Server:
         self.setup, self.args, self.parallel = setup, args, parallel
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.tmp = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths must be
+        self.tmp = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths have a length limit
         self.log_path = self.tmp / "server.log"
         self.proc: subprocess.Popen | None = None
         self.start_s = self.stop_s = 0.0
@@ -126,7 +126,7 @@ class Server:
         t0 = time.perf_counter()
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env(),
-                                         cwd=REPO)
+                                         cwd=REPO, start_new_session=True)  # its own group: see ``stop``
         try:
             wait_ready(self.url, self.setup.replicas if self.setup.ray else 0, self.proc)
         except BaseException:
@@ -148,7 +148,8 @@ class Server:
         return measured(self.url, self.proc.pid, fn, *args)
 
     def stop(self, timeout: float = 120) -> None:
-        """SIGTERM and wait: the server drains in-flight requests, then (under --ray) stops its Ray."""
+        """SIGTERM and wait: the server drains in-flight requests, then (under --ray) stops its Ray. One that does
+        not end in ``timeout`` is killed with its whole process group, so no Ray process of its outlives the run."""
         if self.proc is None or self.proc.poll() is not None:
             self.returncode = None if self.proc is None else self.proc.returncode
             return
@@ -157,7 +158,7 @@ class Server:
         try:
             self.returncode = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.returncode = self.proc.wait()
         self.stop_s = time.perf_counter() - t0
 
@@ -453,7 +454,8 @@ FOLLOW_UPS = ("Continue the code.", "Add a docstring.", "Handle the errors.", "W
               "Simplify it.", "Add type hints.", "Rename the variables.", "Make it faster.")
 
 
-async def chats(client: openai.AsyncOpenAI, users: int, seconds: float, turns: int, n: int, snippets: list[str]) -> Stats:
+async def chats(client: openai.AsyncOpenAI, users: int, seconds: float, turns: int, n: int,
+                snippets: list[str]) -> Stats:
     """``users`` users, each running chats of ``turns`` turns back to back until ``seconds`` pass (a chat in
     progress finishes its turns). Every chat has its own session id and opens with the shared system prompt and
     a numbered code snippet, so its first turn shares only the system prompt with earlier chats."""
@@ -504,7 +506,8 @@ def part_routing(args: argparse.Namespace) -> list[dict[str, Any]]:
 # -- part 3: shared suffix statistics ---------------------------------------------------------------------------
 
 
-async def rounds(client: openai.AsyncOpenAI, clients: int, prompts: list[str], count: int, n: int, seed: int) -> tuple[Stats, Stats]:
+async def rounds(client: openai.AsyncOpenAI, clients: int, prompts: list[str], count: int, n: int,
+                 seed: int) -> tuple[Stats, Stats]:
     """Every prompt once per round, in a shuffled order, over ``clients`` users; SETTLE_S between rounds, so every
     replica has pulled every earlier output before a prompt comes back (the steady state of a long run).
     Returns the first round's stats and the later rounds' (their wall: the rounds' own time, pauses left out)."""
@@ -557,13 +560,16 @@ def part_suffix(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """SIGTERM `specstack serve --ray` with --drain-streams long streams in flight on 2 slots (so one waits in the
-    queue): each should still end whole (finish chunk, [DONE], all its tokens) and the server exit 0.
+    """SIGTERM `specstack serve --ray` with --drain-streams long streams on 2 slots (the rest wait in the queue),
+    as soon as the first chunk of any arrives: each should still end whole (finish chunk, [DONE], all its tokens)
+    and the server exit 0.
 
-    Chunks arriving after the signal show the generations really were in flight. Also records what a request
-    sent during the drain gets (the docs say Serve's proxy answers 404)."""
+    A stream still running at the signal, or not yet started (queued), shows the check tested something; when
+    none was (a machine fast enough to finish them all first), the verdict is "inconclusive", not OK. Also
+    records what a request sent during the drain gets (503 while the ingress drains, then 404 from Serve)."""
     setup = Setup("ray, 1 replica, 2 slots: SIGTERM mid-stream", replicas=1, threads=args.threads)
-    streams: list[dict[str, Any]] = [{"first": threading.Event()} for _ in range(args.drain_streams)]
+    first = threading.Event()
+    streams: list[dict[str, Any]] = [{"first": first, "sent": threading.Event()} for _ in range(args.drain_streams)]
     late: dict[str, Any] = {}
     with Server(setup, args, parallel=2) as server:
         load(server.url, warm_up, 1)
@@ -571,8 +577,9 @@ def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
                    for i, s in enumerate(streams)]
         for t in threads:
             t.start()
-        streams[0]["first"].wait(120)
-        time.sleep(0.2)  # every request has reached the server: two in slots, the rest queued
+        for s in streams:
+            s["sent"].wait(60)
+        first.wait(120)
         t0 = time.perf_counter()
         server.proc.send_signal(signal.SIGTERM)
         late_request(server.url, late)
@@ -587,12 +594,23 @@ def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = [drain_row(setup, i, s, t0, args.drain_n, server, late) for i, s in enumerate(streams)]
     for r in rows:
         print(f"[drain] stream {r['stream']}: HTTP {r['status']}, {'[DONE]' if r['done'] else 'NO [DONE]'}, "
-              f"finish {r['finish_reason']}, "
-              f"{r['tokens']}/{args.drain_n} tokens, {r['chunks_after_sigterm']} chunks after SIGTERM, ended "
-              f"{r['stream_end_s']:.1f} s after it, error {r['error']}; server exit {r['exit_code']} after "
-              f"{r['exit_s']:.1f} s; a request sent during the drain: {r['request_during_drain']}; "
-              f"{'OK' if r['ok'] else 'FAILED'}", flush=True)
+              f"finish {r['finish_reason']}, {r['tokens']}/{args.drain_n} tokens, {r['chunks_after_sigterm']} chunks "
+              f"after SIGTERM ({'not started' if r['queued'] else 'streaming'} then), ended {r['stream_end_s']:.1f} s after "
+              f"it, error {r['error']}; {'whole' if r['whole'] else 'NOT WHOLE'}", flush=True)
+    verdict = drain_verdict(rows)
+    for r in rows:
+        r["ok"] = verdict
+    print(f"[drain] server exit {server.returncode} {server.stop_s:.1f} s after SIGTERM; a request sent during the "
+          f"drain: {late.get('status')}; {sum(r['in_flight'] for r in rows)} of {len(rows)} streams in flight at "
+          f"SIGTERM ({sum(r['queued'] for r in rows)} not started: queued, or prefilling): {verdict}", flush=True)
     return rows
+
+
+def drain_verdict(rows: list[dict[str, Any]]) -> str:
+    """OK: every stream whole and the server exited 0, with at least one stream in flight at the signal."""
+    if not all(r["whole"] for r in rows) or rows[0]["exit_code"] != 0:
+        return "FAILED"
+    return "OK" if any(r["in_flight"] for r in rows) else "inconclusive (no stream was in flight at SIGTERM)"
 
 
 def drain_stream(url: str, n: int, i: int, out: dict[str, Any]) -> None:
@@ -601,15 +619,18 @@ def drain_stream(url: str, n: int, i: int, out: dict[str, Any]) -> None:
             "stream_options": {"include_usage": True}, "speculative": {"drafter": "none"}}
     out["events"] = []
     try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
-            out["status"] = r.status_code
-            for x in r.iter_lines():
-                if x.startswith("data: "):
-                    out["events"].append((time.perf_counter(), x[6:]))
-                    out["first"].set()
+        with httpx.Client(timeout=300) as client:
+            out["sent"].set()  # the response (headers too) comes with the first token: "sent" is all we can know
+            with client.stream("POST", url + "/v1/completions", json=body) as r:
+                out["status"] = r.status_code
+                for x in r.iter_lines():
+                    if x.startswith("data: "):
+                        out["events"].append((time.perf_counter(), x[6:]))
+                        out["first"].set()
     except httpx.HTTPError as exc:
         out["exception"] = type(exc).__name__
-    out["first"].set()
+    finally:
+        out["sent"].set()
 
 
 def drain_row(setup: Setup, i: int, s: dict[str, Any], sigterm: float, n: int, server: Server,
@@ -625,7 +646,9 @@ def drain_row(setup: Setup, i: int, s: dict[str, Any], sigterm: float, n: int, s
          "stream_end_s": (events[-1][0] - sigterm) if events else 0.0,
          "error": next((c["error"] for c in chunks if "error" in c), None) or s.get("exception"),
          "exit_code": server.returncode, "exit_s": server.stop_s, "request_during_drain": late.get("status")}
-    r["ok"] = bool(r["done"] and r["finish_reason"] in ("length", "stop") and r["exit_code"] == 0)
+    r["in_flight"] = not events or events[-1][0] > sigterm
+    r["queued"] = not events or events[0][0] > sigterm  # no chunk before the signal: queued for a slot, or prefilling
+    r["whole"] = bool(r["done"] and r["finish_reason"] in ("length", "stop") and r["tokens"] == n)
     return r
 
 
@@ -672,12 +695,12 @@ COLUMNS: dict[str, list[Column]] = {
     "suffix": [("setup", "setup", str), ("first_round_acceptance", "round 1 acceptance", pct_text),
                ("acceptance", "repeat acceptance", pct_text), ("tok_s", "repeat tok/s", "{:.1f}".format),
                ("first_round_tok_s", "round 1 tok/s", "{:.1f}".format), ("split", "replica split %", str),
-               ("failures", "failures", str)],
+               ("cpu", "cores: engines/front/ray/client", str), ("failures", "failures", str)],
     "drain": [("stream", "stream", str), ("done", "[DONE]", str), ("finish_reason", "finish", str),
               ("tokens", "tokens", str), ("chunks_after_sigterm", "chunks after SIGTERM", str),
-              ("stream_end_s", "ended s after SIGTERM", "{:.1f}".format),
+              ("queued", "not started at SIGTERM", str), ("stream_end_s", "ended s after SIGTERM", "{:.1f}".format),
               ("exit_code", "exit", str), ("exit_s", "exit s", "{:.1f}".format),
-              ("request_during_drain", "request during drain", str), ("ok", "ok", str)],
+              ("request_during_drain", "request during drain", str), ("ok", "verdict", str)],
 }
 
 
@@ -724,7 +747,7 @@ def main() -> None:
     g.add_argument("--seed", type=int, default=0, help="the rounds' shuffles")
     g = ap.add_argument_group("drain")
     g.add_argument("--drain-n", type=int, default=400, help="tokens of each stream in flight at SIGTERM (default 400)")
-    g.add_argument("--drain-streams", type=int, default=3, help="streams in flight on 2 slots (default 3)")
+    g.add_argument("--drain-streams", type=int, default=4, help="streams in flight on 2 slots (default 4)")
     args = ap.parse_args()
     parts = list(PARTS) if args.part == "all" else [args.part]
     results: dict[str, list[dict[str, Any]]] = {}
