@@ -595,8 +595,9 @@ def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
     for r in rows:
         print(f"[drain] stream {r['stream']}: HTTP {r['status']}, {'[DONE]' if r['done'] else 'NO [DONE]'}, "
               f"finish {r['finish_reason']}, {r['tokens']}/{args.drain_n} tokens, {r['chunks_after_sigterm']} chunks "
-              f"after SIGTERM ({'not started' if r['queued'] else 'streaming'} then), ended {r['stream_end_s']:.1f} s after "
-              f"it, error {r['error']}; {'whole' if r['whole'] else 'NOT WHOLE'}", flush=True)
+              f"after SIGTERM ({'not started' if r['queued'] else 'streaming'} then), ended "
+              f"{r['stream_end_s']:.1f} s after it, error {r['error']}; {'whole' if r['whole'] else 'NOT WHOLE'}",
+              flush=True)
     verdict = drain_verdict(rows)
     for r in rows:
         r["ok"] = verdict
