@@ -10,7 +10,7 @@ from specstack.drafters.suffix import SuffixConfig, SuffixDrafter
 from specstack.errors import InvalidParameterError
 from specstack.server.scaleout.metrics_merge import merge
 from specstack.server.scaleout.prefix import CHUNK, chain, matched, published
-from specstack.server.scaleout.suffix_share import SuffixLog, feed, suffix_drafters
+from specstack.server.scaleout.suffix_share import BUDGET_TOKENS, OutputWindow, SuffixLog, feed, suffix_drafters
 
 
 def test_a_prefix_matches_by_whole_chunks_and_only_from_the_start():
@@ -47,6 +47,50 @@ def test_the_suffix_log_serves_deltas_and_reloads_its_checkpoint(tmp_path):
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(InvalidParameterError, match="not a specstack suffix log"):
         SuffixLog(str(path))
+
+
+def test_a_replica_keeps_the_outputs_it_pulled_within_the_logs_budget(monkeypatch):
+    import asyncio
+    import types
+
+    from specstack.server.scaleout import replica as replica_mod
+
+    assert OutputWindow().budget == SuffixLog().budget == BUDGET_TOKENS
+    window = OutputWindow(budget_tokens=10)
+    window.extend([([1, 2], [3, 4]), ([5], [6, 7])])
+    window.extend([([8, 9], [10, 11])])  # 11 tokens: the oldest goes, as in the log
+    assert list(window) == [([5], [6, 7]), ([8, 9], [10, 11])] and window.tokens == 7
+    window.extend([(list(range(20)), [1])])  # one output over the budget alone: kept, the others go
+    assert len(window) == 1
+
+    # a replica's pulls: whatever the log serves, what it keeps stays within the budget (the newest kept)
+    monkeypatch.setattr(replica_mod, "OutputWindow", lambda: OutputWindow(budget_tokens=100))
+    served = [("other", [i] * 5, [i] * 5) for i in range(50)]  # 500 tokens from another replica
+
+    async def since(version):
+        return len(served), served[version:]
+
+    class Bare(replica_mod.RoleReplica):  # no engine, no Serve: only what ``pull`` touches
+        def __init__(self) -> None:
+            pass
+
+        def __del__(self) -> None:
+            pass
+
+    async def run() -> None:
+        r = Bare()
+        r.id, r.role, r._loop = "me", types.SimpleNamespace(name="m"), asyncio.get_running_loop()
+        r._log = types.SimpleNamespace(since=types.SimpleNamespace(remote=since))
+        r.worker = types.SimpleNamespace(_drafters={}, on_engine_thread=lambda fn: fn())
+        r._shared = replica_mod.Gauge("shared", "h", ["role"], registry=replica_mod.ServerMetrics().registry)
+        r._version, r._pulled, r._remote_outputs, r._seeded = 0, 0, replica_mod.OutputWindow(), set()
+        assert await r.pull() == 50
+        served.extend(("other", [7], [7]) for _ in range(10))
+        assert await r.pull() == 10
+        assert r._remote_outputs.tokens <= 100 and list(r._remote_outputs)[-1] == ([7], [7])
+        assert r._shared.labels("m")._value.get() == 60  # the gauge counts every output pulled
+
+    asyncio.run(run())
 
 
 def test_another_replicas_output_feeds_the_suffix_trees_as_their_own_end_would():

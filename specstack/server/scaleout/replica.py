@@ -25,7 +25,7 @@ from ..metrics import ServerMetrics
 from ..roles import Role
 from ..worker import Job, QueueFull, RoleWorker
 from .prefix import published
-from .suffix_share import PULL_S, feed, suffix_drafters
+from .suffix_share import PULL_S, OutputWindow, feed, suffix_drafters
 
 SUFFIX_LOG = "suffix_log"  # the deployment-scoped actors' names
 BOARD = "metrics_board"
@@ -95,7 +95,8 @@ class RoleReplica:
         await asyncio.to_thread(self.worker.ready.wait)
         if self.worker.load_error:  # Serve reports the replica as failed, with this message
             raise RuntimeError(f"role {role.name!r} failed to load: {self.worker.load_error}")
-        self._version, self._remote_outputs = 0, []  # every output pulled, to seed drafters made later
+        self._version, self._pulled = 0, 0
+        self._remote_outputs = OutputWindow()  # the newest outputs pulled, to seed drafters made later
         self._seeded: set[int] = set()
         self._stats_version = 0
         self._puller = self._loop.create_task(self._pull_loop())
@@ -189,14 +190,16 @@ class RoleReplica:
         theirs = [(p, o) for origin, p, o in entries if origin != self.id]
         self._version = version
         self._remote_outputs.extend(theirs)
-        self._shared.labels(self.role.name).set(len(self._remote_outputs))
+        self._pulled += len(theirs)
+        self._shared.labels(self.role.name).set(self._pulled)
         done = asyncio.Event()
         self.worker.on_engine_thread(lambda: (self._apply(theirs), self._loop.call_soon_threadsafe(done.set)))
         await done.wait()
         return len(theirs)
 
     def _apply(self, new: list[tuple[list[int], list[int]]]) -> None:
-        """On the engine thread: new outputs into known drafters; every output so far into drafters made since."""
+        """On the engine thread: new outputs into known drafters; the newest kept (``OutputWindow``) into drafters
+        made since."""
         for drafter in suffix_drafters(self.worker._drafters.values()):
             for p, o in (new if id(drafter) in self._seeded else self._remote_outputs):
                 feed(drafter, p, o)
