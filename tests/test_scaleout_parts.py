@@ -29,6 +29,45 @@ def test_published_hashes_are_capped_newest_sequences_first():
     assert len(out) == 8 and out[:4] == chain(seqs[0])
 
 
+def test_replicas_matching_equally_go_by_queue_length_then_by_a_stable_hash():
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'specstack[ray]' (CI does)")
+    import asyncio
+    import types
+
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.request_router import ReplicaID
+
+    from specstack.server.scaleout.router import PrefixRouter
+
+    system = list(range(3 * CHUNK))  # a system prompt every replica holds: every request ties
+    deployment = DeploymentID(name="role-m", app_name="specstack")
+    replicas = [types.SimpleNamespace(replica_id=ReplicaID(unique_id=f"r{i}", deployment_id=deployment),
+                                      routing_stats={"version": 1, "prefixes": published([system])})
+                for i in range(4)]
+    lens: dict[str, int | None] = {r.replica_id.unique_id: 0 for r in replicas}
+
+    async def queue_lens(candidates):
+        return {r.replica_id: lens[r.replica_id.unique_id] for r in candidates}
+
+    router = PrefixRouter.__new__(PrefixRouter)  # only what ``_prefix_holder`` reads; no Serve
+    router._min_match, router._balance_abs, router._balance_rel = 2 * CHUNK, 2, 1.5
+    router._published, router._recent, router._queue_lens = {}, {}, queue_lens
+
+    def route(prompt: list[int]) -> str:
+        return asyncio.run(router._prefix_holder(replicas, chain(prompt))).replica_id.unique_id
+
+    prompts = [system + [1000 + i] * CHUNK for i in range(64)]
+    chosen = [route(p) for p in prompts]
+    assert set(chosen) == set(lens)  # equal queues: spread over every replica (all on one: p < 1e-7)
+    assert [route(p) for p in prompts] == chosen  # and the same prompt to the same replica
+    lens.update(r0=1, r1=1, r2=None, r3=0)  # the shortest queue wins; an unknown one counts as longest
+    assert {route(p) for p in prompts} == {"r3"}
+    lens.update(r3=2)
+    assert {route(p) for p in prompts} == {"r0", "r1"}
+    replicas[2].routing_stats = {"version": 2, "prefixes": published([prompts[0]])}  # r2 holds more of it
+    assert route(prompts[0]) == "r2"
+
+
 def test_the_suffix_log_serves_deltas_and_reloads_its_checkpoint(tmp_path):
     path = tmp_path / "log.json"
     log = SuffixLog(str(path), budget_tokens=10, vocab="v1")
