@@ -44,10 +44,11 @@ class Ingress:
                  handles: dict[str, Any]) -> None:
         self.roles, self.limits, self.api_key, self.max_queue, self.handles = roles, limits, api_key, max_queue, handles
         self.front: InFlight | None = None
+        self.backends: dict[str, RemoteRole] = {}
 
     def __serve_build_asgi_app__(self) -> Any:
-        backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
-        self.front = InFlight(create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=backends,
+        self.backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
+        self.front = InFlight(create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=self.backends,
                                          render_metrics=self.render_metrics), self.limits.retry_after_s)
         return self.front
 
@@ -66,10 +67,11 @@ class Ingress:
         return self.front.active
 
     async def render_metrics(self) -> bytes:
-        """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role."""
+        """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role: read from each
+        role's metrics board, so /metrics neither waits for a generation slot nor fails when the queue is full."""
         texts: dict[str, str] = {}
-        for handle in self.handles.values():
-            texts.update(await handle.all_metrics.remote())
+        for role_texts in await asyncio.gather(*(b.replica_metrics() for b in self.backends.values())):
+            texts.update(role_texts)
         return merge(texts)
 
 

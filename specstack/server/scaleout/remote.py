@@ -5,6 +5,11 @@ server (``app.RoleBackend``): the routes tokenize, check and build jobs as
 always, and ``submit`` streams the jobs' events back from a replica chosen by
 the role's router.  The ingress loads the model's vocabulary only (no
 weights), and reads context size and exactness from a replica.
+
+/metrics reads the role's ``MetricsBoard`` actor directly, not through the
+deployment's handle: a call through the handle is a request like any other,
+it waits for one of the replicas' ``max_ongoing_requests`` slots and is
+refused once the queue is full.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from ..app import SESSION
 from ..chat import load_template
 from ..roles import Role
 from ..worker import Job
+
+BOARD_S = 5.0  # /metrics gives up on the metrics board after this long
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class RemoteRole:
         self.template = None
         self._pumps: dict[int, asyncio.Task] = {}
         self._connecting: asyncio.Task | None = None
+        self._board_name: tuple[str, str] | None = None  # the role's MetricsBoard: (Ray name, namespace)
+        self._board: Any = None
 
     def start(self) -> None:
         self._connecting = asyncio.get_running_loop().create_task(self._connect())
@@ -74,10 +83,33 @@ class RemoteRole:
         try:
             self.template = load_template(self.role.model, self.role.chat_template)
             vocab = await asyncio.to_thread(VocabModel, self.role.model, f"tokenizer of role {self.role.name!r}")
-            self.target = RemoteTarget(vocab, await self.handle.describe.remote())
+            info = await self.handle.describe.remote()
+            self.target, self._board_name = RemoteTarget(vocab, info), tuple(info["board"])
         except Exception as exc:  # /health and every request report it
             self.load_error = f"{type(exc).__name__}: {exc}"
         self.ready.set()
+
+    # -- the metrics board: /metrics ----------------------------------------------
+
+    async def replica_metrics(self) -> dict[str, str]:
+        """Every replica's Prometheus text by replica id, as last pushed (every ``PULL_S``); {} while unknown."""
+        return await self._ask_board("all") or {}
+
+    async def _ask_board(self, method: str, *args: Any) -> Any:
+        """Call the board (asked for again once if it was replaced); None if it cannot answer in ``BOARD_S``."""
+        import ray
+
+        if self._board_name is None:
+            return None
+        for _ in range(2):
+            try:
+                if self._board is None:
+                    name, namespace = self._board_name
+                    self._board = await asyncio.to_thread(ray.get_actor, name, namespace=namespace)
+                return await asyncio.wait_for(getattr(self._board, method).remote(*args), BOARD_S)
+            except Exception:  # dead, being recreated, or slow: forget the handle, so the next call looks it up
+                self._board = None
+        return None
 
     def submit(self, *jobs: Job) -> None:
         """Send a request's choices to one replica; its events arrive on ``jobs[0].events``."""

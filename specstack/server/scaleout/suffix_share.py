@@ -137,7 +137,8 @@ def feed(drafter: SuffixDrafter, prompt: Sequence[int], output: Sequence[int]) -
 
 
 class MetricsBoard:
-    """Each replica's last Prometheus text (pushed every ``PULL_S``), so any replica can answer for all."""
+    """Each replica's last Prometheus text (pushed once loaded, then every ``PULL_S``): the ingress reads
+    /metrics here, by an actor call that never waits for a generation slot."""
 
     STALE_S = 30.0  # a replica silent this long is gone (Serve replaced it)
 
@@ -151,3 +152,12 @@ class MetricsBoard:
         now = time.monotonic()
         self.texts = {r: (t, x) for r, (t, x) in self.texts.items() if now - t < self.STALE_S}
         return {r: x for r, (_, x) in self.texts.items()}
+
+    def name(self) -> tuple[str, str]:
+        """This actor's Ray name and namespace.  The ingress is no replica of the role's deployment, so
+        ``serve.get_deployment_actor`` is closed to it; a replica hands it this name instead.  The namespace is
+        Serve's, where that function looks too (the runtime context's is the job's, not the name's)."""
+        import ray
+        from ray.serve._private.constants import SERVE_NAMESPACE
+
+        return ray.get_runtime_context().get_actor_name(), SERVE_NAMESPACE
