@@ -166,8 +166,8 @@ class Server:
 def wait_ready(url: str, replicas: int, proc: subprocess.Popen) -> None:
     """/health answers 200, and (``replicas`` > 0) that many replicas report in /metrics.
 
-    Under Ray /health turns 200 as soon as one replica has loaded; a run started then would put its first
-    requests on that replica alone, so we also wait until every replica pushed its metrics (every 2 s)."""
+    Under Ray /health turns 200 once every replica has loaded; the replicas in /metrics are checked too, so
+    this script also waits right on a server from before that (200 as soon as one replica had loaded)."""
     deadline = time.time() + START_S
     while time.time() < deadline:
         if proc.poll() is not None:

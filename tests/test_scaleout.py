@@ -241,6 +241,7 @@ def test_metrics_and_health_answer_while_every_slot_and_the_queue_are_taken(url)
             t.join()
     assert 429 in codes  # the queue was full meanwhile
     assert all(m.status_code == 200 and h.status_code == 200 for m, h in answers)
+    assert all(h.json()["roles"][MODEL]["replicas_ready"] == "2/2" for _, h in answers)
     for m, _ in answers:
         assert len(set(re.findall(r'replica="([^"]+)"', m.text)) - {"total"}) == 2
     assert max(metric(m.text, "specstack_busy_slots", role=MODEL, replica="total") for m, _ in answers) > 0

@@ -166,6 +166,35 @@ def test_metrics_merge_labels_each_replica_and_sums_a_total():
     assert "_created" not in out
 
 
+def test_health_waits_for_every_replica_once_then_counts_them():
+    import asyncio
+
+    from specstack.server.roles import default_roles
+    from specstack.server.scaleout.remote import RemoteRole
+    from specstack.server.scaleout.suffix_share import MetricsBoard
+
+    board = MetricsBoard()
+
+    class Local(RemoteRole):  # the board in this process, not an actor
+        async def _ask_board(self, method, *args):
+            return getattr(board, method)(*args)
+
+    role = Local(default_roles()[0], handle=None, replicas=2)
+
+    async def run() -> None:
+        assert await role.health() == ("Loading model (0/2 replicas ready)", {"replicas_ready": "0/2"})
+        board.put("a", "")
+        assert await role.health() == ("Loading model (1/2 replicas ready)", {"replicas_ready": "1/2"})
+        board.put("b", "")
+        assert await role.health() == (None, {"replicas_ready": "2/2"})
+        board.texts["b"] = (board.texts["b"][0] - 60, "")  # silent for a minute: gone; the server still serves
+        assert await role.health() == (None, {"replicas_ready": "1/2"})
+        board.texts.clear()
+        assert (await role.health())[0] == "no replica is running; Serve is replacing them"
+
+    asyncio.run(run())
+
+
 def test_a_draining_front_waits_for_requests_in_flight_and_refuses_new_ones():
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'specstack[ray]' (CI does)")
     import asyncio

@@ -41,15 +41,18 @@ class Ingress:
     """The HTTP front: ``create_app``'s routes, each role a ``RemoteRole`` over its deployment's handle."""
 
     def __init__(self, roles: list[Role], limits: Limits, api_key: str | None, max_queue: int,
-                 handles: dict[str, Any]) -> None:
+                 handles: dict[str, Any], replicas: dict[str, int]) -> None:
         self.roles, self.limits, self.api_key, self.max_queue, self.handles = roles, limits, api_key, max_queue, handles
+        self.replicas = replicas
         self.front: InFlight | None = None
         self.backends: dict[str, RemoteRole] = {}
 
     def __serve_build_asgi_app__(self) -> Any:
-        self.backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
+        self.backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s, self.replicas[r.name])
+                         for r in self.roles}
         self.front = InFlight(create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=self.backends,
-                                         render_metrics=self.render_metrics), self.limits.retry_after_s)
+                                         render_metrics=self.render_metrics, role_health=self.role_health),
+                              self.limits.retry_after_s)
         return self.front
 
     async def drain(self) -> int:
@@ -73,6 +76,11 @@ class Ingress:
         for role_texts in await asyncio.gather(*(b.replica_metrics() for b in self.backends.values())):
             texts.update(role_texts)
         return merge(texts)
+
+    async def role_health(self) -> dict[str, tuple[str | None, dict[str, Any]]]:
+        """Each role's replicas up, from its metrics board (``RemoteRole.health``)."""
+        checks = await asyncio.gather(*(b.health() for b in self.backends.values()))
+        return dict(zip(self.backends, checks))
 
 
 class InFlight:
@@ -104,10 +112,11 @@ def application(roles: list[Role], limits: Limits, api_key: str | None = None, m
     """The bound Serve application; ``replicas`` overrides every role's ``replicas`` key."""
     if routing not in MODES:
         raise ValueError(f"--routing must be one of {', '.join(MODES)} (got {routing!r})")
-    handles = {}
+    handles, counts = {}, {}
     for role in roles:
         role = dataclasses.replace(role, threads=role.threads or default_threads())
-        handles[role.name] = _role_deployment(role, limits, max_queue, replicas or role.replicas, routing,
+        counts[role.name] = replicas or role.replicas
+        handles[role.name] = _role_deployment(role, limits, max_queue, counts[role.name], routing,
                                               suffix_log, share_suffix).bind(role, max_queue, share_suffix)
     front_capacity = max(100, 4 * sum(r.parallel * (replicas or r.replicas) for r in roles) + max_queue)
     front = serve.deployment(Ingress).options(
@@ -117,7 +126,7 @@ def application(roles: list[Role], limits: Limits, api_key: str | None = None, m
         max_ongoing_requests=front_capacity, max_queued_requests=front_capacity,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=limits.retry_after_s),
         graceful_shutdown_timeout_s=limits.timeout_s or 600)
-    return front.bind(roles, limits, api_key, max_queue, handles)
+    return front.bind(roles, limits, api_key, max_queue, handles, counts)
 
 
 def _role_deployment(role: Role, limits: Limits, max_queue: int, replicas: int, routing: str,

@@ -9,7 +9,7 @@ Between requests the replica publishes the prefixes its slots and host prompt
 cache hold (``record_routing_stats``, read by ``router.PrefixRouter``), sends
 finished outputs to the role's ``SuffixLog`` and pulls the other replicas',
 and pushes its metrics to the role's ``MetricsBoard`` (where the ingress reads
-/metrics, never through the slots).
+/metrics and /health, never through the slots).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ class RoleReplica:
         self._remote_outputs = OutputWindow()  # the newest outputs pulled, to seed drafters made later
         self._seeded: set[int] = set()
         self._stats_version = 0
-        # apart: a pull waits for the engine thread between two steps; the metrics must not wait behind a long step
+        # apart: a pull waits for the engine thread between two steps; the metrics (and through them /health's
+        # count of replicas up) must not wait behind a long step
         self._tasks = [self._loop.create_task(self._push_loop())]
         if self._log is not None:
             self._tasks.append(self._loop.create_task(self._pull_loop()))
@@ -168,7 +169,7 @@ class RoleReplica:
         self._loop.call_soon_threadsafe(lambda: self._log.add.remote(self.id, prompt, output))
 
     async def _push_loop(self) -> None:
-        """This replica's metrics to the board at once, then every ``PULL_S``."""
+        """This replica's metrics to the board at once (it counts as up from then), then every ``PULL_S``."""
         from ray import serve
 
         while True:

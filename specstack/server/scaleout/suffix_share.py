@@ -138,7 +138,7 @@ def feed(drafter: SuffixDrafter, prompt: Sequence[int], output: Sequence[int]) -
 
 class MetricsBoard:
     """Each replica's last Prometheus text (pushed once loaded, then every ``PULL_S``): the ingress reads
-    /metrics here, by an actor call that never waits for a generation slot."""
+    /metrics and the replicas up for /health here, by an actor call that never waits for a generation slot."""
 
     STALE_S = 30.0  # a replica silent this long is gone (Serve replaced it)
 
@@ -152,6 +152,11 @@ class MetricsBoard:
         now = time.monotonic()
         self.texts = {r: (t, x) for r, (t, x) in self.texts.items() if now - t < self.STALE_S}
         return {r: x for r, (_, x) in self.texts.items()}
+
+    def live(self, within_s: float) -> list[str]:
+        """The replicas that pushed within ``within_s`` seconds: loaded, and still running."""
+        now = time.monotonic()
+        return sorted(r for r, (t, _) in self.texts.items() if now - t < within_s)
 
     def name(self) -> tuple[str, str]:
         """This actor's Ray name and namespace.  The ingress is no replica of the role's deployment, so
