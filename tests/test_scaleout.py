@@ -211,6 +211,42 @@ def test_metrics_per_replica_and_total(url):
     assert metric(text, "specstack_generation_tokens_total", role=MODEL, replica="total") == sum(per)
 
 
+def test_metrics_and_health_answer_while_every_slot_and_the_queue_are_taken(url):
+    # 6 clients in a closed loop on 2 x 2 slots and a queue of 1: every slot busy, the queue full (the rest 429).
+    # /metrics and /health read the replicas' board, not through the slots: each answers 200 at once (a call
+    # through the deployment's handle would wait for a slot, or be refused with the queue full: a plain 500).
+    stop, codes = threading.Event(), []
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=WAIT_S) as c:
+            while not stop.is_set():
+                codes.append(c.post(url + "/v1/completions", json={
+                    "model": MODEL, "prompt": f"# {i}\n" + PROMPTS[i % 4], "max_tokens": 200,
+                    "temperature": 0}).status_code)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    answers = []
+    try:
+        time.sleep(0.5)
+        deadline = time.time() + 2.5  # past one push of the replicas' metrics (every 2 s): figures under load
+        with httpx.Client(timeout=WAIT_S) as c:
+            while time.time() < deadline:
+                answers.append((c.get(url + "/metrics"), c.get(url + "/health")))
+                time.sleep(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert 429 in codes  # the queue was full meanwhile
+    assert all(m.status_code == 200 and h.status_code == 200 for m, h in answers)
+    assert all(h.json()["roles"][MODEL]["replicas_ready"] == "2/2" for _, h in answers)
+    for m, _ in answers:
+        assert len(set(re.findall(r'replica="([^"]+)"', m.text)) - {"total"}) == 2
+    assert max(metric(m.text, "specstack_busy_slots", role=MODEL, replica="total") for m, _ in answers) > 0
+
+
 def test_a_disconnect_frees_the_slot(url):
     before = metric(httpx.get(url + "/metrics").text, "specstack_requests_total", role=MODEL, status="cancelled",
                     replica="total")

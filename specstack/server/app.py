@@ -261,9 +261,14 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
                backends: dict[str, RoleBackend] | None = None,
-               render_metrics: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
-    """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name)
-    and ``render_metrics`` put other engines behind the same routes (``specstack serve --ray``)."""
+               render_metrics: Callable[[], Awaitable[bytes]] | None = None,
+               role_health: Callable[[], Awaitable[dict[str, tuple[str | None, dict[str, Any]]]]] | None = None,
+               ) -> FastAPI:
+    """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
+    ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
+
+    ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
+    /health entry adds (replicas up, under --ray)."""
     metrics = ServerMetrics()
     workers: dict[str, RoleBackend] = backends if backends is not None else {
         r.name: RoleWorker(r, metrics, max_queue) for r in roles}
@@ -323,7 +328,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             return error(503, "; ".join(failed), "unavailable_error", code="503")
         if not all(w.ready.is_set() for w in workers.values()):
             return error(503, "Loading model", "unavailable_error", code="503")
-        return JSONResponse({"status": "ok", "roles": {w.role.name: {"exact": exactness(w)} for w in workers.values()}})
+        extra = await role_health() if role_health is not None else {}
+        down = [f"{name}: {why}" for name, (why, _) in extra.items() if why]
+        if down:
+            return error(503, "; ".join(down), "unavailable_error", code="503")
+        return JSONResponse({"status": "ok", "roles": {
+            w.role.name: {"exact": exactness(w), **extra.get(w.role.name, (None, {}))[1]} for w in workers.values()}})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

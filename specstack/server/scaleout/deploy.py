@@ -11,9 +11,11 @@ runs ``create_app`` (the same routes as the single-process server) over
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from ray import serve
 from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestRouterConfig
 
 from ...target import default_threads
-from ..app import Limits, create_app
+from ..app import Limits, create_app, error
 from ..roles import Role
 from .metrics_merge import merge
 from .remote import RemoteRole
@@ -39,20 +41,69 @@ class Ingress:
     """The HTTP front: ``create_app``'s routes, each role a ``RemoteRole`` over its deployment's handle."""
 
     def __init__(self, roles: list[Role], limits: Limits, api_key: str | None, max_queue: int,
-                 handles: dict[str, Any]) -> None:
+                 handles: dict[str, Any], replicas: dict[str, int]) -> None:
         self.roles, self.limits, self.api_key, self.max_queue, self.handles = roles, limits, api_key, max_queue, handles
+        self.replicas = replicas
+        self.front: InFlight | None = None
+        self.backends: dict[str, RemoteRole] = {}
 
     def __serve_build_asgi_app__(self) -> Any:
-        backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s) for r in self.roles}
-        return create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=backends,
-                          render_metrics=self.render_metrics)
+        self.backends = {r.name: RemoteRole(r, self.handles[r.name], self.limits.retry_after_s, self.replicas[r.name])
+                         for r in self.roles}
+        self.front = InFlight(create_app(self.roles, self.limits, self.api_key, self.max_queue, backends=self.backends,
+                                         render_metrics=self.render_metrics, role_health=self.role_health),
+                              self.limits.retry_after_s)
+        return self.front
+
+    async def drain(self) -> int:
+        """Refuse new requests, and wait (up to ``--timeout``, else 600 s) until every request this ingress holds
+        has ended; returns how many are left.
+
+        Run before the application is deleted: deleting stops the role replicas once their own requests end, and
+        a request still queued here for a slot (past the replicas' ``max_ongoing_requests``) would then wait for a
+        replica that never comes, until Serve gives up on the deletion."""
+        assert self.front is not None
+        self.front.draining = True
+        deadline = time.monotonic() + (self.limits.timeout_s or 600)
+        while self.front.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self.front.active
 
     async def render_metrics(self) -> bytes:
-        """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role."""
+        """Every replica of every role, labelled ``replica``, and ``replica="total"`` per role: read from each
+        role's metrics board, so /metrics neither waits for a generation slot nor fails when the queue is full."""
         texts: dict[str, str] = {}
-        for handle in self.handles.values():
-            texts.update(await handle.all_metrics.remote())
+        for role_texts in await asyncio.gather(*(b.replica_metrics() for b in self.backends.values())):
+            texts.update(role_texts)
         return merge(texts)
+
+    async def role_health(self) -> dict[str, tuple[str | None, dict[str, Any]]]:
+        """Each role's replicas up, from its metrics board (``RemoteRole.health``)."""
+        checks = await asyncio.gather(*(b.health() for b in self.backends.values()))
+        return dict(zip(self.backends, checks))
+
+
+class InFlight:
+    """ASGI wrapper of the ingress's app: counts HTTP requests until their response has been sent (a stream's
+    ``[DONE]`` included), and once ``draining`` answers new ones 503 with ``Retry-After`` in the API's error shape
+    (so the drain ends under a steady load, and /health tells load balancers to go elsewhere)."""
+
+    def __init__(self, app: Any, retry_after_s: int) -> None:
+        self.app, self.retry_after_s = app, retry_after_s
+        self.active, self.draining = 0, False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan: the app's own start-up and shutdown
+            return await self.app(scope, receive, send)
+        if self.draining:
+            refusal = error(503, "the server is shutting down; retry on another server or later", "server_error",
+                            code="shutting_down", headers={"Retry-After": str(self.retry_after_s)})
+            return await refusal(scope, receive, send)
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
 
 
 def application(roles: list[Role], limits: Limits, api_key: str | None = None, max_queue: int = 16,
@@ -61,10 +112,11 @@ def application(roles: list[Role], limits: Limits, api_key: str | None = None, m
     """The bound Serve application; ``replicas`` overrides every role's ``replicas`` key."""
     if routing not in MODES:
         raise ValueError(f"--routing must be one of {', '.join(MODES)} (got {routing!r})")
-    handles = {}
+    handles, counts = {}, {}
     for role in roles:
         role = dataclasses.replace(role, threads=role.threads or default_threads())
-        handles[role.name] = _role_deployment(role, limits, max_queue, replicas or role.replicas, routing,
+        counts[role.name] = replicas or role.replicas
+        handles[role.name] = _role_deployment(role, limits, max_queue, counts[role.name], routing,
                                               suffix_log, share_suffix).bind(role, max_queue, share_suffix)
     front_capacity = max(100, 4 * sum(r.parallel * (replicas or r.replicas) for r in roles) + max_queue)
     front = serve.deployment(Ingress).options(
@@ -74,7 +126,7 @@ def application(roles: list[Role], limits: Limits, api_key: str | None = None, m
         max_ongoing_requests=front_capacity, max_queued_requests=front_capacity,
         backpressure_config=BackpressureConfig(status_code=429, retry_after_s=limits.retry_after_s),
         graceful_shutdown_timeout_s=limits.timeout_s or 600)
-    return front.bind(roles, limits, api_key, max_queue, handles)
+    return front.bind(roles, limits, api_key, max_queue, handles, counts)
 
 
 def _role_deployment(role: Role, limits: Limits, max_queue: int, replicas: int, routing: str,
@@ -107,17 +159,39 @@ def _log_path(base: Path | None, role: Role) -> str | None:
 def start(app: Any, address: str | None, host: str, port: int, num_cpus: int | None = None) -> bool:
     """Connect to ``address`` (or start a local Ray instance), then run the application; returns whether
     this process started Ray (and so must stop it)."""
-    own = address is None
-    ray.init(address=address, include_dashboard=False if own else None, num_cpus=num_cpus if own else None,
-             logging_level="warning")
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=APP, route_prefix="/", blocking=False)
+    own = connect(address, num_cpus)
+    run(app, host, port)
     return own
 
 
+def connect(address: str | None, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local instance (returns True: this process must stop it).
+
+    ``ray.init`` replaces the SIGTERM handler with one that exits at once: a command's own handler goes after."""
+    own = address is None
+    ray.init(address=address, include_dashboard=False if own else None, num_cpus=num_cpus if own else None,
+             logging_level="warning")
+    return own
+
+
+def run(app: Any, host: str, port: int) -> None:
+    """Start Serve's HTTP proxy on ``host:port`` and deploy the application (returns once it is running)."""
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=APP, route_prefix="/", blocking=False)
+
+
 def stop(own: bool) -> None:
-    """Drain: Serve stops routing, waits for in-flight requests (up to each deployment's graceful timeout)."""
+    """Drain, then stop: the ingress refuses new requests (503) and waits for every request it holds, queued ones
+    included (``Ingress.drain``); then the application is deleted (Serve's proxy answers 404) and, if started here,
+    Serve and Ray stop."""
     try:
+        try:
+            left = serve.get_app_handle(APP).drain.remote().result()
+            if left:
+                print(f"specstack serve --ray: {left} request(s) still running after the drain timeout; stopping them",
+                      flush=True)
+        except Exception as exc:  # an ingress already gone: nothing of ours to wait for
+            print(f"specstack serve --ray: could not drain the ingress ({type(exc).__name__}: {exc})", flush=True)
         serve.delete(APP)
         if own:
             serve.shutdown()
@@ -126,11 +200,16 @@ def stop(own: bool) -> None:
 
 
 def run_until_signal(app: Any, address: str | None, host: str, port: int) -> int:
-    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here)."""
+    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here).
+
+    The handlers go in right after ``ray.init`` (whose own would exit at once), before the deployment: the
+    application answers requests a little before ``serve.run`` returns, and a signal in that window must drain
+    too (it is acted on as soon as the deployment returns)."""
     done = threading.Event()
-    own = start(app, address, host, port)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, whose own SIGTERM handler would end us at once
+    own = connect(address)
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    run(app, host, port)
     print(f"specstack serve --ray: http://{host}:{port}/ on Ray {'(started here)' if own else 'at ' + address}",
           flush=True)
     done.wait()

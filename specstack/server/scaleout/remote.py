@@ -5,6 +5,11 @@ server (``app.RoleBackend``): the routes tokenize, check and build jobs as
 always, and ``submit`` streams the jobs' events back from a replica chosen by
 the role's router.  The ingress loads the model's vocabulary only (no
 weights), and reads context size and exactness from a replica.
+
+/metrics and /health read the role's ``MetricsBoard`` actor directly, not
+through the deployment's handle: a call through the handle is a request like
+any other, it waits for one of the replicas' ``max_ongoing_requests`` slots
+and is refused once the queue is full.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from ..app import SESSION
 from ..chat import load_template
 from ..roles import Role
 from ..worker import Job
+from .suffix_share import PULL_S
+
+BOARD_S = 5.0  # /metrics and /health give up on the metrics board after this long
+LIVE_S = 5 * PULL_S  # a replica whose metrics are older than this counts as down (not replaced yet)
 
 
 @dataclass(frozen=True)
@@ -52,16 +61,19 @@ class RemoteTarget:
 
 
 class RemoteRole:
-    """A role whose engines are a Serve deployment's replicas (``replica.RoleReplica``), behind ``handle``."""
+    """A role whose engines are a Serve deployment's ``replicas`` (``replica.RoleReplica``), behind ``handle``."""
 
-    def __init__(self, role: Role, handle: Any, retry_after_s: int = 1) -> None:
-        self.role, self.handle, self.retry_after_s = role, handle, retry_after_s
+    def __init__(self, role: Role, handle: Any, retry_after_s: int = 1, replicas: int = 1) -> None:
+        self.role, self.handle, self.retry_after_s, self.replicas = role, handle, retry_after_s, replicas
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.target: RemoteTarget | None = None
         self.template = None
         self._pumps: dict[int, asyncio.Task] = {}
         self._connecting: asyncio.Task | None = None
+        self._board_name: tuple[str, str] | None = None  # the role's MetricsBoard: (Ray name, namespace)
+        self._board: Any = None
+        self._all_up = False  # every replica has loaded once (/health turned 200)
 
     def start(self) -> None:
         self._connecting = asyncio.get_running_loop().create_task(self._connect())
@@ -74,10 +86,55 @@ class RemoteRole:
         try:
             self.template = load_template(self.role.model, self.role.chat_template)
             vocab = await asyncio.to_thread(VocabModel, self.role.model, f"tokenizer of role {self.role.name!r}")
-            self.target = RemoteTarget(vocab, await self.handle.describe.remote())
+            info = await self.handle.describe.remote()
+            self.target, self._board_name = RemoteTarget(vocab, info), tuple(info["board"])
         except Exception as exc:  # /health and every request report it
             self.load_error = f"{type(exc).__name__}: {exc}"
         self.ready.set()
+
+    # -- the metrics board: /metrics and /health ----------------------------------
+
+    async def replica_metrics(self) -> dict[str, str]:
+        """Every replica's Prometheus text by replica id, as last pushed (every ``PULL_S``); {} while unknown."""
+        return await self._ask_board("all") or {}
+
+    async def replicas_up(self) -> int | None:
+        """How many replicas have loaded and still push their metrics; None while the board cannot be asked."""
+        live = await self._ask_board("live", LIVE_S)
+        return None if live is None else len(live)
+
+    async def health(self) -> tuple[str | None, dict[str, Any]]:
+        """What /health says of this role: why it cannot take traffic (None: it can), and what its entry adds.
+
+        "Loading model" (503) until every replica has loaded once, as llama-server answers while it loads: a
+        load balancer sending traffic earlier would pile it on the first replica up.  After that it can take
+        traffic while one replica runs: a replica being replaced lowers ``replicas_ready``, it does not take
+        the whole server out of a load balancer."""
+        up = await self.replicas_up()
+        shown = "?" if up is None else str(min(up, self.replicas))  # a replaced one lingers up to LIVE_S
+        detail = {"replicas_ready": f"{shown}/{self.replicas}"}
+        self._all_up = self._all_up or (up is not None and up >= self.replicas)
+        if not self._all_up:
+            return f"Loading model ({shown}/{self.replicas} replicas ready)", detail
+        if up == 0:
+            return "no replica is running; Serve is replacing them", detail
+        return None, detail
+
+    async def _ask_board(self, method: str, *args: Any) -> Any:
+        """Call the board (asked for again once if it was replaced); None if it cannot answer in ``BOARD_S``."""
+        import ray
+
+        if self._board_name is None:
+            return None
+        for _ in range(2):
+            try:
+                if self._board is None:
+                    name, namespace = self._board_name
+                    self._board = await asyncio.to_thread(ray.get_actor, name, namespace=namespace)
+                return await asyncio.wait_for(getattr(self._board, method).remote(*args), BOARD_S)
+            except Exception:  # dead, being recreated, or slow: forget the handle, so the next call looks it up
+                self._board = None
+        return None
 
     def submit(self, *jobs: Job) -> None:
         """Send a request's choices to one replica; its events arrive on ``jobs[0].events``."""

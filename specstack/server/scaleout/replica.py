@@ -7,12 +7,15 @@ cancelled between two steps, freeing the slot.
 
 Between requests the replica publishes the prefixes its slots and host prompt
 cache hold (``record_routing_stats``, read by ``router.PrefixRouter``), sends
-finished outputs to the role's ``SuffixLog`` and pulls the other replicas'.
+finished outputs to the role's ``SuffixLog`` and pulls the other replicas',
+and pushes its metrics to the role's ``MetricsBoard`` (where the ingress reads
+/metrics and /health, never through the slots).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import time
 from typing import Any, AsyncIterator, Callable
@@ -25,7 +28,7 @@ from ..metrics import ServerMetrics
 from ..roles import Role
 from ..worker import Job, QueueFull, RoleWorker
 from .prefix import published
-from .suffix_share import PULL_S, feed, suffix_drafters
+from .suffix_share import PULL_S, OutputWindow, feed, suffix_drafters
 
 SUFFIX_LOG = "suffix_log"  # the deployment-scoped actors' names
 BOARD = "metrics_board"
@@ -89,16 +92,22 @@ class RoleReplica:
         self._loop = asyncio.get_running_loop()
         self._log = serve.get_deployment_actor(SUFFIX_LOG) if share_suffix else None
         self._board = serve.get_deployment_actor(BOARD)
+        self._board_name = await self._board.name.remote()  # for the ingress (``describe``), which reads the board
         self.worker = ReplicaWorker(role, self.metrics, max_queue,
                                     on_output=self._send_output if self._log is not None else None)
         self.worker.start()
         await asyncio.to_thread(self.worker.ready.wait)
         if self.worker.load_error:  # Serve reports the replica as failed, with this message
             raise RuntimeError(f"role {role.name!r} failed to load: {self.worker.load_error}")
-        self._version, self._remote_outputs = 0, []  # every output pulled, to seed drafters made later
+        self._version, self._pulled = 0, 0
+        self._remote_outputs = OutputWindow()  # the newest outputs pulled, to seed drafters made later
         self._seeded: set[int] = set()
         self._stats_version = 0
-        self._puller = self._loop.create_task(self._pull_loop())
+        # apart: a pull waits for the engine thread between two steps; the metrics (and through them /health's
+        # count of replicas up) must not wait behind a long step
+        self._tasks = [self._loop.create_task(self._push_loop())]
+        if self._log is not None:
+            self._tasks.append(self._loop.create_task(self._pull_loop()))
 
     # -- what the ingress calls -------------------------------------------------
 
@@ -106,7 +115,7 @@ class RoleReplica:
         """What the ingress needs to check requests as the worker's routes do (it holds no weights)."""
         w = self.worker
         return {"capacity": w.target.capacity, "n_vocab": w.target.n_vocab, "n_ctx": w.target.n_ctx,
-                "exact": exactness(w)}
+                "exact": exactness(w), "board": self._board_name}
 
     async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Run a request's choices; yield their events until each is done or failed."""
@@ -135,11 +144,6 @@ class RoleReplica:
                 if job.index not in ended:
                     self.worker.cancel(job)
 
-    async def all_metrics(self) -> dict[str, str]:
-        """Every replica's Prometheus text by replica id (this one's fresh, the others' as last pushed)."""
-        board = await self._board.all.remote()
-        return {**board, self.id: self.metrics.render().decode()}
-
     # -- Serve's hooks ----------------------------------------------------------
 
     def record_routing_stats(self) -> dict[str, Any]:
@@ -154,8 +158,8 @@ class RoleReplica:
             raise RuntimeError(f"role {self.role.name!r}: the engine thread has stopped")
 
     async def __del__(self) -> None:  # Serve's graceful shutdown: in-flight requests have drained
-        if self._puller is not None:
-            self._puller.cancel()
+        for task in getattr(self, "_tasks", ()):
+            task.cancel()
         await asyncio.to_thread(self.worker.stop)
 
     # -- shared suffix statistics ------------------------------------------------
@@ -164,22 +168,35 @@ class RoleReplica:
         """On the engine thread: file a finished output, fire and forget (the actor call is made on the loop)."""
         self._loop.call_soon_threadsafe(lambda: self._log.add.remote(self.id, prompt, output))
 
+    async def _push_loop(self) -> None:
+        """This replica's metrics to the board at once (it counts as up from then), then every ``PULL_S``."""
+        from ray import serve
+
+        while True:
+            try:  # awaited: a board that died raises here, and is asked for again
+                await self._board.put.remote(self.id, self.metrics.render().decode())
+            except Exception as exc:
+                self._unreachable("the metrics board", exc)
+                with contextlib.suppress(Exception):  # not registered again yet: the next round asks again
+                    self._board = serve.get_deployment_actor(BOARD)
+            await asyncio.sleep(PULL_S)
+
     async def _pull_loop(self) -> None:
-        """Every ``PULL_S``: this replica's metrics to the board, the other replicas' outputs from the log."""
+        """Every ``PULL_S``: the other replicas' outputs from the log."""
         from ray import serve
 
         while True:
             await asyncio.sleep(PULL_S)
             try:
-                self._board.put.remote(self.id, self.metrics.render().decode())
-                if self._log is not None:
-                    await self.pull()
+                await self.pull()
             except Exception as exc:  # an actor being replaced: ask for it again; drafts only lose freshness
-                print(f"specstack replica {self.id}: shared state unreachable ({type(exc).__name__}: {exc}); "
-                      "retrying", flush=True)
-                self._board = serve.get_deployment_actor(BOARD)
-                if self._log is not None:
+                self._unreachable("the suffix log", exc)
+                with contextlib.suppress(Exception):
                     self._log = serve.get_deployment_actor(SUFFIX_LOG)
+
+    def _unreachable(self, what: str, exc: Exception) -> None:
+        print(f"specstack replica {self.id}: {what} is unreachable ({type(exc).__name__}: {exc}); retrying",
+              flush=True)
 
     async def pull(self) -> int:
         """Bring the other replicas' outputs since the last pull into every suffix drafter; returns how many."""
@@ -189,14 +206,16 @@ class RoleReplica:
         theirs = [(p, o) for origin, p, o in entries if origin != self.id]
         self._version = version
         self._remote_outputs.extend(theirs)
-        self._shared.labels(self.role.name).set(len(self._remote_outputs))
+        self._pulled += len(theirs)
+        self._shared.labels(self.role.name).set(self._pulled)
         done = asyncio.Event()
         self.worker.on_engine_thread(lambda: (self._apply(theirs), self._loop.call_soon_threadsafe(done.set)))
         await done.wait()
         return len(theirs)
 
     def _apply(self, new: list[tuple[list[int], list[int]]]) -> None:
-        """On the engine thread: new outputs into known drafters; every output so far into drafters made since."""
+        """On the engine thread: new outputs into known drafters; the newest kept (``OutputWindow``) into drafters
+        made since."""
         for drafter in suffix_drafters(self.worker._drafters.values()):
             for p, o in (new if id(drafter) in self._seeded else self._remote_outputs):
                 feed(drafter, p, o)

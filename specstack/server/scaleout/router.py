@@ -12,6 +12,8 @@ rank is tried).  The ranks here:
    least ``min_match`` tokens and the load is balanced: SGLang's guards, both must trip to count as
    imbalanced: the longest queue exceeds the shortest by ``balance_abs`` requests and by ``balance_rel``
    times.  An imbalanced load skips this rank, so one hot prefix cannot pile every request on one replica.
+   Replicas matching equally many tokens (a shared system prompt) go by queue length, then by a stable
+   hash of the prompt (``tie_break``).
 2. ``prefix`` and ``session`` modes: the request's session (``x-session-id``, or the body's ``user``) on a
    consistent-hash ring (``ConsistentHashRouter``'s: a replica joining or leaving moves few sessions).
 3. every replica: the shortest queue.
@@ -19,6 +21,8 @@ rank is tried).  The ranks here:
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections import OrderedDict
 from typing import Any, List, Optional
@@ -106,19 +110,21 @@ class PrefixRouter(ConsistentHashRouter):
         return cached[1] | recent.keys()
 
     async def _prefix_holder(self, candidates: List[RunningReplica], prompt: list[int]) -> RunningReplica | None:
-        """The replica matching most of the prompt (at least ``min_match`` tokens), unless the load is imbalanced."""
+        """The replica matching most of the prompt (at least ``min_match`` tokens), unless the load is imbalanced;
+        of several matching as much, ``tie_break``'s."""
         if not prompt:
             return None
         scores = [(matched(prompt, self._held(r)), r) for r in candidates]
-        top, best = max(scores, key=lambda s: s[0])
+        top = max(s for s, _ in scores)
         if top < self._min_match:
             return None
         if len(candidates) < 2:
-            return best
-        loads = [n for n in (await self._queue_lens(candidates)).values() if n is not None]
+            return candidates[0]
+        lens = await self._queue_lens(candidates)
+        loads = [n for n in lens.values() if n is not None]
         if loads and max(loads) - min(loads) > self._balance_abs and max(loads) > self._balance_rel * min(loads):
             return None
-        return best
+        return tie_break([r for s, r in scores if s == top], lens, prompt[-1])
 
     async def _queue_lens(self, candidates: List[RunningReplica]) -> dict[ReplicaID, int | None]:
         """Each replica's ongoing requests: Serve's cache where fresh, else asked (as Serve's own routers do)."""
@@ -132,3 +138,22 @@ class PrefixRouter(ConsistentHashRouter):
         for r, n in await self._probe_queue_lens(missing, 0) if missing else ():
             lens[r.replica_id] = n
         return lens
+
+
+def tie_break(tied: List[RunningReplica], lens: dict[ReplicaID, int | None], key: int) -> RunningReplica:
+    """One of the replicas matching equally many tokens: the shortest queue (unknown counts as longest), then
+    the highest rendezvous hash of ``key`` (the prompt's last chunk hash) and the replica.
+
+    Ties are common: a system prompt every request shares is soon held by every replica.  Taking the first
+    listed would send them all to one replica until the load guard trips; the hash spreads distinct prompts
+    evenly over replicas with equal queues, sends the same prompt to the same one, and moves few prompts when
+    a replica joins or leaves."""
+    def order(r: RunningReplica) -> tuple[float, int]:
+        n = lens.get(r.replica_id)
+        return (math.inf if n is None else n, -rendezvous(key, r.replica_id.unique_id))
+    return min(tied, key=order)
+
+
+def rendezvous(key: int, replica: str) -> int:
+    """A hash of ``key`` with ``replica``, the same in every process (Python's ``hash`` of a str is not)."""
+    return int.from_bytes(hashlib.blake2b(f"{key}:{replica}".encode(), digest_size=8).digest(), "little")

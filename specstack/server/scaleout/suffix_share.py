@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ...drafters.suffix import SuffixDrafter
 from ...errors import InvalidParameterError
@@ -27,12 +27,13 @@ from ...errors import InvalidParameterError
 FORMAT = "specstack-suffix-log/1"
 PULL_S = 2.0  # how often a replica pulls the others' outputs
 SAVE_S = 5.0  # at most one checkpoint per this many seconds (and one at shutdown)
+BUDGET_TOKENS = 250_000  # the log keeps the newest outputs up to this many tokens, and so does each replica's copy
 
 
 class SuffixLog:
     """Finished outputs (origin replica, prompt ids, output ids), numbered; the oldest go past ``budget_tokens``."""
 
-    def __init__(self, path: str | None = None, budget_tokens: int = 250_000, vocab: str = "") -> None:
+    def __init__(self, path: str | None = None, budget_tokens: int = BUDGET_TOKENS, vocab: str = "") -> None:
         self.path, self.budget, self.vocab = (Path(path).expanduser() if path else None), budget_tokens, vocab
         self.entries: deque[tuple[int, str, list[int], list[int]]] = deque()
         self.version, self.tokens, self._saved_at, self._dirty = 0, 0, 0.0, False
@@ -92,6 +93,31 @@ class SuffixLog:
         self.version = int(body.get("version", 0))
 
 
+class OutputWindow:
+    """The newest finished outputs (prompt ids, output ids) up to ``budget_tokens``, the oldest dropped first.
+
+    A replica keeps the outputs it pulled from the others to seed suffix drafters made later; capped as the
+    ``SuffixLog`` is, it never holds more than the log itself keeps, however long the replica runs."""
+
+    def __init__(self, budget_tokens: int = BUDGET_TOKENS) -> None:
+        self.budget, self.tokens = budget_tokens, 0
+        self.entries: deque[tuple[list[int], list[int]]] = deque()
+
+    def extend(self, outputs: Iterable[tuple[list[int], list[int]]]) -> None:
+        for prompt, output in outputs:
+            self.entries.append((prompt, output))
+            self.tokens += len(prompt) + len(output)
+        while self.tokens > self.budget and len(self.entries) > 1:  # as the log: the newest one always stays
+            prompt, output = self.entries.popleft()
+            self.tokens -= len(prompt) + len(output)
+
+    def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
 def suffix_drafters(drafters: Iterable[Any]) -> list[SuffixDrafter]:
     """The suffix drafters among ``drafters``, inside cascades and fusions too."""
     found: list[SuffixDrafter] = []
@@ -111,7 +137,8 @@ def feed(drafter: SuffixDrafter, prompt: Sequence[int], output: Sequence[int]) -
 
 
 class MetricsBoard:
-    """Each replica's last Prometheus text (pushed every ``PULL_S``), so any replica can answer for all."""
+    """Each replica's last Prometheus text (pushed once loaded, then every ``PULL_S``): the ingress reads
+    /metrics and the replicas up for /health here, by an actor call that never waits for a generation slot."""
 
     STALE_S = 30.0  # a replica silent this long is gone (Serve replaced it)
 
@@ -125,3 +152,17 @@ class MetricsBoard:
         now = time.monotonic()
         self.texts = {r: (t, x) for r, (t, x) in self.texts.items() if now - t < self.STALE_S}
         return {r: x for r, (_, x) in self.texts.items()}
+
+    def live(self, within_s: float) -> list[str]:
+        """The replicas that pushed within ``within_s`` seconds: loaded, and still running."""
+        now = time.monotonic()
+        return sorted(r for r, (t, _) in self.texts.items() if now - t < within_s)
+
+    def name(self) -> tuple[str, str]:
+        """This actor's Ray name and namespace.  The ingress is no replica of the role's deployment, so
+        ``serve.get_deployment_actor`` is closed to it; a replica hands it this name instead.  The namespace is
+        Serve's, where that function looks too (the runtime context's is the job's, not the name's)."""
+        import ray
+        from ray.serve._private.constants import SERVE_NAMESPACE
+
+        return ray.get_runtime_context().get_actor_name(), SERVE_NAMESPACE
