@@ -295,3 +295,12 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error(url):
                             if victim in (n["name"] if isinstance(n, dict) else n))
                 ray.kill(ray.get_actor(name["name"], namespace=name["namespace"]), no_restart=False)
     assert "error" in json.loads(events[-1]) and events[-1] != "[DONE]"
+    # Serve replaces the replica: requests spread over 2 replicas again, and /health counts both.
+    deadline, serving = time.time() + WAIT_S, set()
+    while time.time() < deadline and len(serving) < 2:
+        time.sleep(0.5)
+        try:
+            serving = set(sessions_by_replica(url, 8).values())
+        except (AssertionError, httpx.HTTPError):  # a request the dead replica still took: try again
+            serving = set()
+    assert len(serving) == 2 and httpx.get(url + "/health").json()["roles"][MODEL]["replicas_ready"] == "2/2"
