@@ -402,7 +402,7 @@ class Engine:
         rows: list[int] = []
         tokens = 0.0
         free = self._free_rows(gens)
-        displaced_s = self.prefill_token_s or self._prompt_token_estimate(gens)
+        displaced_s = 0.0 if free is None else self.prefill_token_s or self._prompt_token_estimate(gens)
         for i, gen in enumerate(gens):
             room = target.capacity - target.seq_len[gen.seq] - 1  # draft slots left after pending
             if room < 0:
@@ -412,7 +412,7 @@ class Engine:
             cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft))
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
             load = (SOLO if len(gens) == 1 and free is None else
-                    BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s if free is not None else 0.0))
+                    BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
             tree = (gen.config.sampling.greedy and target.unified and target.n_seq_max > 1 and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
