@@ -19,6 +19,7 @@ import statistics
 import time
 from typing import Sequence
 
+from specstack.draft_length.background import open_for_mode
 from specstack.draft_length.costs import calibrate, ensure_shapes
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
@@ -55,6 +56,7 @@ class AlwaysWrong:
 
 def load(path, slots: int = 1, exact: bool = True, threads: int = 2, n_ctx: int = 512) -> LlamaModel:
     model = LlamaModel(ModelConfig(path, n_ctx=n_ctx, n_threads=threads, n_slots=slots), role="target")
+    model = open_for_mode(model, "on" if exact else "off")  # as the server opens it
     ensure_shapes(model, exact)
     return model
 
@@ -125,7 +127,7 @@ def cmd_draft(args) -> None:
 
 def cmd_batch(args) -> None:
     conc = [int(c) for c in args.conc.split(",")]
-    target = load(args.model, slots=max(conc), threads=args.threads)
+    target = load(args.model, slots=max(conc), exact=args.exact == "on", threads=args.threads)
     methods = args.methods.split(",")
     engines = {m: engine_for(target, m, args) for m in methods}
     prompts = held_out_prompts(max(conc) * 2)
@@ -137,12 +139,14 @@ def cmd_batch(args) -> None:
             for m, e in engines.items():
                 batch = prompts[rep * c % len(prompts):][:c] or prompts[:c]
                 gens = [e.generate(p, GenerationConfig(max_tokens=args.n)) for p in batch]
-                e.step()  # admit and prefill all of them first: the clock measures decoding
+                while e.busy and not all(g.output_ids for g in gens):
+                    e.step()  # admit and prefill all of them first (prompts go in chunks): the clock measures decoding
+                start = sum(len(g.output_ids) for g in gens)
                 t0 = time.perf_counter()
                 while e.busy:
                     e.step()
                 wall = time.perf_counter() - t0
-                tokens = sum(len(g.output_ids) for g in gens)
+                tokens = sum(len(g.output_ids) for g in gens) - start
                 steps = sum(g.stats.n_steps for g in gens)
                 drafted = sum(g.stats.n_drafted for g in gens)
                 accepted = sum(g.stats.n_accepted for g in gens)

@@ -413,7 +413,8 @@ class Engine:
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
             load = (SOLO if len(gens) == 1 and free is None else
                     BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
-            tree = (gen.config.sampling.greedy and target.unified and target.n_seq_max > 1 and not target.is_recurrent
+            tree = (gen.config.sampling.greedy and target.unified and target.n_slots == 1 and target.n_seq_max > 1
+                    and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specstack.draft_length.background import open_for_mode
 from specstack.draft_length.costs import _filler, ensure_shapes, measure_shapes
 from specstack.draft_length import Budget, FixedK
 from specstack.drafters import BuildContext, create
@@ -173,6 +174,55 @@ def test_call_plan_keeps_every_call_within_the_exact_shapes():
                     assert p.start == done[p.segment]  # pieces of a segment in order
                     done[p.segment] += p.count
             assert done == rows
+
+
+def test_an_uneven_call_plan_pays_for_real_rows_only():
+    """One unified cache (``even=False``): drafts of different lengths share a call unpadded."""
+    for rows in ([1], [3, 1], [17], [2, 2, 2, 2], [9, 1, 4], [5] * 7):
+        for min_rows, max_rows in ((1, 3), (2, 7), (1, 512), (1, 1)):
+            calls = plan_calls(rows, list(range(len(rows))), min_rows, max_rows, even=False)
+            done = [0] * len(rows)
+            for call in calls:
+                total = sum(p.count + p.pad for p in call)
+                assert min(min_rows, max_rows) <= total <= max(max_rows, min_rows)
+                assert sum(p.pad for p in call) == max(0, min_rows - sum(p.count for p in call))
+                for p in call:
+                    assert p.start == done[p.segment]
+                    done[p.segment] += p.count
+            assert done == rows
+    assert len(plan_calls([5, 1, 1, 1], [0, 3, 5, 8], 1, 512, even=False)) == 1
+    assert sum(p.pad for p in plan_calls([5, 1, 1, 1], [0, 3, 5, 8], 1, 512)[0]) == 12  # even: 4 rows of pads each
+
+
+def test_exact_off_shares_one_unified_cache_and_verifies_uneven_drafts_in_one_call(multi):
+    """Under --exact off a multi-slot target is reopened on one unified cache with flash attention: generations
+    in scattered slots with drafts of different lengths are verified in one unpadded call per step."""
+    off = open_for_mode(LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=4), role="target"), "off")
+    try:
+        assert off.unified and off.config.flash_attn and not off.shapes.exact and not off.shapes.even_rows
+        assert "unified KV cache" in off.shapes.why
+        assert open_for_mode(multi, "on") is multi and multi.shapes.even_rows  # exact mode keeps the streams
+        calls: list[list[tuple[int, int, int]]] = []
+        real = off._call
+        off._call = lambda entries, *a, **k: (calls.append([(q, len(t), pad) for q, t, pad, _ in entries]),
+                                              real(entries, *a, **k))[1]
+        engine = Engine(off, create("none", BuildContext(off)))
+        names = ["suffix", "none", "prompt-lookup", "none"]
+        gens = [engine.generate(PROMPTS[i], GenerationConfig(max_tokens=48, k=6),
+                                drafter=create(name, BuildContext(off))) for i, name in enumerate(names)]
+        engine.step()
+        engine.cancel(gens[1])  # a hole in the slots: 0, 2 and 3 go on
+        while engine.busy:
+            engine.step()
+        mixed = [c for c in calls if len({q for q, _, _ in c}) > 1 and len({n for _, n, _ in c}) > 1]
+        assert mixed, "no step verified drafts of different lengths together"
+        assert all(pad == 0 for c in mixed for _, _, pad in c)  # real rows only
+        assert any({q for q, _, _ in c} == {0, 2, 3} for c in mixed)  # scattered slots, one call
+        assert gens[1].stats.stop_reason == "cancelled"
+        assert [len(g.output_ids) for g in (gens[0], gens[2], gens[3])] == [48] * 3
+        assert gens[0].stats.n_accepted > 0 and gens[2].stats.n_accepted > 0
+    finally:
+        off.close()
 
 
 # -- stand-ins: shapes measured per weight type, exact at k = 16 ------------------------

@@ -13,6 +13,7 @@ from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..draft_length.background import open_for_mode
 from ..draft_length.costs import EXACT_MODES, CostModel, ensure_shapes
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
 from ..drafters import BuildContext, available, create
@@ -242,6 +243,7 @@ def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -
                                     n_seq_max=branches, n_slots=slots, kv_overrides=overrides,
                                     rollback=getattr(args, "rollback", "auto"),
                                     rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
+    target = open_for_mode(target, getattr(args, "exact", "on"))
     announce_load(target)
     if settle:
         ensure_shapes(target, exact=getattr(args, "exact", "on"))

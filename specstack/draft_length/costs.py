@@ -78,7 +78,8 @@ class CostModel:
         """The llama.cpp calls alone of such a step."""
         if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
             return self.call_s(rows[0])
-        calls = plan_calls(rows, range(len(rows)), self.shapes.min_rows, self.shapes.max_rows)
+        calls = plan_calls(rows, range(len(rows)), self.shapes.min_rows, self.shapes.max_rows,
+                           even=self.shapes.even_rows)
         return sum(self.call_s(sum(p.count + p.pad for p in call)) for call in calls)
 
     def observe_rewind(self, seconds: float, drafted: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..commands.common import announce_load
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
-from ..draft_length.background import settle
+from ..draft_length.background import open_for_mode, settle
 from ..draft_length.costs import CostModel
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
@@ -151,6 +151,7 @@ class RoleWorker:
         self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
                                              rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
+        self.target = open_for_mode(self.target, role.exact)
         prefix = f"specstack serve: role {role.name!r}"
         announce_load(self.target, prefix=prefix)
         self.template = load_template(role.model, role.chat_template)

@@ -40,6 +40,14 @@ class BatchShapes:
       (``draft_length.background``); meanwhile every call that commits
       tokens has one row (``PLAIN_ROWS``), which is plain decoding itself and
       so exact without any measurement.
+    even_rows: a call gives each of its sequences the same number of rows,
+      padding the shorter ones.  llama.cpp runs a batch over separate KV
+      streams (the non-unified cache that exact mode keeps) as one graph only
+      when every sequence has the same rows and the sequence ids run
+      consecutively; anything else is split into several graphs, each paying
+      the whole weight pass.  Off where the target shares one unified cache
+      (``--exact off``): then any mix of sequences and rows is one graph, and
+      a step pays for its real rows only.  Set by the target (``set_shapes``).
     """
 
     min_rows: int = 2
@@ -51,6 +59,7 @@ class BatchShapes:
     tree_exact: bool | None = None  # tree calls measured equal to chains (None: not measured, no trees here)
     why: str = ""  # how the mode was chosen (``--exact``, or what auto measured), shown in every output
     pending: bool = False
+    even_rows: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
@@ -91,17 +100,22 @@ class Piece:
 
 
 def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows: int,
-               room: Sequence[int] | None = None) -> list[list[Piece]]:
+               room: Sequence[int] | None = None, even: bool = True) -> list[list[Piece]]:
     """Group segments of ``rows[i]`` tokens into decode calls that keep every row exact.
 
-    Each call has ``R`` rows per sequence (shorter pieces are padded; llama.cpp
-    splits a multi-stream batch unevenly otherwise) and ``min_rows <= total
-    <= max_rows`` rows.  A segment longer than ``max_rows`` is split into
-    pieces verified one after another.  ``room[i]`` caps the padding a
-    segment's sequence can hold.  Pieces in a call are ordered by sequence id.
+    With ``even`` (``BatchShapes.even_rows``) each call has ``R`` rows per
+    sequence (shorter pieces are padded; llama.cpp splits a multi-stream batch
+    unevenly otherwise); without, pieces of any length share a call and only a
+    call shorter than ``min_rows`` is padded (on its last piece).  Every call
+    has ``min_rows <= total <= max_rows`` rows.  A segment longer than
+    ``max_rows`` is split into pieces verified one after another.  ``room[i]``
+    caps the padding a segment's sequence can hold.  Pieces in a call are
+    ordered by sequence id.
 
     >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([3, 1], [0, 1], 2, 8)]
     [[(0, 3, 0), (1, 1, 2)]]
+    >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([3, 1], [0, 1], 2, 8, even=False)]
+    [[(0, 3, 0), (1, 1, 0)]]
     >>> [[(p.segment, p.count, p.pad) for p in c] for c in plan_calls([5], [0], 1, 3)]
     [[(0, 3, 0)], [(0, 2, 0)]]
     """
@@ -115,15 +129,42 @@ def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows
             layers[j].append((i, start, min(cap, n - start)))
     calls: list[list[Piece]] = []
     for layer in layers:
-        open_calls: list[tuple[int, list[tuple[int, int, int]]]] = []  # (R, pieces)
-        for seg, start, count in sorted(layer, key=lambda p: -p[2]):
-            for idx, (r, members) in enumerate(open_calls):
-                if (len(members) + 1) * r <= cap and room[seg] >= r - count:
-                    members.append((seg, start, count))
-                    break
-            else:
-                open_calls.append((max(count, min(min_rows, count + room[seg])), [(seg, start, count)]))
-        for r, members in open_calls:
+        packed = _pack_even(layer, cap, min_rows, room) if even else _pack_uneven(layer, cap, min_rows, room)
+        for members in packed:
             members.sort(key=lambda p: seqs[p[0]])
-            calls.append([Piece(seg, start, count, r - count) for seg, start, count in members])
+            calls.append([Piece(seg, start, count, pad) for seg, start, count, pad in members])
     return calls
+
+
+def _pack_even(layer: list[tuple[int, int, int]], cap: int, min_rows: int,
+               room: Sequence[int]) -> list[list[tuple[int, int, int, int]]]:
+    """Calls of ``R`` rows per piece (padded up to it), longest pieces first."""
+    open_calls: list[tuple[int, list[tuple[int, int, int]]]] = []  # (R, pieces)
+    for seg, start, count in sorted(layer, key=lambda p: -p[2]):
+        for r, members in open_calls:
+            if (len(members) + 1) * r <= cap and room[seg] >= r - count:
+                members.append((seg, start, count))
+                break
+        else:
+            open_calls.append((max(count, min(min_rows, count + room[seg])), [(seg, start, count)]))
+    return [[(seg, start, count, r - count) for seg, start, count in members] for r, members in open_calls]
+
+
+def _pack_uneven(layer: list[tuple[int, int, int]], cap: int, min_rows: int,
+                 room: Sequence[int]) -> list[list[tuple[int, int, int, int]]]:
+    """Calls of up to ``cap`` rows in all, first fit by length; a call short of ``min_rows`` pads its last piece."""
+    open_calls: list[list[tuple[int, int, int]]] = []
+    for piece in sorted(layer, key=lambda p: -p[2]):
+        for members in open_calls:
+            if sum(c for _, _, c in members) + piece[2] <= cap:
+                members.append(piece)
+                break
+        else:
+            open_calls.append([piece])
+    out = []
+    for members in open_calls:
+        short = min_rows - sum(c for _, _, c in members)
+        seg = members[-1][0]
+        pads = [0] * (len(members) - 1) + [max(0, min(short, room[seg]))]
+        out.append([(s, start, c, pad) for (s, start, c), pad in zip(members, pads)])
+    return out

@@ -104,7 +104,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
     def set_shapes(self, shapes: BatchShapes) -> None:
         """Adopt measured (or assumed) exact shapes; positions for padding are reserved."""
         cap = min(shapes.max_rows, self._batch_cap)
-        self.shapes = dataclasses.replace(shapes, max_rows=max(cap, shapes.min_rows))
+        # Uneven calls need one unified cache, and exact shapes were measured on even ones.
+        even = not (self.unified and self.n_slots > 1 and not shapes.exact)
+        self.shapes = dataclasses.replace(shapes, max_rows=max(cap, shapes.min_rows), even_rows=even)
         self.min_batch = self.shapes.min_rows
         # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)
@@ -195,6 +197,13 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
     def sibling(self, positions: int) -> "LlamaModel":
         """Another context on these weights, ``positions`` per sequence at most, configured as this one."""
         return LlamaModel(self.config, role=f"{self.role} (second context)", weights=self, positions=positions)
+
+    def reopen(self, **changes: object) -> "LlamaModel":
+        """This model with ``changes`` to its ``ModelConfig`` (e.g. the KV layout): this one is closed and the
+        file loaded again (from the page cache: a second or less).  Only before any sequence holds anything."""
+        config = dataclasses.replace(self.config, **changes)
+        self.close()
+        return LlamaModel(config, role=self.role)
 
     def _free_model(self) -> None:
         if self._owns_model:  # a sibling context never frees the weights it borrowed
@@ -293,7 +302,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         rows = [len(s.tokens) for s in segments]
         seqs = [s.seq for s in segments]
         room = [self.n_ctx - self.seq_len[s.seq] - len(s.tokens) for s in segments]
-        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room)
+        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room, self.shapes.even_rows)
         out: list[list[np.ndarray]] = [[] for _ in segments]
         for call in calls:
             entries = []

@@ -29,6 +29,7 @@ class TreeBatches:
     memory: Memory
     is_recurrent: bool
     unified: bool
+    n_slots: int
     n_seq_max: int
     n_vocab: int
     capacity: int
@@ -58,7 +59,7 @@ class TreeBatches:
             depth[i] = depth[parents[i]] + 1
             has_child[parents[i]] = True
         leaves = [i for i in range(n) if not has_child[i]]
-        if not self.unified or len(leaves) > self.n_seq_max:
+        if not self.unified or self.n_slots > 1 or len(leaves) > self.n_seq_max:  # branches would be other slots
             raise ValueError(f"tree has {len(leaves)} branches but the context allows {self.n_seq_max if self.unified else 1}")
         seqs: list[list[int]] = [[] for _ in range(n)]
         for s, leaf in enumerate(leaves):
