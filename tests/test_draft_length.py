@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -21,6 +22,7 @@ from specstack.draft_length import (
     expected_accepted,
 )
 from specstack.errors import InvalidParameterError
+from specstack.target import INEXACT, BatchShapes, Segment
 
 
 def outcome(drafted, accepted, source="s", draft_s=1e-6, verify_s=0.0):
@@ -215,12 +217,13 @@ def test_cost_model_rescales_sizes_not_observed_yet():
     assert c.verify_s(8) == pytest.approx(8.0, rel=0.05)
 
 
-def test_calibration_is_positive_nondecreasing_and_cached(target, tmp_path, monkeypatch):
+def test_calibration_is_positive_prices_nondecreasing_and_cached(target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
     first = calibrate(target, n_max=6)
     assert first.source == "calibrated"
     assert all(x > 0 for x in first.curve)
-    assert all(b >= a for a, b in itertools.pairwise(first.curve))
+    prices = [first.call_s(n) for n in range(1, 7)]  # the curve as measured may saw; what a call costs may not
+    assert all(b >= a for a, b in itertools.pairwise(prices))
     second = calibrate(target, n_max=6)
     assert second.source == "cache" and second.curve == pytest.approx(first.curve)
 
@@ -284,3 +287,29 @@ def test_measure_curve_leaves_target_reusable(target):
     assert target.n_past == 0 and target.seq_pos_max(0) == -1  # nothing left in the KV cache
     fresh = Engine(target, create("none", BuildContext(target)))  # no cached prefix to lean on
     assert fresh.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=24)).run().output_ids == before
+
+
+def test_without_exactness_calls_are_padded_to_their_cheapest_size_and_priced_so(target):
+    """A saw-toothed curve (kernels taking rows in 4s): 5-7 rows cost what 8 do, because the target pads them."""
+    saw = [1.0, 2.0, 2.5, 2.6, 3.6, 3.9, 4.3, 3.5]
+    pad_to = costs.cheapest_sizes(saw)
+    assert pad_to == (1, 2, 3, 4, 5, 8, 8, 8)
+    model = CostModel(saw, shapes=dataclasses.replace(INEXACT, pad_to=pad_to))
+    assert model.call_s(6) == model.call_s(7) == model.call_s(8) == 3.5 and model.call_s(5) == 3.6
+    assert CostModel(saw, shapes=BatchShapes(min_rows=1)).call_s(8) == 4.3  # exact: never padded, never cheaper
+    before = target.shapes
+    calls = []
+    real = target._call
+    try:
+        target.set_shapes(dataclasses.replace(INEXACT, pad_to=pad_to))
+        target._call = lambda entries, *a, **k: (calls.append([(len(t), pad) for _, t, pad, _ in entries]),
+                                                 real(entries, *a, **k))[1]
+        target.reset()
+        target.prefill(target.tokenize("def f(x):\n    return x\n"))
+        n = target.seq_len[0]
+        logits = target.decode([Segment(0, [target.bos_id] * 6, 0)])[0]
+        assert calls[-1] == [(6, 2)] and logits.shape[0] == 6 and target.seq_len[0] == n + 6  # pads gone again
+    finally:
+        target._call = real
+        target.set_shapes(before)
+        target.reset()

@@ -140,7 +140,7 @@ class BackgroundCalibration:
                 probe.set_shapes(self.known)
             shapes = ensure_shapes(probe, self.mode, show_progress=False)
             costs = calibrate(probe, self.n_max, exact=self.mode) if self.n_max is not None else None
-            self.result = (shapes, costs)
+            self.result = (dataclasses.replace(shapes, pad_to=probe.shapes.pad_to), costs)  # pad_to: with the curve
         except Abandoned:
             pass
         except Exception as exc:  # the engine keeps the provisional (exact, unhurried) settings

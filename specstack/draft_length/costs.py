@@ -25,7 +25,7 @@ from ..paths import cache_dir
 from ..target import BatchShapes, EngineTarget, plan_calls
 from ..ui import Progress
 
-CURVE_VERSION = 7  # bump when the measurement method changes: old cache entries are ignored
+CURVE_VERSION = 8  # bump when the measurement method changes: old cache entries are ignored
 
 
 @dataclass
@@ -64,8 +64,8 @@ class CostModel:
         self._online, self._seen, self._scale = {}, {}, 1.0
 
     def call_s(self, rows: int) -> float:
-        """One call of ``rows`` rows (padded to min_rows)."""
-        n = max(rows, self.shapes.min_rows, 1)
+        """One call of ``rows`` rows (padded to min_rows, or to a cheaper size: ``BatchShapes.pad_to``)."""
+        n = self.shapes.rows_for(max(rows, 1))
         if self._seen.get(n, 0) > self.min_seen:
             return max(self._online[n], self._floor(n))
         return self._calibrated(n) * self._scale
@@ -79,7 +79,7 @@ class CostModel:
         if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
             return self.call_s(rows[0])
         calls = plan_calls(rows, range(len(rows)), self.shapes.min_rows, self.shapes.max_rows,
-                           even=self.shapes.even_rows)
+                           even=self.shapes.even_rows, pad_to=self.shapes.pad_to)
         return sum(self.call_s(sum(p.count + p.pad for p in call)) for call in calls)
 
     def observe_rewind(self, seconds: float, drafted: int) -> None:
@@ -101,10 +101,12 @@ class CostModel:
         return max(known, default=0.0)
 
     def _calibrated(self, n: int) -> float:
-        """Beyond the curve: the mean slope of its upper half (the last step alone can be ~0 from noise)."""
+        """On the curve: as measured where calls are padded to their cheapest size (``pad_to``; n is one), else
+        the dearest size up to n (a bigger call never looks cheaper).  Beyond: the mean slope of its upper
+        half (the last step alone can be ~0 from noise)."""
         c = self.curve
         if n <= len(c):
-            return c[n - 1]
+            return c[n - 1] if n <= len(self.shapes.pad_to) else max(c[:n])
         half = len(c) // 2
         slope = (c[-1] - c[half - 1]) / (len(c) - half) if len(c) > 1 else c[-1]
         return c[-1] + max(slope, 0.0) * (n - len(c))
@@ -123,6 +125,7 @@ class CostModel:
     def observe_call(self, n: int, seconds: float) -> None:
         if n < 1 or seconds <= 0:
             return
+        n = self.shapes.rows_for(n)  # the call as run
         # One step can be delayed by far more than its cost (a cold first call, the OS
         # scheduling another process): clip so that no single step dominates.
         seconds = min(seconds, 3.0 * self.call_s(n))
@@ -352,7 +355,8 @@ def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int =
     Stops after ``budget_s`` once every n has at least one sample.
     """
     depth = max(1, min(depth, model.capacity - n_max - 1))
-    sizes = [n for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if n < n_max] + [n_max]
+    # every size up to 24: kernels that take rows in groups make the curve saw-toothed (``cheapest_sizes``)
+    sizes = [n for n in (*range(1, 25), 32, 48, 64) if n < n_max] + [n_max]
     samples = time_calls(model, _filler(model, depth + n_max), sizes, depth, reps, budget_s=budget_s)
     best = {n: min(ts, default=float("inf")) for n, ts in samples.items()}
     return _interpolate(best, n_max)
@@ -374,7 +378,8 @@ def _still_true(model: EngineTarget, cached: CostModel, tolerance: float = 5.0) 
 
 
 def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
-    """t(1..n_max) from measured sizes: linear between them, then made non-decreasing."""
+    """t(1..n_max) from measured sizes, linear between them.  Not smoothed: a size can cost more than a
+    bigger one (``cheapest_sizes``); ``CostModel`` prices each size as the target will run it."""
     xs = sorted(points)
     curve = []
     for n in range(1, n_max + 1):
@@ -382,9 +387,21 @@ def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
         lo = max((x for x in xs if x <= n), default=hi)
         t = points[lo] if hi == lo else points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
         curve.append(t)
-    for i in range(1, n_max):  # a bigger batch never costs less
-        curve[i] = max(curve[i], curve[i - 1])
     return curve
+
+
+def cheapest_sizes(curve: Sequence[float], margin: float = 0.03) -> tuple[int, ...]:
+    """For n = 1..len(curve): the call size m >= n to pad n rows to, the cheapest on the measured ``curve``
+    (``BatchShapes.pad_to``); m = n unless m is more than ``margin`` cheaper (noise must not add rows).
+
+    >>> cheapest_sizes([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6])
+    (1, 2, 3, 4, 5, 8, 8, 8)
+    """
+    out = []
+    for n in range(1, len(curve) + 1):
+        m = min(range(n, len(curve) + 1), key=lambda k: (curve[k - 1], k))
+        out.append(m if curve[m - 1] < (1 - margin) * curve[n - 1] else n)
+    return tuple(out)
 
 
 def _cache_key(model: EngineTarget, n_max: int) -> str:
@@ -599,9 +616,19 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
         cached = CostModel(list(cache[key]["curve_s"]), shapes=model.shapes, source="cache")
         if (path, key) in _checked or _still_true(model, cached):
             _checked.add((path, key))
-            return cached
+            return _padded(model, cached)
     curve = measure_curve(model, n_max)
     _checked.add((path, key))  # measured by this process: nothing to check against
     if use_cache:
         _store(path, key, {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()})
-    return CostModel(curve, shapes=model.shapes)
+    return _padded(model, CostModel(curve, shapes=model.shapes))
+
+
+def _padded(model: EngineTarget, costs: CostModel) -> CostModel:
+    """Without exactness, the target pads each call to its cheapest size on the curve (``BatchShapes.pad_to``),
+    and the cost model prices it so."""
+    if model.shapes.exact or model.is_recurrent:  # a recurrent model's pads are phantoms to roll back: not free
+        return costs
+    model.set_shapes(dataclasses.replace(model.shapes, pad_to=cheapest_sizes(costs.curve)))
+    costs.shapes = model.shapes
+    return costs

@@ -297,12 +297,13 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         if len(segments) == 1 and len(segments[0].tokens) <= self.shapes.max_rows:  # the common case, no planning
             s = segments[0]
             n = len(s.tokens)
-            pad = max(0, min(self.min_batch - n, self.n_ctx - self.seq_len[s.seq] - n))
+            pad = max(0, min(self.shapes.rows_for(n) - n, self.n_ctx - self.seq_len[s.seq] - n))
             return self._call([(s.seq, list(s.tokens), pad, s.logits_from)])
         rows = [len(s.tokens) for s in segments]
         seqs = [s.seq for s in segments]
         room = [self.n_ctx - self.seq_len[s.seq] - len(s.tokens) for s in segments]
-        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room, self.shapes.even_rows)
+        calls = plan_calls(rows, seqs, self.shapes.min_rows, self.shapes.max_rows, room, self.shapes.even_rows,
+                           self.shapes.pad_to)
         out: list[list[np.ndarray]] = [[] for _ in segments]
         for call in calls:
             entries = []
