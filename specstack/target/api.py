@@ -47,11 +47,14 @@ class ModelConfig:
     # Branches a tree draft may have (llama.cpp sequences sharing one
     # unified cache); used only with one slot.
     n_seq_max: int = 1
-    unified: bool | None = None  # None: unified iff n_slots == 1 (draft models share one cache)
+    # None: unified iff n_slots == 1 (draft models share one cache); under --exact off a multi-slot
+    # target is reopened unified, with flash attention (``draft_length.background.open_for_mode``).
+    unified: bool | None = None
     # Off: batches of 2..512 rows then agree bit for bit on F16 and Q8_0 here.
     # With flash attention a one-row call matched 2-3 row calls at the KV length
     # measured, yet greedy output broke at a longer one (its single-row path
     # depends on the KV length), so exactness could not be measured reliably.
+    # On only without exactness (``open_for_mode``), where it is worth +4-6% here.
     flash_attn: bool = False
     kv_overrides: tuple[tuple[str, int], ...] = ()
     prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
