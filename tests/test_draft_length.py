@@ -149,6 +149,19 @@ def test_cost_drafts_less_when_draft_rows_displace_waiting_prompt_tokens():
     assert BatchLoad(free_rows=2, displaced_s=0.5).displacement_s(5) == 1.5
 
 
+def test_cost_verifies_none_of_a_draft_too_short_to_pay():
+    """Where a 2-row call costs 2.4x a one-row call (the 1B stand-in, Q4_K_M), a retrieval draft that came back
+    with 1 token loses whatever its acceptance: the policy planned a long draft, and cuts a short one to none."""
+    p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
+              k_max=16)
+    for _ in range(60):  # every draft accepted whole: long drafts pay
+        k = max(trim(p, "s", next_k(p)), 1)
+        p.observe(outcome(k, k))
+    assert next_k(p) >= 7
+    assert trim(p, "s", 1) == 0 and trim(p, "s", 2) == 0  # verifying them would cost more than it gives
+    assert trim(p, "s", 7) == 7
+
+
 def test_cost_probes_after_a_run_of_plain_steps():
     p = CostK(linear_costs(), k_max=8, probe_every=4, probe_k=2)
     for _ in range(30):

@@ -246,12 +246,34 @@ class CostK(_Policy):
         def cut(source: str, n: int) -> int:
             if self.book.tracker(source).n_observed() < 1.0:
                 return min(n, self.probe_k)
-            return self._k_for(source, load)
+            if source in self._ruled:
+                return self._k_for(source, load)
+            return self._worth_verifying(source, n, load)
 
         k = min(k, cap)
         likely = max(min(k, self.best_k_for(name, load)) for name in self._sources)  # a model draft stops early
         expected = 1.0 + max(expected_accepted(self.book.conditional(name), likely) for name in self._sources)
         return Budget(k, tree, keep, advice, cut, expected, 1 + likely)
+
+    def _worth_verifying(self, name: str, n: int, load: BatchLoad) -> int:
+        """Of a draft that came back with ``n`` tokens, the prefix whose verification raises the expected rate most.
+
+        The budget planned for the source's best k; a retrieval drafter often finds fewer.  Drafting is paid
+        by then, so only verification counts, and a short draft can be worth none of it: where a 2-row call
+        costs 2.4x a 1-row one (the 1B stand-in, Q4_K_M), verifying one drafted token loses whatever its
+        acceptance.  Cached as ``best_k_for`` is.
+        """
+        n = min(n, self.k_max)
+        key = ("cut", name, n, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows,
+               round(load.displaced_s, 4))
+        hit = self._best.get(key)
+        if hit is None or self._steps - hit[1] >= 16:
+            hit = (best_k(self.book.conditional(name), lambda k: 0.0, lambda m: self._step_cost(m, load), n,
+                          load.tokens), self._steps)
+            if len(self._best) > 256:
+                self._best.clear()
+            self._best[key] = hit
+        return hit[0]
 
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
         advice = Advice(self.book, lambda n: self._step_cost(n, load))
