@@ -10,6 +10,7 @@ by model file (path, size, mtime), threads and llama.cpp build.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import hashlib
 import json
 import os
@@ -55,12 +56,17 @@ class CostModel:
     _online: dict[int, float] = field(default_factory=dict)
     _seen: dict[int, int] = field(default_factory=dict)
     _scale: float = 1.0
+    _dearest: list[float] = field(default_factory=list)  # running maximum of the curve
+
+    def __post_init__(self) -> None:
+        self._dearest = list(itertools.accumulate(self.curve, max))
 
     def adopt(self, measured: "CostModel") -> None:
         """Price with ``measured`` from now on: a calibration that finished after this object was handed to
         policies (``background``), which all share it.  What was learnt online was learnt against the
         provisional curve, so it goes too."""
         self.curve, self.shapes, self.source = list(measured.curve), measured.shapes, measured.source
+        self._dearest = list(measured._dearest)
         self._online, self._seen, self._scale = {}, {}, 1.0
 
     def call_s(self, rows: int) -> float:
@@ -106,7 +112,7 @@ class CostModel:
         half (the last step alone can be ~0 from noise)."""
         c = self.curve
         if n <= len(c):
-            return c[n - 1] if n <= len(self.shapes.pad_to) else max(c[:n])
+            return c[n - 1] if n <= len(self.shapes.pad_to) else self._dearest[n - 1]
         half = len(c) // 2
         slope = (c[-1] - c[half - 1]) / (len(c) - half) if len(c) > 1 else c[-1]
         return c[-1] + max(slope, 0.0) * (n - len(c))
@@ -627,7 +633,8 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
 def _padded(model: EngineTarget, costs: CostModel) -> CostModel:
     """Without exactness, the target pads each call to its cheapest size on the curve (``BatchShapes.pad_to``),
     and the cost model prices it so."""
-    if model.shapes.exact or model.is_recurrent:  # a recurrent model's pads are phantoms to roll back: not free
+    one_graph = model.n_slots == 1 or not model.shapes.even_rows  # separate streams pad evenly, never per pad_to
+    if model.shapes.exact or model.is_recurrent or not one_graph:  # a recurrent model's pads are phantoms: not free
         return costs
     model.set_shapes(dataclasses.replace(model.shapes, pad_to=cheapest_sizes(costs.curve)))
     costs.shapes = model.shapes

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import InvalidParameterError
 from ..target.api import EngineTarget
@@ -213,11 +213,16 @@ class CostK(_Policy):
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        key = (name, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows, round(load.displaced_s, 4))
+        return self._cached((name, load), lambda: best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
+                                                        lambda n: self._step_cost(n, load), self.k_max, load.tokens))
+
+    def _cached(self, key: tuple, compute: Callable[[], int]) -> int:
+        """A k computed at most every 16 steps per key (``best_k_for``'s cache; the load in ``key`` by value)."""
+        *head, load = key
+        key = (*head, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows, round(load.displaced_s, 4))
         hit = self._best.get(key)
         if hit is None or self._steps - hit[1] >= 16:
-            hit = (best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
-                          lambda n: self._step_cost(n, load), self.k_max, load.tokens), self._steps)
+            hit = (compute(), self._steps)
             if len(self._best) > 256:
                 self._best.clear()
             self._best[key] = hit
@@ -264,16 +269,8 @@ class CostK(_Policy):
         acceptance.  Cached as ``best_k_for`` is.
         """
         n = min(n, self.k_max)
-        key = ("cut", name, n, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows,
-               round(load.displaced_s, 4))
-        hit = self._best.get(key)
-        if hit is None or self._steps - hit[1] >= 16:
-            hit = (best_k(self.book.conditional(name), lambda k: 0.0, lambda m: self._step_cost(m, load), n,
-                          load.tokens), self._steps)
-            if len(self._best) > 256:
-                self._best.clear()
-            self._best[key] = hit
-        return hit[0]
+        return self._cached(("cut", name, n, load), lambda: best_k(self.book.conditional(name), lambda k: 0.0,
+                                                                   lambda m: self._step_cost(m, load), n, load.tokens))
 
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
         advice = Advice(self.book, lambda n: self._step_cost(n, load))

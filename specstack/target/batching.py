@@ -70,8 +70,8 @@ class BatchShapes:
     pad_to: tuple[int, ...] = ()
 
     def rows_for(self, n: int) -> int:
-        """The rows a call with ``n`` real rows is given: at least ``min_rows``, padded per ``pad_to``."""
-        return max(n, self.min_rows, self.pad_to[n - 1] if 0 < n <= len(self.pad_to) else n)
+        """The rows a call with ``n`` real rows is given (``padded_rows``)."""
+        return padded_rows(n, self.min_rows, self.pad_to)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= max(self.max_rows, self.min_rows):
@@ -90,6 +90,11 @@ INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=
 # makes, so speculation cannot change the output; the cost policy, seeing no saving, drafts nothing.
 PLAIN_ROWS = BatchShapes(min_rows=1, max_rows=1, prefill_exact=False, settled=True, tree_exact=False, pending=True,
                          why="measuring this model's exact call shapes in the background; until then plain one-row calls")
+
+
+def padded_rows(n: int, min_rows: int, pad_to: Sequence[int]) -> int:
+    """The rows a call with ``n`` real rows is given: at least ``min_rows``, padded per ``pad_to``."""
+    return max(n, min_rows, pad_to[n - 1] if 0 < n <= len(pad_to) else n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +184,7 @@ def _pack_uneven(layer: list[tuple[int, int, int]], cap: int, min_rows: int, roo
     out = []
     for members in open_calls:
         total = sum(c for _, _, c in members)
-        short = min(cap, max(min_rows, pad_to[total - 1] if total <= len(pad_to) else total)) - total
+        short = min(cap, padded_rows(total, min_rows, pad_to)) - total
         seg = members[-1][0]
         pads = [0] * (len(members) - 1) + [max(0, min(short, room[seg]))]
         out.append([(s, start, c, pad) for (s, start, c), pad in zip(members, pads)])
