@@ -452,7 +452,7 @@ class Engine:
             draft = draft.truncated(bad) if not draft.is_tree else draft.best_chain().truncated(0)
         if draft.is_tree and not budget.tree:
             draft = draft.best_chain()
-        draft = draft.truncated(budget.worth(draft.source, len(draft)))
+        draft = draft.truncated(budget.worth(draft))
         if draft.is_tree:
             draft = draft.truncated(max(0, target.shapes.max_rows - 1))  # one call: within the exact shapes
         while draft.is_tree and draft.branches() > target.n_seq_max:

@@ -48,6 +48,21 @@ class Draft:
             probs=None if self.probs is None else self.probs[:n],
         )
 
+    def scores(self) -> tuple[float, ...] | None:
+        """Per-token acceptance estimates of a chain with ``probs``: each token's probability given its
+        predecessors (a path probability over its parent's), or None (no probs, or a tree).
+
+        The cost policy prices a retrieval draft by these, so that a continuation seen many times is
+        verified whole while a branch point stops it.
+        """
+        if self.probs is None or self.is_tree or not self.probs:
+            return None
+        out, before = [], 1.0
+        for p in self.probs:
+            out.append(min(1.0, p / before) if before > 0 else 0.0)
+            before = p
+        return tuple(out)
+
     @property
     def is_tree(self) -> bool:
         return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))

@@ -23,6 +23,7 @@ from specstack.draft_length import (
 )
 from specstack.errors import InvalidParameterError
 from specstack.target import INEXACT, BatchShapes, Segment
+from specstack.types import Draft
 
 
 def outcome(drafted, accepted, source="s", draft_s=1e-6, verify_s=0.0):
@@ -34,8 +35,9 @@ def next_k(p) -> int:
     return p.budget(64).max_tokens
 
 
-def trim(p, source, n) -> int:
-    return p.budget(64).worth(source, n)
+def trim(p, source, n, probs=None) -> int:
+    """Tokens of a chain of ``n`` from ``source`` the policy verifies (``probs``: a scored draft's path probabilities)."""
+    return p.budget(64).worth(Draft(tuple(range(n)), source, probs=probs))
 
 
 def linear_costs(base=1e-3, per_token=1e-4, n=40) -> CostModel:
@@ -160,6 +162,30 @@ def test_cost_verifies_none_of_a_draft_too_short_to_pay():
     assert next_k(p) >= 7
     assert trim(p, "s", 1) == 0 and trim(p, "s", 2) == 0  # verifying them would cost more than it gives
     assert trim(p, "s", 7) == 7
+
+
+def test_cost_verifies_a_scored_draft_as_far_as_its_scores_pay_and_learns_when_they_lie():
+    """A retrieval draft that scores its tokens (the suffix tree's counts) is judged by them, not by the source's
+    average: on the saw-toothed stand-in curve, an average that says "never draft" must not stop a continuation
+    seen many times from being verified whole, while a draft whose path splits is cut where it splits."""
+    p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
+              k_max=16)
+    for _ in range(40):  # the unscored average: 40% of first tokens accepted
+        p.observe(outcome(2, 1 if _ % 5 < 2 else 0))
+    assert p.best_k_for("s") == 0 and next_k(p) == 0  # unscored, the source is never asked
+    while (probe := p.budget(64)).max_tokens == 0:  # but probed now and then
+        p.observe(outcome(0, 0))
+    assert probe.worth(Draft((1, 2), "s", probs=(1.0, 1.0))) == 0  # too short to pay even when sure (the 2-row saw)
+    p.observe(outcome(0, 0))
+    assert next_k(p) == 16  # once a source is known to score its drafts, it is asked for its longest every step
+    sure = (1.0,) * 12
+    assert trim(p, "s", 12, probs=sure) == 12
+    assert trim(p, "s", 12, probs=sure[:3] + (0.2,) * 9) == 3  # the path splits after 3 tokens: cut there
+    assert trim(p, "s", 12, probs=(0.3,) * 12) == 0
+    for _ in range(80):  # the scores lie: sure drafts rejected at their first token
+        n = trim(p, "s", 12, probs=sure)
+        p.observe(outcome(n, 0) if n else outcome(0, 0))
+    assert trim(p, "s", 12, probs=sure) == 0  # calibration learnt that "sure" means nothing here
 
 
 def test_cost_probes_after_a_run_of_plain_steps():

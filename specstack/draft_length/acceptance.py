@@ -132,11 +132,12 @@ class ConfidenceCalibration:
 
     bins: int = 10
     decay: float = 0.995
+    trusting: bool = False  # start each bin at its midpoint: for scores that are already probabilities
     accepted: list[float] = field(default_factory=list)
     reached: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.accepted = [1.0] * self.bins
+        self.accepted = [2.0 * (b + 0.5) / self.bins if self.trusting else 1.0 for b in range(self.bins)]
         self.reached = [2.0] * self.bins
 
     def _bin(self, c: float) -> int:

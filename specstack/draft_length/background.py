@@ -202,8 +202,8 @@ def _say(message: str) -> None:
     print(f"specstack: {message}", file=sys.stderr, flush=True)
 
 
-def open_for_mode(target: "LlamaModel", exact: bool | str) -> "LlamaModel":
-    """The target to run ``--exact`` with: under off (auto: once its cached verdict is off), a target of several
+def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False) -> "LlamaModel":
+    """The target to run ``--exact`` with: under off (auto: once its verdict is off), a target of several
     slots is reopened on one unified KV cache with flash attention, its shapes settled.
 
     Separate KV streams keep every cell where a solo run puts it, which exactness needs, but llama.cpp runs
@@ -212,12 +212,19 @@ def open_for_mode(target: "LlamaModel", exact: bool | str) -> "LlamaModel":
     generations verifying 4 rows each took 232 ms in slots 0, 3, 5 and 8 against 141 ms in slots 0-3 (the
     1B stand-in, Q4_K_M, -t 2); on one unified cache with flash attention, 148 ms wherever they are, and
     uneven drafts need no padding.  Without exactness nothing needs the streams.  Auto decides on the
-    streams: its first run (verdict not cached yet) keeps them.
+    streams: where its verdict is not cached yet, ``measure`` measures it now (the server, whose layout is
+    fixed for its life: about 10 s on the stand-in, once per model, thread count and slot count), else the
+    streams are kept.
     """
     mode = exact_mode(exact)
     if mode == "on" or target.n_slots < 2 or target.unified or target.is_recurrent:
         return target
     shapes = cached_shapes(target, mode)
+    if shapes is None and measure:
+        _say(f"first run of {Path(str(target.path)).name} with {target.n_slots} slots at {target.n_threads} "
+             f"thread{'' if target.n_threads == 1 else 's'}: measuring what exactness costs before serving, since "
+             "it decides how the slots share the KV cache (cached for later runs)")
+        shapes = ensure_shapes(target, mode)
     if shapes is None or shapes.exact:
         return target
     reopened = target.reopen(unified=True, flash_attn=True)

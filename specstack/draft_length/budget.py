@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from .acceptance import AcceptanceBook
 from .costs import CostModel
 from ..errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from ..types import Draft
 
 # Relative verification cost t(n)/t(1) = 1 + VERIFY_SLOPE * (n - 1) for policies
 # without a measured curve: 0.2 per token on pycoder-6m and 0.1 on a 1B model with
@@ -121,8 +124,9 @@ class Budget:
     keep_going: for sources that draft token by token (a model), whether
       one more token is worth verifying; None means draft up to max_tokens.
     advice: acceptance by source and verification cost, for cascade/fusion.
-    cut: how many of a source's n drafted tokens are worth verifying (the
-      engine applies it once the draft's source is known); None keeps all.
+    cut: how many of a source's n drafted tokens are worth verifying, given
+      the draft's per-token scores if it has them (``Draft.scores``); the
+      engine applies it once the draft is back.  None keeps all.
     expected: tokens the step is expected to commit for this generation
       (the engine tells the next generation's policy, for batch pricing).
     rows: rows this generation is expected to verify (1 + expected draft
@@ -133,14 +137,17 @@ class Budget:
     tree: bool = False
     keep_going: KeepGoing | None = None
     advice: Advice | None = None
-    cut: Callable[[str, int], int] | None = None
+    cut: Callable[[str, int, Sequence[float] | None], int] | None = None
     expected: float = 1.0
     rows: int | None = None
 
-    def worth(self, source: str, n: int) -> int:
-        """Tokens of a ``source`` draft of ``n`` to verify: within the cap, and as the policy cut it."""
-        n = min(n, self.max_tokens)
-        return n if self.cut is None else min(n, self.cut(source, n))
+    def worth(self, draft: "Draft") -> int:
+        """Tokens of ``draft`` to verify: within the cap, and as the policy cut it."""
+        n = min(len(draft), self.max_tokens)
+        if self.cut is None or n == 0:
+            return n
+        scores = draft.scores()
+        return min(n, self.cut(draft.source, n, None if scores is None else scores[:n]))
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
