@@ -225,6 +225,31 @@ def test_exact_off_shares_one_unified_cache_and_verifies_uneven_drafts_in_one_ca
         off.close()
 
 
+def test_a_server_measures_autos_verdict_before_choosing_how_its_slots_share_the_cache(tmp_path, monkeypatch):
+    """``open_for_mode(measure=True)`` (the server's load): where auto's verdict is not cached, it is measured
+    first, so a first run already has the layout the verdict calls for (one unified cache when it is off,
+    the streams when it is on), instead of serving its whole life on streams."""
+    from specstack.draft_length.costs import cached_shapes
+
+    monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))  # nothing cached: a first run
+    streams = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=3), role="target")
+    assert cached_shapes(streams, "auto") is None
+    assert open_for_mode(streams, "auto") is streams and not streams.shapes.settled  # without measure: kept as is
+    served = open_for_mode(streams, "auto", measure=True)
+    again = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=3), role="target")
+    try:
+        verdict = cached_shapes(again, "auto")
+        assert verdict is not None and served.shapes.settled  # measured (on the streams) and cached
+        assert served.shapes.exact == verdict.exact
+        if verdict.exact:
+            assert served is streams and not served.unified
+        else:
+            assert served.unified and "unified KV cache" in served.shapes.why
+    finally:
+        served.close()
+        again.close()
+
+
 # -- stand-ins: shapes measured per weight type, exact at k = 16 ------------------------
 
 @pytest.fixture(scope="module", params=["f16", "q8_0", "q4_k_m"])

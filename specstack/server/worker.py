@@ -151,7 +151,7 @@ class RoleWorker:
         self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
                                              rollback=role.rollback),
                                  role=f"target of role {role.name!r}")
-        self.target = open_for_mode(self.target, role.exact)
+        self.target = open_for_mode(self.target, role.exact, measure=True)  # the slots' layout is fixed from here
         prefix = f"specstack serve: role {role.name!r}"
         announce_load(self.target, prefix=prefix)
         self.template = load_template(role.model, role.chat_template)
