@@ -159,3 +159,16 @@ def test_an_empty_prompt_is_refused_before_taking_a_slot(target):
     with pytest.raises(InvalidParameterError, match="the prompt is empty"):
         engine.generate([], GenerationConfig(max_tokens=4))
     assert not engine.busy
+
+
+def test_the_first_token_comes_from_a_plain_step_and_drafting_starts_after_it(target):
+    """Time to first token is a one-row step, as from llama-server's and vLLM's prefill: a draft verified
+    with the first token would make the client wait for the whole verification call."""
+    text = "def add(a, b):\n    return a + b\n\n" * 6
+    gen = engine(target, "prompt-lookup").generate(text + "def add(a, b):\n", GenerationConfig(max_tokens=24, k=6))
+    e = gen.engine
+    while not gen.output_ids:
+        e.step()
+    assert len(gen.output_ids) == 1 and gen.stats.n_drafted == 0
+    gen.run()
+    assert gen.stats.n_accepted > 0  # the copied text is drafted and accepted from the second step on
