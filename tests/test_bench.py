@@ -264,14 +264,15 @@ class _Scripted:
 
 
 def test_replay_accepts_the_matching_prefix_plus_one_target_token():
-    # Output [5, 6, 7, 8, 9]: draft [5, 6, 1] keeps 5, 6 and the target's 7; then [8, 9] is cut to
-    # k = min(3, tokens left - 1) = 1, so only 8 is drafted and 9 comes from the target.
+    # Output [4, 5, 6, 7, 8, 9]: the first token comes from a plain step, as in the engine; then draft
+    # [5, 6, 1] keeps 5, 6 and the target's 7; then [8, 9] is cut to k = min(3, tokens left - 1) = 1, so
+    # only 8 is drafted and 9 comes from the target.
     d = _Scripted([[5, 6, 1], [8, 9]])
-    s = replay.replay_request(d, [1, 2], [5, 6, 7, 8, 9], k=3, max_tokens=5, capacity=511)
-    assert d.observed == [([5, 6, 7], 2), ([8, 9], 1)]
+    s = replay.replay_request(d, [1, 2], [4, 5, 6, 7, 8, 9], k=3, max_tokens=6, capacity=511)
+    assert d.observed == [([4], 0), ([5, 6, 7], 2), ([8, 9], 1)]
     assert d.ks == [3, 1]
-    assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens) == (2, 4, 3, 5)
-    assert s.steps == [("scripted", 3, 2), ("scripted", 1, 1)]
+    assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens) == (3, 4, 3, 6)
+    assert s.steps == [("scripted", 0, 0), ("scripted", 3, 2), ("scripted", 1, 1)]
 
 
 def test_replay_group_state_carries_over_to_the_next_request():

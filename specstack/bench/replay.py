@@ -66,7 +66,8 @@ def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence
             room = capacity - len(context)  # = capacity - n_past - 1 (the KV holds all but the pending token)
             if room < 0:
                 break
-            kk = max(0, min(k, max_tokens - done - 1, room))
+            # as ``Engine._budgets``: the first token comes from a plain step
+            kk = max(0, min(k, max_tokens - done - 1, room)) if done else 0
             t0 = time.perf_counter()
             draft = propose_one(drafter, context, kk) if kk > 0 else Draft.empty(stats.drafter)
             t1 = time.perf_counter()
