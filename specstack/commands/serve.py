@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "0 = the model's trained context); each role's context and KV cache size are printed at load")
     p.add_argument("--exact", choices=EXACT_MODES, default="auto",
                    help="exact call shapes: auto (default), on or off (see `specstack generate --help`); /health and "
-                   "/v1/models say which mode each role runs in and why")
+                   "/v1/models say which mode each role runs in and why. Without exactness several slots share one "
+                   "unified KV cache with flash attention, so auto's first run with several slots measures its "
+                   "verdict before serving (seconds, once per model, threads and slots; cached)")
     p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
                    "(see `specstack generate --help`)")
