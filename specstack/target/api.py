@@ -54,7 +54,8 @@ class ModelConfig:
     # With flash attention a one-row call matched 2-3 row calls at the KV length
     # measured, yet greedy output broke at a longer one (its single-row path
     # depends on the KV length), so exactness could not be measured reliably.
-    # On only without exactness (``open_for_mode``), where it is worth +4-6% here.
+    # On only without exactness (``open_for_mode``; ``load_target`` under --exact off), where it is worth
+    # +1-2% at a few hundred positions on Gemma 3 270M and the 1B stand-in (-t 2), more deeper in.
     flash_attn: bool = False
     kv_overrides: tuple[tuple[str, int], ...] = ()
     prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
