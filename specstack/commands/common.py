@@ -251,7 +251,7 @@ def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -
     target = open_for_mode(target, exact)
     announce_load(target)
     if settle:
-        ensure_shapes(target, exact=getattr(args, "exact", "on"))
+        ensure_shapes(target, exact=exact)
     return target
 
 

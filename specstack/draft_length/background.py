@@ -213,8 +213,8 @@ def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False
     1B stand-in, Q4_K_M, -t 2); on one unified cache with flash attention, 148 ms wherever they are, and
     uneven drafts need no padding.  Without exactness nothing needs the streams.  Auto decides on the
     streams: where its verdict is not cached yet, ``measure`` measures it now (the server, whose layout is
-    fixed for its life: 8.9 s on the 1B stand-in with 10 slots at -t 2, once per model, thread count and slot count), else the
-    streams are kept.
+    fixed for its life: 8.9 s on the 1B stand-in with 10 slots at -t 2, once per model, thread count and
+    slot count), else the streams are kept.
     """
     mode = exact_mode(exact)
     if mode == "on" or target.n_slots < 2 or target.unified or target.is_recurrent:

@@ -316,7 +316,7 @@ class CostK(_Policy):
         st = self.source(name)
         probs = [st.scores.prob(c) for c in scores]
         m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), len(probs), load.tokens)
-        self._scores[name] = list(scores[: m + 1]) if m else []
+        self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
         return m
 
     def _worth_verifying(self, name: str, n: int, load: BatchLoad) -> int:
