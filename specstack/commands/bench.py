@@ -198,6 +198,7 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
 def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import plots, report
     from ..bench.config import BenchConfig, options_from_args
+    from ..bench.outputs import check_output_dir
     from ..bench.runner import run_bench
     from ..bench.workloads import load
 
@@ -219,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin, peers=args.peers,
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    check_output_dir(outdir)  # before measuring: a bad -o found after the run would lose all of it
     target = load_target(args)
     n_cfg = len(config.configurations())
     print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "

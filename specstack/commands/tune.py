@@ -15,6 +15,7 @@ from typing import Any
 
 from ..bench.results import ALL, PLAIN, aggregate
 from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start, options_from_args
+from ..bench.outputs import check_output_file
 from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
 from ..draft_length import POLICIES
@@ -92,6 +93,7 @@ def sample(workload: Workload, per_category: int, max_tokens: int | None) -> Wor
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output)  # before the sweep: a bad -o found after it would lose minutes of measurement
     wl = sample(load(args.workload), args.prompts, args.max_tokens)
     config = BenchConfig(workload=wl, methods=methods(args), ks=args.k, k_max=args.k_max or DEFAULT_K_MAX,
                          drafter_options=options_from_args(args), cost_curve=False)

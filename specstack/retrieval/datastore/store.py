@@ -54,14 +54,12 @@ class Datastore:
                 f"datastore {self.path} has format version {self.meta.get('version')}, this "
                 f"specstack reads version {FORMAT_VERSION}; {fix}"
             )
+        self.tokens, self.sa, self.index = (_load(self.path, name, fix) for name in _FILES[:3])
         try:
-            self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
-            self.sa = np.load(self.path / "sa.npy", mmap_mode="r")
-            self.index = np.load(self.path / "index.npy", mmap_mode="r")
             n_tokens, n_docs, n_vocab = (int(self.meta[k]) for k in ("n_tokens", "n_docs", "n_vocab"))
             self.sort_depth = int(self.meta["sort_depth"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SpecstackError(f"datastore {self.path} is corrupt ({exc}); {fix}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SpecstackError(f"datastore {self.path} is corrupt (meta.json: {exc}); {fix}") from None
         ok = (
             self.tokens.dtype == np.int32
             and self.tokens.ndim == 1
@@ -75,6 +73,9 @@ class Datastore:
         )
         if not ok:
             raise SpecstackError(f"datastore {self.path} is corrupt (array sizes disagree with meta.json); {fix}")
+        problem = _content_problem(self.tokens, self.sa, self.index, n_vocab)
+        if problem:
+            raise SpecstackError(f"datastore {self.path} is corrupt ({problem}); {fix}")
         self.n_tokens, self.n_docs, self.n_vocab = n_tokens, n_docs, n_vocab
         self._n = len(self.tokens)
         # Plain ndarray views of the same mapped memory: slicing a np.memmap
@@ -263,6 +264,44 @@ class Datastore:
         parents = tuple(int(where[par[i]]) for i in order)
         probs = tuple(float(c[i]) / n for i in order)
         return Lookup(toks, parents, probs, m, n_matches=hi - lo, n_sampled=n)
+
+
+SAMPLE = 4096  # suffix-array entries whose bucket is checked at open (``_content_problem``)
+
+
+def _load(folder: Path, name: str, fix: str) -> np.ndarray:
+    """One array of a store, memory-mapped; any damage is a SpecstackError naming the file and ``fix``."""
+    try:
+        return np.load(folder / name, mmap_mode="r")
+    except EOFError:  # a zero-byte file: numpy says only "No data left in file"
+        problem = "it is empty"
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    raise SpecstackError(f"datastore {folder} is corrupt ({name}: {problem}); {fix}")
+
+
+def _content_problem(tokens: np.ndarray, sa: np.ndarray, index: np.ndarray, n_vocab: int) -> str | None:
+    """What is wrong inside arrays whose sizes agree with meta.json, or None.
+
+    Why at open: a suffix-array entry outside the token array, or a token id outside the vocabulary, does not
+    fail a lookup; it reads another position (numpy wraps negative indices) or hands the target an id it cannot
+    decode, so a damaged store silently drafts nothing, or garbage.  The range checks read every entry (one
+    sequential pass over the mapped files, fast next to loading a model); whether entries sit in the bucket of
+    their first token is checked on an even sample of ``SAMPLE`` entries, which catches any wholesale damage.
+    """
+    if len(tokens) and (int(tokens.min()) < SENTINEL or int(tokens.max()) >= n_vocab):
+        return f"tokens.npy holds ids outside the vocabulary 0..{n_vocab - 1}"
+    if len(index) > 1 and bool(np.any(np.diff(index) < 0)):
+        return "index.npy is not in increasing order"
+    if len(sa) == 0:
+        return None
+    if int(sa.min()) < 0 or int(sa.max()) >= len(tokens) - 1:
+        return f"sa.npy holds positions outside the {len(tokens)} tokens of tokens.npy"
+    picks = np.unique(np.linspace(0, len(sa) - 1, min(SAMPLE, len(sa))).astype(np.int64))
+    bucket = np.searchsorted(index, picks, side="right") - 1  # the first token of the suffixes sa[pick] points at
+    if not np.array_equal(np.asarray(tokens)[np.asarray(sa)[picks]], bucket):
+        return "sa.npy does not match tokens.npy and index.npy (its entries are not sorted by their tokens)"
+    return None
 
 
 def _sorted_rows(rows: np.ndarray) -> np.ndarray:
