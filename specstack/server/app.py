@@ -32,7 +32,7 @@ from ..drafters.base import check_name
 from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import MAX_LOGPROBS, SamplingParams
-from .chat import render
+from .chat import chat_tokens, render
 from .metrics import ServerMetrics
 from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
@@ -371,7 +371,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             raise ApiError(400, str(exc), param="messages") from None
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await run(request, w, body, w.target.tokenize(prompt, parse_special=w.template.kind != "plain"), chat=True)
+        return await run(request, w, body, chat_tokens(prompt, w.target), chat=True)
 
     async def run(request: Request, w: RoleBackend, body: _Common, ids: list[int], chat: bool) -> Response:
         jobs = make_jobs(w, body, ids)

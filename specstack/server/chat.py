@@ -23,9 +23,11 @@ Jinja templates are rendered in a sandbox as llama.cpp and transformers do, with
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 from ..errors import InvalidParameterError
 from ..machine.gguf_meta import read_gguf
@@ -72,17 +74,79 @@ def load_template(model: Path, choice: str | None = None) -> ChatTemplate:
     return ChatTemplate("plain", "", "none (plain ### format)")
 
 
-def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "") -> str:
-    """The prompt for ``messages``, ending where the assistant's answer starts."""
+@dataclass(frozen=True)
+class RenderedChat:
+    """A chat prompt as the template's own markup and the messages' text, kept apart.
+
+    ``pieces`` alternate in order: ``(text, True)`` was written by the template and may spell control tokens
+    (``<start_of_turn>``); ``(text, False)`` came from a message and is always plain text, however it is
+    spelled, so a user cannot close their turn and write the model's (as llama-server and vLLM keep it).
+    """
+
+    pieces: tuple[tuple[str, bool], ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+
+class ChatVocabulary(Protocol):
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def split_special(self, text: str) -> list[str | int]: ...
+
+
+def chat_tokens(chat: RenderedChat, vocab: ChatVocabulary) -> list[int]:
+    """Token ids of ``chat``: control tokens only where the template wrote them; every stretch of text between
+    two of them is tokenized whole, so an ordinary chat gets the ids that tokenizing the rendered prompt with
+    special parsing would give (llama.cpp tokenizes each text fragment between specials on its own too)."""
+    fragments: list[str | int] = []
+    for text, trusted in chat.pieces:
+        for part in (vocab.split_special(text) if trusted else [text]):
+            if isinstance(part, str) and fragments and isinstance(fragments[-1], str):
+                fragments[-1] += part
+            elif part != "":
+                fragments.append(part)
+    ids = vocab.tokenize("", add_special=True)  # BOS where the model asks for it
+    for part in fragments:
+        ids.extend([part] if isinstance(part, int) else vocab.tokenize(part, add_special=False))
+    return ids
+
+
+def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "") -> RenderedChat:
+    """The prompt for ``messages``, ending where the assistant's answer starts, with what the template wrote
+    told apart from what the messages said.
+
+    The template is rendered twice: with each message's text as it is, and with each replaced by a unique
+    marker. The markers show where the messages' text went; the first rendering shows what the template did
+    to it (llama.cpp's built-in templates trim it).
+    """
     for i, m in enumerate(messages):
         if m.get("role") not in ROLES:
             raise InvalidParameterError(f"messages[{i}].role must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
+    messages = [{**m, "content": _text(m)} for m in messages]
     if template.kind == "plain":
-        parts = [f"### {m['role'].capitalize()}:\n{_text(m)}\n\n" for m in messages]
-        return "".join(parts) + "### Assistant:\n"
+        pieces: list[tuple[str, bool]] = []
+        for m in messages:
+            pieces += [(f"### {m['role'].capitalize()}:\n", True), (m["content"], False), ("\n\n", True)]
+        return RenderedChat(tuple(pieces) + (("### Assistant:\n", True),))
+    # every string a message brings (content, name, tool_call_id, ...) is the user's text; the role is checked
+    said = [(i, key) for i, m in enumerate(messages) for key, value in m.items()
+            if key != "role" and isinstance(value, str)]
+    texts = [messages[i][key] for i, key in said]
+    nonce = secrets.token_hex(8)
+    markers = [f"specstack{nonce}m{n}e" for n in range(len(said))]  # letters and digits: trim leaves them be
+    marked_messages = [dict(m) for m in messages]
+    for (i, key), marker in zip(said, markers):
+        marked_messages[i][key] = marker
+    full = _apply(template, messages, bos, eos)
+    marked = _apply(template, marked_messages, bos, eos)
+    return _split(full, marked, markers, texts)
+
+
+def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str, eos: str) -> str:
     if template.kind == "builtin":
         try:
-            return apply_builtin_chat_template(template.text, [(m["role"], _text(m)) for m in messages])
+            return apply_builtin_chat_template(template.text, [(m["role"], m["content"]) for m in messages])
         except ValueError as exc:
             raise InvalidParameterError(str(exc)) from None
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -94,12 +158,61 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
 
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template.text).render(messages=[{**m, "content": _text(m)} for m in messages],
+        return env.from_string(template.text).render(messages=list(messages),
                                                 add_generation_prompt=True, bos_token=bos, eos_token=eos)
     except InvalidParameterError:
         raise
     except Exception as exc:
         raise InvalidParameterError(f"the model's chat template failed on these messages: {exc}") from None
+
+
+_MARKER = re.compile("specstack[0-9a-f]{16}m([0-9]+)e")
+
+
+def _split(full: str, marked: str, markers: Sequence[str], texts: Sequence[str]) -> RenderedChat:
+    """Pieces of ``full`` told apart by where ``markers`` landed in ``marked``.
+
+    Each message's text goes in as the template put it (as is, or trimmed as llama.cpp's built-ins do) when
+    the pieces then spell ``full`` exactly. A template that does anything else to the text (or drops or
+    repeats it) gets the messages' text as is, still never as markup.
+    """
+    pieces: list[tuple[str, bool]] = []
+    pos = 0
+    for match in _MARKER.finditer(marked):
+        if match.group(0) not in markers:  # a message that spells a marker of another nonce: its own text
+            continue
+        pieces += [(marked[pos:match.start()], True), (texts[int(match.group(1))], False)]
+        pos = match.end()
+    pieces.append((marked[pos:], True))
+    nonce = markers[0][9:25] if markers else None
+    if nonce and any(nonce in text for text, trusted in pieces if trusted):
+        # the template changed a marker (case, slicing): what it wrote there cannot be told from the markup
+        raise InvalidParameterError("the chat template transforms message text in a way that cannot be kept apart "
+                                    "from its markup; pass another template with --chat-template")
+    fitted = _fit(full, pieces)
+    return RenderedChat(tuple((t, trusted) for t, trusted in (fitted or pieces) if t))
+
+
+def _fit(full: str, pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]] | None:
+    """``pieces`` with each message's text as ``full`` holds it (as is, or stripped), or None if none fits."""
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for i, (text, trusted) in enumerate(pieces):
+        if trusted:
+            if not full.startswith(text, pos):
+                return None
+            out.append((text, True))
+            pos += len(text)
+            continue
+        after = pieces[i + 1][0] if i + 1 < len(pieces) else ""
+        for candidate in (text, text.strip()):
+            if full.startswith(candidate + after, pos):
+                out.append((candidate, False))
+                pos += len(candidate)
+                break
+        else:
+            return None
+    return out if pos == len(full) else None
 
 
 def _text(message: dict[str, Any]) -> str:

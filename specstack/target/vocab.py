@@ -9,6 +9,12 @@ from typing import Any, Sequence
 from ..errors import ModelLoadError
 from .backend import init_backend, llama_cpp_module, check_gguf_file
 
+# llama.cpp's token attributes (llama.h ``llama_token_attr``): the ones its special-token cache holds, which
+# ``parse_special`` matches in text, and the strip flags some vocabularies set on them.
+ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED = 1 << 0, 1 << 3, 1 << 4
+ATTR_LSTRIP, ATTR_RSTRIP = 1 << 7, 1 << 8
+SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED
+
 
 class Vocabulary:
     """Token <-> text for a loaded model (a mixin of ``LlamaModel`` and ``VocabModel``)."""
@@ -33,6 +39,48 @@ class Vocabulary:
             buf = (ctypes.c_int32 * cap)()
             n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def split_special(self, text: str) -> list[str | int]:
+        """Trusted text (a chat template's own markup) cut as llama.cpp's ``parse_special`` cuts it: raw text
+        pieces and the ids of the special tokens written in it, in order.
+
+        Chat prompts are tokenized from these pieces, so that only the template can write control tokens and a
+        message's content stays plain text however it is spelled (``server.chat.chat_tokens``).
+        """
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        out: list[str | int] = []
+        pos = 0
+        for token in ids:
+            attr = int(self._lc.llama_vocab_get_attr(self._vocab, token))
+            if not attr & SPECIAL_ATTRS:
+                continue
+            piece = self.special_text(token)
+            at = text.find(piece, pos) if piece else -1
+            if at < 0:  # not spelled in the text (cannot happen for a parsed special); keep it in order
+                out.append(token)
+                continue
+            left = text[pos:at]
+            if attr & ATTR_LSTRIP:
+                left = left.rstrip()
+            if left:
+                out.append(left)
+            out.append(token)
+            pos = at + len(piece)
+            if attr & ATTR_RSTRIP:
+                while pos < len(text) and text[pos].isspace():
+                    pos += 1
+        if pos < len(text):
+            out.append(text[pos:])
+        return out
+
+    def special_text(self, token: int) -> str:
+        """How a special token is written in text (``<end_of_turn>``), as ``parse_special`` reads it."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes of one token's text (cached: called for every output token)."""

@@ -53,6 +53,9 @@ class RemoteTarget:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_special, parse_special)
 
+    def split_special(self, text: str) -> list[str | int]:
+        return self.vocab.split_special(text)
+
     def detokenize(self, tokens: list[int]) -> str:
         return self.vocab.detokenize(tokens)
 
