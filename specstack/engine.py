@@ -480,7 +480,8 @@ class Engine:
             if sampling.greedy:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
-                result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng)
+                uniforms = w.gen.uniforms.at(len(w.gen.output_ids), len(w.draft.token_ids) + 1)
+                result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng, uniforms)
             self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
             self._note_logprobs(w.gen, logits, result)
             results.append(result)

@@ -18,7 +18,7 @@ from .draft_length import MAX_DRAFT, DraftLengthPolicy
 from .drafters.base import Drafter
 from .errors import InvalidParameterError
 from .metrics import GenerationStats
-from .sampling import MAX_LOGPROBS, SamplingParams
+from .sampling import MAX_LOGPROBS, PositionUniforms, SamplingParams
 from .types import TokenLogprob
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ class Generation:
         self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
         self.stop_text = _StopText(config.stop)
         self.rng = config.sampling.rng()
+        self.uniforms = PositionUniforms(config.sampling.entropy_seed)  # deterministic drafts: seeded runs agree
         self.submitted = time.perf_counter()
         self.started = 0.0
         self._ready: deque[str] = deque()

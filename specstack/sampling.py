@@ -93,12 +93,45 @@ def _filtered_row(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from a (not necessarily normalised) non-negative vector."""
+    return sample_at(probs, rng.random())
+
+
+def sample_at(probs: np.ndarray, u: float) -> int:
+    """The token id at quantile ``u`` in [0, 1) of a (not necessarily normalised) non-negative vector."""
     cdf = np.cumsum(probs)
     total = cdf[-1]
     if not total > 0.0:
         raise ValueError("cannot sample from an all-zero distribution")
-    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    idx = int(np.searchsorted(cdf, u * total, side="right"))
     return min(idx, probs.shape[0] - 1)
+
+
+class PositionUniforms:
+    """One uniform number per output position of a generation, drawn from its seed alone.
+
+    Plain decoding samples position t at quantile ``u[t]``; verifying a deterministic draft takes the
+    target's token at ``u[t]`` too and accepts the draft token when they agree, which accepts it with
+    probability p(x) and otherwise leaves the residual, as rejection sampling does. So whatever drafts
+    a deterministic drafter proposes, and however many of them are accepted, position t gets the token
+    plain decoding would sample there: a seeded run's text is the same with every such drafter (given
+    the same p, which ``--exact on`` guarantees).
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        self._rng = np.random.default_rng(None if seed is None else [seed, 0x5EED])
+        self._values: list[float] = []
+        self._base = 0  # the position of _values[0]; positions only move forward
+
+    def at(self, start: int, n: int) -> list[float]:
+        """The uniforms of positions ``start .. start + n - 1``."""
+        if start < self._base:
+            raise ValueError(f"position {start} was already sampled (next is {self._base})")
+        missing = start + n - self._base - len(self._values)
+        if missing > 0:
+            self._values.extend(self._rng.random(max(missing, 64)).tolist())
+        del self._values[: start - self._base]
+        self._base = start
+        return self._values[:n]
 
 
 def token_logprobs(logits: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import sample, sample_at
 from .types import VerifyResult
 
 
@@ -73,6 +73,7 @@ def verify_sampling(
     q: np.ndarray | None,
     p: np.ndarray,
     rng: np.random.Generator,
+    uniforms: Sequence[float] | None = None,
 ) -> VerifyResult:
     """Rejection-sample a draft against the target distributions.
 
@@ -80,12 +81,19 @@ def verify_sampling(
     q: [k, V] draft probabilities, or None for a deterministic draft (each
        token is a point mass, so acceptance is p(x) and the residual is p
        with x removed).
+    uniforms: with a deterministic draft, the k+1 positions' own uniforms
+       (``sampling.PositionUniforms``): the target's token at each position is
+       drawn at its uniform and the draft token is accepted when it is that
+       token. Acceptance is p(x) and a rejection yields the residual, exactly as
+       below, and the tokens are those plain decoding draws with the same uniforms.
     """
     k = len(draft_ids)
     if p.shape[0] != k + 1:
         raise ValueError(f"need {k + 1} target rows for a draft of {k} tokens, got {p.shape[0]}")
     if q is not None and q.shape[0] < k:
         raise ValueError(f"need {k} draft rows, got {q.shape[0]}")
+    if q is None and uniforms is not None:
+        return _verify_coupled(draft_ids, p, uniforms)
     accepted: list[int] = []
     for i, x in enumerate(draft_ids):
         x = int(x)
@@ -98,6 +106,18 @@ def verify_sampling(
         return VerifyResult(token_ids=tuple(accepted) + (recovered,), n_accepted=i)
     bonus = sample(p[k], rng)
     return VerifyResult(token_ids=tuple(accepted) + (bonus,), n_accepted=k)
+
+
+def _verify_coupled(draft_ids: Sequence[int], p: np.ndarray, uniforms: Sequence[float]) -> VerifyResult:
+    """A deterministic draft against the tokens the target draws at each position's own uniform."""
+    k = len(draft_ids)
+    if len(uniforms) != k + 1:
+        raise ValueError(f"need {k + 1} uniforms for a draft of {k} tokens, got {len(uniforms)}")
+    for i, x in enumerate(draft_ids):
+        y = sample_at(p[i], uniforms[i])
+        if y != int(x):
+            return VerifyResult(token_ids=tuple(int(t) for t in draft_ids[:i]) + (y,), n_accepted=i)
+    return VerifyResult(token_ids=tuple(int(t) for t in draft_ids) + (sample_at(p[k], uniforms[k]),), n_accepted=k)
 
 
 def _accept(px: float, qx: float, rng: np.random.Generator) -> bool:
