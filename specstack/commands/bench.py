@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
 from ..ui import fmt_bytes
-from .common import add_drafter_flags, add_model_args, load_target
+from .common import add_drafter_flags, add_model_args, flag_given, load_target, methods_with_draft
 
 
 def preprocess_argv(argv: Sequence[str] | None) -> list[str]:
@@ -212,6 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.llama_cpp_bin is not None and not Path(args.llama_cpp_bin).is_dir():
         raise InvalidParameterError(f"--llama-cpp-bin {args.llama_cpp_bin} is not a folder; build the binaries with "
                                     "scripts/build_llama_bins.sh, which prints the folder")
+    args.methods = methods_with_draft(args, args.methods, flag_given(args, "--methods"), "bench")
     options = {**options_from_args(args), **dict(args.extra_options)}
     config = BenchConfig(
         workload=wl, methods=args.methods, ks=args.k, k_max=args.k_max, temperatures=args.temps, repeat=args.repeat, seed=args.seed,

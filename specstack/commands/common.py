@@ -32,10 +32,31 @@ from ..target.api import DEFAULT_CTX
 from ..errors import InvalidParameterError
 
 
+def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse type: a finite ``kind`` (int or float) >= ``minimum``; otherwise argparse's own error naming the
+    flag, exit status 2 (``--max-queue -1`` used to start a server that answered every request 429)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'} (got {text!r})")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r})")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum:g} (got {text})")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("-m", "--model", type=Path, default=DEFAULT_TARGET, help="target GGUF (default: bundled pycoder-6m)")
-    g.add_argument("-md", "--model-draft", type=Path, default=DEFAULT_DRAFT, help="draft GGUF for --drafter draft-model (default: bundled pycoder-1m)")
+    g.add_argument("-md", "--model-draft", type=Path, default=None,
+                   help="draft GGUF for --drafter draft-model (default: the bundled pycoder-1m with the bundled target; "
+                   "with your own -m, only if `specstack check` finds its vocabulary identical or compatible)")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: number of physical cores)")
     g.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size in tokens per sequence (default {DEFAULT_CTX}, as llama.cpp, or the model's trained "
@@ -198,6 +219,11 @@ def preflight(args: argparse.Namespace) -> None:
     if unused is not None:
         raise InvalidParameterError(f"{unused.flag} applies to --drafter {' or '.join(sorted(unused.configs))}, which "
                                     f"{name!r} does not use; leave it out or choose one of those")
+    if "draft-model" not in built and getattr(args, "model_draft", None) is not None:
+        raise InvalidParameterError(f"-md {args.model_draft} is used by --drafter draft-model (alone or in a cascade or "
+                                    f"fusion), which {name!r} does not use; leave -md out or add draft-model")
+    if "draft-model" in built:
+        args.model_draft = resolve_draft(args.model, args.model_draft)
     options = {k: v for k, v in drafter_options(args).items() if v is not None}
     try:
         check_drafter_options(options)
@@ -207,6 +233,67 @@ def preflight(args: argparse.Namespace) -> None:
         from ..machine.gguf_meta import read_gguf
 
         read_gguf(args.model_draft, tensors=False)  # a missing or broken -md fails in milliseconds, before the target
+
+
+def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft-model",
+                  fix: str = "-md {path}") -> Path:
+    """The draft GGUF that draft-model uses: ``draft`` if given, else the bundled one, but only where it can draft
+    by id for ``model``: the bundled target, or a model ``check`` finds identical or compatible (then said, on stderr).
+
+    The bundled draft used to be a silent default for any -m: on Gemma 3 270M it spells 1.5% of the target's
+    tokens alike, so it drafted almost nothing while the user believed draft-model was being measured."""
+    if draft is not None:
+        return draft
+    if Path(model).resolve() == DEFAULT_TARGET.resolve():
+        return DEFAULT_DRAFT
+    from ..machine.check import COMPATIBLE, IDENTICAL, check_pair
+
+    report = check_pair(model, DEFAULT_DRAFT)
+    if report.verdict in (IDENTICAL, COMPATIBLE):
+        print(f"specstack: note: {where} drafts with the bundled {DEFAULT_DRAFT.name}, whose vocabulary is "
+              f"{report.verdict} with {Path(model).name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
+              file=sys.stderr, flush=True)
+        return DEFAULT_DRAFT
+    overlap = report.scores.get("text_overlap")
+    share = f" ({overlap:.1%} of the target's tokens spelled alike)" if overlap is not None else ""
+    raise InvalidParameterError(
+        f"{where} needs a draft model for {Path(model).name}: give one with {fix.format(path='DRAFT.gguf')}, a "
+        f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled {DEFAULT_DRAFT.name} is the default only "
+        f"where `specstack check` finds its vocabulary identical or compatible; with {Path(model).name} it is "
+        f"{report.verdict}{share}. To draft with it anyway, give it with {fix.format(path=DEFAULT_DRAFT)}")
+
+
+def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
+    """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs
+    draft-model, the one drafter that reads -md."""
+    return any("draft-model" in check_name(n.partition("@")[0], where) for n in names)
+
+
+def flag_given(args: argparse.Namespace, *flags: str) -> bool:
+    """Whether one of ``flags`` was typed on the command line (``main`` keeps it as ``args.argv``), as opposed to
+    left at its default."""
+    typed = {a.split("=", 1)[0] for a in getattr(args, "argv", ()) if a.startswith("-")}
+    return any(f in typed for f in flags)
+
+
+def methods_with_draft(args: argparse.Namespace, methods: list[str], explicit: bool, command: str) -> list[str]:
+    """``methods`` (bench methods or drafter names) with -md settled: refused where none of them reads it, resolved
+    (``resolve_draft``) where one does.  Without a usable draft, a default method list loses its draft-model
+    entries (with a note) and a list the user typed is refused: the bundled draft is never a silent stand-in."""
+    if not uses_draft_model(methods):
+        if args.model_draft is not None:
+            raise InvalidParameterError(f"-md {args.model_draft} is read by draft-model only, which none of "
+                                        f"{','.join(methods)} runs; leave -md out or add draft-model")
+        return methods
+    try:
+        args.model_draft = resolve_draft(args.model, args.model_draft, where="draft-model")
+    except InvalidParameterError as exc:
+        if explicit:
+            raise
+        print(f"specstack {command}: note: draft-model is left out of the default methods. {exc}", file=sys.stderr,
+              flush=True)
+        return [m for m in methods if not uses_draft_model([m])]
+    return methods
 
 
 def inapplicable(name: str, given: set[str]) -> DrafterFlag | None:

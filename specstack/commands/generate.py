@@ -75,6 +75,9 @@ def apply_profile(args: argparse.Namespace, argv_flags: set[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.category is not None and args.profile is None:  # it picks a profile's table; alone it would do nothing
+        raise InvalidParameterError(f"--category {args.category} picks a category of a --profile, and no --profile "
+                                    "was given; add --profile FILE (from `specstack tune`) or leave --category out")
     if args.profile is not None:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ..draft_length.costs import EXACT_MODES
 from ..errors import InvalidParameterError
+from .common import at_least, flag_given, resolve_draft
+
+# The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
+# None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.
+ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np", "parallel", "parallel"),
+              ("--drafter", "drafter", "drafter"), ("--k-policy", "k_policy", "k_policy"), ("-t", "threads", "threads"),
+              ("-c", "ctx_size", "ctx"), ("--exact", "exact", "exact"), ("--rollback", "rollback", "rollback"),
+              ("--chat-template", "chat_template", "chat_template"), ("--cache-ram", "cache_ram", "cache_mb"),
+              ("--batch-tokens", "batch_tokens", "batch_tokens"), ("--prefill-cap", "prefill_cap", "prefill_cap"))
+READY_POLL_S = 0.1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,53 +46,63 @@ def register(sub: argparse._SubParsersAction) -> None:
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, batch_tokens, "
         "prefill_cap, profile, category, chat_template, replicas (with --ray)",
     )
-    p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role")
+    p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
+                   "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("-np", "--parallel", type=int, default=4, help="slots per role without --config: generations batched together (default 4)")
-    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for a slot; past it the answer is 429 with Retry-After (default 16)")
+    p.add_argument("-np", "--parallel", type=at_least(1), default=None,
+                   help="slots per role without --config: generations batched together (default 4)")
+    p.add_argument("--max-queue", type=at_least(0), default=16,
+                   help="requests that may wait for a slot; past it the answer is 429 with Retry-After (default 16)")
     p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSTACK_API_KEY, else none); /health stays open")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take before it is stopped (default 600; 0 = none)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for (default 4096)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="longest prompt in tokens (default: the context)")
-    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
-    p.add_argument("--drafter", default="prompt-lookup", help="default drafter without --config (default prompt-lookup)")
-    p.add_argument("--k-policy", default="cost", help="default k policy without --config (default cost)")
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSTACK_API_KEY, else none); "
+                   "/health stays open. An empty key is refused")
+    p.add_argument("--timeout", type=at_least(0, float), default=600.0,
+                   help="seconds a request may take before it is stopped (default 600; 0 = none)")
+    p.add_argument("--max-tokens", type=at_least(1), default=4096, help="largest max_tokens a request may ask for (default 4096)")
+    p.add_argument("--max-prompt-tokens", type=at_least(0), default=0, help="longest prompt in tokens (default: the context)")
+    p.add_argument("--max-body", type=at_least(1), default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+    p.add_argument("--drafter", default=None, help="default drafter without --config (default prompt-lookup)")
+    p.add_argument("--k-policy", default=None, help="default k policy without --config (default cost)")
     p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF without --config (default: bundled pycoder-6m)")
-    p.add_argument("-md", "--model-draft", type=Path, default=None, help="draft GGUF without --config (default: bundled pycoder-1m)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads without --config (default: physical cores)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None,
+    p.add_argument("-md", "--model-draft", type=Path, default=None,
+                   help="draft GGUF without --config, for the draft-model drafter (the role's or a request's; default: "
+                   "the bundled pycoder-1m with the bundled target, else only if `specstack check` finds its "
+                   "vocabulary identical or compatible with -m)")
+    p.add_argument("-t", "--threads", type=at_least(0), default=None, help="threads without --config (default: physical "
+                   "cores; with --ray: the CPUs shared out among the replicas)")
+    p.add_argument("-c", "--ctx-size", type=at_least(0), default=None,
                    help="context per slot without --config (default 4096, or the model's trained context if shorter; "
                    "0 = the model's trained context); each role's context and KV cache size are printed at load")
-    p.add_argument("--exact", choices=EXACT_MODES, default="auto",
-                   help="exact call shapes: auto (default), on or off (see `specstack generate --help`); /health and "
-                   "/v1/models say which mode each role runs in and why. Without exactness several slots share one "
-                   "unified KV cache with flash attention, so auto's first run with several slots measures its "
+    p.add_argument("--exact", choices=EXACT_MODES, default=None,
+                   help="exact call shapes without --config: auto (default), on or off (see `specstack generate --help`); "
+                   "/health and /v1/models say which mode each role runs in and why. Without exactness several slots "
+                   "share one unified KV cache with flash attention, so auto's first run with several slots measures its "
                    "verdict before serving (seconds, once per model, threads and slots; cached)")
-    p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default="auto",
+    p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default=None,
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
                    "(see `specstack generate --help`)")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
                    "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
                    "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
-    p.add_argument("--cache-ram", type=int, default=512, help="MiB of host memory for finished prompts' KV, restored "
-                   "instead of prefilled when a prompt comes back (default 512; 0 = off)")
-    p.add_argument("--batch-tokens", type=int, default=512,
-                   help="rows one engine step may process (like vLLM's max_num_batched_tokens): the running generations' "
-                   "pending and draft tokens first, then waiting prompts in chunks, so a long prompt never stalls "
-                   "the streams (default 512; 0 = prefill each prompt whole when it is admitted)")
-    p.add_argument("--prefill-cap", type=int, default=256,
-                   help="prompt tokens of one request per step at most, so one long prompt cannot take a whole "
-                   "step (default 256; rounded to the 128-token chunks a solo run prefills)")
+    p.add_argument("--cache-ram", type=at_least(0), default=None, help="MiB of host memory for finished prompts' KV, "
+                   "restored instead of prefilled when a prompt comes back, without --config (default 512; 0 = off)")
+    p.add_argument("--batch-tokens", type=at_least(0), default=None,
+                   help="rows one engine step may process without --config (like vLLM's max_num_batched_tokens): the "
+                   "running generations' pending and draft tokens first, then waiting prompts in chunks, so a long "
+                   "prompt never stalls the streams (default 512; 0 = prefill each prompt whole when it is admitted)")
+    p.add_argument("--prefill-cap", type=at_least(1), default=None,
+                   help="prompt tokens of one request per step at most, without --config, so one long prompt cannot take "
+                   "a whole step (default 256; rounded to the 128-token chunks a solo run prefills)")
     ray = p.add_argument_group("scale-out on Ray Serve (pip install 'specstack[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve each role as a Ray Serve deployment of replicas, "
                      "requests routed to the replica holding their prefix or session; the same API")
     ray.add_argument("--address", default=None, help="with --ray: the Ray cluster to join ('auto': the one `ray start` "
                      "runs on this machine); default: start a local Ray instance, stopped again on SIGTERM")
-    ray.add_argument("--replicas", type=int, default=None, help="with --ray: engines per role (default: each role's "
-                     "'replicas' key, else 1); each takes its role's threads as CPUs")
+    ray.add_argument("--replicas", type=at_least(1), default=None, help="with --ray: engines per role (default: each "
+                     "role's 'replicas' key, else 1); each asks Ray for its role's threads as CPUs, and a layout that "
+                     "does not fit the CPUs is refused before anything is deployed")
     ray.add_argument("--routing", choices=("prefix", "session", "pow2"), default="prefix",
                      help="with --ray: prefix (default: the replica holding the longest prefix, else the session's, "
                      "else the least loaded), session (x-session-id or 'user' only) or pow2 (Ray's default)")
@@ -90,21 +115,80 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_roles(args: argparse.Namespace):
+    """The roles file's roles, or the one role the flags describe; a role flag beside --config is refused
+    (``--config roles.toml -m X`` used to serve the file's model without a word about -m)."""
     from ..server.roles import default_roles, load_roles
 
+    given = [(flag, key) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None]
     if args.config is not None:
+        if given:
+            raise InvalidParameterError(
+                f"--config {args.config} sets every role, so {', '.join(f for f, _ in given)} would be ignored: "
+                f"set {', '.join(k for _, k in given)} in the file's [roles.NAME] tables, or leave --config out")
         return load_roles(args.config)
-    overrides = {"drafter": args.drafter, "k_policy": args.k_policy, "threads": args.threads, "ctx": args.ctx_size,
-                 "exact": args.exact, "cache_mb": args.cache_ram, "rollback": args.rollback,
-                 "chat_template": args.chat_template, "batch_tokens": args.batch_tokens, "prefill_cap": args.prefill_cap}
-    if args.model is not None:
-        overrides["model"] = args.model
-    if args.model_draft is not None:
-        overrides["draft"] = args.model_draft
-    return default_roles(parallel=args.parallel, **overrides)
+    return default_roles(**{key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None})
+
+
+def check_api_key(args: argparse.Namespace) -> None:
+    """An empty key would leave /v1 open while the user believes it is protected: refuse it, naming its source."""
+    if args.api_key is None or args.api_key.strip():
+        return
+    source = "--api-key" if flag_given(args, "--api-key") else "$SPECSTACK_API_KEY (set but empty)"
+    raise InvalidParameterError(f"{source} gives an empty API key, which would serve /v1 to anyone: give a non-empty "
+                                "key, or leave --api-key out and unset SPECSTACK_API_KEY to serve without one")
+
+
+def check_roles(roles: list, from_config: bool) -> list:
+    """Every role checked as far as it can be without loading weights, before the port is bound: its model file and
+    metadata, drafter name and whether the drafter can be built here, its draft model (resolved: ``resolve_draft``)
+    and chat template.  A role that failed here used to leave a server up answering 503 forever."""
+    from ..machine.gguf_meta import read_gguf
+    from ..server.chat import load_template
+    from ..target import check_gguf_file
+
+    checked = []
+    for role in roles:
+        label = f"role {role.name!r}" if from_config else "-m"
+        read_gguf(check_gguf_file(role.model, f"{label} model" if from_config else "model (-m)"), tensors=False)
+        role = check_drafter(role, from_config)
+        load_template(role.model, role.chat_template)
+        checked.append(role)
+    return checked
+
+
+def check_drafter(role, from_config: bool):
+    """The role's drafter: a valid name, buildable by a server (no datastore can be given to one), with its draft
+    model resolved and checked; returns the role with its draft settled."""
+    from ..drafters.base import check_name
+    from ..drafters.moe_self import MoeSelfConfig, expert_override
+    from ..machine.check import require_draftable
+    from ..target import check_gguf_file
+
+    where = f"role {role.name!r}'s drafter" if from_config else "--drafter"
+    built = check_name(role.drafter, where)
+    if "rest" in built:
+        raise InvalidParameterError(f"{where} {role.drafter!r} needs rest's datastore, and specstack serve cannot be "
+                                    "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
+    if "moe-self" in built:
+        expert_override(role.model, MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
+    fix = f'draft = "{{path}}" in role {role.name!r}' if from_config else "-md {path}"
+    if "draft-model" in built:
+        role = dataclasses.replace(role, draft=resolve_draft(role.model, role.draft, f"{where} {role.drafter!r}", fix))
+    if role.draft is not None:  # a request may ask for draft-model too
+        check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
+        require_draftable(role.model, role.draft)
+    return role
 
 
 def run(args: argparse.Namespace) -> int:
+    check_api_key(args)
+    if not args.ray and (args.address or args.replicas or args.suffix_log or args.no_share_suffix
+                         or args.routing != "prefix"):
+        raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
+                                    "--ray only; add --ray or leave them out")
+    roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
+    if not 0 < args.port < 65536:
+        raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
     try:
         import uvicorn
 
@@ -112,43 +196,82 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
                                     "reinstall specstack (pip install .), which brings fastapi, uvicorn and sse-starlette") from None
-    if not 0 < args.port < 65536:
-        raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
-    roles = build_roles(args)
-    from ..drafters.base import check_name
-    from ..server.chat import load_template
-    from ..target import check_gguf_file
-
-    for role in roles:  # before anything loads: a wrong path, drafter or template name fails now, not per request
-        check_gguf_file(role.model, f"role {role.name!r} model")
-        if "draft-model" in check_name(role.drafter, f"role {role.name!r}'s drafter" if args.config else "--drafter"):
-            check_gguf_file(role.draft, f"role {role.name!r} draft model (-md)")
-        load_template(role.model, role.chat_template)
     limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                     timeout_s=args.timeout)
     if args.ray:
         return run_ray(args, roles, limits)
-    if args.address or args.replicas or args.suffix_log or args.no_share_suffix or args.routing != "prefix":
-        raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
-                                    "--ray only; add --ray or leave them out")
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
-    print(f"specstack serve: http://{args.host}:{args.port}/ roles: {', '.join(r.name for r in roles)}", flush=True)
+    names = ", ".join(r.name for r in roles)
+    print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 until "
+          "ready)", flush=True)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler
-    # that was there before it started: make that a clean exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None)
-    return 0
+    # that was there before it started: make that a clean exit, or status 2 after a role failed to load.
+    outcome = {"status": 0}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(outcome["status"]))
+    threading.Thread(target=watch_start, args=(app.state.workers, args.host, args.port, names, outcome),
+                     name="specstack-ready", daemon=True).start()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None,
+                **app.state.http_options)
+    return outcome["status"]
+
+
+def watch_start(workers: dict[str, Any], host: str, port: int, names: str, outcome: dict[str, int]) -> None:
+    """Say "ready" once /health answers 200; if a role fails to load instead, log why and stop the server with
+    status 2 (through SIGTERM, so uvicorn shuts down as it does for any stop) rather than answer 503 forever."""
+    while True:
+        failed = [w for w in workers.values() if w.load_error]
+        if failed:
+            for w in failed:
+                print(f"specstack serve: error: role {w.role.name!r} failed to load: {w.load_error}", file=sys.stderr,
+                      flush=True)
+            outcome["status"] = 2
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if healthy(host, port):
+            print(f"specstack serve: ready: http://{host}:{port}/ roles: {names}", flush=True)
+            return
+        time.sleep(READY_POLL_S)
+
+
+def health_url(host: str, port: int) -> str:
+    """/health as this machine reaches it: a wildcard bind address is reached on loopback."""
+    reach = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
+    return f"http://{reach}:{port}/health"
+
+
+def healthy(host: str, port: int) -> bool:
+    """Whether /health answers 200 now (not listening yet, or 503 while loading: False)."""
+    try:
+        with urllib.request.urlopen(health_url(host, port), timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def wait_healthy(host: str, port: int, stop: threading.Event, poll_s: float = 0.5) -> bool:
+    """Wait until /health answers 200 (True), or until ``stop`` is set (False)."""
+    while not stop.is_set():
+        if healthy(host, port):
+            return True
+        stop.wait(poll_s)
+    return False
 
 
 def run_ray(args: argparse.Namespace, roles, limits) -> int:
-    """``--ray``: the same API from Ray Serve deployments (``server.scaleout``)."""
-    if args.replicas is not None and args.replicas < 1:
-        raise InvalidParameterError(f"--replicas must be >= 1 (got {args.replicas})")
+    """``--ray``: the same API from Ray Serve deployments (``server.scaleout``), once the replicas' threads fit
+    the CPUs (``deploy.plan_layout``)."""
     try:
         from ..server.scaleout.deploy import application, run_until_signal
     except ImportError as exc:
         raise InvalidParameterError(f"specstack serve --ray needs Ray Serve ({exc.name} is missing): "
                                     "pip install 'specstack[ray]'") from None
-    app = application(roles, limits, api_key=args.api_key, max_queue=args.max_queue, replicas=args.replicas,
-                      routing=args.routing, suffix_log=args.suffix_log, share_suffix=not args.no_share_suffix)
-    return run_until_signal(app, args.address, args.host, args.port)
+
+    def build(planned: list) -> Any:
+        return application(planned, limits, api_key=args.api_key, max_queue=args.max_queue, replicas=args.replicas,
+                           routing=args.routing, suffix_log=args.suffix_log, share_suffix=not args.no_share_suffix)
+
+    def started(done: threading.Event) -> None:
+        if wait_healthy(args.host, args.port, done):
+            print(f"specstack serve --ray: ready: http://{args.host}:{args.port}/", flush=True)
+
+    return run_until_signal(roles, args.replicas, build, args.address, args.host, args.port, started)

@@ -23,7 +23,7 @@ from ..errors import InvalidParameterError
 from ..profile import write_profile
 from ..ui import table
 from .bench import add_ks_arg
-from .common import add_model_args, load_target
+from .common import add_model_args, flag_given, load_target, methods_with_draft
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,6 +94,8 @@ def sample(workload: Workload, per_category: int, max_tokens: int | None) -> Wor
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output)  # before the sweep: a bad -o found after it would lose minutes of measurement
+    sources = [s for s in args.sources.split(",") if s]
+    args.sources = ",".join(methods_with_draft(args, sources, flag_given(args, "--sources"), "tune"))
     wl = sample(load(args.workload), args.prompts, args.max_tokens)
     config = BenchConfig(workload=wl, methods=methods(args), ks=args.k, k_max=args.k_max or DEFAULT_K_MAX,
                          drafter_options=options_from_args(args), cost_curve=False)
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     best, overall, text = choose(aggregate(results), wl.categories)
     print(text)
     header = (f"specstack profile written by `specstack tune --workload {args.workload}`\n"
-              f"target {target.path.name}, draft {args.model_draft.name}, {target.n_threads} threads\n{text}")
+              f"target {target.path.name}, draft {args.model_draft.name if args.model_draft else 'none'}, "
+              f"{target.n_threads} threads\n{text}")
     write_profile(args.output, {c: vars_of(s) for c, s in best.items()}, vars_of(overall), header)
     print(f"wrote {args.output}; use it with `specstack generate --profile {args.output} [--category NAME]`")
     return 0

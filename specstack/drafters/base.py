@@ -74,11 +74,31 @@ DrafterFactory = Callable[[BuildContext], Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
 
 
-def register(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Class/function decorator: make a drafter available by its kebab-case name."""
+@dataclass(frozen=True)
+class Sources:
+    """What a compound drafter (``cascade:A,B``, ``fusion:A,B``) takes after its colon.
+
+    Declared where the drafter registers, read by ``parse_name``: the one place that decides whether
+    a name is valid, for the CLI, roles files and a request's ``speculative.drafter`` alike.
+    """
+
+    min: int
+    max: int | None = None
+    first: tuple[str, ...] = ()  # the first source must be one of these (empty: any)
+    example: str = ""
+
+
+_SOURCES: dict[str, Sources] = {}
+
+
+def register(name: str, sources: Sources | None = None) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class/function decorator: make a drafter available by its kebab-case name; ``sources``: it is
+    compound and takes a list of other drafters after a colon (``cascade:suffix,prompt-lookup``)."""
 
     def deco(factory: DrafterFactory) -> DrafterFactory:
         _REGISTRY[name] = factory
+        if sources is not None:
+            _SOURCES[name] = sources
         return factory
 
     return deco
@@ -88,35 +108,80 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def parse_name(name: str, where: str = "--drafter") -> tuple[str, tuple[str, ...]]:
+    """``name`` as (drafter, its sources): ``"cascade:suffix+prompt-lookup"`` -> ``("cascade", ("suffix",
+    "prompt-lookup"))``, ``"suffix"`` -> ``("suffix", ())``.  Anything else is an error naming ``where``.
+
+    One rule for every name: a plain drafter takes nothing after it (``none:foo`` used to run ``none``), and
+    a compound one takes the sources it declares (``fusion:`` used to become ``fusion:suffix,draft-model``
+    while ``cascade:`` was an error); sources are plain drafters, each once, separated by ',' or '+'.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidParameterError(f"{where} is empty; choose one of: {', '.join(available())}")
+    base, colon, spec = name.strip().partition(":")
+    _known(base, where)
+    rule = _SOURCES.get(base)
+    if rule is None:
+        if colon:
+            raise InvalidParameterError(f"drafter {name!r} in {where}: {base} takes nothing after it; write {base!r}")
+        return base, ()
+    parts = tuple(p.strip() for p in spec.replace("+", ",").split(",")) if spec.strip() else ()
+    _check_sources(base, rule, parts, name, where)
+    return base, parts
+
+
+def _known(base: str, where: str) -> None:
+    if base not in _REGISTRY:
+        raise InvalidParameterError(f"unknown drafter {base!r} in {where}; choose one of: {', '.join(available())}")
+
+
+def _check_sources(base: str, rule: Sources, parts: tuple[str, ...], name: str, where: str) -> None:
+    """A compound drafter's sources against its ``Sources`` rule."""
+    words = {1: "one", 2: "two", 3: "three"}
+    count = words.get(rule.min, str(rule.min))
+    count = count if rule.max == rule.min else f"{count} or more" if rule.max is None else f"{count} to {rule.max}"
+    usage = f"{base} takes {count} sources after a colon, separated by ',' or '+', e.g. {rule.example}"
+    if "" in parts:
+        raise InvalidParameterError(f"drafter {name!r} in {where}: a source is empty; {usage}")
+    if not parts or len(parts) < rule.min or (rule.max is not None and len(parts) > rule.max):
+        raise InvalidParameterError(f"drafter {name!r} in {where}: {usage}")
+    for part in parts:
+        _known(part.partition(":")[0], where)
+        if ":" in part or part in _SOURCES:
+            raise InvalidParameterError(f"drafter {name!r} in {where}: {part!r} cannot be a source of {base}; "
+                                        f"sources are plain drafters ({', '.join(plain_drafters())})")
+    if len(set(parts)) != len(parts):
+        twice = next(p for p in parts if parts.count(p) > 1)
+        raise InvalidParameterError(f"drafter {name!r} in {where}: {twice} is listed twice; list each source once")
+    if rule.first and parts[0] not in rule.first:
+        raise InvalidParameterError(f"drafter {name!r} in {where}: {base}'s first source must be "
+                                    f"{' or '.join(rule.first)} (got {parts[0]!r}), e.g. {rule.example}")
+
+
+def plain_drafters() -> list[str]:
+    """The drafters that take no sources (every one but cascade and fusion)."""
+    return [n for n in available() if n not in _SOURCES]
+
+
 def check_name(name: str, where: str = "--drafter") -> list[str]:
-    """The drafters ``name`` builds (a cascade's or fusion's parts too); an unknown one is an error naming ``where``.
+    """The drafters ``name`` builds (a cascade's or fusion's parts too); an invalid name is an error naming ``where``.
 
     Called before any model loads, so a typo costs nothing (it used to surface after the target's load).
     """
-    base, _, spec = name.partition(":")
-    parts = [p for p in spec.replace("+", ",").split(",") if p] if base in ("cascade", "fusion") else []
-    for n in [base, *parts]:
-        if n.partition(":")[0] not in _REGISTRY:
-            raise InvalidParameterError(f"unknown drafter {n!r} in {where}; choose one of: {', '.join(available())}")
+    base, parts = parse_name(name, where)
     return [base, *parts]
 
 
 def create(name: str, ctx: BuildContext) -> Drafter:
-    """Build the drafter called ``name``; unknown names list the known ones.
+    """Build the drafter called ``name`` (checked by ``parse_name``).
 
-    ``name:spec`` passes ``spec`` to the factory as ``options["spec"]``
-    (e.g. ``cascade:prompt-lookup,suffix,draft-model``).
+    A compound drafter gets its sources as ``options["spec"]`` (e.g. ``"prompt-lookup,suffix,draft-model"``).
     """
-    if ":" in name:
-        name, spec = name.split(":", 1)
-        ctx = BuildContext(target=ctx.target, options={**ctx.options, "spec": spec}, temperature=ctx.temperature)
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise InvalidParameterError(
-            f"unknown drafter {name!r}; choose one of: {', '.join(available())}"
-        ) from None
-    return factory(ctx)
+    base, parts = parse_name(name, "the drafter name")
+    if parts:
+        ctx = BuildContext(target=ctx.target, options={**ctx.options, "spec": ",".join(parts)},
+                           temperature=ctx.temperature)
+    return _REGISTRY[base](ctx)
 
 
 def option_name(config_field: Field) -> str:

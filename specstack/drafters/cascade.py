@@ -35,7 +35,7 @@ from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, best_k, expect
 from ..errors import InvalidParameterError
 from ..types import Draft
 from ..verify import matched_length
-from .base import BuildContext, Drafter, DraftRequest, config_from_options, create, register
+from .base import BuildContext, Drafter, DraftRequest, Sources, config_from_options, create, register
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,8 @@ def _outcome(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
     return m, m  # all matched (or matched until the committed tokens ran out)
 
 
-@register("cascade")
+@register("cascade", Sources(min=1, example="cascade:suffix,prompt-lookup,draft-model"))
 def _build(ctx: BuildContext) -> CascadeDrafter:
-    spec = (ctx.options.get("spec") or "").replace("+", ",")  # '+' also separates (for comma lists)
-    sources = tuple(s.strip() for s in spec.split(",") if s.strip())
+    sources = tuple((ctx.options.get("spec") or "").split(","))  # checked by base.parse_name
     config = config_from_options(CascadeConfig, ctx.options, sources=sources)
     return CascadeDrafter([create(name, ctx) for name in config.sources], config)

@@ -27,7 +27,7 @@ from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, Budget, expect
 from ..errors import InvalidParameterError
 from ..types import Draft
 from ..verify import matched_length
-from .base import BuildContext, Drafter, DraftRequest, create, register
+from .base import BuildContext, Drafter, DraftRequest, Sources, create, register
 
 
 @dataclass
@@ -130,11 +130,8 @@ def fuse(first: Draft, second: Draft, budget: int, source: str) -> Draft:
     return Draft(token_ids=tuple(tokens), source=source, parents=tuple(parents))
 
 
-@register("fusion")
+@register("fusion", Sources(min=2, max=2, first=("suffix", "rest"), example="fusion:suffix,draft-model"))
 def _build(ctx: BuildContext) -> FusionDrafter:
-    spec = (ctx.options.get("spec") or "suffix,draft-model").replace("+", ",")
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if len(names) != 2:
-        raise InvalidParameterError("fusion takes two sources: fusion:RETRIEVAL,MODEL, e.g. fusion:suffix,draft-model")
+    names = (ctx.options.get("spec") or "").split(",")  # RETRIEVAL,MODEL, checked by base.parse_name
     retrieval_ctx = BuildContext(ctx.target, {**ctx.options, "tree": True}, ctx.temperature)
     return FusionDrafter(create(names[0], retrieval_ctx), create(names[1], ctx))

@@ -3,7 +3,7 @@
 A draft model proposes token *ids* that the target verifies, so the two
 vocabularies must give every id the same meaning. ``check_pair`` compares the
 tokenizer metadata of two GGUF files (never their weights) and returns a
-``CompatReport`` with one of three verdicts:
+``CompatReport`` with one of four verdicts:
 
 - ``identical``: same tokenizer model, pre-tokenizer, tokens, token types,
   merges/scores and special tokens.
@@ -12,9 +12,12 @@ tokenizer metadata of two GGUF files (never their weights) and returns a
   extends the other with tokens plain text never produces (control, unused,
   user-defined), a different pre-tokenizer *label* with identical tokens and
   merges, and different special-token settings (BOS/EOS/EOT/PAD ids, add_bos).
-- ``incompatible``: a shared id means different text, the tokenizer models
+- ``translatable``: a shared id means different text, the tokenizer models
   differ, the merges (or SentencePiece scores) differ so the same text
-  tokenizes differently, or the extra ids are ordinary tokens.
+  tokenizes differently, or the extra ids are ordinary tokens: ids cannot be
+  shared, so ``draft-model`` translates drafts through text
+  (``drafters/translate.py``); the report gives the text overlap.
+- ``incompatible``: a side has no vocabulary at all.
 
 ``require_draftable`` is what the draft-model drafter calls: it raises
 ``VocabMismatchError`` on an incompatible pair.

@@ -283,9 +283,28 @@ def _matrix(res: ScanResult, cache: dict, infos: dict[str, GGUFInfo]) -> tuple[l
                 "verdict": v["verdict"], "reasons": v["reasons"], "notes": notes,
             })
         drafts.sort(key=lambda x: -x["size_ratio"])
+        # Drafts by id and drafts through text are two groups: a translatable draft was listed as if its
+        # vocabulary were "identical or compatible".
+        by_id = [d for d in drafts if d["verdict"] != _check.TRANSLATABLE]
         out.append({"target": t["path"], "name": t["name"], "n_params": t["n_params"],
-                    "n_active_params": t["n_active_params"], "drafts": drafts})
+                    "n_active_params": t["n_active_params"], "drafts": by_id,
+                    "translatable": [d for d in drafts if d["verdict"] == _check.TRANSLATABLE]})
     return out, dirty
+
+
+def _draft_group(matrix: list[dict], key: str, none: str) -> list[str]:
+    """Each target's drafts under ``key`` as indented lines, in one table so the columns line up down the matrix."""
+    draft_lines = iter(table([], [[d["name"], fmt_params(d["n_active_params"]), f"{d['size_ratio']:.1f}x",
+                                   d["verdict"]] for row in matrix for d in row[key]],
+                             align="lrrl", indent="    ").splitlines())
+    lines = []
+    for row in matrix:
+        lines.append(f"  {row['name']} ({fmt_params(row['n_active_params'])}):")
+        if not row[key]:
+            lines.append(none)
+        for d in row[key]:
+            lines += [next(draft_lines)] + [f"      note: {n}" for n in d["notes"]]
+    return lines
 
 
 # ---- formatting ----------------------------------------------------------------------------
@@ -325,16 +344,13 @@ def render(res: ScanResult) -> str:
     else:
         lines.append("draft matrix (identical or compatible vocabulary; ratio = target/draft "
                      "active params, largest first):")
-        # one table over every target's drafts, so the columns line up down the whole matrix
-        draft_lines = iter(table([], [[d["name"], fmt_params(d["n_active_params"]), f"{d['size_ratio']:.1f}x",
-                                       d["verdict"]] for row in res.matrix for d in row["drafts"]],
-                                 align="lrrl", indent="    ").splitlines())
-        for row in res.matrix:
-            lines.append(f"  {row['name']} ({fmt_params(row['n_active_params'])}):")
-            if not row["drafts"]:
-                lines.append("    (no smaller model with a compatible vocabulary)")
-            for d in row["drafts"]:
-                lines += [next(draft_lines)] + [f"      note: {n}" for n in d["notes"]]
+        lines += _draft_group(res.matrix, "drafts", "    (no smaller model with a compatible vocabulary)")
+        if any(row["translatable"] for row in res.matrix):
+            lines.append("")
+            lines.append("translatable vocabulary (token ids mean other text: draft-model translates the drafts "
+                         "through text, losslessly; the note says how much of the target's vocabulary the draft "
+                         "spells alike; see `specstack check`):")
+            lines += _draft_group([row for row in res.matrix if row["translatable"]], "translatable", "")
     if res.errors:
         lines.append("")
         lines.append(f"unreadable files ({len(res.errors)}, skipped):")

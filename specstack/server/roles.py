@@ -33,7 +33,7 @@ from typing import Any
 from ..draft_length import POLICIES
 from ..draft_length.costs import exact_mode
 from ..errors import InvalidParameterError
-from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..paths import DEFAULT_TARGET
 from ..profile import load_profile, read_toml
 from ..target.recurrent import STRATEGIES
 
@@ -44,7 +44,9 @@ class Role:
 
     name: str
     model: Path = DEFAULT_TARGET
-    draft: Path = DEFAULT_DRAFT
+    # None: not given.  The bundled draft then serves the bundled target, and another model only where `specstack
+    # check` finds its vocabulary identical or compatible (``commands.common.resolve_draft``, before serving).
+    draft: Path | None = None
     drafter: str = "prompt-lookup"
     k_policy: str = "cost"
     k: int = 4
@@ -75,7 +77,11 @@ class Role:
         if self.k < 1 or (self.k_max is not None and self.k_max < 1):
             raise InvalidParameterError(f"role {self.name!r}: k and k_max must be >= 1")
         for key in ("model", "draft"):  # a str path from Python code works as a TOML one does
-            object.__setattr__(self, key, Path(getattr(self, key)))
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, Path(getattr(self, key)))
+        if self.category is not None and self.profile is None:  # it picks a profile's table; alone it does nothing
+            raise InvalidParameterError(f"role {self.name!r}: category {self.category!r} picks a category of a profile, "
+                                        "and the role has no profile; add profile = \"FILE.toml\" or remove category")
         try:
             object.__setattr__(self, "exact", exact_mode(self.exact))
         except InvalidParameterError:

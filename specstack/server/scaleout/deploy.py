@@ -1,7 +1,9 @@
 """The Serve application of ``specstack serve --ray``, and the command's start, wait and stop.
 
 One deployment per role (``role-NAME``): ``replicas`` engines, each
-``num_cpus`` = its threads and ``max_ongoing_requests`` = its slots; past the
+``num_cpus`` = its threads (``plan_layout``: by default the CPUs shared out
+among the replicas, and a layout that cannot fit refused before anything is
+deployed) and ``max_ongoing_requests`` = its slots; past the
 slots, Serve's queue (``--max-queue``) and then 429 with ``Retry-After``.  Its
 router is ``router.PrefixRouter``, and two deployment-scoped actors serve all
 its replicas: the suffix log and the metrics board.  One ingress deployment
@@ -17,12 +19,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray import serve
 from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestRouterConfig
 
+from ...errors import InvalidParameterError
+from ...machine.sysinfo import allowed_cpus
 from ...target import default_threads
 from ..app import Limits, create_app, error
 from ..roles import Role
@@ -104,6 +108,42 @@ class InFlight:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+def plan_layout(roles: list[Role], replicas: int | None, cpus: int, node_cpus: int | None = None,
+                cap: int | None = None) -> list[Role]:
+    """``roles`` with every replica's threads set so that all replicas fit in ``cpus`` (the largest node:
+    ``node_cpus``), or ``InvalidParameterError`` naming the numbers.
+
+    Each replica asks Ray for its threads as CPUs.  Threads used to default to all cores per replica, so
+    on 2 cores ``--replicas 2`` left the second replica unscheduled and /health at "1/2 replicas ready"
+    forever.  A role without threads now gets an equal share of the CPUs the roles with threads leave
+    (at least 1, at most ``cap``: the physical cores where Ray runs here); ``replicas`` overrides every
+    role's ``replicas`` key."""
+    node_cpus = node_cpus or cpus
+    counts = {r.name: replicas or r.replicas for r in roles}
+    fixed = sum(r.threads * counts[r.name] for r in roles if r.threads)
+    shared = sum(counts[r.name] for r in roles if not r.threads)
+    share = max(1, min((cpus - fixed) // shared if shared else 1, node_cpus, cap or cpus))
+    planned = [dataclasses.replace(r, threads=r.threads or share) for r in roles]
+    need = sum(r.threads * counts[r.name] for r in planned)
+    parts = "; ".join(f"role {r.name!r}: {counts[r.name]} replica(s) x {r.threads} thread(s)" for r in planned)
+    threads = "the threads per replica (-t, or a role's threads key)"
+    if need > cpus:
+        raise InvalidParameterError(f"--ray: the replicas need {need} CPUs ({parts}; each replica asks Ray for its "
+                                    f"threads as CPUs) and Ray has {cpus}; lower --replicas (or a role's replicas "
+                                    f"key) or {threads}, or give Ray more CPUs")
+    wide = next((r for r in planned if r.threads > node_cpus), None)
+    if wide is not None:
+        raise InvalidParameterError(f"--ray: a replica of role {wide.name!r} needs {wide.threads} CPUs on one node "
+                                    f"and Ray's largest node has {node_cpus}; lower {threads}, or add a larger node")
+    return planned
+
+
+def cluster_cpus() -> tuple[int, int]:
+    """CPUs of the Ray cluster this process is connected to: (all nodes, the largest node)."""
+    nodes = [int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    return sum(nodes), max(nodes, default=0)
 
 
 def application(roles: list[Role], limits: Limits, api_key: str | None = None, max_queue: int = 16,
@@ -199,19 +239,35 @@ def stop(own: bool) -> None:
         ray.shutdown()
 
 
-def run_until_signal(app: Any, address: str | None, host: str, port: int) -> int:
-    """``specstack serve --ray``: run until SIGTERM or SIGINT, then drain and stop (Ray too, if started here).
+def run_until_signal(roles: list[Role], replicas: int | None, build: Callable[[list[Role]], Any],
+                     address: str | None, host: str, port: int,
+                     started: Callable[[threading.Event], None] = lambda done: None) -> int:
+    """``specstack serve --ray``: check the layout (``plan_layout``), deploy ``build(roles)``, call
+    ``started`` (the command waits there for /health and says "ready"; it returns early once ``done`` is set),
+    and run until SIGTERM or SIGINT; then drain and stop (Ray too, if started here).
 
-    The handlers go in right after ``ray.init`` (whose own would exit at once), before the deployment: the
-    application answers requests a little before ``serve.run`` returns, and a signal in that window must drain
-    too (it is acted on as soon as the deployment returns)."""
+    A Ray instance started here gets exactly this process's CPUs, so the layout is checked before it starts;
+    a cluster's CPUs are known once joined, and checked before anything is deployed.  The handlers go in
+    right after ``ray.init`` (whose own would exit at once), before the deployment: the application answers
+    requests a little before ``serve.run`` returns, and a signal in that window must drain too (it is acted
+    on as soon as the deployment returns)."""
+    own = address is None
+    cpus = len(allowed_cpus()) if own else None
+    planned = plan_layout(roles, replicas, cpus, cap=default_threads()) if own else None
     done = threading.Event()
-    own = connect(address)
+    connect(address, cpus)
+    try:
+        planned = planned or plan_layout(roles, replicas, *cluster_cpus())
+    except InvalidParameterError:
+        ray.shutdown()
+        raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    run(app, host, port)
-    print(f"specstack serve --ray: http://{host}:{port}/ on Ray {'(started here)' if own else 'at ' + address}",
-          flush=True)
+    run(build(planned), host, port)
+    where = "(started here)" if own else "at " + address
+    layout = ", ".join(f"{r.name} {replicas or r.replicas} x {r.threads} threads" for r in planned)
+    print(f"specstack serve --ray: loading {layout} on Ray {where}; http://{host}:{port}/", flush=True)
+    started(done)
     done.wait()
     print("specstack serve --ray: draining", flush=True)
     stop(own)
