@@ -244,12 +244,10 @@ def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft
     tokens alike, so it drafted almost nothing while the user believed draft-model was being measured."""
     if draft is not None:
         return draft
-    if Path(model).resolve() == DEFAULT_TARGET.resolve():
+    report = bundled_draft_check(model)
+    if report is None:
         return DEFAULT_DRAFT
-    from ..machine.check import COMPATIBLE, IDENTICAL, check_pair
-
-    report = check_pair(model, DEFAULT_DRAFT)
-    if report.verdict in (IDENTICAL, COMPATIBLE):
+    if bundled_draft_fits(report):
         print(f"specstack: note: {where} drafts with the bundled {DEFAULT_DRAFT.name}, whose vocabulary is "
               f"{report.verdict} with {Path(model).name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
               file=sys.stderr, flush=True)
@@ -258,9 +256,26 @@ def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft
     share = f" ({overlap:.1%} of the target's tokens spelled alike)" if overlap is not None else ""
     raise InvalidParameterError(
         f"{where} needs a draft model for {Path(model).name}: give one with {fix.format(path='DRAFT.gguf')}, a "
-        f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled {DEFAULT_DRAFT.name} is the default only "
-        f"where `specstack check` finds its vocabulary identical or compatible; with {Path(model).name} it is "
+        f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled "
+        f"{DEFAULT_DRAFT.name} is the default only where `specstack check` finds its vocabulary identical or "
+        f"compatible; with {Path(model).name} it is "
         f"{report.verdict}{share}. To draft with it anyway, give it with {fix.format(path=DEFAULT_DRAFT)}")
+
+
+def bundled_draft_check(model: Path) -> Any:
+    """``check``'s report on the bundled draft drafting for ``model`` (None for the bundled target: the pair)."""
+    if Path(model).resolve() == DEFAULT_TARGET.resolve():
+        return None
+    from ..machine.check import check_pair
+
+    return check_pair(model, DEFAULT_DRAFT)
+
+
+def bundled_draft_fits(report: Any) -> bool:
+    """Whether a ``bundled_draft_check`` report lets the bundled draft be a default: ids shared, not translated."""
+    from ..machine.check import COMPATIBLE, IDENTICAL
+
+    return report is None or report.verdict in (IDENTICAL, COMPATIBLE)
 
 
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..draft_length.costs import EXACT_MODES
 from ..errors import InvalidParameterError
-from .common import at_least, flag_given, resolve_draft
+from ..paths import DEFAULT_DRAFT
+from .common import at_least, bundled_draft_check, bundled_draft_fits, flag_given, resolve_draft
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
 # None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.
@@ -171,12 +172,15 @@ def check_drafter(role, from_config: bool):
                                     "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
     if "moe-self" in built:
         expert_override(role.model, MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
+    if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
+        check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
+        require_draftable(role.model, role.draft)
     fix = f'draft = "{{path}}" in role {role.name!r}' if from_config else "-md {path}"
     if "draft-model" in built:
         role = dataclasses.replace(role, draft=resolve_draft(role.model, role.draft, f"{where} {role.drafter!r}", fix))
-    if role.draft is not None:  # a request may ask for draft-model too
-        check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
-        require_draftable(role.model, role.draft)
+    elif role.draft is None and bundled_draft_fits(bundled_draft_check(role.model)):
+        # for requests that ask for draft-model; a draft left None means the role has no usable one
+        role = dataclasses.replace(role, draft=DEFAULT_DRAFT)
     return role
 
 
@@ -202,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(args, roles, limits)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
     names = ", ".join(r.name for r in roles)
-    print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 until "
-          "ready)", flush=True)
+    print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
+          "loading)", flush=True)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler
     # that was there before it started: make that a clean exit, or status 2 after a role failed to load.
     outcome = {"status": 0}
