@@ -200,6 +200,30 @@ def test_cost_probes_after_a_run_of_plain_steps():
     assert 2 in ks and 0 in ks
 
 
+def test_cost_probes_spend_at_most_their_share_of_plain_decoding_time():
+    """A probe that cost 20 plain steps beyond what it won back waits until plain decoding has run long enough
+    for it to be PROBE_SHARE of that time; counting steps alone probed every 16 to 64 steps whatever it cost."""
+    from specstack.draft_length.policies import PROBE_SHARE
+
+    step = 1e-3
+    p = CostK(CostModel([step * (1 + 0.5 * i) for i in range(40)]), k_max=8, probe_every=4, probe_k=2)
+    for _ in range(30):
+        p.observe(outcome(2, 0))
+    assert p.budget(64).max_tokens == 0
+    p._plain_steps = 10**6  # the step count allows a probe: only its cost holds it back
+    probe = p.budget(64)
+    assert probe.probe and probe.max_tokens == 2
+    p.observe(outcome(2, 0, draft_s=19 * step, verify_s=2 * step))  # 20 plain steps' worth more than its token
+    plain_steps = 0
+    while p.budget(64).max_tokens == 0:
+        p.observe(outcome(0, 0, verify_s=step))
+        plain_steps += 1
+        p._plain_steps = max(p._plain_steps, 10**6)
+        assert plain_steps < 10**5
+    wanted = 0.5 * 20 * step / PROBE_SHARE / step  # the running mean starts from 0: half the first probe's cost
+    assert wanted <= plain_steps <= wanted + 2
+
+
 def test_cost_keeps_estimates_per_source():
     # Each verified token costs 10% of a plain step: worth it only for "good".
     p = CostK(linear_costs(base=1e-2, per_token=1e-3), k_max=8)

@@ -127,3 +127,34 @@ def test_first_token_follows_target_distribution_with_a_warmer_or_colder_draft(t
             drafted += gen.stats.n_drafted
         assert drafted > 0
         assert 0.5 * np.abs(counts / n - p).sum() < 0.1, f"draft_temp={draft_temp}"
+
+
+def test_a_probe_drafts_from_a_short_tail_and_a_real_draft_catches_up_on_the_whole_context(target, plain_outputs):
+    """A probe (the cost policy checking whether drafting pays) must not make the draft model prefill a whole
+    prompt; a real draft reads the whole context again, so its drafts are the full-context ones."""
+    from specstack.draft_length import CostK
+    from specstack.draft_length.budget import Budget
+    from specstack.drafters.base import propose_one
+    from specstack.drafters.draft_model import PROBE_CONTEXT
+
+    drafter = create("draft-model", BuildContext(target))
+    ids = target.tokenize(PROMPTS[0])
+    assert len(ids) > 4 * PROBE_CONTEXT
+    drafter.begin(ids)
+    probe = propose_one(drafter, ids, Budget(2, probe=True))
+    assert len(probe) == 2 and drafter.model.seq_len[0] <= PROBE_CONTEXT + 1  # the tail, and one drafted token
+    real = propose_one(drafter, ids, Budget(4))
+    fresh = create("draft-model", BuildContext(target))
+    fresh.begin(ids)
+    assert real.token_ids == propose_one(fresh, ids, Budget(4)).token_ids
+    assert drafter.model.seq_len[0] == len(ids) + 3
+    # and under the cost policy, which probes and drafts as it sees fit, output stays plain decoding's
+    engine = Engine(target, create("draft-model", BuildContext(target)), CostK(target_costs(target)))
+    assert [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS)).run().output_ids
+            for p in PROMPTS[:3]] == plain_outputs[:3]
+
+
+def target_costs(target):
+    from specstack.draft_length.costs import calibrate
+
+    return calibrate(target, n_max=17)

@@ -131,6 +131,10 @@ class Budget:
       (the engine tells the next generation's policy, for batch pricing).
     rows: rows this generation is expected to verify (1 + expected draft
       length; None: 1 + max_tokens), also for batch pricing.
+    probe: the policy only wants to learn what this source's drafts are worth
+      (drafting did not pay, or nothing is known yet): a drafter that must
+      catch up on unseen context (a draft model) may draft from a short tail
+      of it instead, so that a probe costs about what it can win back.
     """
 
     max_tokens: int
@@ -140,6 +144,7 @@ class Budget:
     cut: Callable[[str, int, Sequence[float] | None], int] | None = None
     expected: float = 1.0
     rows: int | None = None
+    probe: bool = False
 
     def worth(self, draft: "Draft") -> int:
         """Tokens of ``draft`` to verify: within the cap, and as the policy cut it."""

@@ -35,6 +35,11 @@ from .costs import CostModel, calibrate
 # this share of a plain step: the suffix drafter's ~30-60 us is 0.2% of a 23 ms step on the 1B stand-in.
 LOOK_SHARE = 0.02
 
+# Probes (drafting where it does not pay, to learn whether it has started to) may take at most this share of
+# the time spent decoding plainly since the last one, net of what they win back. Counting steps alone let
+# a draft model's probes cost 12% of a 96-token generation on the bundled pair (0.87-0.88x plain).
+PROBE_SHARE = 0.02
+
 
 def _check_k(k: int, what: str = "k") -> int:
     if k < 1:
@@ -202,6 +207,9 @@ class CostK(_Policy):
         self._sources: dict[str, _SourceState] = {}
         self._plain_steps = 0
         self._probe_interval = probe_every
+        self._plain_s = 0.0  # time in plain steps since the last probe
+        self._probe_cost_s = 0.0  # what a probe costs beyond the plain steps it stands for (0: not measured yet)
+        self._probing = False  # this step's budget is a probe
         self._steps = 0
         self._overhead_s = 0.0
         self._ruled: set[str] = set()  # sources that decide token by token (keep_going)
@@ -222,6 +230,7 @@ class CostK(_Policy):
         super().adopt(child)
         if isinstance(child, CostK):
             self._plain_steps, self._probe_interval = child._plain_steps, child._probe_interval
+            self._plain_s, self._probe_cost_s = child._plain_s, child._probe_cost_s
             self._overhead_s, self._steps = child._overhead_s, child._steps
             self._best = {}
 
@@ -259,7 +268,7 @@ class CostK(_Policy):
         return self.costs.batch_s(load.rows + (n,)) + self._overhead_s + load.displacement_s(n - 1)
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
-        self._looked = False
+        self._looked = self._probing = False
         if not self._sources:
             return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
         k = max(self._k_for(name, load) for name in self._sources)
@@ -268,10 +277,10 @@ class CostK(_Policy):
             # A scored source is asked for its longest draft every step; its scores decide what is verified.
             k, self._looked = self.k_max, True
         if k == 0:
-            if self._plain_steps >= self._probe_interval:
+            if self._plain_steps >= self._probe_interval and self._plain_s * PROBE_SHARE >= self._probe_cost_s:
                 # Back off while probes keep saying "not worth it": probes cost time too.
                 self._probe_interval = min(self._probe_interval * 2, 64 * self.probe_every)
-                self._plain_steps = 0
+                self._plain_steps, self._plain_s = 0, 0.0
                 return self._probe(cap, load, tree)
             return _PLAIN  # the common case when drafting does not pay: keep it cheap
         self._probe_interval = self.probe_every
@@ -332,8 +341,10 @@ class CostK(_Policy):
                                                                    lambda m: self._step_cost(m, load), n, load.tokens))
 
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
+        self._probing = True
         advice = Advice(self.book, lambda n: self._step_cost(n, load))
-        return Budget(min(self.probe_k, cap), tree, self._keep_going(load), advice, self._cut(load, probing=True))
+        return Budget(min(self.probe_k, cap), tree, self._keep_going(load), advice, self._cut(load, probing=True),
+                      probe=True)
 
     def _k_for(self, name: str, load: BatchLoad) -> int:
         """k for one source: its best k, or k_max for a source that stops token by token.
@@ -369,6 +380,12 @@ class CostK(_Policy):
 
         return rule
 
+    def _note_probe(self, outcome: StepOutcome) -> None:
+        """What the probe cost beyond the plain steps its committed tokens would have taken (a running mean)."""
+        plain = self._step_cost(1)
+        net = outcome.draft_s + outcome.verify_s + outcome.other_s - (1 + outcome.n_accepted) * plain
+        self._probe_cost_s += 0.5 * (max(net, 0.0) - self._probe_cost_s)
+
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.n_drafted
         self._steps += 1
@@ -377,8 +394,12 @@ class CostK(_Policy):
             self._looked = False
         if outcome.other_s > 0:
             self._overhead_s += 0.05 * (min(outcome.other_s, 4 * self._overhead_s + 1e-4) - self._overhead_s)
+        if self._probing:
+            self._probing = False
+            self._note_probe(outcome)
         if n == 0:
             self._plain_steps += 1
+            self._plain_s += outcome.verify_s + outcome.other_s
             return
         self._plain_steps = 0
         self._learn(outcome)

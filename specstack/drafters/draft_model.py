@@ -51,11 +51,16 @@ class DraftModelConfig:
             raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
 
 
+# A probe's draft reads at most this many tokens of context it has not seen (``DraftModelDrafter._sync``).
+PROBE_CONTEXT = 32
+
+
 @dataclass
 class _Seq:
     """What the draft context holds for one generation."""
 
     cached: list[int] = field(default_factory=list)  # tokens in its KV cache, in order
+    start: int = 0  # the context position of cached[0]: past 0 after a probe drafted from a window
     synced: int = 0  # prefix of ``cached`` known to equal the committed context
 
 
@@ -141,21 +146,44 @@ class DraftModelDrafter:
         return out
 
     def _sync(self, requests: Sequence[DraftRequest]) -> dict[int, np.ndarray]:
-        """Make each sequence's KV equal its ``context[:-1]``, evaluate the rest; return last logits."""
+        """Make each sequence's KV equal its ``context[:-1]``, evaluate the rest; return last logits.
+
+        A probe (``Budget.probe``: the policy only wants to learn whether drafting pays) never catches up on
+        more than ``PROBE_CONTEXT`` tokens: behind by more (a new prompt, or plain steps since the last
+        draft), it drafts from the context's last ``PROBE_CONTEXT`` tokens alone. Catching up on a whole
+        prompt cost a 1M draft about a tenth of a 96-token generation on the bundled pair, on every
+        generation, for a source the policy then left unused. Real drafts catch up in full.
+        """
         todo: dict[int, list[int]] = {}
         for r in requests:
             st = self._seqs.setdefault(r.seq, _Seq())
-            cached, ctx, n = st.cached, r.context, len(r.context)
-            limit = min(len(cached), n - 1)  # always re-evaluate at least the last token
-            i = min(st.synced, limit)
-            while i < limit and cached[i] == ctx[i]:
-                i += 1
-            if i < len(cached):
-                self.model.truncate(i, r.seq)
-                del cached[i:]
+            ctx, n = r.context, len(r.context)
+            i = self._kept(st, ctx)
+            if r.budget.probe and n - i > PROBE_CONTEXT:
+                self.model.reset(r.seq)
+                st.cached, st.start, st.synced = [], n - PROBE_CONTEXT, n
+                todo[r.seq] = [int(t) for t in ctx[st.start:]]
+                continue
+            if st.start > 0 and not r.budget.probe:  # a probe's window: a real draft reads the whole context
+                self.model.reset(r.seq)
+                st.cached, st.start, i = [], 0, 0
+            elif i - st.start < len(st.cached):
+                self.model.truncate(i - st.start, r.seq)
+                del st.cached[i - st.start:]
             st.synced = n
             todo[r.seq] = [int(t) for t in ctx[i:]]
         return self._eval(todo) if todo else {}
+
+    @staticmethod
+    def _kept(st: _Seq, ctx: Sequence[int]) -> int:
+        """How many tokens of ``ctx`` the sequence's KV holds that are still right (from ``st.start``), always
+        leaving the last token to evaluate."""
+        cached, start = st.cached, st.start
+        limit = max(0, min(len(cached), len(ctx) - 1 - start))
+        i = min(max(st.synced - start, 0), limit)
+        while i < limit and cached[i] == ctx[start + i]:
+            i += 1
+        return start + i
 
     def _eval(self, tokens: dict[int, list[int]]) -> dict[int, np.ndarray]:
         """One batched forward pass; the last row of logits per sequence (copied)."""
@@ -197,7 +225,21 @@ class _Draft:
 
 
 def _load_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
-    """The draft GGUF on its own context: one sequence per target slot, in one shared cache."""
+    """The draft GGUF on its own context: one sequence per target slot, in one shared cache, warmed up."""
+    model = _open_draft(ctx, config)
+    _warm_up(model)
+    return model
+
+
+def _warm_up(model: LlamaModel) -> None:
+    """One throw-away call at load, as llama.cpp's common_init warms up its models: a context's first call
+    allocates its buffers and graphs, a spike the cost policy would otherwise charge to the first draft."""
+    bos = model.bos_id if 0 <= model.bos_id < model.n_vocab else 0
+    model.decode([Segment(0, [bos, bos], logits_from=1)])
+    model.reset(0)
+
+
+def _open_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
     return LlamaModel(
         ModelConfig(
             path=Path(config.draft_model),
