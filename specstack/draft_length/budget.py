@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 VERIFY_SLOPE = 0.15
 
 # Verification batches stay within 63 tokens (the pending token and at most 62 drafted): with flash
-# attention on, llama.cpp switches kernels at 64 query rows (see README, "Exactness").
+# attention on, llama.cpp switches kernels at 64 query rows (see docs/exactness.md).
 MAX_DRAFT = 62
 DEFAULT_K_MAX = 16  # the cost policy's default upper bound on k (--k-max)
 
