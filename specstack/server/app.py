@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import hmac
 import json
 import time
 import uuid
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Optional, Protocol
 
+import h11
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..commands.common import DRAFTER_FLAGS, check_drafter_options, inapplicable
 from ..draft_length import MAX_DRAFT, POLICIES
@@ -39,7 +42,8 @@ from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
 
-# The request's session (``x-session-id`` header, else the body's ``user``), set around ``submit``: a scale-out
+# The request's session (``x-session-id`` header, else the body's prompt_cache_key, user or safety_identifier),
+# set around ``submit``: a scale-out
 # backend routes by it (``scaleout.remote``); the single-process worker has one engine and ignores it.
 SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specstack_session", default=None)
 
@@ -72,21 +76,25 @@ class Limits:
     # Choices per request (``n``).  Each is its own generation with its own slot; with more choices than
     # slots the rest wait in the queue (and take its places), as separate requests would.
     max_n: int = 16
+    # Seconds a request's body may take to arrive whole: a client that stops sending mid-body (short of its
+    # Content-Length, or a chunked body never ended) gets 408 instead of holding a connection open for good.
+    body_timeout_s: float = 30.0
 
 
 def _speculative_model() -> type[BaseModel]:
     """A request's ``speculative`` object: the k settings plus every per-request drafter flag.
 
     Built from ``DRAFTER_FLAGS``, so a new drafter flag is a new request key with no second list.
-    Option values are checked where the flags' are, by the drafters' config dataclasses
+    Types are strict, as for ``k``: ``"2"``, ``2.0`` or ``true`` for an integer option would otherwise be
+    read as 2 or 1.  Option values are checked where the flags' are, by the drafters' config dataclasses
     (``check_drafter_options``, before the job is queued).
     """
     k_field = (Optional[int], Field(None, ge=1, le=MAX_DRAFT, strict=True))
-    fields: dict[str, Any] = {"drafter": (Optional[str], None), "k_policy": (Optional[Literal[POLICIES]], None),
-                              "k": k_field, "k_max": k_field}
+    fields: dict[str, Any] = {"drafter": (Optional[str], Field(None, strict=True)),
+                              "k_policy": (Optional[Literal[POLICIES]], None), "k": k_field, "k_max": k_field}
     for flag in DRAFTER_FLAGS:
         if flag.per_request:
-            fields[flag.dest] = (Optional[flag.type or bool], None)
+            fields[flag.dest] = (Optional[flag.type or bool], Field(None, strict=True))
     return create_model("Speculative", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -94,38 +102,42 @@ Speculative = _speculative_model()
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = Field(False, strict=True)
+    include_obfuscation: Optional[bool] = Field(None, strict=True)  # nothing is obfuscated here: only false
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+    """The fields both endpoints honour.  Anything else is a 400: the schemas' other fields by the
+    ``UNIMPLEMENTED`` table, unknown ones as OpenAI does ("Unrecognized request argument supplied")."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, strict=True)
     # strict: JSON true is not 1 (max_tokens: true used to mean one token), nor 2.0 an integer
     max_tokens: int | None = Field(None, ge=1, strict=True)
+    n_predict: int | None = Field(None, strict=True)  # llama-server's name for max_tokens (``requested_tokens``)
     temperature: float = Field(1.0, ge=0, le=100, strict=True)
     top_p: float = Field(1.0, gt=0, le=1, strict=True)
     top_k: int = Field(0, ge=0, strict=True)
     min_p: float = Field(0.0, ge=0, le=1, strict=True)
     seed: int | None = Field(None, strict=True)
-    user: str | None = None  # OpenAI's end-user id: the session key for routing when no x-session-id is sent
+    # Session keys for routing (``SESSION``) when no x-session-id is sent: OpenAI's prompt_cache_key groups
+    # requests that share a prefix; user (deprecated) and safety_identifier name the end user.
+    prompt_cache_key: str | None = Field(None, strict=True)
+    user: str | None = Field(None, strict=True)
+    safety_identifier: str | None = Field(None, strict=True)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")
+    n_cmpl: int | None = Field(None, ge=1, strict=True)  # llama-server's name for n
     speculative: Speculative | None = None
-    # Accepted by the OpenAI API but not done here: a request that sets them gets a 400 naming the field
-    # (``unsupported``), never a 200 that silently ignores them.
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    response_format: Any = None
-    logit_bias: Any = None
 
 
-class CompletionRequest(_Common):
-    prompt: str | list[int]
+class _CompletionFields(_Common):
+    prompt: str | list[StrictInt]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
-    echo: bool = False
+    echo: bool = Field(False, strict=True)
 
 
 class Message(BaseModel):
@@ -134,35 +146,252 @@ class Message(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatRequest(_Common):
+class _ChatFields(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
-    logprobs: bool = False
+    logprobs: bool = Field(False, strict=True)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
+
+
+Neutral = tuple[Any, ...] | Callable[[Any, "_Common"], bool]
+
+
+@dataclass(frozen=True)
+class Unimplemented:
+    """A field of the OpenAI or llama-server request schema that this server does not do.
+
+    It is read with its schema's type (strictly: a value of the wrong type is always a 400), and accepted
+    only at a value that changes nothing, its default or documented "off" (``neutral``: the values, or a
+    test of the value against the request); any other value is a 400 naming it.  A 200 never means that
+    a field was ignored: a client that asked for a penalty or a grammar must learn it did not get one.
+    """
+
+    name: str
+    type: Any
+    neutral: Neutral
+    why: str
+    routes: tuple[str, ...] = ("completions", "chat")
+
+    def accepts(self, value: Any, body: "_Common") -> bool:
+        if callable(self.neutral):
+            return self.neutral(value, body)
+        return any(_same(value, v) for v in self.neutral)
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """JSON equality that keeps numbers and booleans apart (``False == 0`` in Python)."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    return value == neutral
+
+
+# llama.cpp's sampler names (``common_sampler_types_from_names``, alternative names, and the one-letter
+# codes of a ``samplers`` string), by canonical name.
+SAMPLER_NAMES = {
+    "dry": ("dry", "d"), "top_k": ("top_k", "top-k", "k"), "typ_p": ("typ_p", "typical_p", "typical-p", "typical",
+    "typ-p", "typ", "y"), "top_p": ("top_p", "top-p", "nucleus", "p"), "min_p": ("min_p", "min-p", "m"),
+    "xtc": ("xtc", "x"), "temperature": ("temperature", "temp", "t"), "top_n_sigma": ("top_n_sigma", "top-n-sigma", "s"),
+    "penalties": ("penalties", "e"), "infill": ("infill", "i"),
+}
+_SAMPLER_BY_NAME = {alias: name for name, aliases in SAMPLER_NAMES.items() for alias in aliases}
+# Samplers this server applies, in its order (``sampling``), and each one's value when it is off.
+SAMPLER_ORDER = ("top_k", "top_p", "min_p", "temperature")
+SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
+# Samplers that do nothing at the neutral values this server requires of their settings (``UNIMPLEMENTED``).
+SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma", "penalties")
+
+
+def samplers_as_applied(value: str | list[str], body: "_Common") -> bool:
+    """A llama-server ``samplers`` chain is honoured when it is the chain this server applies: its active
+    samplers in this server's order, each at most once, and every sampler it leaves out at its off value
+    (a sampler not in the chain is not used).  Idle samplers may stand anywhere."""
+    names = list(value) if isinstance(value, str) else value
+    chain = [_SAMPLER_BY_NAME.get(n) for n in names]
+    if None in chain or "infill" in chain:
+        return False
+    active = [n for n in chain if n not in SAMPLER_IDLE]
+    if len(set(active)) != len(active) or active != [n for n in SAMPLER_ORDER if n in active]:
+        return False
+    return all(getattr(body, n) == SAMPLER_OFF[n] for n in SAMPLER_ORDER if n not in active)
+
+
+def _best_of_is_n(value: int, body: "_Common") -> bool:
+    """best_of = n: n candidates, all returned, is what n alone does."""
+    return value == (body.n_cmpl or body.n)
+
+
+PENALTY = "repetition penalties are not implemented yet"
+SAMPLER = "this sampler is not implemented (the server samples with temperature, top_k, top_p and min_p)"
+GRAMMAR = "constrained decoding (grammars, JSON schemas, JSON mode) is not implemented yet"
+TOOLS = "tools/function calling is not supported"
+NOT_STORED = "completions are not stored here"
+TEMPLATE = "the chat template is the role's (its chat_template setting)"
+LOGPROBS = "ask for logprobs (completions) or logprobs with top_logprobs (chat)"
+TEXT_ONLY = "this server takes and gives text only"
+F, I, B, S = StrictFloat, StrictInt, StrictBool, StrictStr
+OBJECT = dict[str, Any]
+
+UNIMPLEMENTED = (
+    # OpenAI, both endpoints
+    Unimplemented("frequency_penalty", F, (0,), PENALTY),
+    Unimplemented("presence_penalty", F, (0,), PENALTY),
+    Unimplemented("logit_bias", OBJECT | list[Any], ({}, []), "it would change the target's distribution"),
+    Unimplemented("response_format", OBJECT, ({"type": "text"},), GRAMMAR),
+    Unimplemented("tools", list[Any], ([],), TOOLS),
+    Unimplemented("tool_choice", S | OBJECT, ("none",), TOOLS),
+    Unimplemented("functions", list[Any], ([],), TOOLS),
+    Unimplemented("function_call", S | OBJECT, ("none",), TOOLS),
+    # OpenAI completions
+    Unimplemented("best_of", I, _best_of_is_n, "ranking more candidates than the n returned is not implemented; "
+                  "ask for n choices", ("completions",)),
+    Unimplemented("suffix", S, ("",), "insertion (text after the completion) is not implemented", ("completions",)),
+    Unimplemented("max_completion_tokens", I, (), "it is a chat field; /v1/completions takes max_tokens",
+                  ("completions",)),
+    # OpenAI chat
+    Unimplemented("parallel_tool_calls", B, (True, False), TOOLS, ("chat",)),  # no tools, so no calls to run at once
+    Unimplemented("audio", OBJECT, (), TEXT_ONLY, ("chat",)),
+    Unimplemented("modalities", list[S], (["text"],), TEXT_ONLY, ("chat",)),
+    Unimplemented("prediction", OBJECT, (), "predicted outputs are not implemented", ("chat",)),
+    Unimplemented("store", B, (False,), NOT_STORED, ("chat",)),
+    Unimplemented("metadata", dict[S, S], ({},), NOT_STORED + ", so there is nothing to tag", ("chat",)),
+    Unimplemented("reasoning_effort", S, (), "there is no reasoning control", ("chat",)),
+    Unimplemented("verbosity", S, (), "there is no verbosity control", ("chat",)),
+    Unimplemented("service_tier", S, ("auto", "default"), "there is one service tier", ("chat",)),
+    Unimplemented("web_search_options", OBJECT, (), "there is no web search", ("chat",)),
+    # llama-server's /completion fields (it takes them on both OpenAI routes too); vLLM's repetition_penalty
+    Unimplemented("repeat_penalty", F, (1,), PENALTY),
+    Unimplemented("repetition_penalty", F, (1,), PENALTY),
+    Unimplemented("repeat_last_n", I, (64, 0), PENALTY),
+    Unimplemented("dry_multiplier", F, (0,), PENALTY),
+    Unimplemented("dry_base", F, (1.75,), PENALTY),
+    Unimplemented("dry_allowed_length", I, (2,), PENALTY),
+    Unimplemented("dry_penalty_last_n", I, (-1, 0, 64), PENALTY),
+    Unimplemented("dry_sequence_breakers", list[S], (["\n", ":", "\"", "*"],), PENALTY),
+    Unimplemented("dynatemp_range", F, (0,), SAMPLER),
+    Unimplemented("dynatemp_exponent", F, (1,), SAMPLER),
+    Unimplemented("typical_p", F, (1,), SAMPLER),
+    Unimplemented("xtc_probability", F, (0,), SAMPLER),
+    Unimplemented("xtc_threshold", F, (0.1,), SAMPLER),
+    Unimplemented("mirostat", I, (0,), SAMPLER),
+    Unimplemented("mirostat_tau", F, (5,), SAMPLER),
+    Unimplemented("mirostat_eta", F, (0.1,), SAMPLER),
+    Unimplemented("top_n_sigma", F, (-1,), SAMPLER),
+    Unimplemented("min_keep", I, (0,), SAMPLER),
+    Unimplemented("samplers", S | list[S], samplers_as_applied,
+                  f"the only chain applied here is {', '.join(SAMPLER_ORDER)} (a sampler left out must be off)"),
+    Unimplemented("grammar", S, ("",), GRAMMAR),
+    Unimplemented("json_schema", OBJECT, (), GRAMMAR),
+    Unimplemented("ignore_eos", B, (False,), "generation always ends at the model's end-of-generation token"),
+    Unimplemented("n_probs", I, (0,), LOGPROBS),
+    Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
+    Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
+    Unimplemented("id_slot", I, (-1,), "each request takes the next free slot"),
+    Unimplemented("cache_prompt", B, (True,), "a prompt's cached KV is always reused"),
+    Unimplemented("n_cache_reuse", I, (0,), "KV shifting is not implemented"),
+    Unimplemented("n_keep", I, (0, -1), "the context is never shifted"),
+    Unimplemented("n_indent", I, (0,), "indentation limits are not implemented"),
+    Unimplemented("return_tokens", B, (False,), "token ids are not returned (streamed chunks carry specstack.tokens)"),
+    Unimplemented("return_progress", B, (False,), "prompt progress is not reported"),
+    Unimplemented("timings_per_token", B, (False,), "timings come once per response, under speculative"),
+    Unimplemented("sse_ping_interval", F, (), "streams are pinged every 15 s"),
+    Unimplemented("response_fields", list[S], ([],), "responses are always whole"),
+    Unimplemented("lora", list[Any], ([],), "LoRA adapters are not supported"),
+    Unimplemented("image_data", list[Any], ([],), TEXT_ONLY),
+    Unimplemented("multimodal_data", list[Any], ([],), TEXT_ONLY),
+    # llama-server's chat fields
+    Unimplemented("chat_template", S, (), TEMPLATE, ("chat",)),
+    Unimplemented("chat_template_kwargs", OBJECT, ({},), TEMPLATE, ("chat",)),
+    Unimplemented("add_generation_prompt", B, (True,), "the assistant's turn is always opened", ("chat",)),
+    Unimplemented("reasoning_format", S, ("none",), "reasoning is not parsed out of the text", ("chat",)),
+    Unimplemented("reasoning_control", B, (False,), "there is no reasoning control", ("chat",)),
+)
+
+
+def _request_model(base: type[BaseModel], route: str) -> type[BaseModel]:
+    """``base`` plus the route's ``UNIMPLEMENTED`` fields, each optional and strictly typed (``Strict*`` types)."""
+    fields = {u.name: (Optional[u.type], None) for u in UNIMPLEMENTED if route in u.routes}  # types: Strict*
+    return create_model(base.__name__.lstrip("_").replace("Fields", "Request"), __base__=base, **fields)
+
+
+CompletionRequest = _request_model(_CompletionFields, "completions")
+ChatRequest = _request_model(_ChatFields, "chat")
 
 
 def unsupported(body: _Common) -> None:
     """400 for a field this server would otherwise ignore: the client must know it was not honoured."""
-    if body.tools or body.functions:
-        raise ApiError(400, "tools/function calling is not supported by specstack serve; leave out 'tools'",
-                       param="tools")
-    if body.tool_choice not in (None, "none"):
-        raise ApiError(400, "tool_choice is not supported (no tools here); leave it out", param="tool_choice")
-    if body.response_format not in (None, {"type": "text"}):
-        raise ApiError(400, "response_format other than {\"type\": \"text\"} (JSON mode, schemas) is not supported; "
-                       "leave it out", param="response_format")
-    if body.logit_bias:
-        raise ApiError(400, "logit_bias is not supported: it would change the target's distribution; leave it out",
-                       param="logit_bias")
-    if isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None:
+    route = "chat" if isinstance(body, _ChatFields) else "completions"
+    for u in UNIMPLEMENTED:
+        value = getattr(body, u.name, None) if route in u.routes else None
+        if value is not None and not u.accepts(value, body):
+            allowed = "" if callable(u.neutral) or not u.neutral else \
+                " or send " + " or ".join(json.dumps(v) for v in u.neutral)
+            raise ApiError(400, f"{u.name} is not supported by specstack serve: {u.why}; leave it out{allowed} "
+                                f"(got {_shown_value(value)})", param=u.name)
+    if body.stream_options is not None and body.stream_options.include_obfuscation:
+        raise ApiError(400, "stream_options.include_obfuscation: this server adds no obfuscation to stream chunks; "
+                            "leave it out or send false", param="stream_options.include_obfuscation")
+    if isinstance(body, _CompletionFields) and body.echo and body.logprobs is not None:
         raise ApiError(400, "echo with logprobs is not supported (it needs the prompt tokens' logprobs); ask for "
                        "one or the other", param="echo")
-    if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
+    if isinstance(body, _ChatFields) and body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     bad = _invalid_text(body.model_dump(exclude_none=True))
     if bad is not None:
         raise ApiError(400, f"{bad} holds a lone UTF-16 surrogate (such as \\ud800), which is not Unicode text and "
                        "cannot be tokenized; send valid UTF-8", param=bad)
+
+
+def _shown_value(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def requested_tokens(body: _Common) -> tuple[int, str]:
+    """How many tokens a request may generate, and the field that said so (errors name it): max_tokens,
+    chat's max_completion_tokens or llama-server's n_predict; 16 when none is given, as OpenAI's completions."""
+    given = [(name, getattr(body, name)) for name in ("max_tokens", "max_completion_tokens", "n_predict")
+             if getattr(body, name, None) is not None]
+    if not given:
+        return 16, "max_tokens"
+    name, value = given[-1]
+    if any(v != value for _, v in given):
+        raise ApiError(400, f"{' and '.join(n for n, _ in given)} disagree ({', '.join(str(v) for _, v in given)}); "
+                            "send one of them", param=name)
+    if value < 1:
+        raise ApiError(400, f"{name} must be >= 1 (got {value}); this server has no unlimited generation", param=name)
+    return value, name
+
+
+def requested_choices(body: _Common) -> int:
+    """Choices asked for: ``n``, or llama-server's ``n_cmpl``."""
+    if body.n_cmpl is None:
+        return body.n
+    if "n" in body.model_fields_set and body.n != body.n_cmpl:
+        raise ApiError(400, f"n and n_cmpl disagree ({body.n} and {body.n_cmpl}); send one of them", param="n_cmpl")
+    return body.n_cmpl
+
+
+def field_path(loc: Any) -> str | None:
+    """A pydantic error location as the request field it names: ``speculative.k``, ``messages[0].content``.
+
+    A union's member tags (``str``, ``list[int]``) and the leading ``body`` are not fields."""
+    path = ""
+    for part in loc[:len(loc) - len(_tail(loc))]:
+        if part == "body" and not path:
+            continue
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path.lstrip(".") or None
+
+
+def _tail(loc: Any) -> tuple:
+    """The part of an error location from the first union member tag on (empty when there is none)."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS):
+            return tuple(loc[i:])
+    return ()
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def _invalid_text(value: Any, where: str = "") -> str | None:
@@ -206,16 +435,18 @@ class ApiError(Exception):
 
 
 class Guard:
-    """Body size and API key, checked before any route runs: a plain ASGI middleware.
+    """Body size, body read time and API key, checked before any route runs: a plain ASGI middleware.
 
     Starlette's ``@app.middleware("http")`` wraps ``receive``, so a route's ``request.is_disconnected()``
     never saw a non-streaming client leave, and its generation held a slot for minutes (vLLM moved to a
-    plain ASGI middleware for the same reason).  A body without a Content-Length (``Transfer-Encoding:
-    chunked``) is read here up to the limit, so it cannot reach the tokenizer by being unannounced.
+    plain ASGI middleware for the same reason).  A body is read here whole, up to the size limit and within
+    ``body_timeout_s``: one without a Content-Length (``Transfer-Encoding: chunked``) cannot reach the
+    tokenizer by being unannounced, and one that stops arriving is a 408, not a connection held forever.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None, body_timeout_s: float = 30.0) -> None:
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -224,25 +455,51 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and scope["path"].startswith("/v1/") and headers.get("authorization", "") != f"Bearer {self.api_key}":
+        if self.api_key and scope["path"].startswith("/v1/") and not authorized(headers.get("authorization"), self.api_key):
             return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
                                code="invalid_api_key")(scope, receive, send)
-        if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
-            body, more = b"", True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body += message.get("body", b"")
-                more = message.get("more_body", False)
-                if len(body) > self.max_body_bytes:
-                    return await self._too_large(f"more than {self.max_body_bytes}", scope, receive, send)
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            try:
+                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                return await error(408, f"the request body did not arrive whole within {self.body_timeout_s:g} s "
+                                        "(short of its Content-Length, or a chunked body never ended)",
+                                   code="request_timeout", headers={"Connection": "close"})(scope, receive, send)
+            except _BodyTooLarge:
+                return await self._too_large(f"more than {self.max_body_bytes}", scope, receive, send)
+            if body is None:  # the client went away
+                return None
             receive = _replay(body, receive)
         return await self.app(scope, receive, send)
+
+    async def _read_body(self, receive: Any) -> bytes | None:
+        """The whole body; None when the client disconnects, ``_BodyTooLarge`` when it grows past the limit."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
     async def _too_large(self, size: str, scope: dict, receive: Any, send: Any) -> None:
         await error(413, f"the request body has {size} bytes; the limit is {self.max_body_bytes} "
                          "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    """A body that grew past --max-body while it was read."""
+
+
+def authorized(header: str | None, key: str) -> bool:
+    """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235: auth schemes are case-insensitive)."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 def _replay(body: bytes, receive: Any) -> Any:
@@ -257,6 +514,51 @@ def _replay(body: bytes, receive: Any) -> Any:
         return await receive()
 
     return replay
+
+
+# The request line and headers together, at most: nginx's large_client_header_buffers (4 x 8 KiB) and
+# h11's own default are in the same range.  A longer head is answered 431.
+MAX_HEAD_BYTES = 32 << 10
+LINGER_S = 2.0  # how long a refused connection's further input is read and dropped before it is closed
+
+
+class HeadLimitedH11(H11Protocol):
+    """uvicorn's h11 protocol, answering a request head over ``MAX_HEAD_BYTES`` with 431 in OpenAI's error body.
+
+    httptools, the protocol uvicorn picks when it is installed, takes a head of any size (10 MiB of
+    headers got a 200), and h11 limits only a head still incomplete when a read ends (a whole 200 KB head
+    in one read passed; an unfinished one is a plain 400).  So the head is measured here as it arrives.
+    The connection then lingers a moment, its input dropped, so that the client reads the answer before
+    the close (closing with unread input resets the connection, and the client may never see the 431)."""
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # a request head is (still) arriving: count it to its blank line
+            pending = self.conn.trailing_data[0] + data
+            end = pending.find(b"\r\n\r\n")
+            if (len(pending) if end < 0 else end + 4) > MAX_HEAD_BYTES:
+                return self._refuse_head()
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        if len(self.conn.trailing_data[0]) <= MAX_HEAD_BYTES:  # h11's own limit (h11_max_incomplete_event_size)
+            return super().send_400_response(msg)
+        self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        body = json.dumps({"error": {
+            "message": f"the request line and headers are over {MAX_HEAD_BYTES} bytes; send less (a long header "
+                       "value such as a cookie, or a body sent as a header)",
+            "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large"}}).encode()
+        # Written as bytes: h11 sends no response to a request it has not read (nor, in every state, to one it failed).
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.data_received = lambda data: None  # type: ignore[method-assign]  # the rest of the head is dropped
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def http_options() -> dict[str, Any]:
+    """The uvicorn settings `specstack serve` runs with (``uvicorn.run(app, **http_options())``): the head limit."""
+    return {"http": HeadLimitedH11, "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
@@ -287,6 +589,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.workers = workers
     app.state.metrics = metrics
+    app.state.http_options = http_options()  # what uvicorn serves it with (`specstack serve`: the header limit)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -294,18 +597,26 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
+        errors = exc.errors()
+        first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
             return error(400, f"the request body is not valid JSON: {first.get('msg')}", param=None, code="invalid_json")
-        return error(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param=param)
+        param = field_path(first.get("loc", ()))
+        if first.get("type") == "extra_forbidden":  # OpenAI's words for a field it does not know
+            return error(400, f"Unrecognized request argument supplied: {param}", param=param)
+        # A field of several types (prompt: text or token ids) fails once per type: say each.
+        tried = [f"{e['loc'][len(e['loc']) - len(_tail(e['loc']))]}: {e['msg']}" for e in errors
+                 if field_path(e.get("loc", ())) == param and _tail(e["loc"])]
+        detail = f"none of its types fits ({'; '.join(dict.fromkeys(tried))})" if len(tried) > 1 else \
+            first.get("msg", "invalid value")
+        return error(400, f"{param or 'body'}: {detail}", param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error")
 
-    app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key)
+    app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
+                       body_timeout_s=limits.body_timeout_s)
 
     def worker_for(model: str | None) -> RoleBackend:
         if model is None or model not in workers:
@@ -369,13 +680,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             prompt = render([m.model_dump() for m in body.messages], w.template)
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="messages") from None
-        if body.max_completion_tokens is not None:
-            body.max_tokens = body.max_completion_tokens
         return await run(request, w, body, chat_tokens(prompt, w.target), chat=True)
 
     async def run(request: Request, w: RoleBackend, body: _Common, ids: list[int], chat: bool) -> Response:
-        jobs = make_jobs(w, body, ids)
-        token = SESSION.set(request.headers.get("x-session-id") or body.user)
+        jobs = make_jobs(w, body, ids, "messages" if chat else "prompt")
+        token = SESSION.set(request.headers.get("x-session-id") or body.prompt_cache_key or body.user
+                            or body.safety_identifier)
         try:
             w.submit(*jobs)
         except QueueFull as exc:
@@ -421,25 +731,29 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         for job in jobs:
             w.cancel(job)
 
-    def make_jobs(w: RoleBackend, body: _Common, ids: list[int]) -> list[Job]:
+    def make_jobs(w: RoleBackend, body: _Common, ids: list[int], prompt_field: str = "prompt") -> list[Job]:
         """One job per choice (``n``), checked once: choice i samples with ``seed + i`` (a negative or absent seed:
-        each its own random one), and all share one events queue, their events tagged with the choice's index."""
-        if body.n > limits.max_n:
-            raise ApiError(400, f"n is {body.n}; this server allows at most {limits.max_n} choices per request",
-                           param="n")
+        each its own random one), and all share one events queue, their events tagged with the choice's index.
+        ``prompt_field`` is what the prompt came from (chat: ``messages``), which its errors name."""
+        n = requested_choices(body)
+        if n > limits.max_n:
+            field = "n_cmpl" if body.n_cmpl is not None else "n"
+            raise ApiError(400, f"{field} is {n}; this server allows at most {limits.max_n} choices per request",
+                           param=field)
         target = w.target
         limit = limits.max_prompt_tokens or target.capacity - 1
         if not ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
+            raise ApiError(400, f"the prompt is empty ({prompt_field})", param=prompt_field)
         if len(ids) > min(limit, target.capacity - 1):
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context allows {min(limit, target.capacity - 1)} "
-                                "(prompt plus at least one new token)", param="prompt", code="context_length_exceeded")
+            raise ApiError(400, f"the prompt ({prompt_field}) has {len(ids)} tokens; this model's context allows "
+                                f"{min(limit, target.capacity - 1)} (prompt plus at least one new token)",
+                           param=prompt_field, code="context_length_exceeded")
         if any(not 0 <= t < target.n_vocab for t in ids):
-            raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1}", param="prompt")
-        max_tokens = body.max_tokens or 16
+            raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1}", param=prompt_field)
+        max_tokens, tokens_field = requested_tokens(body)
         if max_tokens > limits.max_tokens:
-            raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens}",
-                           param="max_tokens")
+            raise ApiError(400, f"{tokens_field} is {max_tokens}; this server allows at most {limits.max_tokens}",
+                           param=tokens_field)
         spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
         if "drafter" in spec:
             check_drafter(spec["drafter"])
@@ -468,7 +782,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return [Job(ids, config if i == 0 else dataclasses.replace(
                         config, sampling=dataclasses.replace(sampling, seed=body.seed + i if seeded else body.seed)),
                     spec, asyncio.get_running_loop(), events, deadline, index=i)
-                for i in range(body.n)]
+                for i in range(n)]
 
     def check_drafter(name: str) -> None:
         try:
@@ -539,8 +853,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                 else:
                     finished[i] = event
                     cancel_all(w, [j for j in jobs if j.index not in finished])
-                    yield json.dumps({"error": {"message": event["message"], "type": event["kind"], "param": None,
-                                                "code": event["status"]}})
+                    yield json.dumps({"error": {"message": event["message"], "type": event["kind"],
+                                                "param": event.get("param"), "code": event["status"]}})
                     return
                 event = await jobs[0].events.get()
         finally:
@@ -552,7 +866,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
 def error_event(event: dict[str, Any]) -> JSONResponse:
     """An engine's error event as the response (a scale-out 429 carries its code and Retry-After)."""
-    return error(event["status"], event["message"], event["kind"], code=event.get("code"), headers=event.get("headers"))
+    return error(event["status"], event["message"], event["kind"], param=event.get("param"), code=event.get("code"),
+                 headers=event.get("headers"))
 
 
 def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], include_usage: bool,

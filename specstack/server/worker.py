@@ -12,15 +12,18 @@ are freed.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import codecs
 import json
 import queue
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..commands.common import announce_load
+from ..commands.common import DRAFTER_FLAGS, announce_load
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
 from ..draft_length.background import open_for_mode, settle
 from ..draft_length.costs import CostModel
@@ -54,13 +57,34 @@ class Job:
     events: asyncio.Queue
     deadline: float | None = None
     gen: Generation | None = None
-    sent: int = 0  # output tokens already reported
+    sent: int = 0  # output tokens already reported (``released``): those the text shows, no further
+    text_sent: int = 0  # characters of text already reported
+    ends: list[int] = field(default_factory=list)  # per output token: the characters of text up to its end
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     submitted: float = field(default_factory=time.perf_counter)
     checked_at: float = field(default_factory=time.monotonic)  # when the server last looked for the client
     index: int = 0  # which choice of its request (``n > 1``: the choices share one events queue)
 
     def emit(self, event: dict[str, Any]) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, {**event, "index": self.index})
+
+    def released(self, token_bytes: Any) -> int:
+        """How many output tokens may be reported: those whose text has been reported.
+
+        A stop string cuts the text where it begins, but the tokens that spelt it were generated; they are
+        no part of the answer, so neither its logprobs nor its usage count them (llama-server and vLLM
+        leave them out too).  While generating, a token waits until all its text is out (text that may
+        begin a stop string is held back); once a stop string has ended the generation, the tokens that
+        show in the text at all are reported; any other end reports every token."""
+        gen = self.gen
+        for tok in gen.output_ids[len(self.ends):]:  # characters as the generation's own stop check decodes them
+            self.ends.append((self.ends[-1] if self.ends else 0) + len(self.decoder.decode(token_bytes(tok))))
+        if not gen.done:
+            return bisect.bisect_right(self.ends, self.text_sent)
+        if gen.stats.stop_reason != "stop":
+            return len(gen.output_ids)
+        starts = [0, *self.ends[:-1]]
+        return bisect.bisect_left(starts, self.text_sent)
 
 
 class RoleWorker:
@@ -203,9 +227,18 @@ class RoleWorker:
         try:
             drafter = self._drafter(spec, job.config.sampling.temperature)
             policy = self._policy(spec).fork()
+        except SpecstackError as exc:  # the request's drafter cannot run on this role: its field is named
+            field = "speculative.drafter" if "drafter" in job.speculative else "speculative" if job.speculative else None
+            self._fail(job, 400, f"drafter {spec['drafter']!r} cannot run on role {role.name!r}: "
+                                 f"{api_words(str(exc))}; choose another one", "invalid_request_error", param=field)
+            return
+        except Exception as exc:
+            self._fail(job, 500, f"could not build drafter {spec['drafter']!r}: {exc}", "server_error")
+            return
+        try:
             job.gen = self.engine.generate(job.prompt_ids, job.config, drafter=drafter, policy=policy)
         except SpecstackError as exc:
-            self._fail(job, 400, str(exc), "invalid_request_error")
+            self._fail(job, 400, api_words(str(exc)), "invalid_request_error")
             return
         except Exception as exc:
             self._fail(job, 500, f"could not start the generation: {exc}", "server_error")
@@ -227,11 +260,12 @@ class RoleWorker:
         for job in list(self._jobs):
             gen = job.gen
             text = gen.take_text()
-            new = range(job.sent, len(gen.output_ids))
+            job.text_sent += len(text)
+            new = range(job.sent, job.released(self.target.token_bytes))
             if text or len(new):
                 tokens = [[self.target.token_bytes(gen.output_ids[i]).decode("utf-8", "replace"), gen.origins[i]] for i in new]
                 logprobs = [gen.logprobs[i] for i in new] if job.config.logprobs is not None else None
-                job.sent = len(gen.output_ids)
+                job.sent = new.stop
                 job.emit({"type": "delta", "text": text, "tokens": tokens, "logprobs": logprobs})
             if gen.done:
                 self._finish(job)
@@ -242,19 +276,40 @@ class RoleWorker:
         self._release_capacity()
         stats = gen.stats
         self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled")
+        # usage counts the tokens of the answer (``Job.released``), not a stop string's that the text leaves out
         job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": stats.to_dict(),
-                  "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_tokens,
-                            "total_tokens": stats.n_prompt + stats.n_tokens}})
+                  "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": job.sent,
+                            "total_tokens": stats.n_prompt + job.sent}})
 
-    def _fail(self, job: Job, status: int, message: str, kind: str) -> None:
+    def _fail(self, job: Job, status: int, message: str, kind: str, param: str | None = None) -> None:
         if job in self._jobs:
             self._jobs.remove(job)
             if not job.gen.done:
                 job.gen.cancel()
         self._release_capacity()
         self.metrics.requests_failed(self.role.name, kind)
-        job.emit({"type": "error", "status": status, "message": message, "kind": kind})
+        job.emit({"type": "error", "status": status, "message": message, "kind": kind, "param": param})
 
     def _release_capacity(self) -> None:
         with self._lock:
             self._active -= 1
+
+
+# A drafter's error speaks of the command line (``--datastore STORE``); a request's error names request fields.
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?: [A-Z][A-Z_.]*\b)?")
+_REQUEST_WORDS = {"--drafter": "speculative.drafter", "--k-policy": "speculative.k_policy",
+                  **{f.flag: f"speculative.{f.dest}" for f in DRAFTER_FLAGS if f.per_request},
+                  **{f.flag: f"the server-side setting {f.dest!r}, which no request can give"
+                     for f in DRAFTER_FLAGS if not f.per_request}}
+
+
+def api_words(message: str) -> str:
+    """``message`` with each command-line flag named as what a request sets instead: ``--ngram-min`` becomes
+    ``speculative.n_min``, ``--datastore STORE`` a server-side setting; the advice after a server-side
+    setting (how to build one, at the command line) is the operator's, not the client's, and is cut."""
+    cut = next((m.end() for m in _FLAG.finditer(message)
+                if m.group(1) in _REQUEST_WORDS and "server-side" in _REQUEST_WORDS[m.group(1)]), None)
+    if cut is not None:
+        close = message.find(")", cut)
+        message = message[: (close + 1 if close >= 0 else cut)]
+    return _FLAG.sub(lambda m: _REQUEST_WORDS.get(m.group(1), m.group(0)), message)
