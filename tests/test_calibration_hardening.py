@@ -103,3 +103,291 @@ def test_a_zero_byte_suffix_array_is_one_line_through_the_cli(tmp_path, capsys):
     (store / "sa.npy").write_bytes(b"")
     code, _, err = run_cli(capsys, "datastore", "info", str(store))
     assert code == 2 and "corrupt" in err and "specstack datastore build" in err and "Traceback" not in err
+
+
+# -- the cost cache: damage (15), keys (20), noise (21) ---------------------------------------------
+
+import math  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+from specstack.draft_length import cost_cache, costs  # noqa: E402
+from specstack.paths import DEFAULT_TARGET  # noqa: E402
+from specstack.target import BatchShapes, LlamaModel, ModelConfig  # noqa: E402
+
+GENERATE = ("generate", "-m", str(DEFAULT_TARGET), "-p", "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n",
+            "-n", "8", "--drafter", "prompt-lookup")
+CTX = 1024  # past the bundled target's 512 trained positions, so that its measurements are as deep as a big model's
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A cost cache holding what a first `generate -c 1024` on the bundled target measured (read-only: copy it).
+    Cached whatever the machine's load (``quiet``)."""
+    folder = tmp_path_factory.mktemp("measured-cache")
+    old, limit = os.environ.get("SPECSTACK_CACHE_DIR"), costs.NOISE_LIMIT
+    os.environ["SPECSTACK_CACHE_DIR"] = str(folder)
+    costs.NOISE_LIMIT = math.inf
+    try:
+        assert main([*GENERATE, "-c", str(CTX)]) == 0
+    finally:
+        os.environ["SPECSTACK_CACHE_DIR"] = old or ""
+        costs.NOISE_LIMIT = limit
+    kinds = {k.split("-")[0] for k in json.loads((folder / "costs.json").read_text())}
+    assert kinds == {"shapes", "exact", "curve"}, kinds
+    return folder / "costs.json"
+
+
+@pytest.fixture
+def cache(measured, tmp_path, monkeypatch) -> Path:
+    """A copy of ``measured`` as this test's cache; lines said once are said again."""
+    monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cost_cache, "_said", set())
+    monkeypatch.setattr(costs, "_checked", set())
+    shutil.copy(measured, tmp_path / "costs.json")
+    return tmp_path / "costs.json"
+
+
+@pytest.fixture
+def quiet(monkeypatch) -> None:
+    """Timings count as quiet however busy the machine is: tests of what is cached must not depend on the
+    load that other work puts on the machine (what noise does is tested with timings made noisy, below)."""
+    monkeypatch.setattr(costs, "NOISE_LIMIT", math.inf)
+
+
+def _entries(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _key(path: Path, kind: str) -> str:
+    [key] = [k for k in _entries(path) if k.startswith(kind)]
+    return key
+
+
+def test_a_cost_cache_that_is_not_an_object_is_replaced_with_one_line(quiet, cache, capsys):
+    cache.write_text("[1, 2, 3]")
+    code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
+    assert code == 0 and err.count("is damaged (not a JSON object)") == 1 and "Traceback" not in err
+    assert {k.split("-")[0] for k in _entries(cache)} == {"shapes", "exact", "curve"}  # measured again, rewritten
+
+
+def test_damaged_cost_cache_entries_are_discarded_measured_again_and_repaired(quiet, cache, capsys):
+    entries = _entries(cache)
+    shapes, verdict, curve = (_key(cache, k) for k in ("shapes-", "exact-auto-", "curve-"))
+    entries[shapes]["min_rows"] = "2"  # a traceback inside BatchShapes before
+    entries[verdict]["pad"] = -0.5  # a negative cost
+    entries[curve]["curve_s"] = [-1.0] * len(entries[curve]["curve_s"])
+    cache.write_text(json.dumps(entries))
+    code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
+    assert code == 0 and "Traceback" not in err
+    assert err.count("discarding a damaged entry") == 3, err  # one line for each entry
+    assert "min_rows is '2'" in err and "pad is -0.5" in err and "curve_s[0] is -1.0" in err
+    repaired = _entries(cache)
+    assert BatchShapes.from_dict(repaired[shapes]).min_rows >= 1
+    assert costs.ExactCost.parse(repaired[verdict]).pad >= 0
+    assert min(repaired[curve]["curve_s"]) > 0
+    code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
+    assert code == 0 and "damaged" not in err and "first run" not in err  # repaired for good
+
+
+@pytest.mark.parametrize("entry, message", [
+    ([1, 2, 3], "expected an object"),
+    ({"min_rows": 2}, "missing max_rows"),
+    ({**BatchShapes().to_dict(), "pad_logits": "yes"}, "pad_logits is 'yes'"),
+    ({**BatchShapes().to_dict(), "min_rows": 0}, "min_rows 0"),
+    ({**BatchShapes().to_dict(), "max_rows": 1.5}, "max_rows is 1.5"),
+    ({**BatchShapes().to_dict(), "colour": 1}, "unknown colour"),
+])
+def test_cached_shapes_are_checked_field_by_field(entry, message):
+    with pytest.raises(ValueError, match=message):
+        BatchShapes.from_dict(entry)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("x", "expected an object"),
+    ({"pad": 0.1, "split": 0.0}, "missing rows"),
+    ({"pad": "0.1", "split": 0.0, "rows": 17}, "pad is '0.1'"),
+    ({"pad": float("nan"), "split": 0.0, "rows": 17}, "pad is nan"),
+    ({"pad": 0.1, "split": -1, "rows": 17}, "split is -1"),
+    ({"pad": 0.1, "split": 0.0, "rows": True}, "rows is True"),
+])
+def test_a_cached_exactness_verdict_is_checked(entry, message):
+    with pytest.raises(ValueError, match=message):
+        costs.ExactCost.parse(entry)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"curve_s": "fast"}, "not a list"),
+    ({"curve_s": []}, "not a list"),
+    ({"curve_s": [0.001, None]}, r"curve_s\[1\] is None"),
+    ({"curve_s": [0.001, 0.0]}, r"curve_s\[1\] is 0.0, not positive"),
+    ({"seconds": [0.001]}, "missing curve_s"),
+])
+def test_a_cached_cost_curve_is_checked(entry, message):
+    with pytest.raises(ValueError, match=message):
+        costs._parse_curve(entry, 1)
+
+
+def test_a_new_context_size_reuses_the_measurements(quiet, cache, capsys):
+    """Item 20: the measured costs do not depend on -c, so a new one finds every entry a run at another -c
+    stored and adds none.  (A cached curve may still be timed again where one-row calls now take 5x more or
+    less than it says: ``costs._still_true``, which a busy machine can trigger.)"""
+    before = _entries(cache)
+    code, _, err = run_cli(capsys, *GENERATE, "-c", str(2 * CTX))
+    assert code == 0 and "first run" not in err and "measuring" not in err, err
+    after = _entries(cache)
+    assert after.keys() == before.keys()
+    assert all(after[k] == before[k] for k in after if not k.startswith("curve-"))
+
+
+def test_a_new_slot_count_reuses_the_measurements(quiet, cache):
+    """Item 20: a target of three slots (separate KV streams) finds the shapes and curve one slot measured."""
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX, n_slots=3), role="target")
+    try:
+        assert costs.cached_shapes(model, "auto") is not None
+        costs.ensure_shapes(model, "auto")  # from the cache
+        assert costs.curve_key(model, 17)[0] == 17 and costs.curve_cached(model, 17)
+    finally:
+        model.close()
+    assert "shapes-" in cache.read_text()
+
+
+def test_a_longer_cached_curve_serves_a_shorter_one(quiet, cache):
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
+    try:
+        costs.ensure_shapes(model, "auto")  # as the measuring run
+        assert costs.curve_key(model, 5)[1] == costs.curve_key(model, 17)[1]  # one entry for every length
+        assert costs.curve_cached(model, 5) and costs.curve_cached(model, 17) and not costs.curve_cached(model, 40)
+    finally:
+        model.close()
+
+
+# -- 21: timings taken while the machine is busy are measured again, and never cached ----------------
+
+def test_timing_noise_is_the_gap_between_the_two_fastest_timings():
+    quiet = {1: [1.00, 1.02, 1.9], 2: [2.0, 2.04, 2.05]}
+    busy = {1: [1.0, 3.0, 9.0], 2: [2.0, 2.02]}
+    assert costs.timing_noise(quiet) == pytest.approx(0.02)
+    assert costs.timing_noise(busy) == pytest.approx(2.0)  # the worst kind
+    assert costs.timing_noise({**busy, 3: [1, 1], 4: [1, 1]}, quantile=0.5) == pytest.approx(0.0)  # the typical kind
+    assert costs.timing_noise({1: [1.0]}) == 0.0  # one timing says nothing
+
+
+def test_steady_measures_again_only_while_timings_are_noisy_and_pools_them():
+    runs: list[int] = []
+
+    def measure(pattern):
+        def once() -> dict[str, list[float]]:
+            runs.append(1)
+            return {"a": list(pattern)}
+        return once
+
+    samples, noise = costs.steady(measure([1.0, 1.01]))
+    assert len(runs) == 1 and noise < costs.NOISE_LIMIT
+    runs.clear()
+    samples, noise = costs.steady(measure([1.0, 5.0]))  # pooled: 1.0 and 1.0 agree after the second try
+    assert len(runs) == 2 and samples["a"] == [1.0, 5.0, 1.0, 5.0] and noise == 0.0
+
+
+class Busy:
+    """Real timings of a real measurement, each later one delayed more, as on a machine whose load keeps
+    rising: the two fastest never agree.  (Load itself cannot be made to order in a test.)"""
+
+    def __init__(self, real) -> None:
+        self.real, self.calls, self.n = real, 0, 0
+
+    def __call__(self, *args, **kwargs) -> dict:
+        self.calls += 1
+        out = {}
+        for kind, times in self.real(*args, **kwargs).items():
+            out[kind] = []
+            for t in times:
+                self.n += 1
+                out[kind].append(t * 2.0 ** self.n)  # each timing twice the one before
+        return out
+
+
+def test_a_curve_timed_on_a_busy_machine_is_used_once_and_not_cached(cache, capsys, monkeypatch):
+    entries = _entries(cache)
+    del entries[_key(cache, "curve-")]
+    cache.write_text(json.dumps(entries))
+    busy = Busy(costs.time_calls)
+    monkeypatch.setattr(costs, "time_calls", busy)
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
+    try:
+        first = costs.calibrate(model, exact="on")
+        assert first.source == "calibrated" and busy.calls == costs.MEASURE_TRIES  # bounded retries
+        err = capsys.readouterr().err
+        assert err.count("the machine was busy while timing its cost curve") == 1 and "not cached" in err
+        assert not any(k.startswith("curve-") for k in _entries(cache))
+        monkeypatch.setattr(costs, "time_calls", busy.real)  # quiet again: the next run measures and caches
+        monkeypatch.setattr(costs, "NOISE_LIMIT", math.inf)  # (however busy the machine running this test is)
+        monkeypatch.setattr(costs, "_checked", set())
+        assert costs.calibrate(model, exact="on").source == "calibrated"
+        assert any(k.startswith("curve-") for k in _entries(cache))
+    finally:
+        model.close()
+
+
+def test_an_exactness_verdict_timed_on_a_busy_machine_is_not_cached(cache, capsys, monkeypatch):
+    entries = _entries(cache)
+    del entries[_key(cache, "exact-auto-")]
+    cache.write_text(json.dumps(entries))
+    busy = Busy(costs._time_exact_kinds)
+    monkeypatch.setattr(costs, "_time_exact_kinds", busy)
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
+    try:
+        assert costs.cached_shapes(model, "auto") is None
+        shapes = costs.ensure_shapes(model, "auto")
+        assert shapes.settled and busy.calls == costs.MEASURE_TRIES
+        assert "the machine was busy while timing what exactness costs" in capsys.readouterr().err
+        assert costs.cached_shapes(model, "auto") is None  # still to be measured by the next run
+    finally:
+        model.close()
+
+
+# -- 22: bench's cost-curve phase has a progress bar; results.md states the exact mode it measured ----
+
+@pytest.fixture(scope="module")
+def bench_off(tmp_path_factory) -> tuple[int, str, Path]:
+    """A tiny `bench run --exact off` with the cost curve and progress shown: (exit code, stderr, folder)."""
+    import contextlib
+    import io
+
+    from specstack.bench import workloads
+
+    tmp = tmp_path_factory.mktemp("bench22")
+    row = json.loads(workloads.resolve("code-grounded").read_text().splitlines()[0])
+    wl = tmp / "one.jsonl"
+    wl.write_text(json.dumps({**row, "max_tokens": 4}) + "\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["bench", "run", "--workload", str(wl), "--methods", "none", "-k", "2", "--cost-max-n", "3",
+                     "--cost-reps", "2", "--no-plots", "--no-warmup", "--exact", "off", "-o", str(tmp / "out")])
+    return code, err.getvalue(), tmp / "out"
+
+
+def test_bench_cost_curve_phase_shows_a_progress_bar(bench_off):
+    code, err, _ = bench_off
+    assert code == 0
+    lines = [line for line in err.splitlines() if "verification cost curve" in line]
+    assert lines and lines[-1].startswith("bench: timing the verification cost curve t(n), n = 1..3 6/6 calls 100%")
+
+
+def test_results_md_states_the_exact_mode_and_what_a_plain_step_cost(bench_off):
+    _, _, out = bench_off
+    md = (out / "results.md").read_text()
+    assert "Exact mode: off (--exact off)" in md
+    assert "pads one-token steps to two" not in md and "padded one-token steps" not in md
+    assert "In this run one-token steps ran unpadded, so a plain step cost t(1)." in md
+
+
+def test_results_md_of_a_padded_exact_run_says_a_plain_step_cost_t2(bench_off):
+    from specstack.bench import report
+
+    _, _, out = bench_off
+    results = json.loads((out / "results.json").read_text())
+    results["config"]["target"].update(exact=True, min_rows=2, exact_why="--exact on")
+    md = report.render_markdown(results)
+    assert "Exact mode: on (--exact on): greedy speculative outputs must equal plain decoding" in md
+    assert "padded one-token steps to 2 rows (batch-invariant logits), so a plain step cost t(2)." in md

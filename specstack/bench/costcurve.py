@@ -11,8 +11,10 @@ adds time, so the fastest round is the closest to the cost itself.  The median
 is kept to show how noisy the machine was.
 
 The model is loaded with ``min_batch=1`` so t(1) is a true one-token batch.
-specstack's engine never runs one: it pads one-token steps to two tokens for
-batch-invariant logits (see README), so a plain decoding step costs t(2).
+Whether the run's plain steps cost t(1) or t(2) depends on its exact mode: exact
+shapes that pad one-token steps to two rows (``BatchShapes.min_rows``) make it
+t(2); ``--exact off`` (or auto's verdict off) runs them unpadded.  The report says
+which held in the run (``report._cost_curve``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Sequence
 
 from ..draft_length.costs import time_calls
 from ..target import LlamaModel, ModelConfig
+from ..ui import Progress
 
 
 def measure(
@@ -34,8 +37,10 @@ def measure(
     reps: int = 5,
     n_threads: int = 0,
     n_ctx: int = 0,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """t(n) for n = 1..n_max after a ``depth``-token prefill; ``tokens`` are cycled to fill both."""
+    """t(n) for n = 1..n_max after a ``depth``-token prefill; ``tokens`` are cycled to fill both.  With
+    ``progress``, a ``ui.Progress`` bar of the timed calls on stderr (the phase takes about a minute)."""
     if not tokens:
         raise ValueError("the cost curve needs some token ids to evaluate")
     model = LlamaModel(ModelConfig(Path(model_path), n_ctx=n_ctx, n_threads=n_threads, min_batch=1), role="target")
@@ -43,7 +48,10 @@ def measure(
         depth = max(1, min(depth, model.capacity - n_max - 1))
         ids = [int(tokens[i % len(tokens)]) for i in range(depth + n_max)]
         sizes = range(1, n_max + 1)
-        samples = time_calls(model, ids, sizes, depth, reps, warmup=(1, 2, n_max))
+        bar = Progress(f"bench: timing the verification cost curve t(n), n = 1..{n_max}", reps * n_max, "calls",
+                       quiet=not progress)
+        with bar:
+            samples = time_calls(model, ids, sizes, depth, reps, warmup=(1, 2, n_max), progress=bar.update)
         threads = model.n_threads
     finally:
         model.close()
@@ -55,7 +63,7 @@ def measure(
         "n": list(sizes),
         "median_s": [round(statistics.median(samples[n]), 7) for n in sizes],
         "min_s": [round(min(samples[n]), 7) for n in sizes],
-        "note": "t(1) is a true 1-token batch; specstack pads 1-token steps to 2, so a plain step costs t(2)",
+        "note": "t(1) is a true 1-token batch (the run's own plain steps: see config.target.min_rows)",
     }
 
 

@@ -102,6 +102,8 @@ def config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:
         "experts_used": next((v for k, v in overrides if k.endswith("expert_used_count")), None),
         "lossy": any(k.endswith("expert_used_count") for k, _ in overrides),
         "exact": target.shapes.exact,  # --exact: False means greedy outputs may differ at near-ties, by design
+        "exact_why": target.shapes.why,  # the mode as chosen (--exact, or what auto measured), for results.md
+        "min_rows": target.shapes.min_rows,  # 2: one-token steps padded to two rows, so a plain step costs t(2)
     }
     draft = config.drafter_options.get("draft_model")
     d["draft"] = {"path": str(draft), "name": Path(draft).name} if draft else None

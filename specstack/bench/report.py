@@ -87,12 +87,22 @@ def _header(results: dict[str, Any]) -> list[str]:
         + (f"; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end" if load0 and load1 else "")
         + ". Methods ran interleaved per request, so only ratios from one run are comparable.",
     ]
+    parts += ["", _exact_line(cfg["target"])]
     if cfg["target"].get("lossy"):
         parts += ["", f"**LOSSY: the target ran with {cfg['target']['experts_used']} active expert(s) (`--experts`), "
                       "not its own setting: every output here is the reduced model's, not the model's.**"]
     if results.get("interrupted"):
         parts += ["", "**Interrupted: partial results.**"]
     return parts
+
+
+def _exact_line(target: dict[str, Any]) -> str:
+    """The exact mode the run had, and why (results.json from before it was recorded: on/off only)."""
+    exact = target.get("exact", True)
+    why = target.get("exact_why")
+    held = ("greedy speculative outputs must equal plain decoding token for token" if exact else
+            "calls ran unpadded and unsplit, so greedy outputs may differ from plain decoding at near-ties")
+    return f"Exact mode: {'on' if exact else 'off'}" + (f" ({why})" if why else "") + f": {held}."
 
 
 def _summary(results: dict[str, Any]) -> list[str]:
@@ -187,7 +197,18 @@ def _cost_curve(results: dict[str, Any]) -> list[str]:
             markdown_table(["n", "t(n) ms", "t(n) / t(1)", "ms per token", "median rep ms"], rows), "",
             f"Fastest of {curve['reps']} reps (as the cost policy keeps it: interference only adds time), "
             f"{curve['threads']} threads, one batch of n tokens with logits for every row. t(1) is a true one-token "
-            "batch; specstack pads one-token steps to two (batch-invariant logits), so a plain step costs t(2)."]
+            f"batch. {_plain_step(results['config']['target'])}"]
+
+
+def _plain_step(target: dict[str, Any]) -> str:
+    """What one plain decoding step cost in this run, from the shapes it ran with (``records.config_dict``)."""
+    rows = target.get("min_rows")
+    if rows is None:  # results.json from before the run's shapes were recorded
+        return "This run did not record whether its one-token steps were padded."
+    if rows > 1:
+        return (f"In this run exact mode padded one-token steps to {rows} rows (batch-invariant logits), so a plain "
+                f"step cost t({rows}).")
+    return "In this run one-token steps ran unpadded, so a plain step cost t(1)."
 
 
 def _workload(results: dict[str, Any]) -> list[str]:

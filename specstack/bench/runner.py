@@ -62,7 +62,7 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True, la
     finally:
         bar.close()
     if config.cost_curve and not results["interrupted"]:
-        results["cost_curve"] = _cost_curve(config, target, reqs[0].prompt_ids)
+        results["cost_curve"] = _cost_curve(config, target, reqs[0].prompt_ids, progress)
     results["machine"]["load_average_end"] = load_average()
     # What is written is what a re-render reads: round-trip through JSON once.
     return json.loads(json.dumps(results))
@@ -157,14 +157,12 @@ class _Session:
         self.results["mismatches"].append(rec)
 
 
-def _cost_curve(config: BenchConfig, target: LlamaModel, prompt_ids: list[int]) -> dict[str, Any]:
-    """The verification cost curve t(n) on a separate copy of the target (see costcurve.py)."""
+def _cost_curve(config: BenchConfig, target: LlamaModel, prompt_ids: list[int], progress: bool) -> dict[str, Any]:
+    """The verification cost curve t(n) on a separate copy of the target (see costcurve.py), with a progress bar."""
     from .costcurve import measure
 
-    print(f"bench: measuring the verification cost curve t(n), n = 1..{config.cost_max_n} "
-          f"({config.cost_reps} reps)", file=sys.stderr)
     return measure(target.path, prompt_ids, n_max=config.cost_max_n, depth=config.cost_depth,
-                   reps=config.cost_reps, n_threads=target.n_threads, n_ctx=target.n_ctx)
+                   reps=config.cost_reps, n_threads=target.n_threads, n_ctx=target.n_ctx, progress=progress)
 
 
 def _generate(engine: Engine, tok: Tokenized, k: int, temp: float, config: BenchConfig,

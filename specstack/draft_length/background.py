@@ -117,6 +117,7 @@ class BackgroundCalibration:
         self.result: tuple[BatchShapes, CostModel | None] | None = None
         self.error: str | None = None
         self.adopted = False
+        self.cached = False  # what was measured went to the disk cache (not where timings stayed noisy)
         self.started = time.perf_counter()
         self.spent = 0.0  # seconds lent
         self._thread = threading.Thread(target=self._work, name="specstack-calibration", daemon=True)
@@ -141,6 +142,8 @@ class BackgroundCalibration:
             shapes = ensure_shapes(probe, self.mode, show_progress=False)
             costs = calibrate(probe, self.n_max, exact=self.mode) if self.n_max is not None else None
             self.result = (dataclasses.replace(shapes, pad_to=probe.shapes.pad_to), costs)  # pad_to: with the curve
+            self.cached = cached_shapes(probe, self.mode) is not None and (
+                self.n_max is None or curve_cached(probe, self.n_max))
         except Abandoned:
             pass
         except Exception as exc:  # the engine keeps the provisional (exact, unhurried) settings
@@ -176,8 +179,9 @@ class BackgroundCalibration:
         if costs is not None and self.costs is not None:
             self.costs.adopt(dataclasses.replace(costs, shapes=self.target.shapes))
         self.adopted = True
+        kept = "cached for later runs" if self.cached else "not cached, as the machine was busy: a later run measures again"
         _say(f"measured {self.name} in {time.perf_counter() - self.started:.1f} s ({self.spent:.1f} s of it lent by "
-             f"the engine; cached for later runs); now {describe(self.target.shapes)}")
+             f"the engine; {kept}); now {describe(self.target.shapes)}")
         return True
 
     def finish(self, engine: "Engine") -> None:

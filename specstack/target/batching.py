@@ -82,6 +82,29 @@ class BatchShapes:
                 "exact": self.exact, "pad_logits": self.pad_logits, "tree_exact": self.tree_exact, "why": self.why,
                 "pending": self.pending}
 
+    @classmethod
+    def from_dict(cls, data: object) -> "BatchShapes":
+        """``to_dict``'s output read back (from the cost cache, which users can edit or damage): every field is
+        checked, so a bad entry is one ValueError naming the field, never a TypeError inside the engine."""
+        if not isinstance(data, dict):
+            raise ValueError(f"shapes: expected an object, found {type(data).__name__}")
+        missing = [f for f in _FIELD_TYPES if f not in data]
+        unknown = [f for f in data if f not in _FIELD_TYPES]
+        if missing or unknown:
+            raise ValueError(f"shapes: {'missing ' + ', '.join(missing) if missing else 'unknown ' + ', '.join(unknown)}")
+        for name, kinds in _FIELD_TYPES.items():
+            value = data[name]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise ValueError(f"shapes: {name} is {value!r}")
+        if data["min_rows"] < 1 or data["max_rows"] < data["min_rows"]:
+            raise ValueError(f"shapes: min_rows {data['min_rows']}, max_rows {data['max_rows']}")
+        return cls(**data)
+
+
+# What ``to_dict`` writes, and the types ``from_dict`` accepts back.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "min_rows": (int,), "max_rows": (int,), "prefill_exact": (bool,), "exact": (bool,), "pad_logits": (bool,),
+    "tree_exact": (bool, type(None)), "why": (str,), "pending": (bool,)}
 
 INEXACT = BatchShapes(min_rows=1, max_rows=1 << 20, prefill_exact=True, settled=True, exact=False,
                       why="--exact off")  # draft models, --exact off
