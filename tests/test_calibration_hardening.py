@@ -391,3 +391,11 @@ def test_results_md_of_a_padded_exact_run_says_a_plain_step_cost_t2(bench_off):
     md = report.render_markdown(results)
     assert "Exact mode: on (--exact on): greedy speculative outputs must equal plain decoding" in md
     assert "padded one-token steps to 2 rows (batch-invariant logits), so a plain step cost t(2)." in md
+
+
+def test_bench_report_to_a_folder_it_cannot_write_is_one_line(bench_off, tmp_path, capsys):
+    _, _, out = bench_off
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    code, _, err = run_cli(capsys, "bench", "report", str(out / "results.json"), "--no-plots", "-o", str(a_file))
+    assert code == 2 and f"cannot write the results to {a_file}" in err

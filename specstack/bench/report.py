@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import SpecstackError
 from ..ui import markdown_table
 from .costcurve import cost_at
 from .peer_results import peer_rows
@@ -270,8 +271,18 @@ def render_csv(results: dict[str, Any]) -> str:
 
 def write_outputs(results: dict[str, Any], outdir: str | Path, *, write_json: bool = True,
                   plots: bool = True) -> list[Path]:
-    """results.json (optionally), results.csv, results.md, then the plots; returns the paths written."""
+    """results.json (optionally), results.csv, results.md, then the plots; returns the paths written.  A folder
+    that cannot be written is a SpecstackError naming it (``bench run`` checks its folder before measuring,
+    ``outputs.check_output_dir``; ``bench report -o`` meets it here)."""
     out = Path(outdir)
+    try:
+        return _write_outputs(results, out, write_json, plots)
+    except OSError as exc:
+        raise SpecstackError(f"cannot write the results to {out} ({exc.strerror or exc}); give -o a folder you can "
+                             "write to") from None
+
+
+def _write_outputs(results: dict[str, Any], out: Path, write_json: bool, plots: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if write_json:
