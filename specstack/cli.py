@@ -3,16 +3,25 @@
 Each module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` to a callable taking the parsed args and returning an exit status.
 User errors (``SpecstackError``) print one clear line, never a traceback.
+Ctrl-C, at any stage from the imports on, prints "interrupted" and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import signal
 import sys
+import threading
 import warnings
+from types import FrameType
+from typing import Iterator
 
 from .errors import SpecstackError
+
+INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
 
 # Order here is the order in --help.
 COMMAND_MODULES = [
@@ -41,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with _interrupts():
+        try:
+            return _run(argv)
+        except KeyboardInterrupt:
+            return _interrupted()
+
+
+def _run(argv: list[str] | None) -> int:
+    """Parse and run one command; building the parser imports every command, so Ctrl-C may land here too."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # `specstack bench --workload X` means `specstack bench run --workload X`
@@ -56,11 +74,66 @@ def main(argv: list[str] | None = None) -> int:
     except SpecstackError as exc:
         print(f"specstack {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return 0
+
+
+_sigint = {"raised": False, "interrupted": False}
+
+
+def _interrupted() -> int:
+    """The one line a Ctrl-C prints (once, however many come), and its exit status."""
+    if not _sigint["interrupted"]:
+        _sigint["interrupted"] = True
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        print("interrupted", file=sys.stderr, flush=True)
+    return INTERRUPTED
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[None]:
+    """SIGINT through ``_on_sigint`` while a command runs (the previous handler is put back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _sigint.update(raised=False, interrupted=False)
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C as ``KeyboardInterrupt``, except where that would go wrong:
+
+    - inside a llama.cpp callback, ctypes would print the exception and drop it, and the load or call would go
+      on (a model loaded and 400 tokens generated after Ctrl-C): noted, and raised once the call returns;
+    - on a running event loop (``serve``, once uvicorn has drained, or given up draining on a second Ctrl-C,
+      and hands the signal back), the exception would cancel the open requests' tasks, each printing a
+      traceback: what is left is abandoned anyway, so the process ends here;
+    - a second Ctrl-C while the first unwinds (waiting for a measurement's thread, say) ends it at once.
+    """
+    backend = sys.modules.get(f"{__package__}.target.backend")  # not imported: no llama.cpp call is running
+    if backend is not None and backend.in_llama_callback(frame):
+        backend.defer_interrupt()
+        return
+    if _sigint["raised"] or _event_loop_running():
+        os._exit(_interrupted())
+    _sigint["raised"] = True
+    raise KeyboardInterrupt
+
+
+def _event_loop_running() -> bool:
+    asyncio = sys.modules.get("asyncio")  # never imported: no loop can be running
+    if asyncio is None:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _one_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:

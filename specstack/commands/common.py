@@ -358,14 +358,11 @@ def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -
 
 
 def warn_threads(threads: int) -> None:
-    """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so, once."""
-    from ..machine.sysinfo import allowed_cpus
+    """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so before loading;
+    the model caps them (``usable_threads`` warns once per value)."""
+    from ..target.backend import usable_threads
 
-    cpus = len(allowed_cpus())
-    if threads > cpus:
-        print(f"specstack: warning: -t {threads} is more than the {cpus} CPUs this process may use; llama.cpp's "
-              f"threads will contend for them (use -t {cpus} or fewer, or leave -t out for one per physical core)",
-              file=sys.stderr, flush=True)
+    usable_threads(threads)
 
 
 def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:

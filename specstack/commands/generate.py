@@ -11,9 +11,10 @@ from ..engine import Engine
 from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
-from ..target import BatchShapes
+from ..target import BatchShapes, LlamaModel
 from ..ui import table
-from ..draft_length.background import settle
+from ..draft_length.background import BackgroundCalibration, settle
+from ..draft_length.costs import CostModel
 from .common import (
     add_drafter_args,
     add_model_args,
@@ -85,6 +86,17 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args, settle=False)
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
     costs, background = settle(target, args.exact, cost_curve_rows(args))
+    try:
+        return generate(args, target, prompt, config, costs, background)
+    except BaseException:  # Ctrl-C or an error: its thread stops at its next turn and frees its context first
+        if background is not None:
+            background.abandon()
+        raise
+
+
+def generate(args: argparse.Namespace, target: LlamaModel, prompt: str, config: GenerationConfig,
+             costs: CostModel | None, background: BackgroundCalibration | None) -> int:
+    """Stream (or print as JSON) one generation, then finish ``background``, the one-time measurement, if any."""
     moe = experts(args)
     if lossy_label(moe):
         print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)

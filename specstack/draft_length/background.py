@@ -93,8 +93,11 @@ class Gate:
             self._cv.notify_all()
 
     def abandon(self) -> None:
+        """No more turns: the next one raises ``Abandoned``.  Time still lent is taken back too, for a lender
+        interrupted mid-``lend`` (Ctrl-C while finishing) leaves it lent, and the background would measure on."""
         with self._cv:
             self.abandoned = True
+            self._until = 0.0
             self._cv.notify_all()
 
 

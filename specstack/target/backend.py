@@ -7,8 +7,10 @@ reaches llama.cpp through ``specstack.target``.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from pathlib import Path
+from types import CodeType, FrameType
 
 from ..errors import ModelLoadError, UnsupportedModelError
 
@@ -18,6 +20,9 @@ _backend_ready = False
 recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
 _log_state = {"verbose": False}
 _log_callback = None  # keep the ctypes callback alive for the process lifetime
+_progress_callback = None  # likewise, passed to every model load
+_interrupt = {"pending": False}  # a Ctrl-C that arrived inside a llama.cpp callback, raised once the call returns
+_threads_warned: set[int] = set()
 
 
 def llama_cpp_module():
@@ -38,25 +43,72 @@ def set_verbose(verbose: bool) -> None:
 
 def init_backend() -> None:
     """Initialise llama.cpp once and route its log through a quiet callback."""
-    global _backend_ready, _log_callback
+    global _backend_ready, _log_callback, _progress_callback
     with _backend_lock:
         if _backend_ready:
             return
         lc = llama_cpp_module()
-
-        def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-            line = text.decode("utf-8", errors="replace") if text else ""
-            recent_log.append(line)
-            del recent_log[:-40]
-            if _log_state["verbose"]:
-                import sys
-
-                sys.stderr.write(line)
-
-        _log_callback = lc.llama_log_callback(on_log)
+        _log_callback = lc.llama_log_callback(_on_log)
+        _progress_callback = lc.llama_progress_callback(_on_progress)
         lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
         lc.llama_backend_init()
         _backend_ready = True
+    raise_if_interrupted()
+
+
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's log, kept for load errors (and shown with --verbose).
+
+    An exception cannot leave a ctypes callback (ctypes prints "Exception ignored on calling ctypes
+    callback" and llama.cpp goes on), so a Ctrl-C raised here is noted and raised after the call returns."""
+    try:
+        line = text.decode("utf-8", errors="replace") if text else ""
+        recent_log.append(line)
+        del recent_log[:-40]
+        if _log_state["verbose"]:
+            sys.stderr.write(line)
+    except KeyboardInterrupt:
+        _interrupt["pending"] = True
+
+
+def _on_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
+    """llama.cpp's model-load progress: False aborts the load, which is how a Ctrl-C stops it (see ``_on_log``)."""
+    try:
+        return not _interrupt["pending"]
+    except KeyboardInterrupt:
+        _interrupt["pending"] = True
+        return False
+
+
+_CALLBACK_CODES: frozenset[CodeType] = frozenset({_on_log.__code__, _on_progress.__code__})
+
+
+def in_llama_callback(frame: FrameType | None) -> bool:
+    """True when ``frame`` (a signal handler's) runs inside a llama.cpp callback, where an exception would be lost."""
+    while frame is not None:
+        if frame.f_code in _CALLBACK_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def defer_interrupt() -> None:
+    """Note a Ctrl-C to raise once llama.cpp's call returns (``raise_if_interrupted``); a load in progress stops."""
+    _interrupt["pending"] = True
+
+
+def raise_if_interrupted() -> None:
+    """Raise the ``KeyboardInterrupt`` a llama.cpp callback had to hold back, on the main thread (where Python
+    delivers signals), after the C call that ran the callback has returned."""
+    if _interrupt["pending"] and threading.current_thread() is threading.main_thread():
+        _interrupt["pending"] = False
+        raise KeyboardInterrupt
+
+
+def progress_callback():
+    """The load-progress callback every model load passes to llama.cpp (``llama_model_params.progress_callback``)."""
+    init_backend()
+    return _progress_callback
 
 
 def check_gguf_file(path: str | Path, role: str = "model") -> Path:
@@ -88,6 +140,25 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def usable_threads(requested: int) -> int:
+    """``requested`` threads capped at the CPUs this process may use, with a warning once per value.
+
+    More llama.cpp threads than CPUs only contend for them: -t 1000 started 1,001 threads and made the
+    one-time measurement run for minutes.  0 (the default) means one per physical core."""
+    if requested <= 0:
+        return default_threads()
+    from ..machine.sysinfo import allowed_cpus
+
+    cpus = max(1, len(allowed_cpus()))
+    if requested <= cpus:
+        return requested
+    if requested not in _threads_warned:
+        _threads_warned.add(requested)
+        print(f"specstack: warning: -t {requested} is more than the {cpus} CPUs this process may use; using {cpus} "
+              "(more threads would only contend for them)", file=sys.stderr, flush=True)
+    return cpus
+
+
 def quantize(src: Path, out: Path, ftype: str, *, threads: int = 2) -> int:
     """llama.cpp's own quantizer (``llama_model_quantize``); ftype "q8_0" or "q4_k_m". Returns its code."""
     lc = llama_cpp_module()
@@ -98,7 +169,9 @@ def quantize(src: Path, out: Path, ftype: str, *, threads: int = 2) -> int:
     params = lc.llama_model_quantize_default_params()
     params.ftype = ftypes[ftype]
     params.nthread = threads
-    return int(lc.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)))
+    code = int(lc.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)))
+    raise_if_interrupted()
+    return code
 
 
 def llama_version() -> str | None:

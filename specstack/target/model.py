@@ -14,14 +14,15 @@ import contextlib
 import dataclasses
 
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
 from .api import DEFAULT_CTX, ModelConfig
 from .kv import KVEstimate, check_kv_fits, estimate_kv
-from .backend import init_backend, llama_cpp_module, recent_log, check_gguf_file, default_threads
+from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
+                      recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls
 from .memory import SequenceMemory
 from .recurrent import Memory, SeqLog
@@ -70,7 +71,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self.memory: Memory = ("hybrid" if lc.llama_model_is_hybrid(self._model) else
                                "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
         self.is_recurrent = self.memory != "attention"
-        self.n_threads = config.n_threads or default_threads()
+        self.n_threads = usable_threads(config.n_threads)  # capped at the CPUs: more only contend (and slow down)
         self.n_slots = max(1, config.n_slots)
         self.unified = config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.
@@ -128,9 +129,13 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._kv_override_array = None
         if self.config.kv_overrides:
             params.kv_overrides = self._make_overrides()
+        params.progress_callback = progress_callback()  # a Ctrl-C during the load aborts it
         recent_log.clear()
         model = lc.llama_model_load_from_file(str(self.path).encode(), params)
-        if not model:
+        if model:
+            self._interrupted(lambda: lc.llama_model_free(model))
+        else:
+            raise_if_interrupted()  # the progress callback stopped the load: an interrupt, not a bad file
             tail = " | ".join(line.strip() for line in recent_log[-4:] if line.strip())
             raise ModelLoadError(
                 f"llama.cpp could not load {self.role} {self.path} (corrupt or unsupported GGUF?)"
@@ -182,10 +187,27 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         params.flash_attn_type = 1 if self.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
+
+        def release() -> None:
+            if ctx:
+                lc.llama_free(ctx)
+            self._free_model()
+
+        self._interrupted(release)
         if not ctx:
             self._free_model()
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
+
+    @staticmethod
+    def _interrupted(release: Callable[[], object]) -> None:
+        """After a llama.cpp call that logs (loading, a context): a Ctrl-C its callbacks held back is raised here,
+        once ``release`` has freed what the call made (nobody else holds it yet)."""
+        try:
+            raise_if_interrupted()
+        except KeyboardInterrupt:
+            release()
+            raise
 
     def _ctx_per_seq(self) -> int:
         """Positions per sequence: ``-c`` if given (0: the trained context), else llama.cpp's default 4096,
@@ -390,6 +412,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
                     lc.llama_memory_seq_rm(self._mem, scratch, -1, -1)
             elif pad:
                 lc.llama_memory_seq_rm(self._mem, seq, self.seq_len[seq], -1)
+        raise_if_interrupted()  # held back by the log callback during the call; the bookkeeping above is done
         if out_row == 0:
             return [None] * len(entries)
         logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(out_row, self.n_vocab))
