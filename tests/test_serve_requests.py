@@ -443,6 +443,14 @@ def test_a_head_over_the_limit_is_431(server, size):
     assert r.status_code == 431 and r.json()["error"]["code"] == "request_header_fields_too_large"
 
 
+def test_a_pipelined_request_over_the_limit_is_431(server):
+    """A second request sent with the first arrives whole in one read, past the protocol's check as it arrives."""
+    first = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    second = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 40_000 + b"\r\n\r\n"
+    answers = raw_request(server, first + second).split(b"HTTP/1.1 ")[1:]
+    assert [a[:3] for a in answers] == [b"200", b"431"]
+
+
 def test_ordinary_headers_pass(server):
     assert httpx.get(server.url + "/health", headers={"X-Padding": "a" * 8000}).status_code == 200
 

@@ -451,6 +451,11 @@ class Guard:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if sum(len(k) + len(v) + 4 for k, v in scope.get("headers", [])) > MAX_HEAD_BYTES:
+            # HeadLimitedH11 refuses such a head as it arrives; this catches one that came another way (a pipelined
+            # request read whole in one go, or uvicorn's httptools protocol, which has no limit).
+            return await error(431, HEAD_TOO_LARGE, code="request_header_fields_too_large",
+                               headers={"Connection": "close"})(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
@@ -519,6 +524,8 @@ def _replay(body: bytes, receive: Any) -> Any:
 # The request line and headers together, at most: nginx's large_client_header_buffers (4 x 8 KiB) and
 # h11's own default are in the same range.  A longer head is answered 431.
 MAX_HEAD_BYTES = 32 << 10
+HEAD_TOO_LARGE = (f"the request line and headers are over {MAX_HEAD_BYTES} bytes; send less (a long header value "
+                  "such as a cookie, or a body sent as a header)")
 LINGER_S = 2.0  # how long a refused connection's further input is read and dropped before it is closed
 
 
@@ -545,10 +552,8 @@ class HeadLimitedH11(H11Protocol):
         self._refuse_head()
 
     def _refuse_head(self) -> None:
-        body = json.dumps({"error": {
-            "message": f"the request line and headers are over {MAX_HEAD_BYTES} bytes; send less (a long header "
-                       "value such as a cookie, or a body sent as a header)",
-            "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large"}}).encode()
+        body = json.dumps({"error": {"message": HEAD_TOO_LARGE, "type": "invalid_request_error", "param": None,
+                                     "code": "request_header_fields_too_large"}}).encode()
         # Written as bytes: h11 sends no response to a request it has not read (nor, in every state, to one it failed).
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
