@@ -127,6 +127,18 @@ def test_more_threads_than_cpus_are_capped_and_the_measurement_uses_the_cap(tmp_
     assert "measured pycoder-6m.gguf" in proc.stderr, proc.stderr
 
 
+
+def test_sigint_while_finishing_the_measurement_abandons_it_uncached(tmp_path):
+    """After its output, generate finishes the one-time measurement; a Ctrl-C there ends the command at once
+    (130, one line), and the measurement is given up, not cached: an interrupted lend left its time lent, so the
+    abandoned measurement ran on to the end (and was cached) while generate waited for its thread."""
+    proc, fd = spawn("generate", "-p", "def f(", "-n", "4", env={**os.environ, "SPECSTACK_CACHE_DIR": str(tmp_path)})
+    read_until(fd, "finishing the one-time measurement")
+    proc.send_signal(signal.SIGINT)
+    code, out, err = finish(proc, fd)
+    assert_interrupted(code, err)
+    assert out.strip() and "measured pycoder-6m.gguf" not in err and list(tmp_path.iterdir()) == []
+
 class Server:
     """A real ``specstack serve`` on a free port, its output read on a thread as it comes."""
 
