@@ -72,9 +72,11 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 
 def _on_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
-    """llama.cpp's model-load progress: False aborts the load, which is how a Ctrl-C stops it (see ``_on_log``)."""
+    """llama.cpp's model-load progress: False aborts the load, which is how a Ctrl-C stops it (see ``_on_log``).
+    Only the main thread's load: the interrupt is raised there, and a load on another thread (a server's role)
+    would only fail."""
     try:
-        return not _interrupt["pending"]
+        return not (_interrupt["pending"] and threading.current_thread() is threading.main_thread())
     except KeyboardInterrupt:
         _interrupt["pending"] = True
         return False
