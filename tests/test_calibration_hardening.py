@@ -58,10 +58,12 @@ def test_bench_run_refuses_an_output_folder_it_cannot_write_before_measuring(tmp
     assert a_file.read_text() == "x"
 
 
-def test_tune_creates_a_missing_folder_for_its_profile(tmp_path, capsys):
-    out = tmp_path / "new" / "p.toml"
-    code, _, _ = run_cli(capsys, *TUNE, "-o", str(out))
-    assert code == 0 and out.is_file()
+def test_a_missing_folder_for_an_output_is_created_and_left_clean(tmp_path):
+    from specstack.bench.outputs import check_output_dir, check_output_file
+
+    check_output_file(tmp_path / "new" / "p.toml")
+    check_output_dir(tmp_path / "runs" / "one")
+    assert list((tmp_path / "new").iterdir()) == [] and list((tmp_path / "runs" / "one").iterdir()) == []
 
 
 # -- 14: a damaged datastore is named, with the command that rebuilds it ---------------------------
@@ -116,22 +118,28 @@ from specstack.paths import DEFAULT_TARGET  # noqa: E402
 from specstack.target import BatchShapes, LlamaModel, ModelConfig  # noqa: E402
 
 GENERATE = ("generate", "-m", str(DEFAULT_TARGET), "-p", "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n",
-            "-n", "8", "--drafter", "prompt-lookup")
+            "-n", "8", "--drafter", "prompt-lookup", "--exact", "on")  # on: what is measured does not hang on a verdict
 CTX = 1024  # past the bundled target's 512 trained positions, so that its measurements are as deep as a big model's
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
-    """A cost cache holding what a first `generate -c 1024` on the bundled target measured (read-only: copy it).
-    Cached whatever the machine's load (``quiet``)."""
+    """A cost cache holding what a first `generate -c 1024 --exact on` on the bundled target measured, and the
+    verdict of --exact auto (read-only: copy it).  Cached whatever the machine's load (``quiet``)."""
     folder = tmp_path_factory.mktemp("measured-cache")
     old, limit = os.environ.get("SPECSTACK_CACHE_DIR"), costs.NOISE_LIMIT
     os.environ["SPECSTACK_CACHE_DIR"] = str(folder)
     costs.NOISE_LIMIT = math.inf
     try:
         assert main([*GENERATE, "-c", str(CTX)]) == 0
+        model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
+        costs.ensure_shapes(model, "auto")
+        model.close()
     finally:
-        os.environ["SPECSTACK_CACHE_DIR"] = old or ""
+        if old is None:
+            os.environ.pop("SPECSTACK_CACHE_DIR", None)
+        else:
+            os.environ["SPECSTACK_CACHE_DIR"] = old
         costs.NOISE_LIMIT = limit
     kinds = {k.split("-")[0] for k in json.loads((folder / "costs.json").read_text())}
     assert kinds == {"shapes", "exact", "curve"}, kinds
@@ -168,26 +176,40 @@ def test_a_cost_cache_that_is_not_an_object_is_replaced_with_one_line(quiet, cac
     cache.write_text("[1, 2, 3]")
     code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
     assert code == 0 and err.count("is damaged (not a JSON object)") == 1 and "Traceback" not in err
-    assert {k.split("-")[0] for k in _entries(cache)} == {"shapes", "exact", "curve"}  # measured again, rewritten
+    assert {k.split("-")[0] for k in _entries(cache)} == {"shapes", "curve"}  # measured again, rewritten
 
 
 def test_damaged_cost_cache_entries_are_discarded_measured_again_and_repaired(quiet, cache, capsys):
     entries = _entries(cache)
-    shapes, verdict, curve = (_key(cache, k) for k in ("shapes-", "exact-auto-", "curve-"))
+    shapes, curve = _key(cache, "shapes-"), _key(cache, "curve-")
     entries[shapes]["min_rows"] = "2"  # a traceback inside BatchShapes before
-    entries[verdict]["pad"] = -0.5  # a negative cost
     entries[curve]["curve_s"] = [-1.0] * len(entries[curve]["curve_s"])
     cache.write_text(json.dumps(entries))
     code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
     assert code == 0 and "Traceback" not in err
-    assert err.count("discarding a damaged entry") == 3, err  # one line for each entry
-    assert "min_rows is '2'" in err and "pad is -0.5" in err and "curve_s[0] is -1.0" in err
+    assert err.count("discarding a damaged entry") == 2, err  # one line for each entry
+    assert "min_rows is '2'" in err and "curve_s[0] is -1.0" in err
     repaired = _entries(cache)
     assert BatchShapes.from_dict(repaired[shapes]).min_rows >= 1
-    assert costs.ExactCost.parse(repaired[verdict]).pad >= 0
     assert min(repaired[curve]["curve_s"]) > 0
     code, _, err = run_cli(capsys, *GENERATE, "-c", str(CTX))
-    assert code == 0 and "damaged" not in err and "first run" not in err  # repaired for good
+    assert code == 0 and "damaged" not in err and "measuring" not in err  # repaired for good
+
+
+def test_a_damaged_exactness_verdict_is_discarded_and_measured_again(quiet, cache, capsys):
+    entries = _entries(cache)
+    verdict = _key(cache, "exact-auto-")
+    entries[verdict]["pad"] = -0.5  # a negative cost
+    cache.write_text(json.dumps(entries))
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
+    try:
+        assert costs.cached_shapes(model, "auto") is None  # as if never measured: a run measures it
+        assert capsys.readouterr().err.count("discarding a damaged entry") == 1
+        costs.ensure_shapes(model, "auto")
+    finally:
+        model.close()
+    assert costs.ExactCost.parse(_entries(cache)[verdict]).pad >= 0
+    assert "damaged" not in capsys.readouterr().err  # said once
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -244,8 +266,8 @@ def test_a_new_slot_count_reuses_the_measurements(quiet, cache):
     """Item 20: a target of three slots (separate KV streams) finds the shapes and curve one slot measured."""
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX, n_slots=3), role="target")
     try:
-        assert costs.cached_shapes(model, "auto") is not None
-        costs.ensure_shapes(model, "auto")  # from the cache
+        assert costs.cached_shapes(model, "on") is not None
+        costs.ensure_shapes(model, "on")  # from the cache
         assert costs.curve_key(model, 17)[0] == 17 and costs.curve_cached(model, 17)
     finally:
         model.close()
@@ -255,7 +277,7 @@ def test_a_new_slot_count_reuses_the_measurements(quiet, cache):
 def test_a_longer_cached_curve_serves_a_shorter_one(quiet, cache):
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
     try:
-        costs.ensure_shapes(model, "auto")  # as the measuring run
+        costs.ensure_shapes(model, "on")  # as the measuring run
         assert costs.curve_key(model, 5)[1] == costs.curve_key(model, 17)[1]  # one entry for every length
         assert costs.curve_cached(model, 5) and costs.curve_cached(model, 17) and not costs.curve_cached(model, 40)
     finally:
