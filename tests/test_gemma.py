@@ -204,6 +204,15 @@ def test_chat_text_that_spells_gemmas_turn_markup_is_not_a_turn(server, gemma):
     assert grown >= 4 * as_text - 4  # text (token merges at the joins aside), never 4 * as_markup
 
 
+def test_a_request_for_draft_model_on_a_role_without_a_fitting_draft_is_refused(server):
+    """The bundled code draft shares 1.5% of Gemma's vocabulary: a request asking for draft-model on a role with
+    no draft of its own used to get it silently, and drafted nothing."""
+    r = httpx.post(server.url + "/v1/completions", json={"model": "gemma", "prompt": "def f(x):", "max_tokens": 4,
+                                                         "speculative": {"drafter": "draft-model"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.drafter"
+    assert "no draft model" in r.json()["error"]["message"]
+
+
 def test_logprobs_over_http(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
     r = client.completions.create(model="gemma", prompt=PROMPTS[0][:400], max_tokens=6, temperature=0, logprobs=2)

@@ -6,19 +6,17 @@ bench (demo, tune) and the tests can build and check a configuration without a m
 
 from __future__ import annotations
 
-import argparse
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..commands.common import drafter_options
 from ..draft_length import DEFAULT_K_MAX, MAX_DRAFT  # the cost policy's own cap; demo and tune cap adaptive k there too
 from ..errors import InvalidParameterError
 from .results import PLAIN
 from .workloads import Workload
 
-__all__ = ["DEFAULT_K_MAX", "BenchConfig", "adaptive_start", "options_from_args", "request_seed"]
+__all__ = ["DEFAULT_K_MAX", "BenchConfig", "adaptive_start", "request_seed"]
 
 
 @dataclass
@@ -74,15 +72,6 @@ class BenchConfig:
         for m in self.methods:
             out += [(m, self.k_max or max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
         return out
-
-
-def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Drafter options given on the command line (the shared flags of commands/common.py).
-
-    Unset flags are left out so each drafter's config default applies; the seed is left out
-    because the runner gives each request its own.
-    """
-    return {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
 
 
 def adaptive_start(k_max: int) -> int:

@@ -16,12 +16,11 @@ records.py, llama.cpp's binaries beside it are peer_runs.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
 
-from ..commands.common import build_policy
+from ..loading import build_policy
 from ..draft_length import DraftLengthPolicy
 from ..drafters import BuildContext, Drafter, create
 from ..engine import Engine
@@ -186,4 +185,4 @@ def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy | None
     if "@" not in method:
         return None
     name = method.split("@", 1)[1]
-    return build_policy(argparse.Namespace(k_policy=name, k=adaptive_start(k), k_max=k), target)
+    return build_policy(name, adaptive_start(k), k_max=k, target=target)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
 from ..ui import fmt_bytes
-from .common import add_drafter_flags, add_model_args, flag_given, load_target, methods_with_draft
+from .common import add_drafter_flags, add_model_args, flag_given, load_target, methods_with_draft, options_from_args
 
 
 def preprocess_argv(argv: Sequence[str] | None) -> list[str]:
@@ -197,7 +197,7 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import plots, report
-    from ..bench.config import BenchConfig, options_from_args
+    from ..bench.config import BenchConfig
     from ..bench.outputs import check_output_dir
     from ..bench.runner import run_bench
     from ..bench.workloads import load

@@ -9,27 +9,28 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import Field, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from ..draft_length.background import open_for_mode
-from ..draft_length.costs import EXACT_MODES, CostModel, ensure_shapes, exact_mode
-from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy, make_policy
-from ..drafters import BuildContext, available, create
-from ..drafters.base import Drafter, check_name, config_from_options, option_name
-from ..drafters.cascade import CascadeConfig
-from ..drafters.draft_model import DraftModelConfig
-from ..drafters.moe_self import MoeSelfConfig
-from ..drafters.prompt_lookup import PromptLookupConfig
-from ..drafters.rest import RestConfig
-from ..drafters.suffix import SuffixConfig
-from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..draft_length.costs import EXACT_MODES, CostModel
+from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
+from ..drafters import available
+from ..drafters.base import Drafter, check_name
+from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
+                                inapplicable)
+from ..loading import (DEFAULT_TREE_BRANCHES, TargetSpec, announce_load, bundled_draft_check, bundled_draft_fits,
+                       experts_info, lossy_label, resolve_draft)
+from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_target as _load_target
+from ..paths import DEFAULT_TARGET
 from ..sampling import SamplingParams
 from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
-from ..target import LlamaModel, ModelConfig, set_verbose
+from ..target import LlamaModel, set_verbose
 from ..target.api import DEFAULT_CTX
 from ..errors import InvalidParameterError
+
+__all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable",
+           "announce_load", "lossy_label", "resolve_draft", "bundled_draft_check",
+           "bundled_draft_fits"]
 
 
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
@@ -84,77 +85,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"rollback: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq); drafts are capped at this "
                    f"minus one (default {DEFAULT_DEPTH}); memory for the recurrent state grows with it")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
-
-
-@dataclass(frozen=True)
-class DrafterFlag:
-    """A flag that sets one field of one or more drafters' config dataclasses.
-
-    Its dest is the field's option name (``drafters.base.option_name``), the key
-    the drafters, the server's requests and bench result files use.  ``help``
-    may say ``{default}``: the dataclass default, so each default is written once.
-    """
-
-    flag: str
-    configs: Mapping[str, type]  # drafter name -> its config dataclass
-    field: str
-    type: Callable[[str], Any] | None  # None: an on/off switch
-    help: str
-    per_request: bool = True  # False: a server-side setting (files, model shape), not a request option
-
-    def __post_init__(self) -> None:
-        names = {option_name(self._field(cls)) for cls in self.configs.values()}
-        if len(names) != 1:
-            raise TypeError(f"{self.flag} sets fields with different option names: {sorted(names)}")
-
-    def _field(self, cls: type) -> Field:
-        found = [f for f in fields(cls) if f.name == self.field]
-        if not found:
-            raise TypeError(f"{self.flag}: {cls.__name__} has no field {self.field!r}")
-        return found[0]
-
-    @property
-    def dest(self) -> str:
-        return option_name(self._field(next(iter(self.configs.values()))))
-
-    def help_text(self) -> str:
-        defaults = {name: _shown(self._field(cls).default) for name, cls in self.configs.items()}
-        shown = set(defaults.values())
-        default = shown.pop() if len(shown) == 1 else ", ".join(f"{n} {d}" for n, d in defaults.items())
-        return f"{'/'.join(self.configs)}: " + self.help.format(default=default)
-
-
-def _shown(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-# Every drafter flag, declared once: add_drafter_args adds them and drafter_options reads them.
-DRAFTER_FLAGS = (
-    DrafterFlag("--cascade-min-len", {"cascade": CascadeConfig}, "min_len", int,
-                "tokens a source must offer before later sources are skipped (default {default})"),
-    DrafterFlag("--ngram-min", {"prompt-lookup": PromptLookupConfig}, "n_min", int, "shortest n-gram to match (default {default})"),
-    DrafterFlag("--ngram-max", {"prompt-lookup": PromptLookupConfig}, "n_max", int, "longest n-gram to match (default {default})"),
-    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig}, "draft_temp", float,
-                "sampling temperature of the draft (default: the target's); output stays the target's distribution"),
-    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig}, "p_min", float,
-                "stop drafting when the draft's confidence is below this (default {default})"),
-    DrafterFlag("--suffix-factor", {"suffix": SuffixConfig}, "max_spec_factor", float,
-                "cap a draft at this factor x the match length (default {default})"),
-    DrafterFlag("--suffix-cache", {"suffix": SuffixConfig}, "cache_path", Path,
-                "file to load the global tree from and save it to, so it survives restarts", per_request=False),
-    DrafterFlag("--min-token-prob", {"suffix": SuffixConfig, "rest": RestConfig}, "min_token_prob", float,
-                "stop a draft when its path probability falls below this (default: {default})"),
-    DrafterFlag("--datastore", {"rest": RestConfig}, "datastore", Path, "datastore folder from `specstack datastore build`",
-                per_request=False),
-    DrafterFlag("--tree", {"suffix": SuffixConfig, "rest": RestConfig}, "tree", None,
-                "draft token trees and verify all branches in one batch (greedy only; with sampling the best branch is verified)"),
-    DrafterFlag("--draft-experts", {"moe-self": MoeSelfConfig}, "draft_experts", int,
-                "active experts in the self-draft (default {default}); output stays the full model's", per_request=False),
-)
-# The drafter options a single request may set (the server's per-request keys): no paths, no model shape.
-REQUEST_OPTIONS = tuple(f.dest for f in DRAFTER_FLAGS if f.per_request)
-# Drafter options set by flags of other groups, which other commands read too: option -> args attribute.
-SHARED_OPTIONS = {"draft_model": "model_draft", "seed": "seed"}  # -md (models), --seed (sampling)
 
 
 class _NoteGiven(argparse.Action):
@@ -235,49 +165,6 @@ def preflight(args: argparse.Namespace) -> None:
         read_gguf(args.model_draft, tensors=False)  # a missing or broken -md fails in milliseconds, before the target
 
 
-def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft-model",
-                  fix: str = "-md {path}") -> Path:
-    """The draft GGUF that draft-model uses: ``draft`` if given, else the bundled one, but only where it can draft
-    by id for ``model``: the bundled target, or a model ``check`` finds identical or compatible (then said, on stderr).
-
-    The bundled draft used to be a silent default for any -m: on Gemma 3 270M it spells 1.5% of the target's
-    tokens alike, so it drafted almost nothing while the user believed draft-model was being measured."""
-    if draft is not None:
-        return draft
-    report = bundled_draft_check(model)
-    if report is None:
-        return DEFAULT_DRAFT
-    if bundled_draft_fits(report):
-        print(f"specstack: note: {where} drafts with the bundled {DEFAULT_DRAFT.name}, whose vocabulary is "
-              f"{report.verdict} with {Path(model).name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
-              file=sys.stderr, flush=True)
-        return DEFAULT_DRAFT
-    overlap = report.scores.get("text_overlap")
-    share = f" ({overlap:.1%} of the target's tokens spelled alike)" if overlap is not None else ""
-    raise InvalidParameterError(
-        f"{where} needs a draft model for {Path(model).name}: give one with {fix.format(path='DRAFT.gguf')}, a "
-        f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled "
-        f"{DEFAULT_DRAFT.name} is the default only where `specstack check` finds its vocabulary identical or "
-        f"compatible; with {Path(model).name} it is "
-        f"{report.verdict}{share}. To draft with it anyway, give it with {fix.format(path=DEFAULT_DRAFT)}")
-
-
-def bundled_draft_check(model: Path) -> Any:
-    """``check``'s report on the bundled draft drafting for ``model`` (None for the bundled target: the pair)."""
-    if Path(model).resolve() == DEFAULT_TARGET.resolve():
-        return None
-    from ..machine.check import check_pair
-
-    return check_pair(model, DEFAULT_DRAFT)
-
-
-def bundled_draft_fits(report: Any) -> bool:
-    """Whether a ``bundled_draft_check`` report lets the bundled draft be a default: ids shared, not translated."""
-    from ..machine.check import COMPATIBLE, IDENTICAL
-
-    return report is None or report.verdict in (IDENTICAL, COMPATIBLE)
-
-
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
     """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs
     draft-model, the one drafter that reads -md."""
@@ -311,13 +198,6 @@ def methods_with_draft(args: argparse.Namespace, methods: list[str], explicit: b
     return methods
 
 
-def inapplicable(name: str, given: set[str]) -> DrafterFlag | None:
-    """The first drafter option given (by dest) that no drafter ``name`` builds would read: it would be
-    ignored without a word (``--tree`` with prompt-lookup, ``speculative.tree`` with draft-model)."""
-    built = set(check_name(name))
-    return next((f for f in DRAFTER_FLAGS if f.dest in given and not built & set(f.configs)), None)
-
-
 def _by_flag(message: str) -> str:
     """A config error in the words the user typed: field names (n_min, p_min) become their flags.  Only names
     with an underscore: "tree" or "datastore" are also ordinary words of the messages."""
@@ -327,34 +207,22 @@ def _by_flag(message: str) -> str:
     return message
 
 
+def target_spec(args: argparse.Namespace, slots: int = 1) -> TargetSpec:
+    """The ``TargetSpec`` that a command's model flags describe (``loading`` builds from it)."""
+    return TargetSpec(model=args.model, ctx=args.ctx_size, threads=args.threads, slots=slots,
+                      exact=getattr(args, "exact", "on"), experts=getattr(args, "experts", None),
+                      rollback=getattr(args, "rollback", "auto"),
+                      rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH),
+                      tree_branches=max(1, getattr(args, "tree_branches", DEFAULT_TREE_BRANCHES)))
+
+
 def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -> LlamaModel:
-    """The target with its exact batch shapes settled (measured once per model and cached); ``settle=False``
-    leaves that to the caller (``draft_length.background.settle``)."""
+    """The target of the command's flags (``loading.load_target``), after every check that needs no model;
+    ``settle=False`` leaves the exact shapes to the caller (``draft_length.background.settle``)."""
     preflight(args)
     set_verbose(getattr(args, "verbose", False))
     warn_threads(args.threads)
-    # A one-slot target can verify tree drafts (fusion, --tree): several llama.cpp sequences in a
-    # unified KV cache gave bit-identical chain logits, so plain decoding is unaffected.
-    branches = max(1, getattr(args, "tree_branches", 8))
-    overrides: tuple[tuple[str, int], ...] = ()
-    if getattr(args, "experts", None) is not None:
-        from ..drafters.moe_self import expert_override
-
-        overrides = (expert_override(args.model, args.experts, "--experts"),)
-    exact = getattr(args, "exact", "on")
-    # --exact off promises no exactness, so flash attention (llama.cpp's default; its one-row path broke exact
-    # shapes here) is on from the start: +1.3-1.8% plain decoding on Gemma 3 270M (-t 2, 128 tokens after a
-    # held-out prompt). auto learns its verdict only from a context, and reopening one for it would add
-    # 0.3-0.4 s to the first token (``open_for_mode`` does that for several slots only).
-    target = LlamaModel(ModelConfig(path=args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                    n_seq_max=branches, n_slots=slots, kv_overrides=overrides,
-                                    rollback=getattr(args, "rollback", "auto"), flash_attn=exact_mode(exact) == "off",
-                                    rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH)), role="target")
-    target = open_for_mode(target, exact)
-    announce_load(target)
-    if settle:
-        ensure_shapes(target, exact=exact)
-    return target
+    return _load_target(target_spec(args, slots), settle=settle)
 
 
 def warn_threads(threads: int) -> None:
@@ -365,33 +233,9 @@ def warn_threads(threads: int) -> None:
     usable_threads(threads)
 
 
-def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:
-    """One line on stderr, terminal or not: what was loaded, its context and its KV cache's size."""
-    kv = f"; {model.kv.describe()}" if model.kv is not None else ""
-    print(f"{prefix}: loaded {model.path.name} ({model.n_ctx_train} trained positions): context {model.n_ctx} per "
-          f"sequence{kv}", file=sys.stderr, flush=True)
-
-
 def experts(args: argparse.Namespace) -> dict[str, Any] | None:
-    """An MoE target's experts: how many it has, uses by default, and runs with; ``lossy`` if fewer.
-
-    None for a dense target.  Every output of a reduced-expert run carries this label.
-    """
-    from ..machine.gguf_meta import read_gguf
-
-    meta = read_gguf(args.model, tensors=False)
-    if not meta.expert_count:
-        return None
-    used = meta.expert_used_count
-    running = getattr(args, "experts", None) or used
-    return {"count": meta.expert_count, "model_used": used, "used": running, "lossy": running != used}
-
-
-def lossy_label(info: dict[str, Any] | None) -> str | None:
-    if not info or not info["lossy"]:
-        return None
-    return (f"LOSSY: the target runs {info['used']} of {info['count']} experts (the model uses {info['model_used']}); "
-            "output is not the model's own")
+    """An MoE target's experts as the flags run it (``loading.experts_info``; None for a dense target)."""
+    return experts_info(args.model, getattr(args, "experts", None))
 
 
 def build_policy(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
@@ -404,7 +248,7 @@ def build_policy(args: argparse.Namespace, target: LlamaModel, costs: CostModel 
     if name == "cost" and getattr(args, "k_given", False):
         print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
               f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-    return make_policy(name, args.k, costs=costs, k_max=args.k_max, target=target)  # shapes settled (--exact)
+    return _build_policy(name, args.k, k_max=args.k_max, costs=costs, target=target)  # shapes settled (--exact)
 
 
 def cost_curve_rows(args: argparse.Namespace) -> int | None:
@@ -414,28 +258,20 @@ def cost_curve_rows(args: argparse.Namespace) -> int | None:
     return (args.k_max or DEFAULT_K_MAX) + 1
 
 
-# Required config fields that a request cannot set (the drafter name or the server's flags give them),
-# filled in when a request's options are checked alone.
-_NOT_FROM_REQUESTS: dict[type, dict[str, Any]] = {CascadeConfig: {"sources": ("prompt-lookup",)},
-                                                  RestConfig: {"datastore": "(the server's --datastore)"}}
-
-
-def check_drafter_options(options: Mapping[str, Any]) -> None:
-    """Refuse a bad drafter option value before any drafter is built (a server request's ``speculative``).
-
-    Each config class that a given option belongs to is built from all the given options, so its own
-    checks (ranges, n_min <= n_max) run; the rules stay in the config dataclasses, written once.
-    """
-    classes = {cls for f in DRAFTER_FLAGS if f.dest in options for cls in f.configs.values()}
-    for cls in classes:
-        config_from_options(cls, options, **_NOT_FROM_REQUESTS.get(cls, {}))
-
-
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
     """Drafter config fields by option name (``DRAFTER_FLAGS``); None values mean 'use the config default'."""
     options = {option: getattr(args, attr, None) for option, attr in SHARED_OPTIONS.items()}
     return options | {f.dest: getattr(args, f.dest, None) for f in DRAFTER_FLAGS}
 
 
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Drafter options given on the command line, for the bench runner (``BenchConfig.drafter_options``).
+
+    Unset flags are left out so each drafter's config default applies; the seed is left out
+    because the runner gives each request its own.
+    """
+    return {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
+
+
 def build_drafter(name: str, target: LlamaModel, args: argparse.Namespace) -> Drafter:
-    return create(name, BuildContext(target=target, options=drafter_options(args), temperature=getattr(args, "temp", 0.0)))
+    return _build_drafter(name, target, drafter_options(args), getattr(args, "temp", 0.0))

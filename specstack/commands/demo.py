@@ -12,13 +12,13 @@ import sys
 from typing import Any
 
 from ..bench.results import aggregate
-from ..bench.config import DEFAULT_K_MAX, BenchConfig, options_from_args
+from ..bench.config import DEFAULT_K_MAX, BenchConfig
 from ..bench.runner import run_bench
 from ..bench.workloads import Request, Workload
 from ..paths import DATA_DIR
 from ..prompts import held_out_prompts
 from ..ui import table
-from .common import add_model_args, load_target, methods_with_draft
+from .common import add_model_args, load_target, methods_with_draft, options_from_args
 from .generate import describe_shapes
 
 # Rows after plain decoding (which always runs first: speedups are relative to it).

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.results import ALL, PLAIN, aggregate
-from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start, options_from_args
+from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start
 from ..bench.outputs import check_output_file
 from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
@@ -23,7 +23,7 @@ from ..errors import InvalidParameterError
 from ..profile import write_profile
 from ..ui import table
 from .bench import add_ks_arg
-from .common import add_model_args, flag_given, load_target, methods_with_draft
+from .common import add_model_args, flag_given, load_target, methods_with_draft, options_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

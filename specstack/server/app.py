@@ -29,7 +29,7 @@ from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..commands.common import DRAFTER_FLAGS, check_drafter_options, inapplicable
+from ..drafters.options import DRAFTER_FLAGS, check_drafter_options, inapplicable
 from ..draft_length import MAX_DRAFT, POLICIES
 from ..drafters.base import check_name
 from ..generation import GenerationConfig
@@ -649,7 +649,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         if down:
             return error(503, "; ".join(down), "unavailable_error", code="503")
         return JSONResponse({"status": "ok", "roles": {
-            w.role.name: {"exact": exactness(w), **extra.get(w.role.name, (None, {}))[1]} for w in workers.values()}})
+            w.role.name: {"exact": exactness(w), "lossy": getattr(w, "lossy", None),
+                          **extra.get(w.role.name, (None, {}))[1]} for w in workers.values()}})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -771,6 +772,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         if unused is not None:
             raise ApiError(400, f"speculative.{unused.dest} applies to drafter {' or '.join(sorted(unused.configs))}, "
                            f"not {drafter!r}; leave it out or choose one of those", param=f"speculative.{unused.dest}")
+        if spec.get("tree") and not w.role.spec().verifies_trees:  # it would silently be verified as a chain
+            raise ApiError(400, f"speculative.tree: role {w.role.name!r} cannot verify token trees (a role verifies them "
+                           "with tree = true and parallel = 1 in its roles file); leave tree out",
+                           param="speculative.tree")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if any(not s for s in stops):
             raise ApiError(400, "stop strings must be non-empty", param="stop")
@@ -889,8 +894,9 @@ def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], 
 def summary(stats: dict[str, Any]) -> dict[str, Any]:
     """What speculation did for one request: drafted, accepted, acceptance, mean accepted length, by source."""
     keys = ("drafter", "k_policy", "n_drafted", "n_accepted", "acceptance_rate", "mean_accepted_length", "by_source",
-            "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason",
-            "replica")  # replica: which Ray Serve replica ran it (``serve --ray`` only)
+            "acceptance_by_position", "reused_prompt_tokens", "tokens_per_second", "stop_reason", "tree_steps",
+            "replica",  # replica: which Ray Serve replica ran it (``serve --ray`` only)
+            "lossy")  # a role run with fewer MoE experts: "LOSSY: ..." (None when the output is the model's)
     times = stats.get("time_s", {})
     return {**{k: stats[k] for k in keys if k in stats},
             "time_to_first_token_s": times.get("first_token"), "inter_token_latency_s": times.get("inter_token")}

@@ -35,7 +35,8 @@ from ..draft_length.costs import exact_mode
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
 from ..profile import load_profile, read_toml
-from ..target.recurrent import STRATEGIES
+from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
+from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,17 @@ class Role:
     category: str | None = None
     chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (``chat.load_template``)
     replicas: int = 1  # engines of this role under `specstack serve --ray` (one engine without --ray)
+    # LOSSY: an MoE target run with this many active experts (llama.cpp's expert_used_count override); faster,
+    # but the output is no longer the model's, and /health and every response say so.
+    experts: int | None = None
+    tree: bool = False  # verify token trees (suffix, rest, fusion drafts): one-slot roles only (parallel = 1)
+    rollback_depth: int = DEFAULT_DEPTH  # recurrent targets: state snapshots per slot (n_rs_seq)
+
+    def spec(self) -> TargetSpec:
+        """The role's target as ``loading.load_target`` builds it: every model option ``generate`` has."""
+        return TargetSpec(model=self.model, ctx=self.ctx, threads=self.threads, slots=self.parallel, exact=self.exact,
+                          experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
+                          tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1)
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -90,6 +102,15 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or (self.ctx is not None and self.ctx < 0):
             raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
+        if not isinstance(self.tree, bool):
+            raise InvalidParameterError(f"role {self.name!r}: tree must be true or false (got {self.tree!r})")
+        if self.tree and self.parallel != 1:
+            raise InvalidParameterError(f"role {self.name!r}: tree = true needs parallel = 1 (got {self.parallel}): "
+                                        "token trees are verified on one-slot targets only")
+        if self.experts is not None and self.experts < 1:
+            raise InvalidParameterError(f"role {self.name!r}: experts must be >= 1 (got {self.experts})")
+        if not 2 <= self.rollback_depth <= 256:
+            raise InvalidParameterError(f"role {self.name!r}: rollback_depth must be in 2..256 (got {self.rollback_depth})")
         if self.batch_tokens < 0 or self.prefill_cap < 1:
             raise InvalidParameterError(f"role {self.name!r}: batch_tokens must be >= 0 (0: prompts prefilled whole) and "
                                         f"prefill_cap >= 1 (got {self.batch_tokens} and {self.prefill_cap})")
@@ -111,7 +132,8 @@ class Role:
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
 
 
-ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas")
+ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",
+             "rollback_depth")
 ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template")
 
 

@@ -23,16 +23,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..commands.common import DRAFTER_FLAGS, announce_load
+from ..drafters.base import check_name
+from ..drafters.options import DRAFTER_FLAGS, inapplicable
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
-from ..draft_length.background import open_for_mode, settle
+from ..draft_length.background import settle
 from ..draft_length.costs import CostModel
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..generation import Generation, GenerationConfig
-from ..errors import SpecstackError
-from ..target import LlamaModel, ModelConfig
+from ..errors import InvalidParameterError, SpecstackError
+from ..loading import experts_info, load_target, lossy_label, role_draft
+from ..target import LlamaModel
 from .chat import ChatTemplate, load_template
 from .metrics import ServerMetrics
 from .roles import Role
@@ -97,6 +99,8 @@ class RoleWorker:
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.target: LlamaModel | None = None
+        self.lossy: str | None = None  # the LOSSY label of a role run with fewer MoE experts (``loading.lossy_label``)
+        self.draft = role.draft  # what draft-model drafts with, settled at load (``loading.role_draft``)
         self.engine: Engine | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -172,12 +176,12 @@ class RoleWorker:
 
     def _load(self) -> None:
         role = self.role
-        self.target = LlamaModel(ModelConfig(role.model, n_ctx=role.ctx, n_threads=role.threads, n_slots=role.parallel,
-                                             rollback=role.rollback),
-                                 role=f"target of role {role.name!r}")
-        self.target = open_for_mode(self.target, role.exact, measure=True)  # the slots' layout is fixed from here
         prefix = f"specstack serve: role {role.name!r}"
-        announce_load(self.target, prefix=prefix)
+        # auto's verdict measured now if not cached: the slots' layout is fixed from here
+        self.target = load_target(role.spec(), role=f"target of role {role.name!r}", measure=True, settle=False,
+                                  prefix=prefix)
+        self.lossy = lossy_label(experts_info(role.model, role.experts))
+        self.draft = role_draft(role.model, role.draft)
         self.template = load_template(role.model, role.chat_template)
         if self.template.warning:
             print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
@@ -193,7 +197,14 @@ class RoleWorker:
     def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
         """One drafter instance per distinct setting (it serves every generation that uses it)."""
         options = {k: v for k, v in spec.items() if k not in ("drafter", "k_policy", "k", "k_max")}
-        options.setdefault("draft_model", self.role.draft)
+        if self.role.tree and "tree" not in options and inapplicable(spec["drafter"], {"tree"}) is None:
+            options["tree"] = True  # the role verifies trees: its tree-capable drafters draft them
+        if "draft-model" in check_name(spec["drafter"]):
+            if self.draft is None:  # the bundled draft does not fit this model, and the role names none
+                raise InvalidParameterError(
+                    f"role {self.role.name!r} has no draft model that drafts for {self.role.model.name} (its "
+                    "vocabulary differs from the bundled draft's); a roles file gives one with the key draft")
+            options.setdefault("draft_model", self.draft)
         sampled = temperature > 0 and spec["drafter"] != "none"
         key = json.dumps([spec["drafter"], sampled, sorted((k, str(v)) for k, v in options.items())])
         drafter = self._drafters.get(key)
@@ -277,7 +288,7 @@ class RoleWorker:
         stats = gen.stats
         self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled")
         # usage counts the tokens of the answer (``Job.released``), not a stop string's that the text leaves out
-        job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": stats.to_dict(),
+        job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": {**stats.to_dict(), "lossy": self.lossy},
                   "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": job.sent,
                             "total_tokens": stats.n_prompt + job.sent}})
 

@@ -1,0 +1,182 @@
+"""One way to load a target and build what runs on it: its drafter, its k policy, its engine.
+
+The CLI (``commands/``), the server's roles (``server.worker``), Ray replicas and the bench all load
+through ``load_target(TargetSpec)``, so a model option exists once and every caller gets all of them: a
+serve role runs with fewer MoE experts (lossy, and labelled so) or verifies trees exactly as ``generate``
+does. The library builds here; ``commands/`` only turns flags into a ``TargetSpec``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .draft_length import DraftLengthPolicy, make_policy
+from .draft_length.background import open_for_mode
+from .draft_length.costs import CostModel, ensure_shapes, exact_mode
+from .drafters import BuildContext, create
+from .drafters.base import Drafter
+from .errors import InvalidParameterError
+from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
+from .target import LlamaModel, ModelConfig
+from .target.recurrent import DEFAULT_DEPTH
+
+DEFAULT_TREE_BRANCHES = 8
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Every option of a target model, as ``generate``'s flags and a roles file's keys give them.
+
+    ``experts`` below the model's own count is lossy: the output is no longer the model's
+    (``experts_info`` labels it). ``tree_branches`` are the llama.cpp sequences a tree draft may use; only
+    a one-slot target verifies trees (a multi-slot one asks drafters for chains).
+    """
+
+    model: Path = DEFAULT_TARGET
+    ctx: int | None = None  # per slot; None: 4096 or the trained context if shorter; 0: the trained context
+    threads: int = 0  # 0: one per physical core
+    slots: int = 1
+    exact: str = "auto"
+    experts: int | None = None
+    rollback: str = "auto"
+    rollback_depth: int = DEFAULT_DEPTH
+    tree_branches: int = DEFAULT_TREE_BRANCHES
+    kv_overrides: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        exact_mode(self.exact)  # refuses an unknown mode by name
+        if self.tree_branches < 1:
+            raise InvalidParameterError(f"tree branches must be >= 1 (got {self.tree_branches})")
+        if self.experts is not None and self.experts < 1:
+            raise InvalidParameterError(f"experts must be >= 1 (got {self.experts})")
+
+    @property
+    def verifies_trees(self) -> bool:
+        """Whether a target loaded from this spec can verify tree drafts (one slot, several sequences)."""
+        return self.slots == 1 and self.tree_branches > 1
+
+    def model_config(self) -> ModelConfig:
+        """The llama.cpp-level config. ``--exact off`` promises no exactness, so flash attention is on from the
+        start (+1.3-1.8% plain decoding on Gemma 3 270M at -t 2); ``auto`` learns its verdict only from a
+        context (``open_for_mode`` reopens a multi-slot target once it knows)."""
+        overrides = self.kv_overrides
+        if self.experts is not None:
+            from .drafters.moe_self import expert_override
+
+            overrides = overrides + (expert_override(self.model, self.experts, "experts"),)
+        return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
+                           n_seq_max=self.tree_branches, n_slots=self.slots,
+                           kv_overrides=overrides, rollback=self.rollback, rollback_depth=self.rollback_depth,
+                           flash_attn=exact_mode(self.exact) == "off")
+
+
+def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, settle: bool = True,
+                prefix: str = "specstack") -> LlamaModel:
+    """The target of ``spec``, opened for its ``--exact`` mode and announced on stderr.
+
+    ``measure``: where auto's verdict is not cached, measure it now, since it fixes how a multi-slot target's
+    slots share the KV cache (a server; ``open_for_mode``). ``settle``: measure the exact call shapes now
+    (once per model, cached); ``False`` leaves that to the caller (``draft_length.background.settle``).
+    """
+    target = LlamaModel(spec.model_config(), role=role)
+    target = open_for_mode(target, spec.exact, measure=measure)
+    announce_load(target, prefix)
+    if settle:
+        ensure_shapes(target, exact=spec.exact)
+    return target
+
+
+def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:
+    """One line on stderr, terminal or not: what was loaded, its context and its KV cache's size."""
+    kv = f"; {model.kv.describe()}" if model.kv is not None else ""
+    print(f"{prefix}: loaded {model.path.name} ({model.n_ctx_train} trained positions): context {model.n_ctx} per "
+          f"sequence{kv}", file=sys.stderr, flush=True)
+
+
+def experts_info(model: Path, experts: int | None) -> dict[str, Any] | None:
+    """An MoE target's experts: how many it has, uses by default, and runs with; ``lossy`` if fewer.
+
+    None for a dense target. Every output of a reduced-expert run carries this label (``lossy_label``).
+    """
+    from .machine.gguf_meta import read_gguf
+
+    meta = read_gguf(model, tensors=False)
+    if not meta.expert_count:
+        return None
+    used = meta.expert_used_count
+    running = experts or used
+    return {"count": meta.expert_count, "model_used": used, "used": running, "lossy": running != used}
+
+
+def lossy_label(info: Mapping[str, Any] | None) -> str | None:
+    """The words every output of a lossy run carries (None when the run is the model's own)."""
+    if not info or not info["lossy"]:
+        return None
+    return (f"LOSSY: the target runs {info['used']} of {info['count']} experts (the model uses {info['model_used']}); "
+            "output is not the model's own")
+
+
+def build_drafter(name: str, target: LlamaModel, options: Mapping[str, Any] | None = None,
+                  temperature: float = 0.0) -> Drafter:
+    """The drafter ``name`` (plain, ``cascade:...`` or ``fusion:...``) for ``target``, with its options by name."""
+    return create(name, BuildContext(target=target, options=dict(options or {}), temperature=temperature))
+
+
+def build_policy(name: str, k: int, k_max: int | None = None, costs: CostModel | None = None,
+                 target: LlamaModel | None = None) -> DraftLengthPolicy:
+    """The k policy ``name``; ``cost`` prices with ``costs``, or calibrates ``target``'s t(n) first (cached)."""
+    return make_policy(name, k, costs=costs, k_max=k_max, target=target)
+
+
+def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft-model",
+                  fix: str = "-md {path}") -> Path:
+    """The draft GGUF that draft-model uses: ``draft`` if given, else the bundled one, but only where it can draft
+    by id for ``model``: the bundled target, or a model ``check`` finds identical or compatible (then said, on stderr).
+
+    The bundled draft used to be a silent default for any -m: on Gemma 3 270M it spells 1.5% of the target's
+    tokens alike, so it drafted almost nothing while the user believed draft-model was being measured."""
+    if draft is not None:
+        return draft
+    report = bundled_draft_check(model)
+    if report is None:
+        return DEFAULT_DRAFT
+    if bundled_draft_fits(report):
+        print(f"specstack: note: {where} drafts with the bundled {DEFAULT_DRAFT.name}, whose vocabulary is "
+              f"{report.verdict} with {Path(model).name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
+              file=sys.stderr, flush=True)
+        return DEFAULT_DRAFT
+    overlap = report.scores.get("text_overlap")
+    share = f" ({overlap:.1%} of the target's tokens spelled alike)" if overlap is not None else ""
+    raise InvalidParameterError(
+        f"{where} needs a draft model for {Path(model).name}: give one with {fix.format(path='DRAFT.gguf')}, a "
+        f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled "
+        f"{DEFAULT_DRAFT.name} is the default only where `specstack check` finds its vocabulary identical or "
+        f"compatible; with {Path(model).name} it is "
+        f"{report.verdict}{share}. To draft with it anyway, give it with {fix.format(path=DEFAULT_DRAFT)}")
+
+
+def bundled_draft_check(model: Path) -> Any:
+    """``check``'s report on the bundled draft drafting for ``model`` (None for the bundled target: the pair)."""
+    if Path(model).resolve() == DEFAULT_TARGET.resolve():
+        return None
+    from .machine.check import check_pair
+
+    return check_pair(model, DEFAULT_DRAFT)
+
+
+def bundled_draft_fits(report: Any) -> bool:
+    """Whether a ``bundled_draft_check`` report lets the bundled draft be a default: ids shared, not translated."""
+    from .machine.check import COMPATIBLE, IDENTICAL
+
+    return report is None or report.verdict in (IDENTICAL, COMPATIBLE)
+
+
+def role_draft(model: Path, draft: Path | None) -> Path | None:
+    """The draft a server role's draft-model uses: its own, else the bundled one where it fits ``model`` (the
+    bundled target, or a vocabulary ``check`` finds identical or compatible), else None: no draft."""
+    if draft is not None:
+        return draft
+    return DEFAULT_DRAFT if bundled_draft_fits(bundled_draft_check(model)) else None

@@ -1,0 +1,102 @@
+"""One loader: a serve role gets every model option ``generate`` has, through ``loading.load_target``.
+
+Fewer MoE experts on a role is lossy and says so in ``/health`` and in every response; a one-slot role with
+``tree = true`` verifies token trees; a request for a tree that a role cannot verify is refused; and no
+module of the library imports the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specstack.paths import MODELS_DIR
+from specstack.prompts import held_out_prompts
+from specstack.server.app import Limits, create_app
+from specstack.server.roles import Role, load_roles
+
+MOE = MODELS_DIR / "pycoder-moe.gguf"
+PACKAGE = Path(__file__).resolve().parents[1] / "specstack"
+PROMPTS = held_out_prompts(4)
+
+
+@pytest.fixture(scope="module")
+def server():
+    from test_serve import Server
+
+    roles = [Role(name="moe-full", model=MOE, parallel=1, exact="on", drafter="none"),
+             Role(name="moe-1", model=MOE, parallel=1, exact="on", drafter="prompt-lookup", experts=1),
+             Role(name="trees", parallel=1, exact="off", drafter="suffix", k_policy="fixed", k=8, tree=True),
+             Role(name="chains", parallel=2, exact="off", drafter="suffix", k_policy="fixed", k=8)]
+    with Server(create_app(roles, Limits(max_tokens=256))) as s:
+        yield s
+
+
+def _complete(server, model: str, prompt: str, **extra) -> dict:
+    r = httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 48,
+                                                         "temperature": 0, **extra}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_role_with_fewer_experts_is_lossy_in_health_and_every_response(server):
+    health = httpx.get(server.url + "/health").json()["roles"]
+    assert health["moe-1"]["lossy"].startswith("LOSSY: the target runs 1 of 8 experts")
+    assert health["moe-full"]["lossy"] is None
+    differs = 0
+    for prompt in PROMPTS:
+        reduced, full = _complete(server, "moe-1", prompt), _complete(server, "moe-full", prompt)
+        assert reduced["speculative"]["lossy"].startswith("LOSSY") and full["speculative"]["lossy"] is None
+        differs += reduced["choices"][0]["text"] != full["choices"][0]["text"]
+    assert differs > 0  # the label is honest: the role really runs fewer experts
+    with httpx.stream("POST", server.url + "/v1/completions", json={"model": "moe-1", "prompt": PROMPTS[0],
+                                                                   "max_tokens": 8, "stream": True}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    finals = [c["specstack"]["speculative"] for c in chunks if "speculative" in c.get("specstack", {})]
+    assert len(finals) == 1 and finals[0]["lossy"].startswith("LOSSY")
+
+
+def test_a_one_slot_role_with_tree_true_verifies_trees(server):
+    """The worker used to load every role without tree sequences, so a tree draft became a chain."""
+    trees = sum(_complete(server, "trees", p)["speculative"]["tree_steps"] for p in PROMPTS[:2] * 2)
+    chains = sum(_complete(server, "chains", p)["speculative"]["tree_steps"] for p in PROMPTS[:2] * 2)
+    assert trees > 0 and chains == 0
+
+
+def test_a_request_for_a_tree_a_role_cannot_verify_is_refused(server):
+    r = httpx.post(server.url + "/v1/completions", json={"model": "chains", "prompt": "import os", "max_tokens": 4,
+                                                         "speculative": {"drafter": "suffix", "tree": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.tree"
+    ok = httpx.post(server.url + "/v1/completions", json={"model": "trees", "prompt": "import os", "max_tokens": 4,
+                                                          "speculative": {"drafter": "suffix", "tree": True}})
+    assert ok.status_code == 200
+
+
+def test_a_roles_file_takes_every_model_option(tmp_path):
+    path = tmp_path / "roles.toml"
+    path.write_text(f'[roles.coder]\nmodel = "{MOE}"\nexperts = 1\nrollback_depth = 9\nparallel = 1\ntree = true\n')
+    (role,) = load_roles(path)
+    spec = role.spec()
+    assert (spec.experts, spec.rollback_depth, spec.verifies_trees) == (1, 9, True)
+    path.write_text('[roles.coder]\nparallel = 2\ntree = true\n')
+    with pytest.raises(Exception, match="tree = true needs parallel = 1"):
+        load_roles(path)
+
+
+def test_the_library_never_imports_the_cli():
+    """Only ``commands/`` and ``cli.py`` may import ``specstack.commands`` (the server and the bench did)."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "commands" or rel.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n.split(".")[-1] == "commands" or ".commands" in f".{n}" for n in names):
+                offenders.append(str(rel))
+    assert offenders == []
