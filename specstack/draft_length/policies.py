@@ -411,16 +411,16 @@ class CostK(_Policy):
         if scores:
             st.scores.update(scores[:n], outcome.n_accepted)
         per_token = outcome.draft_s / n
-        # The first call of a source is a warm-up (buffers, graphs, cold caches: it
-        # measured 1000x a normal step here), so it is not used.  After that a plain
-        # running mean, with each sample clipped to 3x the estimate: a model drafter
-        # that sat out plain steps catches up on the tokens it missed in its next
-        # call (one batch), a spike that must not dominate.  An asymmetric update
-        # (fast down, slow up) underestimated pycoder-1m's cost by ~2x here, so the
-        # policy drafted where it did not pay.
-        if st.calls == 1:
+        # The first call counts: a draft model's context is warmed up at load (its first call had measured
+        # 1000x a normal step, so it used to be skipped, and until a second call drafting was priced as
+        # free: a lucky first look then had a 96-token `generate` drafting long on a pair where drafting
+        # never pays). After that a plain running mean, with each sample clipped to 3x the estimate: a
+        # model drafter that sat out plain steps catches up on the tokens it missed in its next call (one
+        # batch), a spike that must not dominate.  An asymmetric update (fast down, slow up)
+        # underestimated pycoder-1m's cost by ~2x here, so the policy drafted where it did not pay.
+        if st.calls == 0:
             st.per_token_s = per_token
-        elif st.calls > 1:
+        else:
             st.per_token_s += 0.15 * (min(per_token, 3.0 * st.per_token_s) - st.per_token_s)
         st.calls += 1
         self._best.clear()

@@ -22,7 +22,7 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..machine.gguf_meta import read_gguf
 from ..target import LlamaModel, ModelConfig
 from .base import BuildContext, config_from_options, register
-from .draft_model import DraftModelConfig, DraftModelDrafter
+from .draft_model import _warm_up, DraftModelConfig, DraftModelDrafter
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def _build(ctx: BuildContext) -> DraftModelDrafter:
                     exact=False, n_slots=ctx.target.n_slots, unified=True, kv_overrides=(override,)),
         role="moe-self draft",
     )
+    _warm_up(model)
     drafter = DraftModelDrafter(model, ctx.temperature, config_from_options(DraftModelConfig, ctx.options),
                                 target_vocab=ctx.target.n_vocab)
     drafter.name = "moe-self"
