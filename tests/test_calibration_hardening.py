@@ -295,7 +295,7 @@ def test_timing_noise_is_the_gap_between_the_two_fastest_timings():
     assert costs.timing_noise({1: [1.0]}) == 0.0  # one timing says nothing
 
 
-def test_steady_measures_again_only_while_timings_are_noisy_and_pools_them():
+def test_steady_measures_again_only_while_timings_are_noisy_and_pools_them(real_noise_limit):
     runs: list[int] = []
 
     def measure(pattern):
@@ -329,7 +329,7 @@ class Busy:
         return out
 
 
-def test_a_curve_timed_on_a_busy_machine_is_used_once_and_not_cached(cache, capsys, monkeypatch):
+def test_a_curve_timed_on_a_busy_machine_is_used_once_and_not_cached(real_noise_limit, cache, capsys, monkeypatch):
     entries = _entries(cache)
     del entries[_key(cache, "curve-")]
     cache.write_text(json.dumps(entries))
@@ -351,7 +351,7 @@ def test_a_curve_timed_on_a_busy_machine_is_used_once_and_not_cached(cache, caps
         model.close()
 
 
-def test_an_exactness_verdict_timed_on_a_busy_machine_is_not_cached(cache, capsys, monkeypatch):
+def test_an_exactness_verdict_timed_on_a_busy_machine_is_not_cached(real_noise_limit, cache, capsys, monkeypatch):
     entries = _entries(cache)
     del entries[_key(cache, "exact-auto-")]
     cache.write_text(json.dumps(entries))
