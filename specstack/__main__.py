@@ -1,3 +1,5 @@
+"""`python -m specstack`: the same as the `specstack` command."""
+
 import sys
 
 from .cli import main

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,19 +35,6 @@ class ServeServer(Server):
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     **app.state.http_options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "ServeServer":
-        """Healthy once loaded; a first load measures the model's exact shapes, which takes long on a busy machine."""
-        self.thread.start()
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become healthy")
 
 
 @pytest.fixture(scope="module")
