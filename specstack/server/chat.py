@@ -129,18 +129,28 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
         for m in messages:
             pieces += [(f"### {m['role'].capitalize()}:\n", True), (m["content"], False), ("\n\n", True)]
         return RenderedChat(tuple(pieces) + (("### Assistant:\n", True),))
-    # every string a message brings (content, name, tool_call_id, ...) is the user's text; the role is checked
-    said = [(i, key) for i, m in enumerate(messages) for key, value in m.items()
-            if key != "role" and isinstance(value, str)]
-    texts = [messages[i][key] for i, key in said]
+    # every string a message brings, nested ones too (content, name, tool_calls' arguments, ...), is the user's
+    # text; the role is checked
     nonce = secrets.token_hex(8)
-    markers = [f"specstack{nonce}m{n}e" for n in range(len(said))]  # letters and digits: trim leaves them be
-    marked_messages = [dict(m) for m in messages]
-    for (i, key), marker in zip(said, markers):
-        marked_messages[i][key] = marker
+    texts: list[str] = []
+    marked_messages = [{k: (v if k == "role" else _marked(v, texts, nonce)) for k, v in m.items()} for m in messages]
+    markers = [f"specstack{nonce}m{n}e" for n in range(len(texts))]
     full = _apply(template, messages, bos, eos)
     marked = _apply(template, marked_messages, bos, eos)
     return _split(full, marked, markers, texts)
+
+
+def _marked(value: Any, texts: list[str], nonce: str) -> Any:
+    """``value`` with each string in it replaced by the next marker (letters and digits: trim leaves them be),
+    the strings kept in ``texts``."""
+    if isinstance(value, str):
+        texts.append(value)
+        return f"specstack{nonce}m{len(texts) - 1}e"
+    if isinstance(value, dict):
+        return {k: _marked(v, texts, nonce) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_marked(v, texts, nonce) for v in value]
+    return value
 
 
 def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str, eos: str) -> str:
