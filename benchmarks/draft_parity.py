@@ -23,7 +23,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 STDLIB = ("textwrap.py", "json/decoder.py", "string.py", "shlex.py", "bisect.py", "heapq.py")
 

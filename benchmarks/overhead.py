@@ -19,7 +19,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import INEXACT, LlamaModel, ModelConfig, default_threads
+from specstack.llama import INEXACT, LlamaModel, ModelConfig, default_threads
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 METHODS = ("none", "prompt-lookup", "suffix", "draft-model")
 

@@ -58,7 +58,7 @@ class Tokens:
 
     def __init__(self) -> None:
         from specstack.paths import DEFAULT_TARGET
-        from specstack.target import LlamaModel, ModelConfig
+        from specstack.llama import LlamaModel, ModelConfig
 
         self.model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_threads=1), role="target")
 

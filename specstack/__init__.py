@@ -23,8 +23,8 @@ _EXPORTS = {
     # the engine
     "Engine": "engine", "Generation": "generation", "GenerationConfig": "generation", "MAX_DRAFT": "draft_length",
     # targets
-    "LlamaModel": "target", "ModelConfig": "target", "BatchShapes": "target", "Target": "target",
-    "EngineTarget": "target", "Segment": "target", "plan_calls": "target",
+    "LlamaModel": "llama", "ModelConfig": "llama", "BatchShapes": "llama", "Target": "llama",
+    "EngineTarget": "llama", "Segment": "llama", "plan_calls": "llama",
     # sampling and verification
     "SamplingParams": "sampling", "Draft": "types", "VerifyResult": "types",
     # drafters

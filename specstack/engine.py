@@ -33,8 +33,8 @@ from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs, token_logprobs
-from .target.api import EngineTarget
-from .target.batching import Segment
+from .llama.api import EngineTarget
+from .llama.batching import Segment
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 

@@ -20,8 +20,8 @@ from .drafters import BuildContext, create
 from .drafters.base import Drafter
 from .errors import InvalidParameterError
 from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
-from .target import LlamaModel, ModelConfig
-from .target.recurrent import DEFAULT_DEPTH
+from .llama import LlamaModel, ModelConfig
+from .llama.recurrent import DEFAULT_DEPTH
 
 DEFAULT_TREE_BRANCHES = 8
 
@@ -101,7 +101,7 @@ def experts_info(model: Path, experts: int | None) -> dict[str, Any] | None:
 
     None for a dense target. Every output of a reduced-expert run carries this label (``lossy_label``).
     """
-    from .machine.gguf_meta import read_gguf
+    from .modelfile.meta import read_gguf
 
     meta = read_gguf(model, tensors=False)
     if not meta.expert_count:
@@ -162,14 +162,14 @@ def bundled_draft_check(model: Path) -> Any:
     """``check``'s report on the bundled draft drafting for ``model`` (None for the bundled target: the pair)."""
     if Path(model).resolve() == DEFAULT_TARGET.resolve():
         return None
-    from .machine.check import check_pair
+    from .modelfile.compat import check_pair
 
     return check_pair(model, DEFAULT_DRAFT)
 
 
 def bundled_draft_fits(report: Any) -> bool:
     """Whether a ``bundled_draft_check`` report lets the bundled draft be a default: ids shared, not translated."""
-    from .machine.check import COMPATIBLE, IDENTICAL
+    from .modelfile.compat import COMPATIBLE, IDENTICAL
 
     return report is None or report.verdict in (IDENTICAL, COMPATIBLE)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .target.recurrent import RewindStats
+from .llama.recurrent import RewindStats
 
 
 @dataclass

@@ -50,7 +50,7 @@ def real_noise_limit(steady_timings, monkeypatch):
 
 @pytest.fixture(scope="session")
 def target():
-    from specstack.target import LlamaModel, ModelConfig
+    from specstack.llama import LlamaModel, ModelConfig
 
     model = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")
     yield model

@@ -17,7 +17,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 PROMPTS = [held_out_prompts(7)[i] for i in (1, 5, 6)]  # prompts the small test datastore has matches for
 MAX_TOKENS = 48

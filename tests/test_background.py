@@ -17,7 +17,7 @@ from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
-from specstack.target import INEXACT, LlamaModel, ModelConfig
+from specstack.llama import INEXACT, LlamaModel, ModelConfig
 
 # Repetitive code, so that prompt lookup has drafts to offer once drafting pays.
 PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n" * 6 + "def mul(a, b):\n"

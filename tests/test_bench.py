@@ -374,7 +374,7 @@ def test_greedy_mismatches_fail_the_run_only_in_exact_mode():
     """Under --exact off (or auto choosing off) calls run unpadded and unsplit, so near-ties may flip by
     design: a note and exit 0, not "lossless speculation is broken" and exit 1."""
     from specstack.commands.bench import mismatch_outcome
-    from specstack.target import INEXACT, BatchShapes
+    from specstack.llama import INEXACT, BatchShapes
 
     assert mismatch_outcome(0, BatchShapes()) == ("", 0)
     message, code = mismatch_outcome(2, BatchShapes(settled=True, why="--exact on"))

@@ -115,7 +115,7 @@ import shutil  # noqa: E402
 
 from specstack.draft_length import cost_cache, costs  # noqa: E402
 from specstack.paths import DEFAULT_TARGET  # noqa: E402
-from specstack.target import BatchShapes, LlamaModel, ModelConfig  # noqa: E402
+from specstack.llama import BatchShapes, LlamaModel, ModelConfig  # noqa: E402
 
 GENERATE = ("generate", "-m", str(DEFAULT_TARGET), "-p", "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n",
             "-n", "8", "--drafter", "prompt-lookup", "--exact", "on")  # on: what is measured does not hang on a verdict

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specstack.server.chat import ChatTemplate, chat_tokens, render
-from specstack.target import VocabModel, builtin_chat_templates
+from specstack.llama import VocabModel, builtin_chat_templates
 
 JINJA = {
     # Gemma's own (trims the text, folds the system turn into the first user turn)
@@ -57,7 +57,7 @@ def _messages(user: str) -> list[dict]:
 def _specials(vocab: VocabModel, ids: list[int]) -> Counter:
     """The control tokens among ``ids``: what only special parsing makes of text (user-defined tokens, such as
     Gemma's whitespace runs, are matched in plain text too)."""
-    from specstack.target.vocab import ATTR_CONTROL, ATTR_UNKNOWN
+    from specstack.llama.vocab import ATTR_CONTROL, ATTR_UNKNOWN
 
     return Counter(t for t in ids if int(vocab._lc.llama_vocab_get_attr(vocab._vocab, t)) & (ATTR_CONTROL | ATTR_UNKNOWN))
 

@@ -1,4 +1,4 @@
-"""Vocabulary compatibility: specstack.machine.check and `specstack check`."""
+"""Vocabulary compatibility: specstack.modelfile.compat and `specstack check`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.machine.check import check_pair, require_draftable
+from specstack.modelfile.compat import check_pair, require_draftable
 from specstack.cli import main
 from specstack.errors import ModelLoadError
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from specstack.cli import main
-from specstack.machine.check import EXIT_CODES
+from specstack.modelfile.compat import EXIT_CODES
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from test_serve import Server, free_port
 

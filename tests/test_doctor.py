@@ -1,4 +1,4 @@
-"""`specstack doctor` and specstack.machine.sysinfo."""
+"""`specstack doctor` and specstack.host.sysinfo."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.machine import doctor, sysinfo
+from specstack.host import doctor, sysinfo
 from specstack.cli import main
 from specstack.paths import DEFAULT_TARGET
 

@@ -22,7 +22,7 @@ from specstack.draft_length import (
     expected_accepted,
 )
 from specstack.errors import InvalidParameterError
-from specstack.target import INEXACT, BatchShapes, Segment
+from specstack.llama import INEXACT, BatchShapes, Segment
 from specstack.types import Draft
 
 
@@ -312,7 +312,7 @@ def test_a_cached_curve_that_no_longer_fits_the_machine_is_measured_again(target
 def test_exact_auto_keeps_exact_shapes_only_where_they_cost_little(target, tmp_path, monkeypatch):
     """--exact auto times what padding and splitting add here, then keeps exact shapes under the limit only,
     and says why; the mode a run gets is in ``shapes.why`` for every output."""
-    from specstack.target import BatchShapes
+    from specstack.llama import BatchShapes
 
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
     before = target.shapes

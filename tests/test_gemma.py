@@ -25,7 +25,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_DRAFT
 from specstack.sampling import SamplingParams
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 MAX_TOKENS = 40
 WINDOW = 512

@@ -1,4 +1,4 @@
-"""The tolerant GGUF metadata reader (specstack.machine.gguf_read, interpreted by gguf_meta)."""
+"""The tolerant GGUF metadata reader (specstack.modelfile.read, interpreted by gguf_meta)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specstack.errors import ModelLoadError
-from specstack.machine.gguf_meta import read_gguf
+from specstack.modelfile.meta import read_gguf
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

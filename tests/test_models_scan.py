@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.machine import models_scan
+from specstack.modelfile import scan as models_scan
 from specstack.cli import main
 from specstack.errors import ModelLoadError
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET

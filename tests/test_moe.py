@@ -14,7 +14,7 @@ from specstack.generation import GenerationConfig
 from specstack.errors import SpecstackError
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 MOE = MODELS_DIR / "pycoder-moe.gguf"
 PROMPTS = held_out_prompts(4)

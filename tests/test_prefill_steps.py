@@ -19,7 +19,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 LIB = Path(os.__file__).parent
 SHORT = held_out_prompts(2)

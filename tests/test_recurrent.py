@@ -1,4 +1,4 @@
-"""Speculation on recurrent and hybrid targets (``specstack.target.recurrent``): lossless under both strategies.
+"""Speculation on recurrent and hybrid targets (``specstack.llama.recurrent``): lossless under both strategies.
 
 Two real GGUFs: ``pycoder-lfm2`` (a trained LFM2 hybrid: short convolutions plus
 attention; llama.cpp can roll its state back) and ``pycoder-mamba2-random`` (a
@@ -24,9 +24,9 @@ from specstack.generation import GenerationConfig
 from specstack.errors import InvalidParameterError, UnsupportedModelError
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.target.recurrent import RollbackError
+from specstack.llama.recurrent import RollbackError
 from specstack.sampling import SamplingParams
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 from test_golden import Oracle
 

@@ -20,7 +20,7 @@ import threading
 import httpx
 import pytest
 
-from specstack.machine.sysinfo import allowed_cpus
+from specstack.host.sysinfo import allowed_cpus
 
 DEADLINE_S = 120  # a guard against hangs only; every test ends in seconds
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the fcntl module from Python 3.10 on Linux only

@@ -17,7 +17,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from specstack.bench.standin import (  # noqa: E402
+from specstack.modelfile.standin import (  # noqa: E402
     LlamaShape,
     use_more_bits,
     lfm2_layer_layout,
@@ -253,7 +253,7 @@ def test_moe_standin_keeps_the_routers_choice_and_the_logits(tmp_path):
     """Experts and router are padded like the dense matrices: the router reads the same normalised input,
     picks the same experts, and the stand-in's logits are bit-identical to the source's."""
     from specstack.paths import MODELS_DIR
-    from specstack.target import INEXACT, LlamaModel, ModelConfig
+    from specstack.llama import INEXACT, LlamaModel, ModelConfig
 
     src_path = MODELS_DIR / "pycoder-moe.gguf"
     out = make_standin(src_path, tmp_path / "moe.gguf", width=384, layers=6, progress=False)
@@ -387,7 +387,7 @@ def lfm2_source(request, lfm2_random) -> Path:
 def _lfm2_logits(path: Path, ids: list[int], n_gen: int = 12) -> np.ndarray:
     """Logits of every prompt row (one call), then of ``n_gen`` greedy steps one token at a time
     (the short-conv state's single-token path)."""
-    from specstack.target import LlamaModel, ModelConfig
+    from specstack.llama import LlamaModel, ModelConfig
 
     # One thread: on a shared 2-core machine, two spinning threads can stall for seconds per call.
     m = LlamaModel(ModelConfig(path, n_ctx=512, n_threads=1))
@@ -401,7 +401,7 @@ def _lfm2_logits(path: Path, ids: list[int], n_gen: int = 12) -> np.ndarray:
 
 
 def _lfm2_prompt_ids(n: int = 64) -> list[int]:
-    from specstack.target import LlamaModel, ModelConfig
+    from specstack.llama import LlamaModel, ModelConfig
 
     m = LlamaModel(ModelConfig(DEFAULT_DRAFT, n_ctx=512))  # same tokenizer
     try:

@@ -12,7 +12,7 @@ from specstack.generation import GenerationConfig
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts
 from specstack.sampling import SamplingParams
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 
 SPM = MODELS_DIR / "pycoder-1m-spm.gguf"
 

@@ -8,7 +8,7 @@ import pytest
 
 from specstack.cli import main
 from specstack.errors import InvalidParameterError
-from specstack.profile import load_profile
+from specstack.profiles import load_profile
 
 
 def test_tune_writes_a_profile_that_generate_uses(tmp_path, capsys):
@@ -41,7 +41,7 @@ def test_bad_profiles_are_reported(tmp_path):
 
 def test_profile_strings_are_escaped(tmp_path):
     """Category names and drafter specs with quotes, backslashes, newlines, DEL or non-BMP characters survive a write and read."""
-    from specstack.profile import load_profile, write_profile
+    from specstack.profiles import load_profile, write_profile
 
     odd = 'code "with" \\\\ quotes\nand a newline, py\U0001f40d, \x7f and \u00e9'
     path = tmp_path / "p.toml"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..draft_length.costs import time_calls
-from ..target import LlamaModel, ModelConfig
+from ..llama import LlamaModel, ModelConfig
 from ..ui import Progress
 
 

@@ -19,7 +19,7 @@ from .workloads import Request
 
 if TYPE_CHECKING:
     from ..generation import Generation
-    from ..target import LlamaModel
+    from ..llama import LlamaModel
 
 RESULTS_VERSION = 1
 
@@ -40,8 +40,8 @@ def load_average() -> list[float] | None:
 
 def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
     """Facts that explain a number: CPU, cores, load, versions."""
-    from ..machine import sysinfo
-    from ..target import llama_version
+    from ..host import sysinfo
+    from ..llama import llama_version
 
     raw, _err = sysinfo.llama_system_info()
     info: dict[str, Any] = {

@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..errors import ContextOverflowError
 from ..generation import Generation, GenerationConfig
 from ..sampling import SamplingParams
-from ..target import LlamaModel
+from ..llama import LlamaModel
 from ..ui import Progress
 from .config import BenchConfig, adaptive_start, request_seed
 from .peer_runs import PeerRunner, load_peers

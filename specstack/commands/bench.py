@@ -154,7 +154,7 @@ def _register_replay(bsub: argparse._SubParsersAction) -> None:
 
 def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``make-standin`` to ``specstack bench``'s subparsers."""
-    from ..bench.standin import FTYPES
+    from ..modelfile.standin import FTYPES
     from ..paths import DEFAULT_TARGET
 
     p = bsub.add_parser(
@@ -288,7 +288,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_make_standin(args: argparse.Namespace) -> int:
-    from ..bench.standin import make_standin, plan_standin, read_source_shape
+    from ..modelfile.standin import make_standin, plan_standin, read_source_shape
 
     src = Path(args.src)
     kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)

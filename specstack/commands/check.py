@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..machine.check import CompatReport, check_pair, rewind_line
+from ..modelfile.compat import CompatReport, check_pair, rewind_line
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..ui import table
 

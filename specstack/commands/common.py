@@ -23,9 +23,9 @@ from ..loading import (DEFAULT_TREE_BRANCHES, TargetSpec, announce_load, bundled
 from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_target as _load_target
 from ..paths import DEFAULT_TARGET
 from ..sampling import SamplingParams
-from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
-from ..target import LlamaModel, set_verbose
-from ..target.api import DEFAULT_CTX
+from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
+from ..llama import LlamaModel, set_verbose
+from ..llama.api import DEFAULT_CTX
 from ..errors import InvalidParameterError
 
 __all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable",
@@ -160,7 +160,7 @@ def preflight(args: argparse.Namespace) -> None:
     except InvalidParameterError as exc:
         raise InvalidParameterError(_by_flag(str(exc))) from None
     if "draft-model" in built and getattr(args, "model_draft", None) is not None:
-        from ..machine.gguf_meta import read_gguf
+        from ..modelfile.meta import read_gguf
 
         read_gguf(args.model_draft, tensors=False)  # a missing or broken -md fails in milliseconds, before the target
 
@@ -228,7 +228,7 @@ def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -
 def warn_threads(threads: int) -> None:
     """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so before loading;
     the model caps them (``usable_threads`` warns once per value)."""
-    from ..target.backend import usable_threads
+    from ..llama.backend import usable_threads
 
     usable_threads(threads)
 

@@ -62,8 +62,8 @@ def _read_excludes(files: list[str]) -> list[str]:
 
 def load_tokenizer(model: str):
     """A vocab-only llama.cpp model: tokenizes without loading weights."""
-    from ..machine.gguf_meta import read_gguf
-    from ..target import VocabModel
+    from ..modelfile.meta import read_gguf
+    from ..llama import VocabModel
 
     llm = VocabModel(model)
     info = read_gguf(llm.path, tensors=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..machine.doctor import render, run_doctor, to_dict
+from ..host.doctor import render, run_doctor, to_dict
 
 
 def register(subparsers) -> None:

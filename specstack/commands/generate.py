@@ -11,7 +11,7 @@ from ..engine import Engine
 from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
-from ..target import BatchShapes, LlamaModel
+from ..llama import BatchShapes, LlamaModel
 from ..ui import table
 from ..draft_length.background import BackgroundCalibration, settle
 from ..draft_length.costs import CostModel
@@ -67,7 +67,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def apply_profile(args: argparse.Namespace, argv_flags: set[str]) -> None:
     """Fill drafter / k policy / k from a profile unless given on the command line."""
-    from ..profile import load_profile
+    from ..profiles import load_profile
 
     flags = {"drafter": ("--drafter",), "k_policy": ("--k-policy",), "k": ("-k", "--draft-max")}
     for key, value in load_profile(args.profile, args.category).items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..machine.models_scan import render, scan
+from ..modelfile.scan import render, scan
 from ..paths import MODELS_DIR
 from ..ui import Progress, isatty
 

@@ -143,9 +143,9 @@ def check_roles(roles: list, from_config: bool) -> list:
     """Every role checked as far as it can be without loading weights, before the port is bound: its model file and
     metadata, drafter name and whether the drafter can be built here, its draft model (resolved: ``resolve_draft``)
     and chat template.  A role that failed here used to leave a server up answering 503 forever."""
-    from ..machine.gguf_meta import read_gguf
+    from ..modelfile.meta import read_gguf
     from ..server.chat import load_template
-    from ..target import check_gguf_file
+    from ..llama import check_gguf_file
 
     checked = []
     for role in roles:
@@ -162,8 +162,8 @@ def check_drafter(role, from_config: bool):
     model resolved and checked; returns the role with its draft settled."""
     from ..drafters.base import check_name
     from ..drafters.moe_self import MoeSelfConfig, expert_override
-    from ..machine.check import require_draftable
-    from ..target import check_gguf_file
+    from ..modelfile.compat import require_draftable
+    from ..llama import check_gguf_file
 
     where = f"role {role.name!r}'s drafter" if from_config else "--drafter"
     built = check_name(role.drafter, where)

@@ -20,7 +20,7 @@ from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
 from ..draft_length import POLICIES
 from ..errors import InvalidParameterError
-from ..profile import write_profile
+from ..profiles import write_profile
 from ..ui import table
 from .bench import add_ks_arg
 from .common import add_model_args, flag_given, load_target, methods_with_draft, options_from_args

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..target import INEXACT, PLAIN_ROWS, BatchShapes
+from ..llama import INEXACT, PLAIN_ROWS, BatchShapes
 from .costs import DEEP_PROBE, CostModel, cached_shapes, calibrate, curve_cached, curve_key, ensure_shapes, exact_mode
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..target import LlamaModel
+    from ..llama import LlamaModel
 
 
 class Abandoned(Exception):

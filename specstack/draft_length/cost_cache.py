@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..paths import cache_dir
 
 if TYPE_CHECKING:
-    from ..target import EngineTarget
+    from ..llama import EngineTarget
 
 CACHE_VERSION = 9  # bump when a measurement method changes: old entries are then ignored
 
@@ -45,7 +45,7 @@ def machine_key(model: "EngineTarget") -> list[object]:
     -c 4096, -c 2048 -np 3 and -c 1024 were identical.  Where a small context bounds a measurement (its depth
     or its largest call), that bound is part of the measurement's scope (``entry_key``), not of this key.
     """
-    from ..target import system_info
+    from ..llama import system_info
 
     cfg = model.config
     st = os.stat(model.path)

@@ -23,7 +23,7 @@ from typing import Sequence, TypeVar
 
 import numpy as np
 
-from ..target import BatchShapes, EngineTarget, plan_calls
+from ..llama import BatchShapes, EngineTarget, plan_calls
 from ..ui import Progress
 from .cost_cache import CACHE_VERSION, cache_path, entry_key, lookup, need_dict, need_int, need_seconds, read_cache, \
     say_once, store
@@ -601,7 +601,7 @@ def cached_shapes(model: EngineTarget, exact: bool | str) -> BatchShapes | None:
 def _exact_shapes(model: EngineTarget, mode: str, use_cache: bool, measure: bool,
                   show_progress: bool = False) -> BatchShapes | None:
     """The shapes of ``--exact mode``: from the cache, else measured and stored (or None, unless ``measure``)."""
-    from ..target import INEXACT
+    from ..llama import INEXACT
 
     if mode == "off":
         return INEXACT
@@ -637,7 +637,7 @@ def _free(model: EngineTarget, shapes: BatchShapes) -> bool:
 
 def _auto_verdict(model: EngineTarget, shapes: BatchShapes, cost: ExactCost | None) -> BatchShapes:
     """``--exact auto``: the measured exact ``shapes`` if they cost little here (``cost``; None: free), else none."""
-    from ..target import INEXACT
+    from ..llama import INEXACT
 
     if cost is None:
         return dataclasses.replace(shapes, why="--exact auto: on, every call shape is exact on this model (free)")

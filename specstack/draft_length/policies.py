@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import InvalidParameterError
-from ..target.api import EngineTarget
+from ..llama.api import EngineTarget
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
 from .budget import DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
 from .costs import CostModel, calibrate

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..draft_length import Budget
 from ..errors import InvalidParameterError
-from ..target import Target
+from ..llama import Target
 from ..types import Draft
 
 

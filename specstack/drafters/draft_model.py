@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import InvalidParameterError, VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
-from ..target import LlamaModel, ModelConfig, Segment
+from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
 from .base import BuildContext, Drafter, DraftRequest, config_from_options, register
 
@@ -257,7 +257,7 @@ def _open_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
 @register("draft-model")
 def _build(ctx: BuildContext) -> Drafter:
     """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""
-    from ..machine.check import TRANSLATABLE, require_draftable
+    from ..modelfile.compat import TRANSLATABLE, require_draftable
 
     config = config_from_options(DraftModelConfig, ctx.options)
     report = require_draftable(ctx.target.path, config.draft_model)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..machine.gguf_meta import read_gguf
-from ..target import LlamaModel, ModelConfig
+from ..modelfile.meta import read_gguf
+from ..llama import LlamaModel, ModelConfig
 from .base import BuildContext, config_from_options, register
 from .draft_model import _warm_up, DraftModelConfig, DraftModelDrafter
 

@@ -118,7 +118,7 @@ def check_store_matches_target(store: Datastore, target: object) -> None:
                 f"{n_vocab}: rebuild it with `specstack datastore build CORPUS -m TARGET -o {store.path}`"
             )
         return
-    from ..machine.gguf_meta import read_gguf
+    from ..modelfile.meta import read_gguf
 
     have = read_gguf(path, tensors=False).vocab_fingerprint
     if have and have != want:

@@ -233,7 +233,7 @@ def target_vocab(target: object, with_fingerprint: bool = True) -> Vocab:
     path = getattr(target, "path", None) if with_fingerprint else None
     fingerprint = None
     if path is not None:
-        from ..machine.gguf_meta import read_gguf
+        from ..modelfile.meta import read_gguf
 
         fingerprint = read_gguf(path, tensors=False).vocab_fingerprint
     return Vocab(fingerprint, n_vocab if isinstance(n_vocab, int) else None)

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..target import LlamaModel
+from ..llama import LlamaModel
 from ..types import Draft
 from .base import DraftRequest
 from .draft_model import DraftModelDrafter

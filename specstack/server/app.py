@@ -36,7 +36,7 @@ from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from .chat import chat_tokens, render
-from .metrics import ServerMetrics
+from .prometheus import ServerMetrics
 from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Sequence
 
 from ..errors import InvalidParameterError
-from ..machine.gguf_meta import read_gguf
-from ..target import apply_builtin_chat_template, builtin_chat_templates
+from ..modelfile.meta import read_gguf
+from ..llama import apply_builtin_chat_template, builtin_chat_templates
 
 ROLES = ("system", "user", "assistant", "tool")
 

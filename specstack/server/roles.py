@@ -34,9 +34,9 @@ from ..draft_length import POLICIES
 from ..draft_length.costs import exact_mode
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
-from ..profile import load_profile, read_toml
+from ..profiles import load_profile, read_toml
 from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
-from ..target.recurrent import DEFAULT_DEPTH, STRATEGIES
+from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 
 
 @dataclass(frozen=True)

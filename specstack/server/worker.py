@@ -35,9 +35,9 @@ from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import InvalidParameterError, SpecstackError
 from ..loading import experts_info, load_target, lossy_label, role_draft
-from ..target import LlamaModel
+from ..llama import LlamaModel
 from .chat import ChatTemplate, load_template
-from .metrics import ServerMetrics
+from .prometheus import ServerMetrics
 from .roles import Role
 
 IDLE_LEND_S = 0.05  # an idle worker lends a first run's measurement the cores in slices this long (its wake-up delay)

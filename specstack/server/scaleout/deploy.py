@@ -26,8 +26,8 @@ from ray import serve
 from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestRouterConfig
 
 from ...errors import InvalidParameterError
-from ...machine.sysinfo import allowed_cpus
-from ...target import default_threads
+from ...host.sysinfo import allowed_cpus
+from ...llama import default_threads
 from ..app import Limits, create_app, error
 from ..roles import Role
 from .metrics_merge import merge

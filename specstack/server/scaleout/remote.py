@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...target import VocabModel
+from ...llama import VocabModel
 from ..app import SESSION
 from ..chat import load_template
 from ..roles import Role

@@ -24,7 +24,7 @@ from prometheus_client import Gauge
 
 from ...generation import GenerationConfig
 from ..app import exactness
-from ..metrics import ServerMetrics
+from ..prometheus import ServerMetrics
 from ..roles import Role
 from ..worker import Job, QueueFull, RoleWorker
 from .prefix import published

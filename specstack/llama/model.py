@@ -55,7 +55,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
             self.path, self.meta = weights.path, weights.meta
         else:
             self.path = check_gguf_file(config.path, role)
-            from ..machine.gguf_meta import read_gguf
+            from ..modelfile.meta import read_gguf
 
             self.meta = read_gguf(self.path)
         if self.meta.tensor_count == 0:

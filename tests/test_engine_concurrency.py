@@ -1,4 +1,4 @@
-"""Engine v2: concurrent generations, cancellation, prefix reuse, the Budget contract, measured shapes.
+"""The engine: concurrent generations, cancellation, prefix reuse, the Budget contract, measured shapes.
 
 Every equivalence check compares against plain decoding of the same
 target, and every speculative run must really have accepted drafts.
@@ -19,7 +19,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig, plan_calls
+from specstack.llama import LlamaModel, ModelConfig, plan_calls
 
 PROMPTS = held_out_prompts(6)
 
@@ -254,7 +254,7 @@ def test_a_server_measures_autos_verdict_before_choosing_how_its_slots_share_the
 
 @pytest.fixture(scope="module", params=["f16", "q8_0", "q4_k_m"])
 def standin(request, tmp_path_factory):
-    from specstack.bench.standin import make_standin
+    from specstack.modelfile.standin import make_standin
 
     out = tmp_path_factory.mktemp("standin") / f"s512-{request.param}.gguf"
     make_standin(DEFAULT_TARGET, out, width=512, layers=6, ftype=request.param, progress=False)

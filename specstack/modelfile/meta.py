@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 
 from . import archs
-from .gguf_read import GGUFFile, read_gguf_file
+from .read import GGUFFile, read_gguf_file
 
 # llama_token_type: the `gguf` package leaves out 0 (LLAMA_TOKEN_TYPE_UNDEFINED in llama.h)
 TOKEN_TYPE_NAMES = {0: "undefined", **{t.value: t.name.lower() for t in gguf.TokenType}}

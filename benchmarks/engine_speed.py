@@ -1,13 +1,13 @@
-"""Engine v2 benchmarks: plain speed against llama.cpp, speculation that never pays, batching, prefix reuse.
+"""Engine benchmarks: plain speed against llama.cpp, speculation that never pays, batching, prefix reuse.
 
 Every comparison runs interleaved in one process run (A B A B ...), so
 machine noise hits both sides alike; only the ratios mean anything.
 
-    python benchmarks/engine_v2.py plain   -m MODEL [--exact on|off]   # P1: --drafter none vs llama-completion
-    python benchmarks/engine_v2.py nopay   -m MODEL                    # P2: always-wrong drafter @cost vs llama plain
-    python benchmarks/engine_v2.py draft   [-m MODEL -md DRAFT]        # P2: draft-model @cost vs none (bundled pair)
-    python benchmarks/engine_v2.py batch   -m MODEL [--conc 1,2,4,8]   # aggregate tok/s by concurrency, k chosen
-    python benchmarks/engine_v2.py prefix  -m MODEL                    # time to first token, cold vs warm
+    python benchmarks/engine_speed.py plain   -m MODEL [--exact on|off]   # P1: --drafter none vs llama-completion
+    python benchmarks/engine_speed.py nopay   -m MODEL                    # P2: always-wrong drafter @cost vs llama plain
+    python benchmarks/engine_speed.py draft   [-m MODEL -md DRAFT]        # P2: draft-model @cost vs none (bundled pair)
+    python benchmarks/engine_speed.py batch   -m MODEL [--conc 1,2,4,8]   # aggregate tok/s by concurrency, k chosen
+    python benchmarks/engine_speed.py prefix  -m MODEL                    # time to first token, cold vs warm
 
 P1 and "nopay" need llama.cpp's binaries (scripts/build_llama_bins.sh).
 """
@@ -28,7 +28,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.target import LlamaModel, ModelConfig
+from specstack.llama import LlamaModel, ModelConfig
 from specstack.types import Draft
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import sysinfo
 from ..errors import ModelLoadError
-from .gguf_meta import read_gguf
+from ..modelfile.meta import read_gguf
 from ..ui import fmt_bytes, table
 
 STATUSES = ("ok", "info", "warn", "fail")
@@ -69,7 +69,7 @@ def gather_facts() -> dict[str, Any]:
 
 
 def _llama_version() -> str | None:
-    from ..target import llama_version
+    from ..llama import llama_version
 
     return llama_version()
 
@@ -202,7 +202,7 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
             desc = (f"{Path(model).name}: {info.architecture}, "
                     f"{info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
                     f"{_gib(info.file_size)} on disk")
-            from .check import rewind_line
+            from ..modelfile.compat import rewind_line
 
             checks.append(Check("model", "warn" if info.rewind == "checkpoint" else "info",
                                 desc + ("" if info.recurrence == "none" else

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..paths import cache_dir
-from . import check as _check
+from . import compat as _check
 from ..errors import ModelLoadError, SpecstackError
-from .gguf_meta import GGUFInfo, read_gguf
+from .meta import GGUFInfo, read_gguf
 from ..ui import fmt_bytes, table
 
 CACHE_VERSION = 2  # 2: entries carry "rewind"

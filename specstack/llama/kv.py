@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ModelLoadError
-from ..machine import archs
+from ..modelfile import archs
 
 F16_BYTES = 2
 # Sliding-window layers by architecture where the GGUF has no ``<arch>.attention.sliding_window_pattern``, as
@@ -102,7 +102,7 @@ def check_kv_fits(kv: KVEstimate | None, role: str, name: str, per_seq: int, rel
 
     ``release`` frees what was loaded so far (the model's weights) before the error is raised.
     """
-    from ..machine.sysinfo import available_memory
+    from ..host.sysinfo import available_memory
     from ..ui import fmt_bytes
 
     room = available_memory() if kv is not None else None

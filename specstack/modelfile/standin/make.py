@@ -18,7 +18,7 @@ from .writer import write_standin_f16
 
 def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False) -> Path:
     """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, via target.py)."""
-    from ...target import quantize
+    from ...llama import quantize
 
     if ftype not in ("q8_0", "q4_k_m"):
         raise InvalidParameterError(f"cannot quantize to {ftype!r}; choose one of q8_0, q4_k_m")

@@ -33,7 +33,7 @@ import numpy as np
 from gguf import TokenType
 
 from ..errors import VocabMismatchError
-from .gguf_meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
+from .meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
 
 IDENTICAL = "identical"
 COMPATIBLE = "compatible"

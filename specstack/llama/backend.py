@@ -1,7 +1,7 @@
 """llama.cpp's process-wide side: importing llama_cpp, its backend and log, file checks, quantizing.
 
 This package is the only place that imports llama_cpp; every other module
-reaches llama.cpp through ``specstack.target``.
+reaches llama.cpp through ``specstack.llama``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def check_gguf_file(path: str | Path, role: str = "model") -> Path:
 def default_threads() -> int:
     """Physical cores: llama.cpp decoding gains nothing from SMT siblings."""
     try:
-        from ..machine.sysinfo import physical_cores
+        from ..host.sysinfo import physical_cores
 
         return max(1, physical_cores())
     except Exception:  # sysinfo missing or unreadable /proc: fall back
@@ -149,7 +149,7 @@ def usable_threads(requested: int) -> int:
     one-time measurement run for minutes.  0 (the default) means one per physical core."""
     if requested <= 0:
         return default_threads()
-    from ..machine.sysinfo import allowed_cpus
+    from ..host.sysinfo import allowed_cpus
 
     cpus = max(1, len(allowed_cpus()))
     if requested <= cpus:

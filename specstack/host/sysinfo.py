@@ -164,7 +164,7 @@ def parse_llama_system_info(raw: bytes | str) -> dict[str, str]:
 
 def llama_system_info() -> tuple[str | None, str | None]:
     """(raw system info text, error); never raises (llama.cpp is reached through target.py)."""
-    from ..target import llama_system_info as info
+    from ..llama import llama_system_info as info
 
     return info()
 
