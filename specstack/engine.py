@@ -19,16 +19,19 @@ first).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from .calibration import BackgroundCalibration, Measured, ensure_shapes
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
-from .draft_length.costs import ensure_shapes
 from .drafters.base import Drafter, DraftRequest
+from .constraints import ConstraintState, for_target
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
@@ -37,9 +40,6 @@ from .llama.api import EngineTarget
 from .llama.batching import Segment
 from .types import Draft, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
-
-if TYPE_CHECKING:
-    from .draft_length.background import BackgroundCalibration
 
 
 @dataclass
@@ -75,14 +75,15 @@ class Engine:
     """
 
     def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None,
-                 prompt_cache_bytes: int = 0, background: "BackgroundCalibration | None" = None,
+                 prompt_cache_bytes: int = 0, background: BackgroundCalibration | None = None,
                  batch_tokens: int | None = None, prefill_cap: int | None = None) -> None:
         self.target = target
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
         self.policy = policy
-        # A first run's measurements (``draft_length.background``): each step lends them its own duration.
+        # A first run's measurements (``calibration.background``): each step lends them its own duration, and
+        # the engine applies their result (``idle``).
         self.background = background
         if not target.shapes.settled:
             ensure_shapes(target)  # which call shapes keep output exact: measured once per model, cached
@@ -120,9 +121,19 @@ class Engine:
             parent = self.policy
             policy = parent.fork() if parent is not None else FixedK(config.k)
         gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
+        gen.constraint = self._constraint(config)
         gen.parent_policy = parent
         self._waiting.append(gen)
         return gen
+
+    def _constraint(self, config: GenerationConfig) -> ConstraintState | None:
+        """A generation's logit controls over this target (a bad grammar or token id fails here, before a slot)."""
+        target = self.target
+        bad = [t for t in config.stop_token_ids if not 0 <= t < target.n_vocab]
+        if bad:
+            raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
+        return for_target(config.constraints, target.n_vocab, self._eog, frozenset(config.stop_token_ids),
+                          getattr(target, "grammar", None))
 
     def cancel(self, gen: Generation) -> None:
         """Stop a generation between steps; its KV cells and drafter state are freed."""
@@ -170,14 +181,41 @@ class Engine:
             self.idle(time.perf_counter() - t0)
 
     def idle(self, seconds: float) -> bool:
-        """Lend ``seconds`` to the background measurement, if one is left, and adopt its result when it can be.
+        """Lend ``seconds`` to the background measurement, if one is left, and apply its result when it can be.
         Returns whether one is still left."""
-        if self.background is None:
+        background = self.background
+        if background is None:
             return False
-        self.background.lend(seconds)
-        if self.background.adopt(self):
+        background.lend(seconds)
+        measured = background.result()
+        if measured is not None and self._apply(measured):
+            background.report(self.target.shapes)
             self.background = None
         return self.background is not None
+
+    def finish_calibration(self) -> None:
+        """Run what is left of the background measurement to its end now (nothing runs), then apply it."""
+        if self.background is not None:
+            self.background.say_finishing()
+            self.idle(math.inf)
+
+    def _apply(self, measured: Measured) -> bool:
+        """Put a finished background measurement in force, if it is compatible with what is running: shapes that
+        change how one-token steps are padded wait until no generation holds a slot, as KV decoded with the other
+        padding would not extend exactly.  True once nothing is left to do (applied, or failed: the provisional
+        settings then stay)."""
+        shapes = measured.shapes
+        if shapes is None:
+            return True
+        changes_steps = shapes.exact and shapes.min_rows != self.target.shapes.min_rows
+        if changes_steps and self.running:
+            return False
+        if changes_steps:
+            self.forget_decoded()
+        self.target.set_shapes(shapes)
+        if measured.costs is not None and measured.provisional is not None:  # the model the policies share
+            measured.provisional.adopt(dataclasses.replace(measured.costs, shapes=self.target.shapes))
+        return True
 
     def forget_decoded(self) -> None:
         """Forget every prefix the slots and the host cache hold (their KV stays until overwritten): shapes that
@@ -385,6 +423,8 @@ class Engine:
             verify_s = (t2 - t1) * share
             gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s)
             committed = self._commit(gen, result.token_ids)
+            if gen.constraint is not None and not gen.stats.stop_reason:
+                gen.constraint.commit(committed)
             if gen.config.logprobs is not None:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
@@ -418,7 +458,7 @@ class Engine:
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
             load = (SOLO if len(gens) == 1 and free is None else
                     BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
-            tree = (gen.config.sampling.greedy and target.unified and target.n_slots == 1 and target.n_seq_max > 1
+            tree = (gen.config.sampling.greedy and gen.constraint is None and target.unified and target.n_slots == 1 and target.n_seq_max > 1
                     and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
@@ -444,6 +484,8 @@ class Engine:
                 w.draft_s = spent
                 if draft.token_ids:
                     w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
+                if w.gen.constraint is not None and w.draft.token_ids:  # cut at the grammar's first refusal
+                    w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
 
     def _fit(self, draft: Draft, budget: Budget, sampling: SamplingParams) -> Draft:
         """Cut a draft to the budget; a tree also to what the target can verify exactly in one call.
@@ -476,8 +518,10 @@ class Engine:
         all_logits = target.decode(segments)
         results = []
         for w, logits, start in zip(work, all_logits, n_past):
-            sampling = w.gen.config.sampling
-            if sampling.greedy:
+            sampling, constraint = w.gen.config.sampling, w.gen.constraint
+            if constraint is not None:
+                result = self._verify_constrained(w, logits, constraint)
+            elif sampling.greedy:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
                 uniforms = w.gen.uniforms.at(len(w.gen.output_ids), len(w.draft.token_ids) + 1)
@@ -486,6 +530,16 @@ class Engine:
             self._note_logprobs(w.gen, logits, result)
             results.append(result)
         return results
+
+    @staticmethod
+    def _verify_constrained(w: _Work, logits: np.ndarray, constraint: ConstraintState) -> VerifyResult:
+        """Verification with the generation's logit controls applied at every row, as plain decoding applies them."""
+        gen, draft = w.gen, w.draft.token_ids
+        n_out = len(gen.output_ids)
+        if gen.config.sampling.greedy:
+            return verify_greedy(draft, constraint.choose(logits, draft, gen.context, n_out))
+        p = constraint.probs(logits, draft, gen.context, n_out, gen.config.sampling)
+        return verify_sampling(draft, w.draft.q, p, gen.rng, gen.uniforms.at(n_out, len(draft) + 1))
 
     @staticmethod
     def _note_logprobs(gen: Generation, logits: np.ndarray, result: VerifyResult, rows: Sequence[int] | None = None) -> None:
@@ -530,7 +584,7 @@ class Engine:
             committed.append(tok)
             gen.context.append(tok)
             gen.output_ids.append(tok)
-            if tok in self._eog:
+            if tok in self._eog or tok in gen.config.stop_token_ids:
                 stats.stop_reason = "eos"
                 break
             if gen.stop_text.feed(self.target.token_bytes(tok)):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .draft_length import MAX_DRAFT, DraftLengthPolicy
 from .drafters.base import Drafter
+from .constraints import Constraints, ConstraintState
 from .errors import InvalidParameterError
 from .metrics import GenerationStats
 from .sampling import MAX_LOGPROBS, PositionUniforms, SamplingParams
@@ -34,6 +35,8 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     k: int = 4
     logprobs: int | None = None  # None: none; n >= 0: each token's logprob and its n most likely alternatives
+    constraints: Constraints = field(default_factory=Constraints)  # logit bias, penalties, min_tokens, grammar
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation as end-of-generation does (not output)
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -116,6 +119,7 @@ class Generation:
         self.logprobs: list[TokenLogprob] = []  # per output token, when config.logprobs is set
         self.step_logprobs: list[TokenLogprob] = []  # the current step's, before stop conditions cut it
         self.context = list(prompt_ids)  # committed tokens, including pending
+        self.constraint: ConstraintState | None = None  # the logit controls' state, when the config has any
         self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
         self.stop_text = _StopText(config.stop)
         self.rng = config.sampling.rng()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ModelLoadError
 from .backend import init_backend, llama_cpp_module, check_gguf_file
@@ -14,6 +14,9 @@ from .backend import init_backend, llama_cpp_module, check_gguf_file
 ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED = 1 << 0, 1 << 3, 1 << 4
 ATTR_LSTRIP, ATTR_RSTRIP = 1 << 7, 1 << 8
 SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 class Vocabulary:
@@ -107,6 +110,12 @@ class Vocabulary:
         if not hasattr(self, "_eog"):
             self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
         return self._eog
+
+    def grammar(self, gbnf: str) -> "Grammar":
+        """A GBNF grammar's start state over this vocabulary (llama.cpp's grammar engine)."""
+        from .grammar import Grammar
+
+        return Grammar(self._vocab, gbnf, self.n_vocab)
 
 
 class VocabModel(Vocabulary):

@@ -1,0 +1,210 @@
+"""What a request does to the target's logits before choosing a token: logit bias, penalties, min_tokens, a grammar.
+
+Plain and speculative decoding must choose from the same distribution at every position, so each
+verification row is shaped with the history plain decoding would have there: row i of a step sees
+the context plus the first i draft tokens (for the penalties' window and ``min_tokens``) and the
+grammar state advanced along those draft tokens.  The order is llama.cpp's sampler chain: logit
+bias, then penalties (``llama_sampler_init_penalties``: over the last ``repeat_last_n`` tokens of
+prompt and output, a logit ``l`` of a token seen ``c`` times becomes ``l / r`` if ``l > 0`` else ``l * r``,
+minus ``c * frequency_penalty + presence_penalty``), then the grammar, then the sampling filters of
+``sampling.target_probs``.
+
+Greedy rows look for the constrained argmax among the best logits first and ask the grammar about the
+whole vocabulary only when none of them is allowed (as llama-server checks its sampled token first).
+A draft is cut at its first token the grammar refuses, before it costs a verification row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from .errors import InvalidParameterError
+from .sampling import SamplingParams, target_probs
+
+if TYPE_CHECKING:
+    from .llama.grammar import Grammar
+
+TOP_FIRST = (16, 256)  # greedy: the best logits checked against the grammar before the whole vocabulary is
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """A request's logit controls.  The defaults change nothing (``active`` is False)."""
+
+    repeat_penalty: float = 1.0  # 1.0 = off
+    repeat_last_n: int = 64  # tokens of history the penalties look at; 0 = none, -1 = the whole context
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans the token
+    min_tokens: int = 0  # no end of generation (or stop token) before this many output tokens
+    ignore_eos: bool = False  # end-of-generation tokens are banned (llama-server's ignore_eos)
+    grammar: str | None = None  # GBNF, enforced by llama.cpp's grammar engine
+
+    def __post_init__(self) -> None:
+        if not (self.repeat_penalty > 0.0 and np.isfinite(self.repeat_penalty)):
+            raise InvalidParameterError(f"repeat_penalty must be > 0 (got {self.repeat_penalty}); use 1.0 for none")
+        if self.repeat_last_n < -1:
+            raise InvalidParameterError(f"repeat_last_n must be >= -1 (got {self.repeat_last_n}); -1 means the "
+                                        "whole context, 0 no penalty window")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidParameterError(f"{name} must be in [-2, 2] (got {value}), as in the OpenAI API")
+        for tok, bias in self.logit_bias:
+            if tok < 0:
+                raise InvalidParameterError(f"logit_bias: token id {tok} is negative")
+            if not (bias == -np.inf or -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT):
+                raise InvalidParameterError(f"logit_bias for token {tok} must be in [-100, 100] (got {bias})")
+        if self.min_tokens < 0:
+            raise InvalidParameterError(f"min_tokens must be >= 0 (got {self.min_tokens})")
+        if self.grammar is not None and not self.grammar.strip():
+            raise InvalidParameterError("grammar is empty; leave it out for unconstrained output")
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                            or self.presence_penalty != 0.0)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.penalized or self.logit_bias or self.min_tokens or self.ignore_eos or self.grammar)
+
+
+class ConstraintState:
+    """One generation's constraints as they stand after its committed tokens.
+
+    ``cut`` walks a draft through a copy of the grammar, ``choose`` and ``probs`` shape the verification
+    rows along the draft (on another copy), and ``commit`` advances the state by the tokens the step
+    committed: the committed state never sees a draft token the target did not take.
+    """
+
+    def __init__(self, constraints: Constraints, n_vocab: int, eog_ids: frozenset[int],
+                 stop_ids: frozenset[int] = frozenset(), grammar: "Grammar | None" = None) -> None:
+        self.c = constraints
+        self.n_vocab = n_vocab
+        self.grammar = grammar
+        bias = {t: b for t, b in constraints.logit_bias}
+        bad = [t for t in bias if t >= n_vocab]
+        if bad:
+            raise InvalidParameterError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+        if constraints.ignore_eos:
+            bias.update({t: -np.inf for t in eog_ids})
+        self._bias_ids = np.array(sorted(bias), dtype=np.int64)
+        self._bias = np.array([bias[t] for t in sorted(bias)], dtype=np.float32)
+        self._ends = np.array(sorted(eog_ids | stop_ids), dtype=np.int64)
+
+    # -- the draft -----------------------------------------------------------
+
+    def cut(self, draft: Sequence[int]) -> int:
+        """How many of ``draft``'s tokens the grammar allows in a row (walked on a copy of the state)."""
+        if self.grammar is None:
+            return len(draft)
+        state = self.grammar.copy()  # one copy a walk: a large grammar (many tools) copies in about 0.5 ms
+        for i, tok in enumerate(draft):
+            if not state.allowed([tok])[0]:
+                return i
+            state.accept(tok)
+        return len(draft)
+
+    # -- the verification rows ----------------------------------------------
+
+    def choose(self, logits: np.ndarray, draft: Sequence[int], context: Sequence[int], n_output: int) -> list[int]:
+        """The target's constrained argmax at each row, stopping at the first row that disagrees with the draft.
+
+        Row i conditions on ``context + draft[:i]``; a row past a disagreement is never needed.
+        """
+        state = self.grammar.copy() if self.grammar is not None else None
+        choices: list[int] = []
+        for i in range(len(draft) + 1):
+            row = self.shaped(logits[i], context, draft[:i], n_output + i)
+            choices.append(self._argmax(row, state))
+            if i == len(draft) or choices[-1] != draft[i]:
+                break
+            if state is not None:
+                state.accept(draft[i])
+        return choices
+
+    def probs(self, logits: np.ndarray, draft: Sequence[int], context: Sequence[int], n_output: int,
+              sampling: SamplingParams) -> np.ndarray:
+        """p at each of the k + 1 rows, from the shaped logits (the grammar masks the whole vocabulary)."""
+        state = self.grammar.copy() if self.grammar is not None else None
+        rows = []
+        for i in range(len(draft) + 1):
+            row = self.shaped(logits[i], context, draft[:i], n_output + i)
+            if state is not None:
+                row[~state.mask()] = -np.inf
+                if i < len(draft):
+                    state.accept(draft[i])  # drafts are cut to what the grammar allows
+            if not np.isfinite(row.max()):
+                row[self._ends] = 0.0  # nothing allowed: end here (llama.cpp would abort)
+            rows.append(row)
+        return target_probs(np.stack(rows), sampling)
+
+    def shaped(self, row: np.ndarray, context: Sequence[int], drafted: Sequence[int], position: int) -> np.ndarray:
+        """A float32 copy of one row of logits with bias, penalties and min_tokens applied (not the grammar)."""
+        out = np.array(row, dtype=np.float32, copy=True)
+        if len(self._bias_ids):
+            out[self._bias_ids] += self._bias
+        if self.c.penalized:
+            self._penalize(out, context, drafted)
+        if position < self.c.min_tokens and len(self._ends):
+            out[self._ends] = -np.inf
+        return out
+
+    def _penalize(self, out: np.ndarray, context: Sequence[int], drafted: Sequence[int]) -> None:
+        n = self.c.repeat_last_n
+        if n < 0:
+            window = list(context) + list(drafted)
+        else:
+            window = (list(context[-n:]) + list(drafted))[-n:]
+        if not window:
+            return
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        vals = out[ids]
+        r = self.c.repeat_penalty
+        vals = np.where(vals <= 0, vals * r, vals / r)
+        vals -= counts * self.c.frequency_penalty + self.c.presence_penalty
+        out[ids] = vals
+
+    def _argmax(self, row: np.ndarray, state: "Grammar | None") -> int:
+        """The best token the grammar allows: the argmax, then the best few, then the whole vocabulary."""
+        best = int(row.argmax())
+        if state is None or state.allowed([best])[0]:
+            return best
+        for n in TOP_FIRST:
+            if n >= len(row):
+                break
+            top = np.argpartition(-row, n)[:n]
+            top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, as argmax breaks them
+            for tok, ok in zip(top.tolist(), state.allowed(top.tolist())):
+                if ok and np.isfinite(row[tok]):
+                    return int(tok)
+        masked = np.where(state.mask(), row, -np.inf)
+        if not np.isfinite(masked.max()):
+            return int(self._ends[0]) if len(self._ends) else best  # nothing allowed: end here
+        return int(masked.argmax())
+
+    # -- after the step --------------------------------------------------------
+
+    def commit(self, token_ids: Sequence[int]) -> None:
+        """Advance the grammar by this step's committed tokens (each was allowed where it stands)."""
+        if self.grammar is not None:
+            for tok in token_ids:
+                self.grammar.accept(tok)
+
+
+def for_target(constraints: Constraints, n_vocab: int, eog_ids: frozenset[int], stop_ids: frozenset[int],
+               grammar_factory: Callable[[str], "Grammar"] | None) -> ConstraintState | None:
+    """The state a generation starts with, or None when its constraints change nothing."""
+    if not constraints.active:
+        return None
+    grammar = None
+    if constraints.grammar is not None:
+        if grammar_factory is None:
+            raise InvalidParameterError("this target cannot enforce a grammar")
+        grammar = grammar_factory(constraints.grammar)
+    return ConstraintState(constraints, n_vocab, eog_ids, stop_ids, grammar)
