@@ -96,6 +96,8 @@ class ConstraintState:
         self._bias_ids = np.array(sorted(bias), dtype=np.int64)
         self._bias = np.array([bias[t] for t in sorted(bias)], dtype=np.float32)
         self._ends = np.array(sorted(eog_ids | stop_ids), dtype=np.int64)
+        # Whether a row needs a shaped copy at all (a grammar alone only picks among the row's own values).
+        self._shapes = bool(len(self._bias_ids) or constraints.penalized or constraints.min_tokens)
 
     # -- the draft -----------------------------------------------------------
 
@@ -120,7 +122,7 @@ class ConstraintState:
         state = self.grammar.copy() if self.grammar is not None else None
         choices: list[int] = []
         for i in range(len(draft) + 1):
-            row = self.shaped(logits[i], context, draft[:i], n_output + i)
+            row = self.shaped(logits[i], context, draft[:i], n_output + i) if self._shapes else logits[i]
             choices.append(self._argmax(row, state))
             if i == len(draft) or choices[-1] != draft[i]:
                 break
