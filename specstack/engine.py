@@ -24,7 +24,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -76,8 +76,12 @@ class Engine:
 
     def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None,
                  prompt_cache_bytes: int = 0, background: BackgroundCalibration | None = None,
-                 batch_tokens: int | None = None, prefill_cap: int | None = None) -> None:
+                 batch_tokens: int | None = None, prefill_cap: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.target = target
+        # Every time the engine measures (steps, drafts, prefill, first token) is read from ``clock``: the wall
+        # clock, or a replayed run's (``bench.recorded.RecordedTarget.clock``: its target calls as priced).
+        self.clock = clock
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
@@ -123,6 +127,7 @@ class Engine:
         gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
         gen.constraint = self._constraint(config)
         gen.parent_policy = parent
+        gen.submitted = self.clock()
         self._waiting.append(gen)
         return gen
 
@@ -165,7 +170,7 @@ class Engine:
 
     def step(self) -> None:
         """Admit waiting generations into free slots, then advance every running one by one step."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._admit()
         if not self._running and not self._prefilling:
             return
@@ -178,7 +183,7 @@ class Engine:
                 self.cancel(gen)
             raise
         if self.background is not None:
-            self.idle(time.perf_counter() - t0)
+            self.idle(self.clock() - t0)
 
     def idle(self, seconds: float) -> bool:
         """Lend ``seconds`` to the background measurement, if one is left, and apply its result when it can be.
@@ -283,7 +288,7 @@ class Engine:
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         """Give ``gen`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
         (``batch_tokens`` None) or chunk by chunk in the coming steps (``_prefill_some``)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         slot.gen, gen.seq, gen.status, gen.started = gen, slot.seq, "prefilling", t0
         self._prefilling.append(gen)
         if reuse:
@@ -314,14 +319,14 @@ class Engine:
         """Prefill up to ``tokens`` more of ``gen``'s prompt (rounded to chunk edges, at least to the next one);
         once all but its last token are in, it starts decoding.  Returns the tokens prefilled."""
         slot, target = self._slots[gen.seq], self.target
-        t0 = time.perf_counter()
+        t0 = self.clock()
         at, end = target.seq_len[slot.seq], len(gen.prompt_ids) - 1
         chunk = max(1, min(target.config.prefill_chunk, target.batch_cap))
         stop = end if at + tokens >= end else min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
         if stop > at:
             target.prefill(gen.prompt_ids[at:stop], slot.seq)
-            self._observe_prefill(stop - at, time.perf_counter() - t0)
-        gen.stats.prefill_s += time.perf_counter() - t0
+            self._observe_prefill(stop - at, self.clock() - t0)
+        gen.stats.prefill_s += self.clock() - t0
         if stop >= end:
             self._begin(gen, slot)
         return max(0, stop - at)
@@ -355,7 +360,7 @@ class Engine:
 
     def _begin(self, gen: Generation, slot: _Slot) -> None:
         """The prompt is in (all but the pending last token): the generation decodes from the next step."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._prefilling.remove(gen)
         self._running.append(gen)
         gen.status = "running"
@@ -364,7 +369,7 @@ class Engine:
         gen.stats.rewind = self.target.strategy
         if self.target.is_recurrent:
             gen.stats.trees = f"chains: a {self.target.memory} target needs one recurrent state per branch"
-        gen.stats.prefill_s += time.perf_counter() - t0
+        gen.stats.prefill_s += self.clock() - t0
 
     def _release(self, gen: Generation, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
@@ -383,7 +388,7 @@ class Engine:
                 self.target.reset(slot.seq)
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
-            slot.gen, slot.released = None, time.perf_counter()
+            slot.gen, slot.released = None, self.clock()
             slot.writes = self.target.writes[slot.seq]
 
     def _finish(self, gen: Generation) -> None:
@@ -391,7 +396,7 @@ class Engine:
         gen.stats.n_tokens = len(gen.output_ids)
         # The clock stops at the last token: what a drafter does after the request
         # (the suffix drafter files the output into its global tree) is off the token path.
-        end = time.perf_counter()
+        end = self.clock()
         gen.stats.total_s = end - gen.started
         if gen.stats.n_tokens > 1 and gen.stats.ttft_s > 0:  # mean gap between tokens after the first
             gen.stats.itl_s = (end - gen.submitted - gen.stats.ttft_s) / (gen.stats.n_tokens - 1)
@@ -404,14 +409,14 @@ class Engine:
 
     def _advance(self, gens: list[Generation]) -> int:
         """One step of every running generation; returns the rows it verified."""
-        t_begin = time.perf_counter()
+        t_begin = self.clock()
         work = self._budgets(gens)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._propose(work)
-        t1 = time.perf_counter()
+        t1 = self.clock()
         rewind0 = self.target.rewind.seconds
         results = self._verify(work)
-        t2 = time.perf_counter()
+        t2 = self.clock()
         rewind_s = self.target.rewind.seconds - rewind0
         drafted = sum(1 for w in work if w.draft.token_ids)
         for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
@@ -429,7 +434,7 @@ class Engine:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
             gen.drafter.advance(committed, result.n_accepted, gen.seq)
-            other = ((t0 - t_begin) + (time.perf_counter() - t2)) * share  # bookkeeping, not the consumer's time
+            other = ((t0 - t_begin) + (self.clock() - t2)) * share  # bookkeeping, not the consumer's time
             gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other))
             gen._emit(gen.stop_text.take(final=False))
             if gen.stats.stop_reason:
@@ -477,9 +482,9 @@ class Engine:
             if w.budget.max_tokens > 0:
                 groups.setdefault(id(w.gen.drafter), []).append(w)
         for group in groups.values():
-            t0 = time.perf_counter()
+            t0 = self.clock()
             drafts = group[0].gen.drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget) for w in group])
-            spent = (time.perf_counter() - t0) / len(group)
+            spent = (self.clock() - t0) / len(group)
             for w, draft in zip(group, drafts):
                 w.draft_s = spent
                 if draft.token_ids:
@@ -579,7 +584,7 @@ class Engine:
         stats = gen.stats
         committed: list[int] = []
         if not gen.output_ids and token_ids:
-            stats.ttft_s = time.perf_counter() - gen.submitted
+            stats.ttft_s = self.clock() - gen.submitted
         for tok in token_ids:
             committed.append(tok)
             gen.context.append(tok)

@@ -223,12 +223,18 @@ def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
     results = load_results(out / "results.json")
     live = {r["request"]: r["stats"] for r in results["runs"] if r["method"] == "prompt-lookup" and r["temperature"] == 0}
     got = replay.replay(results, ["prompt-lookup"], [2])
-    assert len(got["requests"]) == 2
-    for r in got["requests"]:
+    drafted = [r for r in got["requests"] if r["method"] == "prompt-lookup"]
+    assert len(drafted) == 2 and len(got["requests"]) == 4  # plain decoding is replayed too: the speedup's base
+    for r in drafted:
         assert (r["n_drafted"], r["n_accepted"]) == (live[r["request"]]["n_drafted"], live[r["request"]]["n_accepted"])
         assert r["steps"] == live[r["request"]]["steps"]
-    assert sum(r["n_accepted"] for r in got["requests"]) > 0, "nothing accepted: equality would prove nothing"
-    assert all(row["same_as_live"] for row in got["rows"])
+    assert sum(r["n_accepted"] for r in drafted) > 0, "nothing accepted: equality would prove nothing"
+    rows = [row for row in got["rows"] if row["method"] == "prompt-lookup"]
+    assert rows and all(row["same_as_live"] for row in rows)
+    for row in got["rows"]:  # priced by the run's cost curve, beside the live run's rate
+        assert row["est_tokens_per_second"] > 0 and row["live_tokens_per_second"] > 0
+    plain = next(row for row in got["rows"] if row["method"] == "none")
+    assert plain["est_speedup"] == 1.0 and plain["same_as_live"] is None
 
 
 def test_replay_cli_prints_a_table(capsys, tiny_run):
@@ -236,13 +242,14 @@ def test_replay_cli_prints_a_table(capsys, tiny_run):
     code, stdout, _ = run_cli(capsys, "bench", "replay", str(out / "results.json"), "--methods", "prompt-lookup,suffix")
     assert code == 0
     assert "| prompt-lookup | 2 | all |" in stdout and "| suffix | 2 | all |" in stdout and "| yes |" in stdout
+    assert "| none | - | all |" in stdout and "est. tok/s" in stdout and "live tok/s" in stdout
 
 
-# -- replay bookkeeping on literal tokens ----------------------------------------------------------
+# -- replay on a recorded target: the engine's own loop over literal tokens ---------------------------
 
 
 class _Scripted:
-    """Proposes a fixed list of drafts in order; records what it observed."""
+    """Proposes a fixed list of drafts in order (chains, or trees given as (tokens, parents)); records what it saw."""
 
     name = "scripted"
 
@@ -254,7 +261,12 @@ class _Scripted:
 
     def propose(self, requests):
         self.ks.extend(r.budget.max_tokens for r in requests)
-        return [Draft(tuple(self.drafts.pop(0)) if self.drafts else (), self.name) for _ in requests]
+        out = []
+        for _ in requests:
+            d = self.drafts.pop(0) if self.drafts else []
+            tokens, parents = d if isinstance(d, tuple) else (d, None)
+            out.append(Draft(tuple(tokens), self.name, parents=None if parents is None else tuple(parents)))
+        return out
 
     def advance(self, new_ids, n_accepted, seq=0):
         self.observed.append((list(new_ids), n_accepted))
@@ -263,16 +275,111 @@ class _Scripted:
         pass
 
 
-def test_replay_accepts_the_matching_prefix_plus_one_target_token():
-    # Output [4, 5, 6, 7, 8, 9]: the first token comes from a plain step, as in the engine; then draft
-    # [5, 6, 1] keeps 5, 6 and the target's 7; then [8, 9] is cut to k = min(3, tokens left - 1) = 1, so
-    # only 8 is drafted and 9 comes from the target.
+CURVE = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]  # t(n) = n seconds: a priced call's seconds are its rows
+
+
+def _recorded(shapes=None, **kw):
+    from specstack.bench.recorded import Recording, RecordedTarget, pricing_model
+    from specstack.llama.batching import BatchShapes
+
+    return RecordedTarget([Recording((1, 2), (4, 5, 6, 7, 8, 9))], n_vocab=16, n_ctx=64,
+                          shapes=shapes or BatchShapes(min_rows=2, settled=True), costs=pricing_model(CURVE), **kw)
+
+
+def _replayed(target, drafter, k=3, prompt=(1, 2), max_tokens=6):
+    from specstack.engine import Engine
+    from specstack.generation import GenerationConfig
+
+    return Engine(target, drafter, clock=target.clock).generate(list(prompt), GenerationConfig(max_tokens=max_tokens, k=k)).run()
+
+
+def test_replay_runs_the_engine_loop_and_prices_its_calls():
+    # Output [4, 5, 6, 7, 8, 9]: the first token comes from the engine's plain step (one row, padded to
+    # min_rows 2); then draft [5, 6, 1] keeps 5, 6 and the target's 7 (4 rows); then [8, 9] is cut by the
+    # engine to k = min(3, tokens left - 1) = 1, so only 8 is verified (2 rows) and 9 is the target's.
     d = _Scripted([[5, 6, 1], [8, 9]])
-    s = replay.replay_request(d, [1, 2], [4, 5, 6, 7, 8, 9], k=3, max_tokens=6, capacity=511)
+    target = _recorded()
+    gen = _replayed(target, d)
+    s = gen.stats
+    assert gen.output_ids == [4, 5, 6, 7, 8, 9]
     assert d.observed == [([4], 0), ([5, 6, 7], 2), ([8, 9], 1)]
     assert d.ks == [3, 1]
     assert (s.n_steps, s.n_drafted, s.n_accepted, s.n_tokens) == (3, 4, 3, 6)
     assert s.steps == [("scripted", 0, 0), ("scripted", 3, 2), ("scripted", 1, 1)]
+    assert target.call_rows == [2, 2, 4, 2]  # the prefill of [1] (padded), then the three steps
+    # The engine's clock saw each call at its price: verification t(2) + t(4) + t(2) = 8 s; the prefill's t(2)
+    # is prompt time, outside decode time.
+    assert s.verify_s == pytest.approx(8.0, abs=0.05) and s.decode_s == pytest.approx(8.0, abs=0.05)
+    assert s.prefill_s == pytest.approx(2.0, abs=0.05)
+
+
+def test_recorded_calls_are_split_and_padded_as_the_target_would():
+    import dataclasses
+
+    from specstack.llama.batching import BatchShapes
+
+    # Exact shapes that split at 3 rows: a 5-row verification is two calls, 3 + 2 rows.
+    target = _recorded(BatchShapes(min_rows=2, max_rows=3, settled=True))
+    _replayed(target, _Scripted([[5, 6, 7, 8]]), k=4)
+    assert target.call_rows[:3] == [2, 2, 3] and target.call_rows[3] == 2
+    # Without exactness, calls are padded to the cheapest size on the curve (pad_to): 3 rows run as 4.
+    loose = dataclasses.replace(BatchShapes(min_rows=1, settled=True, exact=False), pad_to=(1, 2, 4, 4, 8, 8, 8, 8))
+    target = _recorded(loose)
+    gen = _replayed(target, _Scripted([[5, 1]]), k=2)
+    assert target.call_rows[:3] == [1, 1, 4] and gen.stats.steps[1] == ("scripted", 2, 1)
+
+
+def test_recorded_tree_follows_the_recorded_branch():
+    from specstack.llama.batching import BatchShapes
+
+    # Branches [5, 6] and [5, 9] and [3]: the target follows 5 then 6 (its recorded tokens), rejects the rest.
+    shapes = BatchShapes(min_rows=1, settled=True, tree_exact=True)
+    target = _recorded(shapes, n_seq_max=4)
+    d = _Scripted([([3, 5, 6, 9], [-1, -1, 1, 1])])
+    gen = _replayed(target, d, k=4)
+    assert gen.output_ids == [4, 5, 6, 7, 8, 9]
+    assert gen.stats.n_tree_steps == 1 and gen.stats.steps[1] == ("scripted", 4, 2)
+    assert target.tree_relayouts == 1  # 5, 6 were not the first branch: decoded again as a chain, one more call
+    assert target.call_rows[2:4] == [5, 3]
+
+
+def test_recorded_target_refuses_a_context_it_has_no_recording_for():
+    from specstack.bench.recorded import RecordingError
+
+    with pytest.raises(RecordingError, match="no recording holds this context"):
+        _replayed(_recorded(), _Scripted([]), prompt=(1, 3))
+
+
+def test_replay_reproduces_the_live_engine_step_by_step(target):
+    """For fixed k, the recorded target gives the engine exactly what the live target gave: every step drafts and
+    accepts as live did, for a lookup, a retrieval and a model drafter."""
+    from specstack.bench.recorded import Recording, RecordedTarget
+    from specstack.drafters import BuildContext, create
+    from specstack.engine import Engine
+    from specstack.generation import GenerationConfig
+
+    rows = [json.loads(line) for line in workloads.resolve("code-grounded").read_text().splitlines()[:2]]
+    prompts = [target.tokenize(r["prompt"]) for r in rows]
+    configs = [("none", 1), ("prompt-lookup", 3), ("suffix", 4), ("draft-model", 2)]
+
+    def run(tgt, clock=None):
+        got = {}
+        for method, k in configs:
+            drafter = create(method, BuildContext(target=tgt, options={}, temperature=0.0))
+            engine = Engine(tgt, drafter, **({"clock": clock} if clock else {}))
+            for i, p in enumerate(prompts):
+                g = engine.generate(p, GenerationConfig(max_tokens=32, k=k)).run()
+                got[(method, i)] = (g.output_ids, g.stats.steps)
+        return got
+
+    live = run(target)
+    recorded = RecordedTarget([Recording(tuple(p), tuple(live[("none", i)][0])) for i, p in enumerate(prompts)],
+                              n_vocab=target.n_vocab, n_ctx=target.n_ctx, shapes=target.shapes, path=target.path,
+                              n_threads=target.n_threads)
+    replayed = run(recorded, recorded.clock)
+    assert replayed == live
+    for method, _k in configs[1:]:
+        assert sum(a for i in range(2) for _s, _d, a in live[(method, i)][1]) > 0, f"{method} accepted nothing"
 
 
 def test_replay_group_state_carries_over_to_the_next_request():
@@ -291,7 +398,7 @@ def test_replay_group_state_carries_over_to_the_next_request():
 
     def second(groups):
         out = replay.replay(results(groups), ["suffix"], [4])
-        return next(r for r in out["requests"] if r["request"] == "r1")["n_accepted"]
+        return next(r for r in out["requests"] if r["request"] == "r1" and r["method"] == "suffix")["n_accepted"]
 
     assert second(["g", "g"]) > second([None, None]) == 0
 

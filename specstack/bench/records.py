@@ -104,6 +104,18 @@ def config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:
         "exact": target.shapes.exact,  # --exact: False means greedy outputs may differ at near-ties, by design
         "exact_why": target.shapes.why,  # the mode as chosen (--exact, or what auto measured), for results.md
         "min_rows": target.shapes.min_rows,  # 2: one-token steps padded to two rows, so a plain step costs t(2)
+        # What replay's recorded target needs to split and pad each step's calls as this run's target did
+        # (``bench.recorded``), and which drafts it could verify (trees, a recurrent state's reach).
+        "shapes": {**target.shapes.to_dict(), "pad_to": list(target.shapes.pad_to),
+                   "even_rows": target.shapes.even_rows},
+        "batch_cap": target.batch_cap,
+        "prefill_chunk": target.config.prefill_chunk,
+        "n_slots": target.n_slots,
+        "n_seq_max": target.n_seq_max,
+        "unified": target.unified,
+        "memory": target.memory,
+        "strategy": target.strategy,
+        "max_draft": target.max_draft,
     }
     draft = config.drafter_options.get("draft_model")
     d["draft"] = {"path": str(draft), "name": Path(draft).name} if draft else None

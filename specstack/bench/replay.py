@@ -1,21 +1,23 @@
-"""Model-free replay: a drafter's acceptance on recorded target outputs, with no target loaded.
+"""Replay: the real engine, drafters and k policies over a run's recorded outputs, priced by its measured t(n).
 
-The idea is ArcticInference's suffix-decoding simulator.  A bench run stores
-each prompt's token ids and the plain (temperature 0) output's token ids.  At
-temperature 0 the target's next token at every position *is* the recorded
-one, so the engine's greedy bookkeeping can be replayed exactly: each step
-``propose(context, k)``, accept the longest prefix matching the recorded
-continuation, commit it plus one target token, ``observe``.  The draft budget
-per step is the engine's: min(k, tokens left - 1, context room).  Groups
-replay in order on one drafter, as they ran.
+The idea is ArcticInference's suffix-decoding simulator, run on the engine itself.  A bench run
+stores each prompt's token ids and the plain (temperature 0) output's token ids; at temperature 0
+the target's token after every recorded context *is* the recorded one.  ``bench.recorded``'s
+``RecordedTarget`` answers the engine's calls from those outputs, so replay is ``Engine.generate``
+with the drafter and policy of each configuration: the budgets (the first token from a plain step,
+the caps, trees, a policy's cut), the drafts, verification and commits are the live engine's, and
+there is no second loop to keep in step with it.  Each target call is priced at t(rows) of the
+run's cost curve for the rows the engine put in it (split and padded as the run's target did), so
+the replayed decode time, and tok/s, is a prediction of the live one.  Groups and configurations
+run in the order the bench ran them (runner.py), one engine per configuration and group.
 
-Example: recorded output ``[5, 6, 7, 8]`` and a draft ``[5, 6, 9]`` at the
-first step: 2 accepted, ``[5, 6, 7]`` committed (7 is the target's token).
+Example: recorded output ``[5, 6, 7, 8]`` and a draft ``[6, 7, 9]`` after the first (plain) step:
+2 accepted, ``[6, 7, 8]`` committed (8 is the target's token).
 
-Exact for deterministic drafters (prompt-lookup, suffix, rest; draft-model at
-temperature 0, which loads only the draft GGUF).  One case can differ: when an
-output ended at EOS and a draft ran past it, the engine may count tokens
-accepted after EOS, which replay cannot know.
+Exact counts for deterministic drafters (prompt-lookup, suffix, rest; draft-model at temperature 0,
+which loads only the draft GGUF), and for k policies up to what they learn from time (``cost``
+sees priced calls and real drafting).  One case can differ: when an output ended at EOS and a draft
+ran past it, the engine may count tokens accepted after EOS, which replay cannot know.
 """
 
 from __future__ import annotations
@@ -23,66 +25,28 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..drafters import BuildContext, create
-from ..drafters.base import propose_one
-from ..errors import InvalidParameterError
-from ..metrics import GenerationStats
-from ..types import Draft
-from ..verify import matched_length
+from ..draft_length import DraftLengthPolicy
+from ..draft_length.costs import CostModel
+from ..drafters import BuildContext, Drafter, create
+from ..engine import Engine
+from ..errors import InvalidParameterError, SpecstackError
+from ..generation import GenerationConfig
+from ..loading import build_policy
+from ..sampling import SamplingParams
 from ..ui import markdown_table
-from .costcurve import cost_at
+from .config import adaptive_start
+from .recorded import RecordedTarget
 from .report import pct
-from .results import ALL, PLAIN, categories
+from .results import ALL, PLAIN, categories, representative_runs
 
 DEFAULT_METHODS = ("prompt-lookup", "suffix")
 
 
-@dataclass
-class ReplayTarget:
-    """What drafter factories may read from a target, taken from results.json (no model loaded)."""
-
-    path: Path | None
-    n_ctx: int
-    n_threads: int
-    n_vocab: int
-    capacity: int
-    n_slots: int = 1
-
-
-def replay_request(drafter: Any, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int,
-                   max_tokens: int, capacity: int) -> GenerationStats:
-    """Replay one request's greedy steps against its recorded output; the stats the engine would record."""
-    stats = GenerationStats(drafter=getattr(drafter, "name", "?"), k=k, n_prompt=len(prompt_ids))
-    context = [int(t) for t in prompt_ids]
-    recorded = [int(t) for t in output_ids]
-    done = 0
-    drafter.begin(context)
-    try:
-        while done < len(recorded):
-            room = capacity - len(context)  # = capacity - n_past - 1 (the KV holds all but the pending token)
-            if room < 0:
-                break
-            # as ``Engine._budgets``: the first token comes from a plain step
-            kk = max(0, min(k, max_tokens - done - 1, room)) if done else 0
-            t0 = time.perf_counter()
-            draft = propose_one(drafter, context, kk) if kk > 0 else Draft.empty(stats.drafter)
-            t1 = time.perf_counter()
-            tokens = tuple(draft.token_ids[:kk])
-            truth = recorded[done : done + len(tokens) + 1]  # the target's tokens at these positions
-            n_acc = matched_length(tokens, truth)
-            committed = truth[: n_acc + 1]
-            stats.record_step(draft.source, len(tokens), n_acc, t1 - t0, 0.0)
-            context.extend(committed)
-            done += len(committed)
-            drafter.advance(committed, n_acc)
-    finally:
-        drafter.end()
-    stats.n_tokens = done
-    return stats
+class ReplayError(SpecstackError):
+    """A replay did not reproduce its recording: the recorded target or the engine is wrong."""
 
 
 def recorded_outputs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -113,109 +77,161 @@ def _units(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return units
 
 
+def configurations(methods: Sequence[str], ks: Sequence[int], k_max: int | None = None) -> list[tuple[str, int]]:
+    """(method, k) as ``BenchConfig.configurations`` orders them: plain first, ``METHOD@POLICY`` once at k_max."""
+    out: list[tuple[str, int]] = [(PLAIN, 0)]
+    for m in dict.fromkeys(methods):
+        if m != PLAIN:
+            out += [(m, k_max or max(ks))] if "@" in m else [(m, k) for k in ks]
+    return out
+
+
+def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | None) -> DraftLengthPolicy | None:
+    """As the bench's: None (fixed k) or the policy after '@', capped at k; ``cost`` prices with the run's curve."""
+    if "@" not in method:
+        return None
+    name = method.split("@", 1)[1]
+    costs = None
+    if name == "cost":
+        if not curve:
+            raise InvalidParameterError(f"{method}: replaying the cost policy needs the run's cost curve "
+                                        "(the run had --no-cost-curve)")
+        costs = CostModel(list(curve), shapes=target.shapes)
+    return build_policy(name, adaptive_start(k), k_max=k, costs=costs)
+
+
+def _drafter(method: str, target: RecordedTarget, options: dict[str, Any], seed: int) -> Drafter:
+    return create(method.split("@")[0], BuildContext(target=target, options={**options, "seed": seed}, temperature=0.0))
+
+
 def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks: Sequence[int] | None = None,
-           options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Replay every (method, k) over the recorded outputs; per-request counts plus aggregates."""
+           options: dict[str, Any] | None = None, statistic: str = "min_s") -> dict[str, Any]:
+    """Replay plain decoding and every (method, k) over the recorded outputs on the engine; per-request counts
+    and predicted decode times, plus aggregates beside the live run's (``statistic``: the cost curve's
+    ``min_s``, as the cost policy reads it, or ``median_s``)."""
     cfg = results["config"]
     ks = list(ks or cfg["ks"])
-    tcfg = cfg["target"]
-    tpath = Path(tcfg["path"])
-    target = ReplayTarget(tpath if tpath.is_file() else None, tcfg["n_ctx"], tcfg["threads"],
-                          tcfg["n_vocab"], tcfg["capacity"])
-    opts = {**cfg.get("drafter_options", {}), **(options or {}), "seed": None}
+    opts = {**cfg.get("drafter_options", {}), **(options or {})}
     if opts.pop("cache_path", None) is not None:
         raise InvalidParameterError("cache_path is not allowed in a replay: a saved suffix tree would already hold "
                                     "the outputs being replayed")
+    target = RecordedTarget.from_results(results, statistic)
+    curve = (results.get("cost_curve") or {}).get(statistic)
     plain = recorded_outputs(results)
+    configs = configurations(methods, ks, cfg.get("k_max"))
     live = {(r["method"], int(r["k"]), r["request"]): r["stats"] for r in results["runs"]
             if float(r["temperature"]) == 0.0 and r["repeat"] == 0 and r["method"] != PLAIN}
     requests = [q for q in results["workload"]["requests"] if q["id"] in plain]
     per_request = []
-    for method in methods:
-        for k in ks:
-            for unit in _units(requests):
-                drafter = create(method, BuildContext(target=target, options=opts, temperature=0.0))
-                for q in unit:
-                    rec = plain[q["id"]]
-                    s = replay_request(drafter, q["prompt_ids"], rec["output_ids"], k, q["max_tokens"], target.capacity)
-                    lv = live.get((method, k, q["id"]))
-                    per_request.append({
-                        "request": q["id"], "category": q["category"], "method": method, "k": k,
-                        "n_tokens": s.n_tokens, "n_steps": s.n_steps, "n_drafted": s.n_drafted,
-                        "n_accepted": s.n_accepted, "n_committed": s.n_committed, "draft_s": s.draft_s,
-                        "steps": [list(x) for x in s.steps],
-                        "live": None if lv is None else {"n_drafted": lv["n_drafted"], "n_accepted": lv["n_accepted"]},
-                    })
-    out = {"source": results.get("workload", {}).get("name"), "methods": list(methods), "ks": ks,
-           "requests": per_request, "cost_curve": results.get("cost_curve")}
-    out["rows"] = aggregate(out, categories(results))
+    t0 = time.perf_counter()
+    for unit in _units(requests):
+        seed = unit[0].get("seed", 0)
+        engines = {(m, k): Engine(target, _drafter(m, target, opts, seed), _policy(m, k, target, curve), clock=target.clock)
+                   for m, k in configs}
+        for q in unit:  # interleaved as the bench ran them: every configuration, then the next request
+            recorded = [int(t) for t in plain[q["id"]]["output_ids"]]
+            for method, k in configs:
+                gen = engines[(method, k)].generate(q["prompt_ids"], GenerationConfig(
+                    max_tokens=q["max_tokens"], k=max(k, 1), sampling=SamplingParams(temperature=0.0, seed=q.get("seed"))))
+                gen.run()
+                if gen.output_ids != recorded:
+                    raise ReplayError(f"replaying {method} k={k} on {q['id']!r} gave another output than the recorded "
+                                      f"one ({len(gen.output_ids)} against {len(recorded)} tokens): a replay bug")
+                s = gen.stats
+                lv = live.get((method, k, q["id"]))
+                per_request.append({
+                    "request": q["id"], "category": q["category"], "method": method, "k": k,
+                    "n_tokens": s.n_tokens, "n_steps": s.n_steps, "n_drafted": s.n_drafted,
+                    "n_accepted": s.n_accepted, "n_committed": s.n_committed, "draft_s": s.draft_s,
+                    "verify_s": s.verify_s, "decode_s": s.decode_s,
+                    "steps": [list(x) for x in s.steps],
+                    "live": None if lv is None else {"n_drafted": lv["n_drafted"], "n_accepted": lv["n_accepted"]},
+                })
+    out = {"source": results.get("workload", {}).get("name"), "methods": list(dict.fromkeys(m for m, _ in configs)),
+           "configurations": [list(c) for c in configs], "ks": ks, "requests": per_request,
+           "cost_curve": results.get("cost_curve"), "statistic": statistic, "priced": target.costs is not None,
+           "replay_s": round(time.perf_counter() - t0, 3)}
+    out["rows"] = aggregate(out, categories(results), _live_rates(results, {q["id"] for q in requests}))
     return out
 
 
-def _est_time(steps: list[list[Any]], curve: dict[str, Any]) -> float | None:
-    """Verification time from the cost curve; one-token batches are padded to two, as the engine does."""
-    total = 0.0
-    for _src, drafted, _acc in steps:
-        t = cost_at(curve, max(2, int(drafted) + 1))
-        if t is None:
-            return None
-        total += t
-    return total
+def _live_rates(results: dict[str, Any], ids: set[str]) -> dict[tuple[str, int, str], tuple[int, float]]:
+    """(method, k, request) -> (tokens, decode seconds) of the run the bench report keeps (median over repeats)."""
+    timed = {**results, "runs": [r for r in results["runs"] if "decode_s" in r["stats"]]}
+    return {(m, k, req): (run["stats"]["n_tokens"], run["stats"]["decode_s"])
+            for (m, k, temp, req), run in representative_runs(timed).items() if temp == 0.0 and req in ids}
 
 
-def aggregate(out: dict[str, Any], categories: list[str]) -> list[dict[str, Any]]:
+def aggregate(out: dict[str, Any], categories: list[str],
+              live_rates: dict[tuple[str, int, str], tuple[int, float]] | None = None) -> list[dict[str, Any]]:
+    """One row per configuration x category: replayed counts, predicted tok/s and the live run's beside them."""
+    live_rates = live_rates or {}
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in out["requests"]:
         for cat in (ALL, r["category"]):
             cells[(r["method"], r["k"], cat)].append(r)
-    curve = out.get("cost_curve")
-    t2 = cost_at(curve, 2)
     rows = []
-    for method in out["methods"]:
-        for k in out["ks"]:
-            for cat in categories:
-                rs = cells.get((method, k, cat))
-                if not rs:
-                    continue
-                drafted = sum(r["n_drafted"] for r in rs)
-                accepted = sum(r["n_accepted"] for r in rs)
-                steps = sum(r["n_steps"] for r in rs)
-                tokens = sum(r["n_tokens"] for r in rs)
-                draft_s = sum(r["draft_s"] for r in rs)
-                lives = [r["live"] for r in rs if r["live"] is not None]
-                est = None
-                if curve and t2:
-                    times = [_est_time(r["steps"], curve) for r in rs]
-                    if all(t is not None for t in times):
-                        est = tokens * t2 / (sum(times) + draft_s) if tokens else None
-                rows.append({
-                    "method": method, "k": k, "category": cat, "requests": len(rs), "n_tokens": tokens,
-                    "n_drafted": drafted, "n_accepted": accepted,
-                    "acceptance_rate": accepted / drafted if drafted else None,
-                    "mean_accepted_length": sum(r["n_committed"] for r in rs) / steps if steps else None,
-                    "draft_us_per_step": 1e6 * draft_s / steps if steps else None,
-                    "est_speedup": est,
-                    "live_acceptance": (sum(x["n_accepted"] for x in lives) / max(1, sum(x["n_drafted"] for x in lives)))
-                    if lives else None,
-                    "same_as_live": (all(r["live"] == {"n_drafted": r["n_drafted"], "n_accepted": r["n_accepted"]}
-                                         for r in rs) if len(lives) == len(rs) else None),
-                })
+    for method, k in (tuple(c) for c in out["configurations"]):
+        for cat in categories:
+            rs = cells.get((method, k, cat))
+            if not rs:
+                continue
+            drafted = sum(r["n_drafted"] for r in rs)
+            accepted = sum(r["n_accepted"] for r in rs)
+            steps = sum(r["n_steps"] for r in rs)
+            tokens = sum(r["n_tokens"] for r in rs)
+            draft_s = sum(r["draft_s"] for r in rs)
+            decode_s = sum(r["decode_s"] for r in rs)
+            lives = [r["live"] for r in rs if r["live"] is not None]
+            rates = [live_rates.get((method, k, r["request"])) for r in rs]
+            live_tps = None
+            if rates and all(x is not None for x in rates) and sum(x[1] for x in rates) > 0:
+                live_tps = sum(x[0] for x in rates) / sum(x[1] for x in rates)
+            est_tps = tokens / decode_s if out.get("priced") and decode_s > 0 else None
+            rows.append({
+                "method": method, "k": k, "category": cat, "requests": len(rs), "n_tokens": tokens,
+                "n_drafted": drafted, "n_accepted": accepted,
+                "acceptance_rate": accepted / drafted if drafted else None,
+                "mean_accepted_length": sum(r["n_committed"] for r in rs) / steps if steps else None,
+                "draft_us_per_step": 1e6 * draft_s / steps if steps else None,
+                "est_tokens_per_second": est_tps,
+                "est_speedup": None,
+                "live_tokens_per_second": live_tps,
+                "est_error": est_tps / live_tps - 1 if est_tps and live_tps else None,
+                "live_acceptance": (sum(x["n_accepted"] for x in lives) / max(1, sum(x["n_drafted"] for x in lives)))
+                if lives else None,
+                "same_as_live": (all(r["live"] == {"n_drafted": r["n_drafted"], "n_accepted": r["n_accepted"]}
+                                     for r in rs) if len(lives) == len(rs) and method != PLAIN else None),
+            })
+    base = {r["category"]: r["est_tokens_per_second"] for r in rows if r["method"] == PLAIN}
+    for r in rows:
+        b = base.get(r["category"])
+        r["est_speedup"] = r["est_tokens_per_second"] / b if b and r["est_tokens_per_second"] else None
     return rows
 
 
 def render_markdown(out: dict[str, Any]) -> str:
     head = ["method", "k", "category", "drafted", "accepted", "acceptance", "mean accepted length",
-            "draft µs/step", "est. speedup (cost curve)", "live acceptance", "same counts as live"]
-    rows = [[r["method"], str(r["k"]), r["category"], str(r["n_drafted"]), str(r["n_accepted"]),
-             pct(r["acceptance_rate"]), "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
-             "-" if r["draft_us_per_step"] is None else f"{r['draft_us_per_step']:.0f}",
-             "-" if r["est_speedup"] is None else f"{r['est_speedup']:.2f}x",
-             pct(r["live_acceptance"]), {None: "-", True: "yes", False: "**no**"}[r["same_as_live"]]]
+            "draft µs/step", "est. speedup (cost curve)", "live acceptance", "same counts as live",
+            "est. tok/s", "live tok/s", "est. error"]
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    rows = [[r["method"], str(r["k"]) if r["method"] != PLAIN else "-", r["category"], str(r["n_drafted"]),
+             str(r["n_accepted"]), pct(r["acceptance_rate"]), num(r["mean_accepted_length"], ".2f"),
+             num(r["draft_us_per_step"], ".0f"), num(r["est_speedup"], ".2f") + ("x" if r["est_speedup"] else ""),
+             pct(r["live_acceptance"]), {None: "-", True: "yes", False: "**no**"}[r["same_as_live"]],
+             num(r["est_tokens_per_second"], ".0f"), num(r["live_tokens_per_second"], ".0f"),
+             "-" if r["est_error"] is None else f"{100 * r['est_error']:+.0f}%"]
             for r in out["rows"]]
     n_req = len({r["request"] for r in out["requests"]})
-    notes = (f"\nReplayed on the recorded plain outputs of `{out['source']}` ({n_req} requests, temperature 0), no "
-             "target loaded. est. speedup: plain cost n_tokens x t(2) over sum of t(drafted + 1) per step plus the "
-             "measured draft time, from the run's cost curve.\n")
+    stat = {"min_s": "fastest", "median_s": "median"}.get(out.get("statistic", "min_s"), out.get("statistic"))
+    notes = (f"\nReplayed on the engine over the recorded plain outputs of `{out['source']}` ({n_req} requests, "
+             "temperature 0), no target loaded: each target call priced at t(rows) of the run's cost curve "
+             f"({stat} rep) for the rows the engine put in it, drafting and the loop's own time as measured here. "
+             "est. tok/s: tokens over that decode time; est. speedup: over replayed plain decoding; live tok/s: the "
+             "run's (median over repeats); est. error: est. / live - 1.\n")
     return f"# specstack bench replay: {out['source']}\n\n" + markdown_table(head, rows) + "\n" + notes
 
 

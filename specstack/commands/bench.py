@@ -137,10 +137,13 @@ def _register_report(bsub: argparse._SubParsersAction) -> None:
 def _register_replay(bsub: argparse._SubParsersAction) -> None:
     from ..bench.replay import DEFAULT_METHODS
 
-    r = bsub.add_parser("replay", help="measure drafters' acceptance on recorded outputs, with no target model",
-                        description="Replay recorded plain (temperature 0) outputs from RESULTS through each "
-                        "deterministic drafter with the engine's greedy bookkeeping: acceptance in seconds, "
-                        "no target model loaded.")
+    r = bsub.add_parser("replay", help="replay recorded outputs on the engine: drafters' acceptance and predicted "
+                        "tok/s, with no target model",
+                        description="Replay the recorded plain (temperature 0) outputs in RESULTS on the engine, with "
+                        "plain decoding and each drafter (METHOD@POLICY too): the target's rows are the recorded "
+                        "tokens and each of its calls is priced at t(n) of the run's cost curve, so the table gives "
+                        "acceptance and predicted tok/s beside the run's measured ones, in seconds, with no target "
+                        "model loaded.")
     r.add_argument("results", type=Path, help="results.json (or the folder holding it)")
     r.add_argument("--methods", type=_csv(str, "--methods"), default=list(DEFAULT_METHODS),
                    help=f"comma-separated drafters (default {','.join(DEFAULT_METHODS)})")

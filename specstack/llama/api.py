@@ -1,8 +1,8 @@
 """What a target is, without llama_cpp: how to load one (``ModelConfig``) and what it offers.
 
-``target.LlamaModel`` implements ``EngineTarget``; ``bench.replay.ReplayTarget``
-implements ``Target`` (metadata only).  Drafters and the engine type against
-these protocols, so reading them needs no model and no llama.cpp.
+``llama.LlamaModel`` implements ``EngineTarget``, and so does ``bench.recorded.RecordedTarget``
+(a run's recorded outputs, its calls priced by the run's cost curve: replay).  Drafters and the
+engine type against these protocols, so reading them needs no model and no llama.cpp.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class ModelConfig:
 class Target(Protocol):
     """What drafter factories may read from a target (``BuildContext.target``).
 
-    ``LlamaModel`` implements it, and so does ``bench.replay.ReplayTarget``
-    (metadata from a results file, no model loaded).
+    ``LlamaModel`` implements it, and so does ``bench.recorded.RecordedTarget``
+    (a results file's recorded outputs, no model loaded).
     """
 
     path: Path | None

@@ -139,6 +139,24 @@ class Piece:
     pad: int
 
 
+def decode_calls(shapes: BatchShapes, rows: Sequence[int], seqs: Sequence[int],
+                 room: Sequence[int]) -> list[list[Piece]]:
+    """The calls a target's ``decode`` makes for segments of ``rows[i]`` tokens on sequences ``seqs``, where
+    ``room[i]`` positions are left after each: one call padded to ``shapes.rows_for`` (as far as room allows)
+    when a single segment fits ``max_rows``, else ``plan_calls``.  ``LlamaModel.decode`` runs these calls and
+    replay's recorded target (``bench.recorded``) prices them.
+
+    >>> [[(p.count, p.pad) for p in c] for c in decode_calls(BatchShapes(min_rows=2), [1], [0], [100])]
+    [[(1, 1)]]
+    >>> [[(p.count, p.pad) for p in c] for c in decode_calls(BatchShapes(min_rows=1, pad_to=(1, 2, 4, 4)), [3], [0], [100])]
+    [[(3, 1)]]
+    """
+    if len(rows) == 1 and rows[0] <= shapes.max_rows:
+        n = rows[0]
+        return [[Piece(0, 0, n, max(0, min(shapes.rows_for(n) - n, room[0])))]]
+    return plan_calls(rows, seqs, shapes.min_rows, shapes.max_rows, room, shapes.even_rows, shapes.pad_to)
+
+
 def plan_calls(rows: Sequence[int], seqs: Sequence[int], min_rows: int, max_rows: int,
                room: Sequence[int] | None = None, even: bool = True,
                pad_to: Sequence[int] = ()) -> list[list[Piece]]:
