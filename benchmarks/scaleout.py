@@ -42,19 +42,18 @@ import asyncio
 import json
 import os
 import random
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import openai
@@ -62,6 +61,8 @@ import openai
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's specstack, here and (PYTHONPATH, below) in every server and replica
 
+from specstack.bench.serving import (Column, Reply, ServerFailed, ServerProcess, Stats, closed_loop, cpu_seconds,
+                                     percentile, specstack_serve, stream, table, with_client, write_json)
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
 
@@ -83,113 +84,49 @@ class Setup:
     flags: tuple[str, ...] = ()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def server_flags(setup: Setup, args: argparse.Namespace, parallel: int) -> list[str]:
+    flags = ["-np", str(parallel), "-t", str(setup.threads), "-m", args.model, "-md", args.model_draft, "--max-queue",
+             "64", *setup.flags]
+    if setup.ray:
+        flags += ["--ray", "--replicas", str(setup.replicas)]
+    return flags
 
 
-class Server:
-    """A `specstack serve` subprocess for one run: started and healthy on enter, SIGTERM (drain) on exit.
+def ray_env(tmp: Path) -> dict[str, str]:
+    """This checkout first on the server's (and so Ray's workers') path, and a Ray instance of its own in ``tmp``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env["RAY_TMPDIR"] = str(tmp)
+    env.setdefault("RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION", "0.01")  # ~1% of RAM: we pass no objects
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return env
 
-    Each Ray run gets its own RAY_TMPDIR, so it never touches another Ray instance on the machine (nor
-    /tmp/ray), and its logs go with it; the server's own output goes to a log file kept on failure."""
 
-    def __init__(self, setup: Setup, args: argparse.Namespace, parallel: int) -> None:
-        self.setup, self.args, self.parallel = setup, args, parallel
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.tmp = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths have a length limit
-        self.log_path = self.tmp / "server.log"
-        self.proc: subprocess.Popen | None = None
-        self.start_s = self.stop_s = 0.0
-        self.returncode: int | None = None
+@contextmanager
+def running(setup: Setup, args: argparse.Namespace, parallel: int) -> Iterator[ServerProcess]:
+    """A `specstack serve` subprocess for one run: started and ready (under --ray, every replica in /metrics) on
+    enter, SIGTERM (a drain) on exit.
 
-    def command(self) -> list[str]:
-        s, a = self.setup, self.args
-        cmd = [sys.executable, "-m", "specstack", "serve", "--port", str(self.port), "-np", str(self.parallel),
-               "-t", str(s.threads), "-m", a.model, "-md", a.model_draft, "--max-queue", "64", *s.flags]
-        if s.ray:
-            cmd += ["--ray", "--replicas", str(s.replicas)]
-        return cmd
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        env.setdefault("RAY_AUTH_MODE", "disabled")
-        env["RAY_TMPDIR"] = str(self.tmp)
-        env.setdefault("RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION", "0.01")  # ~1% of RAM: we pass no objects
-        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        return env
-
-    def __enter__(self) -> "Server":
-        t0 = time.perf_counter()
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env(),
-                                         cwd=REPO, start_new_session=True)  # its own group: see ``stop``
-        try:
-            wait_ready(self.url, self.setup.replicas if self.setup.ray else 0, self.proc)
-        except BaseException:
-            self.stop(timeout=30)
-            raise
-        self.start_s = time.perf_counter() - t0
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-        if exc[0] is None and self.returncode == 0:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+    Each run gets its own RAY_TMPDIR, so it never touches another Ray instance on the machine (nor /tmp/ray), and
+    its logs go with it; the server's own output goes to a log file there, kept when the run fails."""
+    tmp = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    server = specstack_serve(server_flags(setup, args, parallel), env=ray_env(tmp), cwd=REPO,
+                             log=tmp / "server.log", replicas=setup.replicas if setup.ray else 0, own_group=True,
+                             timeout=START_S)
+    clean = False
+    try:
+        with server:
+            yield server
+        clean = server.returncode == 0
+    finally:
+        if clean:
+            shutil.rmtree(tmp, ignore_errors=True)
         else:
-            print(f"  server log kept: {self.log_path}", flush=True)
-
-    def measured(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
-        """Run a load on this server, with the cores each part of the stack used (``measured``)."""
-        assert self.proc is not None
-        return measured(self.url, self.proc.pid, fn, *args)
-
-    def stop(self, timeout: float = 120) -> None:
-        """SIGTERM and wait: the server drains in-flight requests, then (under --ray) stops its Ray. One that does
-        not end in ``timeout`` is killed with its whole process group, so no Ray process of its outlives the run."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.returncode = None if self.proc is None else self.proc.returncode
-            return
-        t0 = time.perf_counter()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.returncode = self.proc.wait()
-        self.stop_s = time.perf_counter() - t0
-
-
-def wait_ready(url: str, replicas: int, proc: subprocess.Popen) -> None:
-    """/health answers 200, and (``replicas`` > 0) that many replicas report in /metrics.
-
-    Under Ray /health turns 200 once every replica has loaded; the replicas in /metrics are checked too, so
-    this script also waits right on a server from before that (200 as soon as one replica had loaded)."""
-    deadline = time.time() + START_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode} before it was ready")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200 and (
-                    replicas == 0 or len(replica_ids(httpx.get(url + "/metrics", timeout=10).text)) >= replicas):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the server at {url} was not ready after {START_S} s")
-
-
-def replica_ids(metrics: str) -> set[str]:
-    return set(re.findall(r'replica="([^"]+)"', metrics)) - {"total"}
+            print(f"  server log kept: {server.log}", flush=True)
 
 
 # -- where the CPU goes -------------------------------------------------------------------------------------------
-
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def process_tree(root: int) -> dict[int, tuple[int, str]]:
     """``root`` and its descendants: pid -> (parent pid, command line)."""
@@ -221,15 +158,14 @@ def kind(cmdline: str) -> str:
     return "engines" if " serve " in cmdline and "--ray" not in cmdline else "ray"
 
 
-def cpu_seconds(root: int) -> dict[str, float]:
+def stack_cpu_seconds(root: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of the server's process tree, by ``kind``, and of this client."""
     out = {"engines": 0.0, "front": 0.0, "ray": 0.0}
     for pid, (_, cmdline) in process_tree(root).items():
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            out[kind(cmdline)] += cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
             continue
-        out[kind(cmdline)] += (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
     t = os.times()
     out["client"] = t.user + t.system
     return out
@@ -244,53 +180,29 @@ def cpu_cores(before: dict[str, float], after: dict[str, float], wall: float) ->
 
 
 @dataclass
-class Reply:
-    """One streamed request's outcome: text, token counts, client-side TTFT and the `speculative` object."""
+class RunStats(Stats):
+    """What a run's requests add up to, with what their ``speculative`` objects say."""
 
-    text: str
-    prompt_tokens: int
-    tokens: int
-    ttft: float | None
-    spec: dict[str, Any]
-
-
-@dataclass
-class Stats:
-    """What a run's requests add up to."""
-
-    requests: int = 0
-    tokens: int = 0
-    prompt_tokens: int = 0
     reused: int = 0
     drafted: int = 0
     accepted: int = 0
     history: int = 0  # routing: prompt tokens that resend the chat's previous turn (what a cache could skip)
-    rate_limited: int = 0
     differ: int = 0  # throughput: outputs unlike an earlier run's for the same prompt (see ``closed_load``)
-    wall: float = 0.0
-    ttft: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
     replicas: Counter = field(default_factory=Counter)
 
     def add(self, r: Reply) -> None:
-        self.requests += 1
-        self.tokens += r.tokens
-        self.prompt_tokens += r.prompt_tokens
+        super().add(r)
         self.reused += r.spec.get("reused_prompt_tokens", 0)
         self.drafted += r.spec.get("n_drafted", 0)
         self.accepted += r.spec.get("n_accepted", 0)
         self.replicas[r.spec.get("replica", "-")] += 1
-        if r.ttft is not None:
-            self.ttft.append(r.ttft)
-
-    def tok_s(self) -> float:
-        return self.tokens / self.wall if self.wall else 0.0
 
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     def reuse(self) -> float:
-        return self.reused / self.prompt_tokens if self.prompt_tokens else 0.0
+        prompt = sum(self.prompt_tokens)
+        return self.reused / prompt if prompt else 0.0
 
     def split(self) -> str:
         """Requests per replica, most first, e.g. '61/39' (percent)."""
@@ -298,106 +210,41 @@ class Stats:
         return "/".join(f"{100 * c / n:.0f}" for _, c in self.replicas.most_common())
 
 
-def client_for(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=os.environ.get("SPECSTACK_API_KEY", "none"),
-                              max_retries=0, timeout=600)
-
-
-async def call(client: openai.AsyncOpenAI, stats: Stats, n: int, prompt: str | None = None,
-               messages: list[dict[str, str]] | None = None, session: str | None = None) -> Reply | None:
-    """One streamed greedy completion (``prompt``) or chat turn (``messages``); a 429 waits its Retry-After and
-    retries, any other error is a failure (None). TTFT is client-side: the first chunk with text."""
-    extra = {"extra_headers": {"x-session-id": session}} if session else {}
-    common = dict(model="default", max_tokens=n, temperature=0, stream=True, stream_options={"include_usage": True},
-                  **extra)
-    while True:
-        t0 = time.perf_counter()
-        first, parts, usage, info = None, [], None, {}
-        try:
-            if messages is not None:
-                stream = await client.chat.completions.create(messages=messages, **common)
-            else:
-                stream = await client.completions.create(prompt=prompt, **common)
-            async for chunk in stream:
-                usage = chunk.usage or usage
-                info = (chunk.model_extra or {}).get("specstack", {}).get("speculative") or info
-                for choice in chunk.choices:
-                    text = choice.delta.content if messages is not None else choice.text
-                    if text:
-                        first = first or time.perf_counter()
-                        parts.append(text)
-        except openai.RateLimitError as exc:
-            stats.rate_limited += 1
-            await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
-            continue
-        except Exception as exc:  # a real failure: counted, the run goes on
-            stats.failures.append(repr(exc)[:200])
-            return None
-        if usage is None:
-            stats.failures.append("no usage chunk")
-            return None
-        return Reply("".join(parts), usage.prompt_tokens, usage.completion_tokens,
-                     None if first is None else first - t0, info)
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by rank; 0 for no values."""
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
-
-
 async def warm_up(client: openai.AsyncOpenAI, count: int) -> None:
     """A few short requests, not measured, so every replica has run (and its cost curve is loaded) before the
     clock starts. Short prompts (< 32 tokens) hold no routable prefix, and their outputs are not the workload's."""
     scratch = Stats()
-    await asyncio.gather(*(call(client, scratch, 16, prompt=f"def warm_up_{i}(x):\n") for i in range(count)))
+    await asyncio.gather(*(stream(client, scratch, 16, prompt=f"def warm_up_{i}(x):\n") for i in range(count)))
 
 
-def load(url: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``await fn(client, *args)`` with a client of its own, closed before its event loop ends."""
-
-    async def go() -> Any:
-        async with client_for(url) as client:
-            return await fn(client, *args)
-
-    return asyncio.run(go())
-
-
-def measured(url: str, pid: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
-    """``load(url, fn, *args)`` and the cores each part of the stack (the server's process tree ``pid``, and this
+def measured(server: ServerProcess, work: Callable[[openai.AsyncOpenAI], Any]) -> tuple[Any, dict[str, float]]:
+    """``work(client)`` on ``server``, and the cores each part of the stack (the server's process tree, and this
     client) kept busy meanwhile: on a machine with few cores the HTTP front and the client compete with the
     engines, and this says how much."""
-    t0, before = time.perf_counter(), cpu_seconds(pid)
-    result = load(url, fn, *args)
-    return result, cpu_cores(before, cpu_seconds(pid), time.perf_counter() - t0)
+    assert server.pid is not None
+    t0, before = time.perf_counter(), stack_cpu_seconds(server.pid)
+    result = with_client(server.url, work)
+    return result, cpu_cores(before, stack_cpu_seconds(server.pid), time.perf_counter() - t0)
 
 
 # -- part 1: throughput ---------------------------------------------------------------------------------------
 
 
 async def closed_load(client: openai.AsyncOpenAI, clients: int, seconds: float, n: int, prompts: list[str],
-                      outputs: dict[str, str]) -> Stats:
+                      outputs: dict[str, str]) -> RunStats:
     """``clients`` users, each streaming the prompts in turn (offset by its index) until ``seconds`` pass.
 
     Each output is compared with the first output any run gave for its prompt: greedy outputs are the same
     whatever the replica or the batch only in exact mode (``--exact`` on, or auto where it settles on), so a
     difference is counted, not failed: it says the runs did not all decode exactly."""
-    stats = Stats()
-    stop = time.perf_counter() + seconds
+    stats = RunStats()
 
-    async def user(i: int) -> None:
-        j = i
-        while time.perf_counter() < stop:
-            p = prompts[j % len(prompts)]
-            j += clients
-            reply = await call(client, stats, n, prompt=p)
-            if reply is not None:
-                stats.add(reply)
-                outputs.setdefault(p, reply.text)
-                stats.differ += outputs[p] != reply.text
+    def compare(prompt: str, reply: Reply) -> None:
+        outputs.setdefault(prompt, reply.text)
+        stats.differ += outputs[prompt] != reply.text
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(user(i) for i in range(clients)))
+    await closed_loop(client, clients, t0 + seconds, prompts, n, stats, compare)
     stats.wall = time.perf_counter() - t0
     return stats
 
@@ -409,9 +256,10 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     setups += [Setup(f"single process, -t {t}", ray=False, threads=t) for t in args.single_threads]
     prompts, outputs, rows = held_out_prompts(args.prompts), {}, []
     for setup in setups:
-        with Server(setup, args, parallel=args.clients) as server:
-            load(server.url, warm_up, 2 * setup.replicas)
-            stats, cpu = server.measured(closed_load, args.clients, args.seconds, args.n, prompts, outputs)
+        with running(setup, args, parallel=args.clients) as server:
+            with_client(server.url, lambda c: warm_up(c, 2 * setup.replicas))
+            stats, cpu = measured(server, lambda c: closed_load(c, args.clients, args.seconds, args.n, prompts,
+                                                                outputs))
         rows.append(row(setup, server, stats, cpu, clients=args.clients))
         print(line("throughput", rows[-1], stats), flush=True)
     base = rows[0]["tok_s"] or 1.0
@@ -420,21 +268,21 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def row(setup: Setup, server: Server, stats: Stats, cpu: dict[str, float], **extra: Any) -> dict[str, Any]:
+def row(setup: Setup, server: ServerProcess, stats: RunStats, cpu: dict[str, float], **extra: Any) -> dict[str, Any]:
     """A run's numbers, as the tables and --json carry them (``cpu``: cores busy by part of the stack)."""
     return {"setup": setup.name, "ray": setup.ray, "replicas": setup.replicas if setup.ray else 1,
             "threads": setup.threads, "flags": list(setup.flags), "requests": stats.requests, "tokens": stats.tokens,
-            "wall_s": stats.wall, "tok_s": stats.tok_s(), "ttft_p50_s": pct(stats.ttft, 0.5),
-            "ttft_p99_s": pct(stats.ttft, 0.99), "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused,
-            "reuse": stats.reuse(), "drafted": stats.drafted, "accepted": stats.accepted,
+            "wall_s": stats.wall, "tok_s": stats.tok_s(), "ttft_p50_s": percentile(stats.ttft, 0.5),
+            "ttft_p99_s": percentile(stats.ttft, 0.99), "prompt_tokens": sum(stats.prompt_tokens),
+            "reused_tokens": stats.reused, "reuse": stats.reuse(), "drafted": stats.drafted, "accepted": stats.accepted,
             "acceptance": stats.acceptance(), "split": stats.split(), "rate_limited": stats.rate_limited,
-            "outputs_differ": stats.differ,
+            "reconnects": stats.reconnects, "outputs_differ": stats.differ,
             "failures": len(stats.failures), "failure_examples": stats.failures[:5], "start_s": server.start_s,
             "stop_s": server.stop_s, "exit_code": server.returncode, "cpu_cores": cpu,
             "cpu": " / ".join(f"{cpu.get(k, 0.0):.2f}" for k in ("engines", "front", "ray", "client")), **extra}
 
 
-def line(part: str, r: dict[str, Any], stats: Stats) -> str:
+def line(part: str, r: dict[str, Any], stats: RunStats) -> str:
     text = (f"[{part}] {r['setup']}: {r['requests']} requests, {r['tok_s']:.1f} tok/s aggregate, TTFT p50 "
             f"{1000 * r['ttft_p50_s']:.0f} ms p99 {1000 * r['ttft_p99_s']:.0f} ms, "
             f"prompt reuse {100 * r['reuse']:.1f}%, "
@@ -455,11 +303,11 @@ FOLLOW_UPS = ("Continue the code.", "Add a docstring.", "Handle the errors.", "W
 
 
 async def chats(client: openai.AsyncOpenAI, users: int, seconds: float, turns: int, n: int,
-                snippets: list[str]) -> Stats:
+                snippets: list[str]) -> RunStats:
     """``users`` users, each running chats of ``turns`` turns back to back until ``seconds`` pass (a chat in
     progress finishes its turns). Every chat has its own session id and opens with the shared system prompt and
     a numbered code snippet, so its first turn shares only the system prompt with earlier chats."""
-    stats = Stats()
+    stats = RunStats()
     stop = time.perf_counter() + seconds
     counter = iter(range(1 << 30))
 
@@ -468,12 +316,12 @@ async def chats(client: openai.AsyncOpenAI, users: int, seconds: float, turns: i
                     {"role": "user", "content": f"Chat {cid}. My code:\n{snippets[cid % len(snippets)]}"}]
         previous = 0  # the previous turn's prompt plus answer, in tokens: this turn resends them
         for turn in range(turns):
-            reply = await call(client, stats, n, messages=messages, session=f"chat-{cid}")
+            reply = await stream(client, stats, n, messages=messages, session=f"chat-{cid}")
             if reply is None:
                 return
-            stats.add(reply)
-            stats.history += min(previous, reply.prompt_tokens)
-            previous = reply.prompt_tokens + reply.tokens
+            prompt = reply.prompt_tokens or 0
+            stats.history += min(previous, prompt)
+            previous = prompt + reply.tokens
             messages += [{"role": "assistant", "content": reply.text},
                          {"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
 
@@ -493,11 +341,13 @@ def part_routing(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for mode in args.routing:
         setup = Setup(f"2 replicas, --routing {mode}", replicas=2, threads=args.threads, flags=("--routing", mode))
-        with Server(setup, args, parallel=args.parallel) as server:
-            load(server.url, warm_up, 4)
-            stats, cpu = server.measured(chats, args.sessions, args.seconds, args.turns, args.chat_n, snippets)
+        with running(setup, args, parallel=args.parallel) as server:
+            with_client(server.url, lambda c: warm_up(c, 4))
+            stats, cpu = measured(server, lambda c: chats(c, args.sessions, args.seconds, args.turns, args.chat_n,
+                                                          snippets))
+        prompt = sum(stats.prompt_tokens)
         rows.append(row(setup, server, stats, cpu, routing=mode, sessions=args.sessions, turns=args.turns,
-                        history_share=stats.history / stats.prompt_tokens if stats.prompt_tokens else 0.0))
+                        history_share=stats.history / prompt if prompt else 0.0))
         print(line("routing", rows[-1], stats) + f"; resent history {100 * rows[-1]['history_share']:.1f}% of prompt "
               "tokens", flush=True)
     return rows
@@ -507,11 +357,11 @@ def part_routing(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def rounds(client: openai.AsyncOpenAI, clients: int, prompts: list[str], count: int, n: int,
-                 seed: int) -> tuple[Stats, Stats]:
+                 seed: int) -> tuple[RunStats, RunStats]:
     """Every prompt once per round, in a shuffled order, over ``clients`` users; SETTLE_S between rounds, so every
     replica has pulled every earlier output before a prompt comes back (the steady state of a long run).
     Returns the first round's stats and the later rounds' (their wall: the rounds' own time, pauses left out)."""
-    first, later = Stats(), Stats()
+    first, later = RunStats(), RunStats()
     rng = random.Random(seed)
     for r in range(count):
         stats = first if r == 0 else later
@@ -520,9 +370,7 @@ async def rounds(client: openai.AsyncOpenAI, clients: int, prompts: list[str], c
 
         async def user() -> None:
             while todo:
-                reply = await call(client, stats, n, prompt=todo.pop())
-                if reply is not None:
-                    stats.add(reply)
+                await stream(client, stats, n, prompt=todo.pop())
 
         t0 = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(clients)))
@@ -546,9 +394,9 @@ def part_suffix(args: argparse.Namespace) -> list[dict[str, Any]]:
                     flags=(*flags, "--no-share-suffix"))]
     rows = []
     for setup in setups:
-        with Server(setup, args, parallel=args.clients) as server:
-            (first, later), cpu = server.measured(rounds, args.clients, prompts, args.rounds, args.suffix_n,
-                                                  args.seed)
+        with running(setup, args, parallel=args.clients) as server:
+            (first, later), cpu = measured(server, lambda c: rounds(c, args.clients, prompts, args.rounds,
+                                                                    args.suffix_n, args.seed))
         rows.append(row(setup, server, later, cpu, first_round_acceptance=first.acceptance(),
                         first_round_tok_s=first.tok_s(), rounds=args.rounds, prompts=len(prompts)))
         print(line("suffix", rows[-1], later) + f"; round 1: acceptance {100 * first.acceptance():.1f}%, "
@@ -571,8 +419,8 @@ def part_drain(args: argparse.Namespace) -> list[dict[str, Any]]:
     first = threading.Event()
     streams: list[dict[str, Any]] = [{"first": first, "sent": threading.Event()} for _ in range(args.drain_streams)]
     late: dict[str, Any] = {}
-    with Server(setup, args, parallel=2) as server:
-        load(server.url, warm_up, 1)
+    with running(setup, args, parallel=2) as server:
+        with_client(server.url, lambda c: warm_up(c, 1))
         threads = [threading.Thread(target=drain_stream, args=(server.url, args.drain_n, i, s), daemon=True)
                    for i, s in enumerate(streams)]
         for t in threads:
@@ -634,7 +482,7 @@ def drain_stream(url: str, n: int, i: int, out: dict[str, Any]) -> None:
         out["sent"].set()
 
 
-def drain_row(setup: Setup, i: int, s: dict[str, Any], sigterm: float, n: int, server: Server,
+def drain_row(setup: Setup, i: int, s: dict[str, Any], sigterm: float, n: int, server: ServerProcess,
               late: dict[str, Any]) -> dict[str, Any]:
     events = s.get("events", [])
     chunks = [json.loads(p) for _, p in events if p != "[DONE]"]
@@ -671,9 +519,6 @@ def late_request(url: str, out: dict[str, Any]) -> None:
 
 # -- output -----------------------------------------------------------------------------------------------------
 
-Column = tuple[str, str, Callable[[Any], str]]
-
-
 def pct_text(v: float) -> str:
     return f"{100 * v:.1f}%"
 
@@ -703,13 +548,6 @@ COLUMNS: dict[str, list[Column]] = {
               ("exit_code", "exit", str), ("exit_s", "exit s", "{:.1f}".format),
               ("request_during_drain", "request during drain", str), ("ok", "verdict", str)],
 }
-
-
-def table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
-    out = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(fmt(r[key]) if r.get(key) is not None else "-" for key, _, fmt in columns) + " |"
-            for r in rows]
-    return "\n".join(out)
 
 
 PARTS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
@@ -754,13 +592,14 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     for part in parts:
-        results[part] = PARTS[part](args)
+        try:
+            results[part] = PARTS[part](args)
+        except ServerFailed as exc:
+            raise SystemExit(str(exc)) from None
     print(f"\n{len(parts)} part(s) in {time.perf_counter() - t0:.0f} s\n")
     for part in parts:
         print(f"### {part}\n\n{table(results[part], COLUMNS[part])}\n")
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
-                                                  for k, v in vars(args).items()}, "results": results}, indent=1))
+    write_json(args.json, {"args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

@@ -46,73 +46,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any
 
-import httpx
 import openai
 
+from specstack.bench.serving import (Column, Reply, Server, ServerFailed, Stats, closed_loop, cpu_seconds, llama_server,
+                                     llama_server_binary, percentile, rss_mb, specstack_serve, stream, table,
+                                     with_client, write_json)
+from specstack.modelfile.meta import read_gguf
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
+from specstack.ui import markdown_table
 
-T = TypeVar("T")
 SPECSTACK = "specstack"
 LLAMA = "llama-server"
 WORKLOADS = ("code", "chat", "burst")
-API_KEY = os.environ.get("SPECSTACK_API_KEY", "none")
 CHAT_TURNS = (
     "Session {tag}. Explain what this code does:\n\n```python\n{code}\n```",
     "Now write a unit test for the last function in it.",
     "Here is another part of the same project:\n\n```python\n{other}\n```\n\nHow do the two parts fit together?",
     "Suggest one improvement to the first part and show the changed code.",
 )
-STALE_RETRIES = 3
 START = time.perf_counter()
 QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
-
-
-class ServerFailed(RuntimeError):
-    """A server exited or never answered /health; the message holds its command and the end of its log."""
+READY_S = 600  # a first start may measure a model before it serves
 
 
 # -- servers -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """A server under test: spawned here (``proc`` and a log file) or already running (``--url``)."""
-
-    name: str
-    url: str
-    label: str = ""  # its settings, for the report
-    proc: subprocess.Popen | None = None
-    log: Path | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log is not None and self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @dataclass(frozen=True)
@@ -123,45 +88,21 @@ class LlamaSetting:
     flags: tuple[str, ...]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def llama_binary() -> Path:
-    from specstack.bench.peers import bin_dir
-
-    return bin_dir() / "llama-server"
-
-
-def trained_context(model: str) -> int:
-    """The GGUF's trained context (``ARCH.context_length``), 0 when it does not say."""
-    import gguf
-
-    reader = gguf.GGUFReader(model)
-    for key, f in reader.fields.items():
-        if key.endswith(".context_length"):
-            return int(f.parts[-1][0])
-    return 0
-
-
 def slot_context(args: argparse.Namespace) -> int:
     """Context per slot for both servers: ``--ctx``, else specstack's default (4096, or the trained context if
     shorter). llama-server's ``-c`` is the total, divided among its slots, so it gets this times the slots."""
     if args.ctx:
         return args.ctx
-    trained = trained_context(args.model)
+    trained = read_gguf(args.model, tensors=False).context_length
     return min(4096, trained) if trained else 4096
 
 
-def specstack_command(args: argparse.Namespace, parallel: int, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "specstack", "serve", "--port", str(port), "-np", str(parallel), "-m", args.model,
-           "-md", args.model_draft, "-t", str(args.threads), "--drafter", args.drafter, "--max-queue", "64",
-           "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram)]
+def specstack_flags(args: argparse.Namespace, parallel: int) -> list[str]:
+    flags = ["-np", str(parallel), "-m", args.model, "-md", args.model_draft, "-t", str(args.threads), "--drafter",
+             args.drafter, "--max-queue", "64", "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram)]
     if args.chat_template:
-        cmd += ["--chat-template", args.chat_template]
-    return cmd + args.specstack_args.split()
+        flags += ["--chat-template", args.chat_template]
+    return flags + args.specstack_args.split()
 
 
 def chat_template_flags(template: str | None) -> list[str]:
@@ -174,46 +115,20 @@ def chat_template_flags(template: str | None) -> list[str]:
     return ["--no-jinja", "--chat-template", template]
 
 
-def llama_command(args: argparse.Namespace, parallel: int, port: int, spec: list[str]) -> list[str]:
-    return [str(llama_binary()), "-m", args.model, "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
-            "-t", str(args.threads), "-c", str(slot_context(args) * parallel), "--cache-ram", str(args.cache_ram),
-            "--temp", "0", *chat_template_flags(args.chat_template), *spec, *args.llama_args.split()]
-
-
-def spawn(name: str, cmd: list[str], port: int, label: str = "") -> Server:
-    """Start a server with its output in a log file and wait until /health answers 200."""
-    log = Path(tempfile.mkstemp(prefix=f"serve_load-{name}-", suffix=".log")[1])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(name, f"http://127.0.0.1:{port}", label, proc, log)
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    server.stop()
-    tail = "\n".join(server.log_text().splitlines()[-20:])
-    raise ServerFailed(f"{name} did not become healthy: {' '.join(cmd)}\n{tail}")
+def llama_flags(args: argparse.Namespace, parallel: int, spec: list[str]) -> list[str]:
+    return ["-m", args.model, "-np", str(parallel), "-t", str(args.threads), "-c", str(slot_context(args) * parallel),
+            "--cache-ram", str(args.cache_ram), "--temp", "0", *chat_template_flags(args.chat_template), *spec,
+            *args.llama_args.split()]
 
 
 def spawn_specstack(args: argparse.Namespace, parallel: int) -> Server:
-    port = free_port()
-    return spawn(SPECSTACK, specstack_command(args, parallel, port), port,
-                 f"--drafter {args.drafter} {args.specstack_args}".strip())
+    return specstack_serve(specstack_flags(args, parallel), name=SPECSTACK, timeout=READY_S,
+                           label=f"--drafter {args.drafter} {args.specstack_args}".strip()).start()
 
 
 def spawn_llama(args: argparse.Namespace, parallel: int, setting: LlamaSetting) -> Server:
-    port = free_port()
-    return spawn(LLAMA, llama_command(args, parallel, port, list(setting.flags)), port, setting.label)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return llama_server(llama_flags(args, parallel, list(setting.flags)), name=LLAMA, timeout=READY_S,
+                        label=setting.label).start()
 
 
 def measuring(server: Server) -> bool:
@@ -244,24 +159,12 @@ def say(message: str) -> None:
     print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", flush=True)
 
 
-def rss_mb(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 # -- llama-server's speculation settings -------------------------------------------------------------
 
 
 def ngram_types() -> list[str]:
     """The n-gram ``--spec-type`` values this llama-server build lists in its --help."""
-    text = subprocess.run([str(llama_binary()), "--help"], capture_output=True, text=True, timeout=60).stdout
+    text = subprocess.run([str(llama_server_binary()), "--help"], capture_output=True, text=True, timeout=60).stdout
     match = re.search(r"^--spec-type (\S+)", text, re.MULTILINE)
     return [t for t in match.group(1).split(",") if t.startswith("ngram-")] if match else []
 
@@ -286,116 +189,34 @@ def fixed_llama_setting(args: argparse.Namespace) -> LlamaSetting:
 
 
 @dataclass
-class Stats:
-    """One (workload, clients, server) run's raw numbers; ``summary`` reduces them."""
+class LoadStats(Stats):
+    """One (workload, clients, server) run's raw numbers, with its identical-to-solo checks and the server's
+    resident memory; ``summary`` reduces them."""
 
-    ok: int = 0
-    rate_limited: int = 0
-    reconnects: int = 0
-    failures: list[str] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
-    ttft: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    stall: list[float] = field(default_factory=list)
-    tokens: int = 0
-    prompt_tokens: list[int] = field(default_factory=list)
     identical: int = 0
     checked: int = 0
     rss: list[float] = field(default_factory=list)
-    wall: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         rss = self.rss or [0.0]
-        return {"ok": self.ok, "429": self.rate_limited, "reconnects": self.reconnects, "failures": len(self.failures),
-                "tok_s": self.tokens / self.wall if self.wall else 0.0, "tokens": self.tokens, "wall_s": self.wall,
-                "ttft_p50_ms": 1000 * pct(self.ttft, 0.5), "ttft_p99_ms": 1000 * pct(self.ttft, 0.99),
-                "itl_p50_ms": 1000 * pct(self.itl, 0.5), "itl_p99_ms": 1000 * pct(self.itl, 0.99),
-                "stall_p99_ms": 1000 * pct(self.stall, 0.99), "latency_p50_s": pct(self.latency, 0.5),
+        ms = {f"{key}_{name}_ms": 1000 * percentile(getattr(self, key), q)
+              for key in ("ttft", "itl") for name, q in (("p50", 0.5), ("p99", 0.99))}
+        return {"ok": self.requests, "429": self.rate_limited, "reconnects": self.reconnects,
+                "failures": len(self.failures), "tok_s": self.tok_s(), "tokens": self.tokens, "wall_s": self.wall,
+                **ms, "stall_p99_ms": 1000 * percentile(self.stall, 0.99),
+                "latency_p50_s": percentile(self.latency, 0.5),
                 "prompt_tokens_mean": sum(self.prompt_tokens) / len(self.prompt_tokens) if self.prompt_tokens else 0,
                 "identical": self.identical, "checked": self.checked,
                 "rss_mb": {"start": rss[0], "max": max(rss), "end": rss[-1]}}
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by rank; 0 for no values."""
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else 0.0
+async def text_of(client: openai.AsyncOpenAI, stats: Stats, n: int, **request: Any) -> str | None:
+    """One streamed request's text (None if it failed), its numbers in ``stats``."""
+    reply = await stream(client, stats, n, **request)
+    return None if reply is None else reply.text
 
 
-def new_client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
-
-
-def completion(client: openai.AsyncOpenAI, prompt: str, n: int) -> Callable[[], Awaitable[AsyncIterator]]:
-    return lambda: client.completions.create(model="default", prompt=prompt, max_tokens=n, temperature=0, stream=True,
-                                             stream_options={"include_usage": True})
-
-
-def chat(client: openai.AsyncOpenAI, messages: list[dict[str, str]], n: int) -> Callable[[], Awaitable[AsyncIterator]]:
-    return lambda: client.chat.completions.create(model="default", messages=messages, max_tokens=n, temperature=0,
-                                                  stream=True, stream_options={"include_usage": True})
-
-
-def chunk_text(chunk: Any) -> str:
-    """The text a streamed chunk carries, completions (``text``) or chat (``delta.content``)."""
-    parts = []
-    for choice in chunk.choices:
-        delta = getattr(choice, "delta", None)
-        parts.append((delta.content if delta is not None else choice.text) or "")
-    return "".join(parts)
-
-
-async def stream(start: Callable[[], Awaitable[AsyncIterator]], stats: Stats) -> str | None:
-    """One streamed request: its text, with its latency, TTFT, ITL and longest gap in ``stats``; None if it failed."""
-    stale = 0
-    while True:
-        t0 = time.perf_counter()
-        first = last = None
-        gap = 0.0
-        parts: list[str] = []
-        tokens = 0
-        try:
-            async for chunk in await start():
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-                    stats.prompt_tokens.append(chunk.usage.prompt_tokens)
-                text = chunk_text(chunk)
-                if text:
-                    now = time.perf_counter()
-                    first = first or now
-                    gap = max(gap, now - last) if last is not None else gap
-                    last = now
-                    parts.append(text)
-        except openai.RateLimitError as exc:
-            stats.rate_limited += 1
-            await asyncio.sleep(float(exc.response.headers.get("retry-after", "1")))
-            continue
-        except openai.APIConnectionError as exc:
-            # A kept-alive connection the server closed just as it was reused fails before any response (llama-server:
-            # a few per hundred requests here); clients retry that. Anything else, or again and again, is a failure.
-            if first is None and stale < STALE_RETRIES and "without sending a response" in str(exc.__cause__):
-                stale += 1
-                stats.reconnects += 1
-                continue
-            stats.failures.append(f"{exc!r} ({exc.__cause__!r})"[:200])
-            return None
-        except Exception as exc:  # a real failure
-            stats.failures.append(repr(exc)[:200])
-            return None
-        end = time.perf_counter()
-        tokens = tokens or len(parts)  # a server without stream usage: one token per chunk
-        stats.ok += 1
-        stats.latency.append(end - t0)
-        stats.tokens += tokens
-        if first is not None:
-            stats.ttft.append(first - t0)
-            stats.stall.append(gap)
-            if tokens > 1:
-                stats.itl.append((end - first) / (tokens - 1))
-        return "".join(parts)
-
-
-async def sample_rss(pid: int | None, stop: float, stats: Stats) -> None:
+async def sample_rss(pid: int | None, stop: float, stats: LoadStats) -> None:
     """The server's resident memory every 2 s of a run (a leak shows as a climb across runs)."""
     while time.perf_counter() < stop:
         stats.rss.append(rss_mb(pid))
@@ -442,29 +263,20 @@ def long_prompt(plan: Plan, tag: str, j: int) -> str:
     return head + body[: plan.args.long_chars]
 
 
-async def closed_loop(clients: int, body: Callable[[int], Awaitable[None]]) -> None:
-    await asyncio.gather(*(body(i) for i in range(clients)))
-
-
 async def code_streams(client: openai.AsyncOpenAI, clients: int, stop: float, plan: Plan,
-                       reference: dict[str, str], stats: Stats) -> None:
+                       reference: dict[str, str], stats: LoadStats) -> None:
     """Each client cycles through the code prompts (client i starts at prompt i) until ``stop``."""
 
-    async def user(i: int) -> None:
-        j = i
-        while time.perf_counter() < stop:
-            p = plan.prompts[j % len(plan.prompts)]
-            j += clients
-            text = await stream(completion(client, p, plan.args.n), stats)
-            if text is not None and p in reference:
-                stats.checked += 1
-                stats.identical += text == reference[p]
+    def check(prompt: str, reply: Reply) -> None:
+        if prompt in reference:
+            stats.checked += 1
+            stats.identical += reply.text == reference[prompt]
 
-    await closed_loop(clients, user)
+    await closed_loop(client, clients, stop, plan.prompts, plan.args.n, stats, check)
 
 
 async def run_code(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
-    stats = Stats()
+    stats = LoadStats()
     stop = time.perf_counter() + plan.args.seconds
     t0 = time.perf_counter()
     await asyncio.gather(sample_rss(server.pid, stop, stats),
@@ -475,7 +287,7 @@ async def run_code(client: openai.AsyncOpenAI, server: Server, clients: int, pla
 
 async def run_chat(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
     """Client i holds conversations i, i + clients, ...; each turn resends the whole conversation."""
-    stats = Stats()
+    stats = LoadStats()
     args = plan.args
     stop = time.perf_counter() + args.seconds
     done: list[Conversation] = []
@@ -490,7 +302,7 @@ async def run_chat(client: openai.AsyncOpenAI, server: Server, clients: int, pla
                     break
                 text = user_message(turn, f"{clients}.{number}", number, plan)
                 messages = messages + [{"role": "user", "content": text}]
-                reply = await stream(chat(client, messages, args.n), stats)
+                reply = await text_of(client, stats, args.n, messages=messages)
                 if reply is None:
                     break
                 talk.turns.append((messages, reply))
@@ -499,14 +311,14 @@ async def run_chat(client: openai.AsyncOpenAI, server: Server, clients: int, pla
             number += clients
 
     t0 = time.perf_counter()
-    await asyncio.gather(sample_rss(server.pid, stop, stats), closed_loop(clients, user))
+    await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
     stats.wall = time.perf_counter() - t0
     return {"main": stats, "conversations": sorted(done, key=lambda c: c.number)}
 
 
 async def run_burst(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
     """The code streams, and bursts of long prompts at fixed times (open loop: both servers get the same bursts)."""
-    streams, long = Stats(), Stats()
+    streams, long = LoadStats(), LoadStats()
     args = plan.args
     start = time.perf_counter()
     stop = start + args.seconds
@@ -516,7 +328,7 @@ async def run_burst(client: openai.AsyncOpenAI, server: Server, clients: int, pl
         while (at := start + args.burst_every * (m + 0.5)) < stop:
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
             prompts = [long_prompt(plan, f"{clients}.{m}", j) for j in range(args.burst_size)]
-            tasks += [asyncio.create_task(stream(completion(client, p, args.burst_n), long)) for p in prompts]
+            tasks += [asyncio.create_task(stream(client, long, args.burst_n, prompt=p)) for p in prompts]
             m += 1
         await asyncio.gather(*tasks)
 
@@ -534,30 +346,20 @@ async def solo_answers(client: openai.AsyncOpenAI, prompts: list[str], n: int) -
     the server up (its first requests, and a host prompt cache both servers then hold alike)."""
     answers = {}
     for p in prompts:
-        text = await stream(completion(client, p, n), Stats())
+        text = await text_of(client, Stats(), n, prompt=p)
         if text is not None:
             answers[p] = text
     return answers
 
 
 async def check_chat(client: openai.AsyncOpenAI, conversations: list[Conversation], limit: int, n: int,
-                     stats: Stats) -> None:
+                     stats: LoadStats) -> None:
     """Replay the first ``limit`` conversations' turns alone, each with the messages it was sent under load."""
     for talk in [c for c in conversations if c.turns][:limit]:
         for messages, reply in talk.turns:
-            alone = await stream(chat(client, messages, n), Stats())
+            alone = await text_of(client, Stats(), n, messages=messages)
             stats.checked += 1
             stats.identical += alone == reply
-
-
-def with_client(url: str, work: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> T:
-    """Run ``work`` on a fresh event loop with a client closed before the loop ends (else httpx's cleanup fails
-    on a closed loop and prints tracebacks)."""
-    async def main() -> T:
-        async with new_client(url) as client:
-            return await work(client)
-
-    return asyncio.run(main())
 
 
 def run_point(server: Server, workload: str, clients: int, plan: Plan) -> dict[str, Any]:
@@ -577,7 +379,8 @@ def report(workload: str, clients: int, name: str, result: dict[str, Any]) -> st
     check = f"identical to solo {s['identical']}/{s['checked']}" if s["checked"] else "identity not checked"
     line = (f"{workload:5s} {name:12s} clients {clients:3d}: {s['ok']} ok, {s['429']} x 429 (retried), "
             f"{s['reconnects']} stale connections (retried), {s['failures']} failures; {s['tok_s']:.1f} tok/s "
-            f"aggregate; TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms; ITL p50 {s['itl_p50_ms']:.1f} "
+            f"aggregate; TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms; "
+            f"ITL p50 {s['itl_p50_ms']:.1f} "
             f"ms p99 {s['itl_p99_ms']:.1f} ms; stall p99 {s['stall_p99_ms']:.0f} ms; {check}; "
             f"RSS {s['rss_mb']['start']:.0f} -> max {s['rss_mb']['max']:.0f} MB")
     if "long" in result:
@@ -591,37 +394,36 @@ def failures(result: dict[str, Any]) -> list[str]:
     return [f for key in ("main", "long") if key in result for f in result[key].failures]
 
 
-def pair(a: dict[str, Any], b: dict[str, Any], key: str, digits: int = 0) -> str:
+def pair(a: dict[str, Any], b: dict[str, Any], key: str, digits: int = 0) -> tuple[str, str]:
     """``a``'s and ``b``'s p50 / p99 of one latency (ms), as two table cells."""
-    def cell(s: dict[str, Any]) -> str:
-        return f"{s[key + '_p50_ms']:.{digits}f} / {s[key + '_p99_ms']:.{digits}f}"
-
-    return f"{cell(a)} | {cell(b)}"
+    return tuple(f"{s[key + '_p50_ms']:.{digits}f} / {s[key + '_p99_ms']:.{digits}f}" for s in (a, b))
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """workload x clients: both servers' tok/s and ratio, TTFT and ITL p50/p99 (ms); burst's long prompts apart."""
     by = {(r["workload"], r["clients"], r["server"]): r for r in rows}
     points = sorted({(r["workload"], r["clients"]) for r in rows}, key=lambda p: (WORKLOADS.index(p[0]), p[1]))
-    out = ["| workload | clients | specstack tok/s | llama-server tok/s | ratio | TTFT p50 / p99 ms specstack | "
-           "llama-server | ITL p50 / p99 ms specstack | llama-server | identical to solo s / l |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    cells = []
     for w, c in points:
         a, b = by[(w, c, SPECSTACK)]["main"], by[(w, c, LLAMA)]["main"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("nan")
         same = (f"{a['identical']}/{a['checked']} / {b['identical']}/{b['checked']}" if a["checked"] or b["checked"]
                 else "not checked")
-        out.append(f"| {w} | {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {ratio:.2f}x | {pair(a, b, 'ttft')} | "
-                   f"{pair(a, b, 'itl', 1)} | {same} |")
+        cells.append([w, c, f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}x", *pair(a, b, "ttft"),
+                      *pair(a, b, "itl", 1), same])
+    out = markdown_table(["workload", "clients", "specstack tok/s", "llama-server tok/s", "ratio",
+                          "TTFT p50 / p99 ms specstack", "llama-server", "ITL p50 / p99 ms specstack", "llama-server",
+                          "identical to solo s / l"], cells)
     bursts = [p for p in points if p[0] == "burst"]
     if bursts:
-        out += ["", "| burst, clients | long-prompt TTFT p50 / p99 ms specstack | llama-server | stream stall p99 ms "
-                "specstack | llama-server | long prompt tokens |", "|---|---|---|---|---|---|"]
+        cells = []
         for w, c in bursts:
             a, b = by[(w, c, SPECSTACK)], by[(w, c, LLAMA)]
-            out.append(f"| {c} | {pair(a['long'], b['long'], 'ttft')} | {a['main']['stall_p99_ms']:.0f} | "
-                       f"{b['main']['stall_p99_ms']:.0f} | {a['long']['prompt_tokens_mean']:.0f} |")
-    return "\n".join(out)
+            cells.append([c, *pair(a["long"], b["long"], "ttft"), f"{a['main']['stall_p99_ms']:.0f}",
+                          f"{b['main']['stall_p99_ms']:.0f}", f"{a['long']['prompt_tokens_mean']:.0f}"])
+        out += "\n\n" + markdown_table(["burst, clients", "long-prompt TTFT p50 / p99 ms specstack", "llama-server",
+                                         "stream stall p99 ms specstack", "llama-server", "long prompt tokens"], cells)
+    return out
 
 
 def record(workload: str, clients: int, server: Server, result: dict[str, Any]) -> dict[str, Any]:
@@ -635,11 +437,6 @@ def record(workload: str, clients: int, server: Server, result: dict[str, Any]) 
 
 
 # -- modes -------------------------------------------------------------------------------------------
-
-
-def write_json(path: str | None, data: dict[str, Any]) -> None:
-    if path:
-        Path(path).write_text(json.dumps(data, indent=1))
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -656,6 +453,12 @@ def prepare(server: Server, plan: Plan, others: list[Server]) -> None:
     plan.references[server.url] = with_client(server.url, lambda c: solo_answers(c, plan.prompts, plan.args.n))
     say(f"{server.name}: warmed up, {len(plan.references[server.url])} solo answers, {time.perf_counter() - t0:.1f} s "
         f"({server.label})")
+
+
+SWEEP_COLUMNS: list[Column] = [("setting", "setting", str), ("tok_s", "tok/s", "{:.1f}".format),
+                               ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}".format),
+                               ("itl_p50_ms", "ITL p50 ms", "{:.1f}".format), ("ok", "ok", str),
+                               ("failures", "failures", str)]
 
 
 def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[LlamaSetting, list[dict[str, Any]]]:
@@ -684,12 +487,8 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
         raise ServerFailed("no llama-server setting started")
     ok = [r for r in rows if r["failures"] == 0 and r["ok"]] or rows
     best = max(ok, key=lambda r: r["tok_s"])
-    print(f"\nllama-server sweep at {args.llama_sweep_clients} clients, {args.llama_sweep_seconds:g} s each:\n\n"
-          "| setting | tok/s | TTFT p50 ms | ITL p50 ms | ok | failures |\n|---|---|---|---|---|---|")
-    for r in rows:
-        mark = " **(winner)**" if r is best else ""
-        print(f"| {r['setting']}{mark} | {r['tok_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['itl_p50_ms']:.1f} | "
-              f"{r['ok']} | {r['failures']} |")
+    print(f"\nllama-server sweep at {args.llama_sweep_clients} clients, {args.llama_sweep_seconds:g} s each:\n")
+    print(table([{**r, "setting": r["setting"] + (" **(winner)**" if r is best else "")} for r in rows], SWEEP_COLUMNS))
     print(f"\nwinner: {best['setting']} ({' '.join(best['flags']) or 'no speculation flags'})\n", flush=True)
     return LlamaSetting(best["setting"], tuple(best["flags"])), rows
 
@@ -699,7 +498,7 @@ def check_chat_template(servers: list[Server]) -> None:
     lengths = {}
     for server in servers:
         stats = Stats()
-        with_client(server.url, lambda c: stream(chat(c, [{"role": "user", "content": "Hello."}], 1), stats))
+        with_client(server.url, lambda c: stream(c, stats, 1, messages=[{"role": "user", "content": "Hello."}]))
         lengths[server.name] = stats.prompt_tokens[-1] if stats.prompt_tokens else None
     same = len(set(lengths.values())) == 1
     say(f"chat template check: one user message is {lengths} prompt tokens"

@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from specstack.bench.serving import free_port, wait_ready  # noqa: E402
 from specstack.prompts import held_out_prompts  # noqa: E402
 from specstack.server.app import Limits, create_app  # noqa: E402
 from specstack.server.roles import default_roles  # noqa: E402
@@ -33,14 +34,6 @@ PROMPTS = held_out_prompts(4)
 FRESH = held_out_prompts(8)[5:]  # no other test sends these: no replica holds their prefix before
 MODEL = "pycoder-6m"
 WAIT_S = 120  # a deadline against hanging, never a performance bound
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def roles():
@@ -80,15 +73,8 @@ def url(cluster, suffix_dir):
     app = deploy.application(roles(), LIMITS, max_queue=1, replicas=2, suffix_log=suffix_dir)
     deploy.start(app, cluster.address, "127.0.0.1", port)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + WAIT_S
-    while time.time() < deadline:
-        try:
-            if httpx.get(base + "/health").status_code == 200:
-                return base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the Ray server did not become healthy")
+    wait_ready(base, timeout=WAIT_S, interval=0.5)
+    return base
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import openai
 import pytest
 import uvicorn
 
+from specstack.bench.serving import ServerFailed, free_port, wait_ready
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -29,12 +29,6 @@ from specstack.server.roles import Role, default_roles, load_roles
 
 KEY = "test-key"
 PROMPT = held_out_prompts(3)[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -48,15 +42,8 @@ class Server:
 
     def __enter__(self) -> "Server":
         self.thread.start()
-        deadline = time.time() + 300  # a first load measures shapes: over a minute on a busy 2-core machine
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become healthy")
+        wait_ready(self.url, timeout=300, interval=0.1)  # a first load measures shapes: a minute on a busy 2-core host
+        return self
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
@@ -400,16 +387,12 @@ def spawn_server(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "specstack", "serve", "--port", str(port), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"server did not become healthy: {proc.communicate()[0][-2000:]}")
+    try:
+        wait_ready(url, proc, timeout=90, interval=0.1)
+    except ServerFailed as exc:
+        proc.kill()
+        raise RuntimeError(f"{exc}: {proc.communicate()[0][-2000:]}") from None
+    return proc, url
 
 
 def test_a_role_that_cannot_load_is_reported_by_health(tmp_path):
