@@ -10,7 +10,8 @@ Where the template comes from, first match wins (as llama-server's ``--chat-temp
    model most likely never saw (Gemma 3 echoed the question over and over in it).
 
 Jinja templates are rendered in a sandbox as llama.cpp and transformers do, with ``messages``,
-``add_generation_prompt``, ``bos_token`` and ``eos_token``.  The plain format::
+``add_generation_prompt``, ``bos_token``, ``eos_token`` and a request's ``tools``; what a template cannot
+show of tools, calls and tool results is written into the messages (``template_caps``).  The plain format::
 
     ### System:
     You are terse.
@@ -23,6 +24,9 @@ Jinja templates are rendered in a sandbox as llama.cpp and transformers do, with
 
 from __future__ import annotations
 
+import datetime
+import functools
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -112,18 +116,30 @@ def chat_tokens(chat: RenderedChat, vocab: ChatVocabulary) -> list[int]:
     return ids
 
 
-def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "") -> RenderedChat:
+def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "", *,
+           tools: Sequence[dict[str, Any]] | None = None, tool_example: str = "",
+           extra: dict[str, Any] | None = None) -> RenderedChat:
     """The prompt for ``messages``, ending where the assistant's answer starts, with what the template wrote
     told apart from what the messages said.
 
+    ``tools`` (OpenAI's function tools) go to the template as ``tools``, as ``llama-server --jinja`` and
+    transformers pass them; assistant ``tool_calls`` and ``tool`` messages go to it as they are.  What the
+    template cannot show is written into the messages as llama.cpp's templates (minja) do
+    (``template_caps``): the tools as a system message (with ``tool_example``, a call in the format the
+    output is read in), calls as JSON content, tool results as a user message of JSON, a system message
+    into the first user message.  ``extra`` adds template variables (``chat_template_kwargs``).
+
     The template is rendered twice: with each message's text as it is, and with each replaced by a unique
     marker. The markers show where the messages' text went; the first rendering shows what the template did
-    to it (llama.cpp's built-in templates trim it).
+    to it (llama.cpp's built-in templates trim it).  The tools' text is the request's too, and is marked the
+    same way, except words such as ``string`` or a parameter's name (``SAFE``), which templates compare.
     """
     for i, m in enumerate(messages):
         if m.get("role") not in ROLES:
             raise InvalidParameterError(f"messages[{i}].role must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
     messages = [{**m, "content": _text(m)} for m in messages]
+    tools = list(tools or ())
+    messages = _polyfilled(messages, template_caps(template), tools, tool_example)
     if template.kind == "plain":
         pieces: list[tuple[str, bool]] = []
         for m in messages:
@@ -131,49 +147,261 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
         return RenderedChat(tuple(pieces) + (("### Assistant:\n", True),))
     # every string a message brings, nested ones too (content, name, tool_calls' arguments, ...), is the user's
     # text; the role is checked
-    nonce = secrets.token_hex(8)
-    texts: list[str] = []
-    marked_messages = [{k: (v if k == "role" else _marked(v, texts, nonce)) for k, v in m.items()} for m in messages]
-    markers = [f"specstack{nonce}m{n}e" for n in range(len(texts))]
-    full = _apply(template, messages, bos, eos)
-    marked = _apply(template, marked_messages, bos, eos)
-    return _split(full, marked, markers, texts)
+    marks = _Marks()
+    marked_messages = [{k: (v if k == "role" else marks.message(v, k)) for k, v in m.items()} for m in messages]
+    marked_tools = [marks.tool(t) for t in tools]
+    full = _apply(template, messages, bos, eos, tools, extra)
+    marked = _apply(template, marked_messages, bos, eos, marked_tools, extra)
+    return _split(full, marked, marks.markers(), marks.texts)
 
 
-def _marked(value: Any, texts: list[str], nonce: str) -> Any:
-    """``value`` with each string in it replaced by the next marker (letters and digits: trim leaves them be),
-    the strings kept in ``texts``."""
-    if isinstance(value, str):
-        texts.append(value)
-        return f"specstack{nonce}m{len(texts) - 1}e"
-    if isinstance(value, dict):
-        return {k: _marked(v, texts, nonce) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_marked(v, texts, nonce) for v in value]
-    return value
+# Strings a template may compare or count (JSON schema words, a parameter's or function's name, an OpenAI
+# call id or type) are left as they are when they are only letters, digits and ``_-.``: no control token is
+# spelled that way, so they cannot write markup; anything else the request brings is marked.
+SAFE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str, eos: str) -> str:
+class _Marks:
+    """Markers for a request's strings: each distinct string gets one (the same string the same marker, so a
+    template that looks a parameter's name up in ``required`` finds it)."""
+
+    def __init__(self) -> None:
+        self.nonce = secrets.token_hex(8)
+        self.texts: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def markers(self) -> list[str]:
+        return [f"specstack{self.nonce}m{n}e" for n in range(len(self.texts))]
+
+    def mark(self, text: str) -> str:
+        """The marker for ``text`` (letters and digits: trim leaves it be); "" stays "" (a template may test
+        whether a message has content)."""
+        if not text:
+            return text
+        n = self._index.get(text)
+        if n is None:
+            n = self._index[text] = len(self.texts)
+            self.texts.append(text)
+        return f"specstack{self.nonce}m{n}e"
+
+    def _key(self, key: Any) -> Any:
+        return key if not isinstance(key, str) or SAFE.fullmatch(key) else self.mark(key)
+
+    def message(self, value: Any, key: str | None = None) -> Any:
+        """A message's value: every string marked but a safe call id or type (Mistral's template counts ids)."""
+        if isinstance(value, str):
+            return value if key in ("id", "tool_call_id", "type") and SAFE.fullmatch(value) else self.mark(value)
+        if isinstance(value, dict):
+            return {self._key(k): self.message(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.message(v) for v in value]
+        return value
+
+    def tool(self, value: Any) -> Any:
+        """A tool's value: safe words as they are (``"type": "string"``), every other string marked."""
+        if isinstance(value, str):
+            return value if SAFE.fullmatch(value) else self.mark(value)
+        if isinstance(value, dict):
+            return {self._key(k): self.tool(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.tool(v) for v in value]
+        return value
+
+
+@dataclass(frozen=True)
+class TemplateCaps:
+    """What a template shows of a chat, probed as minja (llama.cpp's template engine) probes it."""
+
+    system_role: bool = True
+    tools: bool = False  # it describes the request's tools
+    tool_calls: bool = False  # it writes an assistant message's tool_calls
+    tool_responses: bool = False  # it writes tool messages
+    object_arguments: bool = False  # it needs a call's arguments as an object, not JSON text
+    parallel_tool_calls: bool = False  # it writes several calls of one message
+
+
+@functools.lru_cache(maxsize=64)
+def template_caps(template: ChatTemplate) -> TemplateCaps:
+    """What ``template`` shows (llama.cpp's built-ins and the plain format: text turns only)."""
+    if template.kind != "jinja":
+        return TemplateCaps()
+
+    def raw(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        try:
+            return _apply(template, messages, "", "", tools)
+        except Exception:
+            return ""
+
+    user = {"role": "user", "content": "<User Needle>"}
+    system_role = "<System Needle>" in raw([{"role": "system", "content": "<System Needle>"}, user])
+    probe_tool = {"type": "function", "function": {
+        "name": "some_tool", "description": "Some tool.",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Some argument."}},
+                       "required": ["arg"]}}}
+    tools = "some_tool" in raw([user], [probe_tool])
+
+    def call_message(*calls: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "assistant", "content": "", "tool_calls": list(calls)}
+
+    def call(name: str, arguments: Any) -> dict[str, Any]:
+        return {"id": "call_1___", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+    needle = {"argument_needle": "print('Hello, World!')"}
+
+    def keyed(out: str) -> bool:  # the argument's name written as a name (GLM, Qwen3-Coder), not inside JSON
+        return "<parameter=argument_needle>" in out or "argument_needle</arg_key>" in out
+
+    def shows(out: str) -> bool:
+        return keyed(out) or '"argument_needle":' in out or "'argument_needle':" in out
+
+    text_out = raw([user, call_message(call("ipython", json.dumps(needle)))])
+    object_out = raw([user, call_message(call("ipython", needle))])
+    as_text, as_object = shows(text_out), shows(object_out)
+    tool_calls = as_text or as_object
+    # an object where the template takes one, or where only an object has its keys written as keys (GLM writes
+    # JSON text whole, as one "raw_arguments")
+    object_arguments = as_object and (not as_text or (keyed(object_out) and not keyed(text_out)))
+    parallel = responses = False
+    if tool_calls:
+        args = needle if object_arguments else json.dumps(needle)
+        out = raw([user, call_message(call("test_tool1", args), call("test_tool2", args))])
+        parallel = "test_tool1" in out and "test_tool2" in out
+        out = raw([user, call_message(call("test_tool1", args)),
+                   {"role": "tool", "name": "test_tool1", "content": "Some response!", "tool_call_id": "call_911_"}])
+        responses = "Some response!" in out
+    return TemplateCaps(system_role, tools, tool_calls, responses, object_arguments, parallel)
+
+
+TOOLS_INTRO = "You can call any of the following tools to satisfy the user's requests: "
+
+
+def _polyfilled(messages: list[dict[str, Any]], caps: TemplateCaps, tools: list[dict[str, Any]],
+                example: str) -> list[dict[str, Any]]:
+    """``messages`` with what the template cannot show written into them (minja's polyfills)."""
+    if tools and not caps.tools:
+        note = TOOLS_INTRO + json.dumps(tools, indent=2, ensure_ascii=False)
+        if example:
+            note += "\n\nExample tool call syntax:\n\n" + example + "\n\n"
+        messages = add_system(messages, note)
+    out: list[dict[str, Any]] = []
+    pending = ""
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = [_object_arguments(c) for c in m["tool_calls"]] if (caps.object_arguments or not caps.tool_calls) \
+                else m["tool_calls"]
+            m["tool_calls"] = calls
+            if not caps.tool_calls:
+                listed = []
+                for c in calls:
+                    fn = c.get("function") if isinstance(c, dict) else None
+                    if not isinstance(fn, dict):
+                        continue
+                    entry = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+                    if isinstance(c, dict) and "id" in c:
+                        entry["id"] = c["id"]
+                    listed.append(entry)
+                body: dict[str, Any] = {"tool_calls": listed}
+                if m.get("content"):
+                    body["content"] = m["content"]
+                m["content"] = json.dumps(body, indent=2, ensure_ascii=False)
+                del m["tool_calls"]
+        if m["role"] == "tool" and not caps.tool_responses:
+            response: dict[str, Any] = {}
+            if "name" in m:
+                response["tool"] = m.pop("name")
+            response["content"] = m["content"]
+            if "tool_call_id" in m:
+                response["tool_call_id"] = m.pop("tool_call_id")
+            m = {**m, "role": "user", "content": json.dumps({"tool_response": response}, indent=2, ensure_ascii=False)}
+        if not caps.system_role:
+            if m["role"] == "system":
+                pending = f"{pending}\n{m['content']}" if pending else m["content"]
+                continue
+            if m["role"] == "user" and pending:
+                m["content"] = pending + ("\n" + m["content"] if m["content"] else "")
+                pending = ""
+            elif pending:
+                out.append({"role": "user", "content": pending})
+                pending = ""
+        out.append(m)
+    if pending:
+        out.append({"role": "user", "content": pending})
+    return out
+
+
+def add_system(messages: Sequence[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    """``messages`` with ``note`` appended to their system message (one is put first if there is none)."""
+    messages = list(messages)
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        return [{**first, "content": f"{_text(first)}\n\n{note}"}] + messages[1:]
+    return [{"role": "system", "content": note}] + messages
+
+
+def _object_arguments(call: Any) -> Any:
+    """A call with its arguments' JSON text read as an object (templates that iterate them need one)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = call["function"]
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn = {**fn, "arguments": json.loads(fn["arguments"])}
+        except ValueError:
+            pass
+    return {**call, "function": fn}
+
+
+def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str, eos: str,
+           tools: Sequence[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
     if template.kind == "builtin":
         try:
             return apply_builtin_chat_template(template.text, [(m["role"], m["content"]) for m in messages])
         except ValueError as exc:
             raise InvalidParameterError(str(exc)) from None
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _environment()
 
     def raise_exception(message: str) -> None:
         raise InvalidParameterError(f"the model's chat template refused the messages: {message}")
 
-    env.globals["raise_exception"] = raise_exception
+    context: dict[str, Any] = {**(extra or {}), "messages": list(messages), "add_generation_prompt": True,
+                               "bos_token": bos, "eos_token": eos, "raise_exception": raise_exception}
+    if tools:
+        context["tools"] = list(tools)
     try:
-        return env.from_string(template.text).render(messages=list(messages),
-                                                add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        return env.from_string(template.text).render(**context)
     except InvalidParameterError:
         raise
     except Exception as exc:
         raise InvalidParameterError(f"the model's chat template failed on these messages: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> Any:
+    """The sandbox templates render in, as transformers and llama.cpp set it up: ``tojson`` without HTML
+    escaping, ``{% break %}``/``{% continue %}``, ``{% generation %}`` blocks, ``strftime_now``."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", Generation])
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
 
 
 _MARKER = re.compile("specstack[0-9a-f]{16}m([0-9]+)e")
@@ -215,7 +443,9 @@ def _fit(full: str, pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]] | 
             pos += len(text)
             continue
         after = pieces[i + 1][0] if i + 1 < len(pieces) else ""
-        for candidate in (text, text.strip()):
+        # as is, trimmed, or escaped inside a JSON string (a template's ``tojson`` of the tools or arguments)
+        escaped = (json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1])
+        for candidate in dict.fromkeys((text, text.strip()) + escaped):
             if full.startswith(candidate + after, pos):
                 out.append((candidate, False))
                 pos += len(candidate)
