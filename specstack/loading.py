@@ -45,9 +45,21 @@ class TargetSpec:
     rollback_depth: int = DEFAULT_DEPTH
     tree_branches: int = DEFAULT_TREE_BRANCHES
     kv_overrides: tuple[tuple[str, int], ...] = ()
+    # llama.cpp's loading flags: -fa (None: auto, on exactly where exactness is off, since exact shapes are measured
+    # without it), -ub/-b (the physical batch, n_ubatch: the most rows one call decodes), --no-mmap, --mlock
+    flash_attn: bool | None = None
+    batch: int = 512
+    mmap: bool = True
+    mlock: bool = False
 
     def __post_init__(self) -> None:
         exact_mode(self.exact)  # refuses an unknown mode by name
+        if self.flash_attn and exact_mode(self.exact) != "off":
+            raise InvalidParameterError(f"flash attention (-fa on) needs --exact off (got --exact {self.exact}): exact "
+                                        "call shapes are measured without it, and its one-row path depends on the KV "
+                                        "length; use -fa auto, or --exact off")
+        if self.batch < 1:
+            raise InvalidParameterError(f"the batch size must be >= 1 (got {self.batch})")
         if self.tree_branches < 1:
             raise InvalidParameterError(f"tree branches must be >= 1 (got {self.tree_branches})")
         if self.experts is not None and self.experts < 1:
@@ -70,7 +82,8 @@ class TargetSpec:
         return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
                            n_seq_max=self.tree_branches, n_slots=self.slots,
                            kv_overrides=overrides, rollback=self.rollback, rollback_depth=self.rollback_depth,
-                           flash_attn=exact_mode(self.exact) == "off")
+                           flash_attn=exact_mode(self.exact) == "off" if self.flash_attn is None else self.flash_attn,
+                           n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
 
 
 def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, settle: bool = True,

@@ -87,12 +87,12 @@ SCHEMA = [
     SchemaField("prompt", [1, 2, 3], [1.0, 2.0], honoured=True, routes=COMPLETIONS),
     SchemaField("best_of", 2, "2", neutral=1, routes=COMPLETIONS),
     SchemaField("echo", True, "yes", neutral=False, honoured=True, routes=COMPLETIONS),
-    SchemaField("frequency_penalty", 0.5, "0.5", neutral=0),
-    SchemaField("logit_bias", {"5": 10}, "x", neutral={}),
+    SchemaField("frequency_penalty", 0.5, "0.5", neutral=0, honoured=True),
+    SchemaField("logit_bias", {"5": 10}, "x", neutral={}, honoured=True),
     SchemaField("logprobs", 2, True, honoured=True, routes=COMPLETIONS),
     SchemaField("max_tokens", 2, True, honoured=True),
     SchemaField("n", 2, 2.0, neutral=1, honoured=True),
-    SchemaField("presence_penalty", 0.5, "0.5", neutral=0),
+    SchemaField("presence_penalty", 0.5, "0.5", neutral=0, honoured=True),
     SchemaField("seed", 7, "7", honoured=True),
     SchemaField("stop", "\n", 5, honoured=True),
     SchemaField("stream", True, "yes", neutral=False, honoured=True),
@@ -137,8 +137,8 @@ SCHEMA = [
     SchemaField("n_cmpl", 2, "2", honoured=True),
     SchemaField("n_cache_reuse", 256, True, neutral=0),
     SchemaField("typical_p", 0.5, "0.5", neutral=1.0),
-    SchemaField("repeat_penalty", 1.1, "1.1", neutral=1.0),
-    SchemaField("repeat_last_n", 128, "64", neutral=64),
+    SchemaField("repeat_penalty", 1.1, "1.1", neutral=1.0, honoured=True),
+    SchemaField("repeat_last_n", 128, "64", neutral=64, honoured=True),
     SchemaField("dry_multiplier", 0.8, "0.8", neutral=0.0),
     SchemaField("dry_base", 2.0, "2", neutral=1.75),
     SchemaField("dry_allowed_length", 3, 2.5, neutral=2),
@@ -151,7 +151,7 @@ SCHEMA = [
     SchemaField("mirostat_eta", 0.2, "0.2", neutral=0.1),
     SchemaField("grammar", 'root ::= "a"', 5, neutral=""),
     SchemaField("json_schema", {"type": "string"}, "string"),
-    SchemaField("ignore_eos", True, "yes", neutral=False),
+    SchemaField("ignore_eos", True, "yes", neutral=False, honoured=True),
     SchemaField("n_probs", 2, "2", neutral=0),
     SchemaField("min_keep", 2, "2", neutral=0),
     SchemaField("t_max_predict_ms", 100, "100", neutral=0),
@@ -175,7 +175,9 @@ SCHEMA = [
     SchemaField("reasoning_format", "deepseek", 5, neutral="none", routes=CHAT),
     SchemaField("reasoning_control", True, "yes", neutral=False, routes=CHAT),
     # vLLM
-    SchemaField("repetition_penalty", 1.2, "1.2", neutral=1.0),
+    SchemaField("repetition_penalty", 1.2, "1.2", neutral=1.0, honoured=True),
+    SchemaField("min_tokens", 2, "2", neutral=0, honoured=True),
+    SchemaField("stop_token_ids", [13], "13", neutral=[], honoured=True),
     # specstack's own
     SchemaField("speculative", {"k_policy": "fixed", "k": 3}, {"k": "3"}, honoured=True, wrong_param="speculative.k"),
 ]
@@ -226,8 +228,8 @@ def test_an_unknown_field_is_refused_as_openai_does(http, route):
 
 
 def test_refusals_say_why_and_what_would_do(http):
-    _, _, message = answer(http, "completions", {"repeat_penalty": 1.3})
-    assert "not implemented" in message and "or send 1" in message
+    _, _, message = answer(http, "completions", {"dry_multiplier": 0.8})
+    assert "not implemented" in message and "or send 0" in message
 
 
 @pytest.mark.parametrize("samplers, extra, ok", [
@@ -239,6 +241,9 @@ def test_refusals_say_why_and_what_would_do(http):
     (["min_p", "top_k", "temperature"], {}, False),  # another order than this server's
     (["top_k", "top_k", "temperature"], {}, False),
     (["top_k", "infill"], {}, False),
+    (["top_k", "temperature"], {"repeat_penalty": 1.2}, False),  # penalties left out of the chain but set
+    (["penalties", "top_k", "temperature"], {"repeat_penalty": 1.2}, True),
+    (["top_k", "penalties", "temperature"], {"repeat_penalty": 1.2}, False),  # penalties come first here
     (["magic"], {}, False),
 ])
 def test_a_samplers_chain_is_honoured_only_when_it_is_the_one_applied(http, samplers, extra, ok):

@@ -68,6 +68,8 @@ class ModelConfig:
     # architecture can, else checkpoints; ``rollback_depth`` is n_rs_seq.
     rollback: str = "auto"
     rollback_depth: int = DEFAULT_DEPTH
+    use_mmap: bool = True  # llama.cpp's --no-mmap: False reads the weights into memory
+    use_mlock: bool = False  # llama.cpp's --mlock: keep the weights in RAM
 
     def __post_init__(self) -> None:
         if self.rollback not in STRATEGIES:

@@ -126,6 +126,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         lc = self._lc
         params = lc.llama_model_default_params()
         params.use_extra_bufts = self.config.repack
+        params.use_mmap, params.use_mlock = self.config.use_mmap, self.config.use_mlock
         self._kv_override_array = None
         if self.config.kv_overrides:
             params.kv_overrides = self._make_overrides()

@@ -16,6 +16,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from importlib import import_module
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Optional, Protocol
@@ -35,7 +36,10 @@ from ..drafters.base import check_name
 from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import MAX_LOGPROBS, SamplingParams
-from .chat import chat_tokens, render
+from .access import AccessLog
+from .chat import RenderedChat, chat_tokens, render
+from .inputs import chat_messages, completion_prompts
+from .controls import ControlError, ControlFields, request_constraints, stop_strings
 from .prometheus import ServerMetrics
 from .roles import Role
 from .worker import Job, QueueFull, RoleWorker
@@ -79,6 +83,8 @@ class Limits:
     # Seconds a request's body may take to arrive whole: a client that stops sending mid-body (short of its
     # Content-Length, or a chunked body never ended) gets 408 instead of holding a connection open for good.
     body_timeout_s: float = 30.0
+    # Tokens a request generates when it names no max_tokens (`serve --n-predict`, llama-server's -n).
+    default_max_tokens: int = 16
 
 
 def _speculative_model() -> type[BaseModel]:
@@ -107,9 +113,10 @@ class StreamOptions(BaseModel):
     include_obfuscation: Optional[bool] = Field(None, strict=True)  # nothing is obfuscated here: only false
 
 
-class _Common(BaseModel):
-    """The fields both endpoints honour.  Anything else is a 400: the schemas' other fields by the
-    ``UNIMPLEMENTED`` table, unknown ones as OpenAI does ("Unrecognized request argument supplied")."""
+class _Common(ControlFields):
+    """The fields both endpoints honour (the logit controls' with them: ``controls.ControlFields``).  Anything
+    else is a 400: the schemas' other fields by the ``UNIMPLEMENTED`` table, unknown ones as OpenAI does
+    ("Unrecognized request argument supplied")."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(None, strict=True)
@@ -126,7 +133,7 @@ class _Common(BaseModel):
     prompt_cache_key: str | None = Field(None, strict=True)
     user: str | None = Field(None, strict=True)
     safety_identifier: str | None = Field(None, strict=True)
-    stop: str | list[str] | None = None
+    stop: str | list[StrictStr | StrictInt] | None = None  # an integer entry is a stop token id (``controls``)
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")
@@ -135,7 +142,8 @@ class _Common(BaseModel):
 
 
 class _CompletionFields(_Common):
-    prompt: str | list[StrictInt]
+    # text, token ids, llama-server's mix of both ([12, "text", 34]), or a list of these: one choice set per prompt
+    prompt: str | list[StrictInt | StrictStr | list[StrictInt | StrictStr]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
     echo: bool = Field(False, strict=True)
 
@@ -194,11 +202,19 @@ SAMPLER_NAMES = {
     "penalties": ("penalties", "e"), "infill": ("infill", "i"),
 }
 _SAMPLER_BY_NAME = {alias: name for name, aliases in SAMPLER_NAMES.items() for alias in aliases}
-# Samplers this server applies, in its order (``sampling``), and each one's value when it is off.
-SAMPLER_ORDER = ("top_k", "top_p", "min_p", "temperature")
+# Samplers this server applies, in its order (``constraints``, then ``sampling``), and each one's test for being
+# off in a request (penalties: every penalty field left out or at its neutral value).
+SAMPLER_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
 SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
+_PENALTIES_OFF = {"repeat_penalty": 1.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 # Samplers that do nothing at the neutral values this server requires of their settings (``UNIMPLEMENTED``).
-SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma", "penalties")
+SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma")
+
+
+def _sampler_off(name: str, body: "_Common") -> bool:
+    if name == "penalties":
+        return all(getattr(body, f) in (None, off) for f, off in _PENALTIES_OFF.items()) or body.repeat_last_n == 0
+    return getattr(body, name) == SAMPLER_OFF[name]
 
 
 def samplers_as_applied(value: str | list[str], body: "_Common") -> bool:
@@ -212,7 +228,7 @@ def samplers_as_applied(value: str | list[str], body: "_Common") -> bool:
     active = [n for n in chain if n not in SAMPLER_IDLE]
     if len(set(active)) != len(active) or active != [n for n in SAMPLER_ORDER if n in active]:
         return False
-    return all(getattr(body, n) == SAMPLER_OFF[n] for n in SAMPLER_ORDER if n not in active)
+    return all(_sampler_off(n, body) for n in SAMPLER_ORDER if n not in active)
 
 
 def _best_of_is_n(value: int, body: "_Common") -> bool:
@@ -220,7 +236,7 @@ def _best_of_is_n(value: int, body: "_Common") -> bool:
     return value == (body.n_cmpl or body.n)
 
 
-PENALTY = "repetition penalties are not implemented yet"
+PENALTY = "DRY penalties are not implemented (repeat_penalty, frequency_penalty and presence_penalty are)"
 SAMPLER = "this sampler is not implemented (the server samples with temperature, top_k, top_p and min_p)"
 GRAMMAR = "constrained decoding (grammars, JSON schemas, JSON mode) is not implemented yet"
 TOOLS = "tools/function calling is not supported"
@@ -233,9 +249,6 @@ OBJECT = dict[str, Any]
 
 UNIMPLEMENTED = (
     # OpenAI, both endpoints
-    Unimplemented("frequency_penalty", F, (0,), PENALTY),
-    Unimplemented("presence_penalty", F, (0,), PENALTY),
-    Unimplemented("logit_bias", OBJECT | list[Any], ({}, []), "it would change the target's distribution"),
     Unimplemented("response_format", OBJECT, ({"type": "text"},), GRAMMAR),
     Unimplemented("tools", list[Any], ([],), TOOLS),
     Unimplemented("tool_choice", S | OBJECT, ("none",), TOOLS),
@@ -258,10 +271,7 @@ UNIMPLEMENTED = (
     Unimplemented("verbosity", S, (), "there is no verbosity control", ("chat",)),
     Unimplemented("service_tier", S, ("auto", "default"), "there is one service tier", ("chat",)),
     Unimplemented("web_search_options", OBJECT, (), "there is no web search", ("chat",)),
-    # llama-server's /completion fields (it takes them on both OpenAI routes too); vLLM's repetition_penalty
-    Unimplemented("repeat_penalty", F, (1,), PENALTY),
-    Unimplemented("repetition_penalty", F, (1,), PENALTY),
-    Unimplemented("repeat_last_n", I, (64, 0), PENALTY),
+    # llama-server's /completion fields (it takes them on both OpenAI routes too)
     Unimplemented("dry_multiplier", F, (0,), PENALTY),
     Unimplemented("dry_base", F, (1.75,), PENALTY),
     Unimplemented("dry_allowed_length", I, (2,), PENALTY),
@@ -281,7 +291,6 @@ UNIMPLEMENTED = (
                   f"the only chain applied here is {', '.join(SAMPLER_ORDER)} (a sampler left out must be off)"),
     Unimplemented("grammar", S, ("",), GRAMMAR),
     Unimplemented("json_schema", OBJECT, (), GRAMMAR),
-    Unimplemented("ignore_eos", B, (False,), "generation always ends at the model's end-of-generation token"),
     Unimplemented("n_probs", I, (0,), LOGPROBS),
     Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
@@ -346,13 +355,14 @@ def _shown_value(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def requested_tokens(body: _Common) -> tuple[int, str]:
+def requested_tokens(body: _Common, default: int = 16) -> tuple[int, str]:
     """How many tokens a request may generate, and the field that said so (errors name it): max_tokens,
-    chat's max_completion_tokens or llama-server's n_predict; 16 when none is given, as OpenAI's completions."""
+    chat's max_completion_tokens or llama-server's n_predict; ``default`` when none is given (16, as OpenAI's
+    completions, unless `serve --n-predict` says otherwise)."""
     given = [(name, getattr(body, name)) for name in ("max_tokens", "max_completion_tokens", "n_predict")
              if getattr(body, name, None) is not None]
     if not given:
-        return 16, "max_tokens"
+        return default, "max_tokens"
     name, value = given[-1]
     if any(v != value for _, v in given):
         raise ApiError(400, f"{' and '.join(n for n, _ in given)} disagree ({', '.join(str(v) for _, v in given)}); "
@@ -460,7 +470,7 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and scope["path"].startswith("/v1/") and not authorized(headers.get("authorization"), self.api_key):
+        if self.api_key and needs_key(scope["path"]) and not authorized(headers.get("authorization"), self.api_key):
             return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
                                code="invalid_api_key")(scope, receive, send)
         if scope.get("method") in ("POST", "PUT", "PATCH"):
@@ -495,6 +505,16 @@ class Guard:
     async def _too_large(self, size: str, scope: dict, receive: Any, send: Any) -> None:
         await error(413, f"the request body has {size} bytes; the limit is {self.max_body_bytes} "
                          "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
+
+
+# What --api-key guards: the OpenAI routes and llama-server's (``llama_api``); the probes (/health, /metrics) and
+# the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
+LLAMA_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props",
+                         "/slots", "/embedding", "/embeddings"})
+
+
+def needs_key(path: str) -> bool:
+    return path.startswith("/v1/") or path.rstrip("/") in LLAMA_PATHS
 
 
 class _BodyTooLarge(Exception):
@@ -570,12 +590,13 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                backends: dict[str, RoleBackend] | None = None,
                render_metrics: Callable[[], Awaitable[bytes]] | None = None,
                role_health: Callable[[], Awaitable[dict[str, tuple[str | None, dict[str, Any]]]]] | None = None,
-               ) -> FastAPI:
+               access_log: Callable[[str], None] | None = None, slots: bool = True) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
     ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
-    /health entry adds (replicas up, under --ray)."""
+    /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
+    none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``)."""
     metrics = ServerMetrics()
     workers: dict[str, RoleBackend] = backends if backends is not None else {
         r.name: RoleWorker(r, metrics, max_queue) for r in roles}
@@ -622,6 +643,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)
+    if access_log is not None:  # outermost: Guard's refusals are logged too
+        app.add_middleware(AccessLog, write=access_log)
 
     def worker_for(model: str | None) -> RoleBackend:
         if model is None or model not in workers:
@@ -675,21 +698,33 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     async def completions(body: CompletionRequest, request: Request) -> Response:
         unsupported(body)
         w = worker_for(body.model)
-        ids = body.prompt if isinstance(body.prompt, list) else w.target.tokenize(body.prompt)
-        return await run(request, w, body, ids, chat=False)
+        return await run(request, w, body, prompt_ids(body.prompt, w.target), chat=False, grammar=grammar_for(body, w))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Response:
         unsupported(body)
         w = worker_for(body.model)
+        return await run(request, w, body, [chat_tokens(chat_prompt(body, w), w.target)], chat=True)
+
+    def chat_prompt(body: _Common, w: RoleBackend) -> RenderedChat:
+        """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
+        ``developer`` messages are system messages, as llama-server and vLLM read them."""
         try:
-            prompt = render([m.model_dump() for m in body.messages], w.template)
+            return render(chat_messages([m.model_dump() for m in body.messages]), w.template)
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="messages") from None
-        return await run(request, w, body, chat_tokens(prompt, w.target), chat=True)
 
-    async def run(request: Request, w: RoleBackend, body: _Common, ids: list[int], chat: bool) -> Response:
-        jobs = make_jobs(w, body, ids, "messages" if chat else "prompt")
+    def prompt_ids(prompt: Any, target: Any) -> list[list[int]]:
+        """A completions ``prompt`` as one token list per prompt (``inputs.completion_prompts``)."""
+        try:
+            return completion_prompts(prompt, target)
+        except SpecstackError as exc:
+            raise ApiError(400, str(exc), param="prompt") from None
+
+    async def start(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
+                    grammar: str | None = None) -> tuple[list[Job], dict[str, Any]]:
+        """A request's jobs submitted and their first event (``ApiError`` for a refusal, 499 for a client gone)."""
+        jobs = make_jobs(w, body, prompts, "messages" if chat else "prompt", grammar)
         token = SESSION.set(request.headers.get("x-session-id") or body.prompt_cache_key or body.user
                             or body.safety_identifier)
         try:
@@ -701,17 +736,25 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             SESSION.reset(token)
         first = await next_event(request, w, jobs)
         if first is None:
-            return Response(status_code=499)  # client gone; the jobs were cancelled
+            raise ApiError(499, "the client closed the connection")  # the jobs were cancelled
         if first["type"] == "error":
             cancel_all(w, jobs)
-            return error_event(first)
+            raise ApiError(first["status"], first["message"], first["kind"], param=first.get("param"),
+                           code=first.get("code"), headers=first.get("headers"))
+        return jobs, first
+
+    async def run(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
+                  grammar: str | None = None) -> Response:
+        jobs, first = await start(request, w, body, prompts, chat, grammar)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        echo = w.target.detokenize(ids) if getattr(body, "echo", False) else ""
+        per_prompt = len(jobs) // len(prompts)
+        echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in jobs]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(stream(request, w, jobs, first, rid, chat, include_usage, echo), ping=15)
-        texts = [echo] * len(jobs)
-        logprobs = [LogprobsOut(w.target, chat, len(echo)) for _ in jobs]
+            return EventSourceResponse(stream(request, w, jobs, first, rid, chat, include_usage, echoes, per_prompt),
+                                       ping=15)
+        texts = list(echoes)
+        logprobs = [LogprobsOut(w.target, chat, len(echo)) for echo in echoes]
         finals: dict[int, dict[str, Any]] = {}
         event: dict[str, Any] | None = first
         while True:
@@ -730,33 +773,43 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             if event is None:
                 return Response(status_code=499)
         wanted = jobs[0].config.logprobs is not None
-        return JSONResponse(final_body(rid, w.role.name, texts, [finals[i] for i in range(len(jobs))], chat,
-                                       [lp.body() for lp in logprobs] if wanted else None))
+        finals_list = [finals[i] for i in range(len(jobs))]
+        request.state.usage = total_usage(finals_list, per_prompt)  # for the access log
+        return JSONResponse(final_body(rid, w.role.name, texts, finals_list, chat,
+                                       [lp.body() for lp in logprobs] if wanted else None, per_prompt))
 
     def cancel_all(w: RoleBackend, jobs: list[Job]) -> None:
         for job in jobs:
             w.cancel(job)
 
-    def make_jobs(w: RoleBackend, body: _Common, ids: list[int], prompt_field: str = "prompt") -> list[Job]:
-        """One job per choice (``n``), checked once: choice i samples with ``seed + i`` (a negative or absent seed:
-        each its own random one), and all share one events queue, their events tagged with the choice's index.
-        ``prompt_field`` is what the prompt came from (chat: ``messages``), which its errors name."""
+    def make_jobs(w: RoleBackend, body: _Common, prompts: list[list[int]], prompt_field: str = "prompt",
+                  grammar: str | None = None) -> list[Job]:
+        """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
+        (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
+        with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
+        from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
+        for (None: the role's default grammar, if any; ``controls.request_constraints``)."""
         n = requested_choices(body)
-        if n > limits.max_n:
+        if n * len(prompts) > limits.max_n:
             field = "n_cmpl" if body.n_cmpl is not None else "n"
+            if len(prompts) > 1:
+                raise ApiError(400, f"{len(prompts)} prompts x {field} {n} are {n * len(prompts)} choices; this server "
+                                    f"allows at most {limits.max_n} per request", param=prompt_field)
             raise ApiError(400, f"{field} is {n}; this server allows at most {limits.max_n} choices per request",
                            param=field)
         target = w.target
-        limit = limits.max_prompt_tokens or target.capacity - 1
-        if not ids:
-            raise ApiError(400, f"the prompt is empty ({prompt_field})", param=prompt_field)
-        if len(ids) > min(limit, target.capacity - 1):
-            raise ApiError(400, f"the prompt ({prompt_field}) has {len(ids)} tokens; this model's context allows "
-                                f"{min(limit, target.capacity - 1)} (prompt plus at least one new token)",
-                           param=prompt_field, code="context_length_exceeded")
-        if any(not 0 <= t < target.n_vocab for t in ids):
-            raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1}", param=prompt_field)
-        max_tokens, tokens_field = requested_tokens(body)
+        limit = min(limits.max_prompt_tokens or target.capacity - 1, target.capacity - 1)
+        for p, ids in enumerate(prompts):
+            where = f"{prompt_field}[{p}]" if len(prompts) > 1 else prompt_field
+            if not ids:
+                raise ApiError(400, f"the prompt is empty ({where})", param=prompt_field)
+            if len(ids) > limit:
+                raise ApiError(400, f"the prompt ({where}) has {len(ids)} tokens; this model's context allows "
+                                    f"{limit} (prompt plus at least one new token)",
+                               param=prompt_field, code="context_length_exceeded")
+            if any(not 0 <= t < target.n_vocab for t in ids):
+                raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1} ({where})", param=prompt_field)
+        max_tokens, tokens_field = requested_tokens(body, limits.default_max_tokens)
         if max_tokens > limits.max_tokens:
             raise ApiError(400, f"{tokens_field} is {max_tokens}; this server allows at most {limits.max_tokens}",
                            param=tokens_field)
@@ -776,23 +829,29 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             raise ApiError(400, f"speculative.tree: role {w.role.name!r} cannot verify token trees (a role verifies them "
                            "with tree = true and parallel = 1 in its roles file); leave tree out",
                            param="speculative.tree")
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if any(not s for s in stops):
-            raise ApiError(400, "stop strings must be non-empty", param="stop")
+        try:
+            constraints, stop_ids = request_constraints(body, w.role.controls(), grammar, vocab=target,
+                                                        max_tokens=max_tokens)
+            stops = stop_strings(body)
+        except ControlError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        seed = body.seed if body.seed is not None else w.role.seed
         try:
             sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                      min_p=body.min_p, seed=body.seed)
-            config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stops), sampling=sampling,
-                                      k=spec.get("k", w.role.k), logprobs=wanted_logprobs(body))
+                                      min_p=body.min_p, seed=seed)
+            config = GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
+                                      k=spec.get("k", w.role.k), logprobs=wanted_logprobs(body),
+                                      constraints=constraints, stop_token_ids=stop_ids)
         except SpecstackError as exc:
             raise ApiError(400, str(exc)) from None
         events: asyncio.Queue = asyncio.Queue()
         deadline = time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None
-        seeded = body.seed is not None and body.seed >= 0
+        seeded = seed is not None and seed >= 0
+        loop = asyncio.get_running_loop()
         return [Job(ids, config if i == 0 else dataclasses.replace(
-                        config, sampling=dataclasses.replace(sampling, seed=body.seed + i if seeded else body.seed)),
-                    spec, asyncio.get_running_loop(), events, deadline, index=i)
-                for i in range(n)]
+                        config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed)),
+                    spec, loop, events, deadline, index=p * n + i)
+                for p, ids in enumerate(prompts) for i in range(n)]
 
     def check_drafter(name: str) -> None:
         try:
@@ -820,13 +879,14 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                 continue
 
     async def stream(request: Request, w: RoleBackend, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
-                     include_usage: bool, echo: str = "") -> AsyncIterator[str]:
+                     include_usage: bool, echoes: list[str] | None = None, per_prompt: int = 1) -> AsyncIterator[str]:
         """The choices' chunks as they come, each with its ``index``; every choice ends with its finish chunk,
-        the usage chunk (prompt counted once) and ``[DONE]`` follow the last."""
+        the usage chunk (each prompt counted once) and ``[DONE]`` follow the last."""
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         finished: dict[int, dict[str, Any]] = {}
-        offsets = [len(echo)] * len(jobs)  # text_offset of each choice's next token
+        echoes = echoes or [""] * len(jobs)
+        offsets = [len(echo) for echo in echoes]  # text_offset of each choice's next token
 
         def piece(i: int, choice: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
             return chunk(rid, obj, created, w.role.name, {**choice, "index": i}, include_usage, extra)
@@ -835,8 +895,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             for i in range(len(jobs)):
                 if chat:
                     yield piece(i, {"delta": {"role": "assistant"}, "finish_reason": None})
-                if echo:  # completions' echo: the prompt's text first, even when no token follows
-                    yield piece(i, {"text": echo, "logprobs": None, "finish_reason": None})
+                if echoes[i]:  # completions' echo: the prompt's text first, even when no token follows
+                    yield piece(i, {"text": echoes[i], "logprobs": None, "finish_reason": None})
             while True:
                 i = event["index"]
                 if event["type"] == "delta":
@@ -855,9 +915,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                     yield piece(i, {**choice, "finish_reason": event["finish_reason"]},
                                 {"speculative": summary(event["stats"])})
                     if len(finished) == len(jobs):
+                        usage = total_usage([finished[j] for j in range(len(jobs))], per_prompt)
+                        request.state.usage = usage  # for the access log
                         if include_usage:
                             yield json.dumps({"id": rid, "object": obj, "created": created, "model": w.role.name,
-                                              "choices": [], "usage": total_usage(list(finished.values()))})
+                                              "choices": [], "usage": usage})
                         yield "[DONE]"
                         return
                 else:
@@ -871,7 +933,33 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             if len(finished) < len(jobs):
                 cancel_all(w, [j for j in jobs if j.index not in finished])  # the client went away mid-stream
 
+    def grammar_for(body: _Common, w: RoleBackend) -> str | None:
+        """The GBNF a completions body's own fields ask for (``grammar``, ``json_schema``); None: the role's default."""
+        return None
+
+    # What llama-server's routes (``llama_api``, on the same workers) share with these.
+    app.state.api = ServeApi(workers=workers, limits=limits, worker_for=worker_for, start=start, next_event=next_event,
+                             cancel_all=cancel_all, chat_prompt=chat_prompt, prompt_ids=prompt_ids,
+                             unsupported=unsupported, grammar_for=grammar_for, slots=slots)
+    app.include_router(import_module(".llama_api", __package__).router)
     return app
+
+
+@dataclass(frozen=True)
+class ServeApi:
+    """The routes' shared parts, for the routes of ``llama_api`` (``request.app.state.api``)."""
+
+    workers: dict[str, RoleBackend]
+    limits: Limits
+    worker_for: Callable[[str | None], RoleBackend]
+    start: Callable[..., Awaitable[tuple[list[Job], dict[str, Any]]]]
+    next_event: Callable[..., Awaitable[dict[str, Any] | None]]
+    cancel_all: Callable[[RoleBackend, list[Job]], None]
+    chat_prompt: Callable[[Any, RoleBackend], RenderedChat]
+    prompt_ids: Callable[[Any, Any], list[list[int]]]
+    unsupported: Callable[[Any], None]
+    grammar_for: Callable[[Any, RoleBackend], str | None]
+    slots: bool = True
 
 
 def error_event(event: dict[str, Any]) -> JSONResponse:
@@ -946,15 +1034,16 @@ class LogprobsOut:
         return self._target.token_bytes(token).decode("utf-8", "replace")
 
 
-def total_usage(finals: list[dict[str, Any]]) -> dict[str, int]:
-    """A request's usage over its choices: the prompt once (it was processed once), every choice's tokens."""
-    prompt = finals[0]["usage"]["prompt_tokens"]
+def total_usage(finals: list[dict[str, Any]], per_prompt: int = 1) -> dict[str, int]:
+    """A request's usage over its choices (in ``index`` order, ``per_prompt`` choices of each prompt): each prompt
+    once (it was processed once), every choice's tokens."""
+    prompt = sum(f["usage"]["prompt_tokens"] for f in finals[::max(1, per_prompt)])
     completion = sum(f["usage"]["completion_tokens"] for f in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, Any]], chat: bool,
-               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               logprobs: list[dict[str, Any]] | None = None, per_prompt: int = 1) -> dict[str, Any]:
     """A whole response: one choice per text (``index`` in order), the usage over all, and speculation's
     summary (per choice under ``speculative.choices`` when there are several)."""
     choices = []
@@ -969,4 +1058,4 @@ def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, An
     if len(finals) > 1:
         spec = {**spec, "choices": [summary(f["stats"]) for f in finals]}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": total_usage(finals), "speculative": spec}
+            "model": model, "choices": choices, "usage": total_usage(finals, per_prompt), "speculative": spec}

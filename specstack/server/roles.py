@@ -26,6 +26,7 @@ Relative paths are relative to the roles file.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
 from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
+from .controls import ControlDefaults
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,37 @@ class Role:
     experts: int | None = None
     tree: bool = False  # verify token trees (suffix, rest, fusion drafts): one-slot roles only (parallel = 1)
     rollback_depth: int = DEFAULT_DEPTH  # recurrent targets: state snapshots per slot (n_rs_seq)
+    # llama.cpp's loading options (``loading.TargetSpec``): flash attention auto/on/off (on needs exact = off),
+    # the physical batch (n_ubatch: rows per llama.cpp call), memory-mapped weights, weights locked in RAM
+    flash_attn: str = "auto"
+    ubatch_size: int = 512
+    mmap: bool = True
+    mlock: bool = False
+    # Request defaults, used where a request gives none (``controls.ControlDefaults``): the sampling seed, the
+    # penalties, and one grammar (GBNF text, a GBNF file, or a JSON schema: an inline table or JSON text)
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    grammar: str | None = None
+    grammar_file: Path | None = None
+    json_schema: Any = None
+    # How the role's model writes tool calls (``server.tools``); None: detected from the chat template
+    tool_call_format: str | None = None
 
     def spec(self) -> TargetSpec:
         """The role's target as ``loading.load_target`` builds it: every model option ``generate`` has."""
         return TargetSpec(model=self.model, ctx=self.ctx, threads=self.threads, slots=self.parallel, exact=self.exact,
                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
-                          tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1)
+                          tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1,
+                          flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock)
+
+    def controls(self) -> ControlDefaults:
+        """What a request of this role gets for each logit control it does not set (``controls``)."""
+        return ControlDefaults(repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+                               frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                               grammar=self.__dict__.get("_gbnf"))
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -114,6 +141,70 @@ class Role:
         if self.batch_tokens < 0 or self.prefill_cap < 1:
             raise InvalidParameterError(f"role {self.name!r}: batch_tokens must be >= 0 (0: prompts prefilled whole) and "
                                         f"prefill_cap >= 1 (got {self.batch_tokens} and {self.prefill_cap})")
+        self._check_requests()
+
+    def _check_requests(self) -> None:
+        """The loading options and request defaults: each checked as the CLI flag or request field is; the
+        grammar read (from its file, or a JSON schema converted) once, here."""
+        if isinstance(self.flash_attn, bool):  # TOML true/false read as on/off, as exact's
+            object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
+        if self.flash_attn not in FLASH_ATTN:
+            raise InvalidParameterError(f"role {self.name!r}: flash_attn must be auto, on or off (got {self.flash_attn!r})")
+        if self.flash_attn == "on" and self.exact != "off":
+            raise InvalidParameterError(f"role {self.name!r}: flash_attn = \"on\" needs exact = \"off\" (exact call "
+                                        "shapes are measured without flash attention); use flash_attn = \"auto\"")
+        if self.ubatch_size < 1:
+            raise InvalidParameterError(f"role {self.name!r}: ubatch_size must be >= 1 (got {self.ubatch_size})")
+        for key in ("mmap", "mlock"):
+            if not isinstance(getattr(self, key), bool):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be true or false (got {getattr(self, key)!r})")
+        for key in ("repeat_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be a number (got {value!r})")
+        try:
+            ControlDefaults(**{k: getattr(self, k) for k in PENALTY_KEYS}).check()
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
+        given = [k for k in ("grammar", "grammar_file", "json_schema") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise InvalidParameterError(f"role {self.name!r}: {' and '.join(given)} both give the role's grammar; keep one")
+        object.__setattr__(self, "_gbnf", self._read_grammar())
+
+    def _read_grammar(self) -> str | None:
+        if self.grammar is not None:
+            if not self.grammar.strip():
+                raise InvalidParameterError(f"role {self.name!r}: grammar is empty; leave it out for none")
+            return self.grammar
+        if self.grammar_file is not None:
+            object.__setattr__(self, "grammar_file", Path(self.grammar_file))
+            try:
+                text = self.grammar_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InvalidParameterError(f"role {self.name!r}: cannot read grammar_file {self.grammar_file}: "
+                                            f"{exc}") from None
+            if not text.strip():
+                raise InvalidParameterError(f"role {self.name!r}: grammar_file {self.grammar_file} is empty")
+            return text
+        if self.json_schema is not None:
+            from ..llama.grammar import schema_to_gbnf
+
+            schema = self.json_schema
+            if isinstance(schema, (dict, bool)):  # an inline table: kept as JSON text, so that a Role stays hashable
+                object.__setattr__(self, "json_schema", json.dumps(schema))
+            elif isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as exc:
+                    raise InvalidParameterError(f"role {self.name!r}: json_schema is not JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidParameterError(f"role {self.name!r}: json_schema must be a table (or JSON text) holding "
+                                            f"a JSON schema (got {schema!r})")
+            try:
+                return schema_to_gbnf(schema)
+            except InvalidParameterError as exc:
+                raise InvalidParameterError(f"role {self.name!r}: json_schema: {exc}") from None
+        return None
 
 
     def _check_types(self) -> None:
@@ -126,15 +217,17 @@ class Role:
             value = getattr(self, key)
             if value is not None and not isinstance(value, str):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a string (got {value!r})")
-        for key in ("model", "draft", "profile"):
+        for key in ("model", "draft", "profile", "grammar_file"):
             value = getattr(self, key)
             if value is not None and not isinstance(value, (str, Path)):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
 
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",
-             "rollback_depth")
-ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template")
+             "rollback_depth", "ubatch_size", "seed", "repeat_last_n")
+ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template", "grammar", "tool_call_format")
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
 
 
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
@@ -164,7 +257,7 @@ def load_roles(path: Path) -> list[Role]:
         template = values.get("chat_template")
         if isinstance(template, str) and (base / Path(template).expanduser()).is_file():
             values["chat_template"] = str(base / Path(template).expanduser())  # a file beside the roles file
-        for key in ("model", "draft", "profile"):
+        for key in ("model", "draft", "profile", "grammar_file"):
             if key in values:
                 p = Path(values[key]).expanduser()
                 values[key] = p if p.is_absolute() else base / p
