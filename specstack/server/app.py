@@ -42,6 +42,8 @@ from .inputs import chat_messages, completion_prompts
 from .controls import ControlError, ControlFields, request_constraints, stop_strings
 from .prometheus import ServerMetrics
 from .roles import Role
+from .structured import StructuredError, request_grammar
+from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
 from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -139,6 +141,10 @@ class _Common(ControlFields):
     n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")
     n_cmpl: int | None = Field(None, ge=1, strict=True)  # llama-server's name for n
     speculative: Speculative | None = None
+    # Structured output (``structured``): OpenAI's response_format, llama-server's json_schema and grammar (GBNF)
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = Field(None, strict=True)
 
 
 class _CompletionFields(_Common):
@@ -156,6 +162,10 @@ class Message(BaseModel):
 
 class _ChatFields(_Common):
     messages: list[Message] = Field(min_length=1)
+    # Function tools (``tools``): rendered by the role's template, the output read back as tool_calls
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(None, strict=True)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool = Field(False, strict=True)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
@@ -238,8 +248,8 @@ def _best_of_is_n(value: int, body: "_Common") -> bool:
 
 PENALTY = "DRY penalties are not implemented (repeat_penalty, frequency_penalty and presence_penalty are)"
 SAMPLER = "this sampler is not implemented (the server samples with temperature, top_k, top_p and min_p)"
-GRAMMAR = "constrained decoding (grammars, JSON schemas, JSON mode) is not implemented yet"
-TOOLS = "tools/function calling is not supported"
+TOOLS = "tools are a chat field: send them to /v1/chat/completions"
+FUNCTIONS = "the deprecated functions and function_call are not supported: send tools and tool_choice"
 NOT_STORED = "completions are not stored here"
 TEMPLATE = "the chat template is the role's (its chat_template setting)"
 LOGPROBS = "ask for logprobs (completions) or logprobs with top_logprobs (chat)"
@@ -249,19 +259,18 @@ OBJECT = dict[str, Any]
 
 UNIMPLEMENTED = (
     # OpenAI, both endpoints
-    Unimplemented("response_format", OBJECT, ({"type": "text"},), GRAMMAR),
-    Unimplemented("tools", list[Any], ([],), TOOLS),
-    Unimplemented("tool_choice", S | OBJECT, ("none",), TOOLS),
-    Unimplemented("functions", list[Any], ([],), TOOLS),
-    Unimplemented("function_call", S | OBJECT, ("none",), TOOLS),
+    Unimplemented("functions", list[Any], ([],), FUNCTIONS),
+    Unimplemented("function_call", S | OBJECT, ("none",), FUNCTIONS),
     # OpenAI completions
     Unimplemented("best_of", I, _best_of_is_n, "ranking more candidates than the n returned is not implemented; "
                   "ask for n choices", ("completions",)),
     Unimplemented("suffix", S, ("",), "insertion (text after the completion) is not implemented", ("completions",)),
     Unimplemented("max_completion_tokens", I, (), "it is a chat field; /v1/completions takes max_tokens",
                   ("completions",)),
+    Unimplemented("tools", list[Any], ([],), TOOLS, ("completions",)),
+    Unimplemented("tool_choice", S | OBJECT, ("none",), TOOLS, ("completions",)),
+    Unimplemented("parallel_tool_calls", B, (), TOOLS, ("completions",)),
     # OpenAI chat
-    Unimplemented("parallel_tool_calls", B, (True, False), TOOLS, ("chat",)),  # no tools, so no calls to run at once
     Unimplemented("audio", OBJECT, (), TEXT_ONLY, ("chat",)),
     Unimplemented("modalities", list[S], (["text"],), TEXT_ONLY, ("chat",)),
     Unimplemented("prediction", OBJECT, (), "predicted outputs are not implemented", ("chat",)),
@@ -289,8 +298,6 @@ UNIMPLEMENTED = (
     Unimplemented("min_keep", I, (0,), SAMPLER),
     Unimplemented("samplers", S | list[S], samplers_as_applied,
                   f"the only chain applied here is {', '.join(SAMPLER_ORDER)} (a sampler left out must be off)"),
-    Unimplemented("grammar", S, ("",), GRAMMAR),
-    Unimplemented("json_schema", OBJECT, (), GRAMMAR),
     Unimplemented("n_probs", I, (0,), LOGPROBS),
     Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
@@ -704,15 +711,39 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     async def chat(body: ChatRequest, request: Request) -> Response:
         unsupported(body)
         w = worker_for(body.model)
-        return await run(request, w, body, [chat_tokens(chat_prompt(body, w), w.target)], chat=True)
+        tools = tools_for(body, w)
+        return await run(request, w, body, [chat_tokens(chat_prompt(body, w, tools), w.target)], chat=True,
+                         grammar=grammar_for(body, w, tools), tools=tools)
 
-    def chat_prompt(body: _Common, w: RoleBackend) -> RenderedChat:
+    def chat_prompt(body: _Common, w: RoleBackend, tools: ToolPlan | None = None) -> RenderedChat:
         """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
-        ``developer`` messages are system messages, as llama-server and vLLM read them."""
+        ``developer`` messages are system messages, as llama-server and vLLM read them.  The request's tools
+        (``tools_for``) go to the template, with their format's instruction and example where it has them."""
+        tools = tools if tools is not None else tools_for(body, w)
         try:
-            return render(chat_messages([m.model_dump() for m in body.messages]), w.template)
+            messages = chat_messages([m.model_dump() for m in body.messages])
+            if tools is None:
+                return render(messages, w.template)
+            return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
+                          system_note=tools.format.system_note)
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="messages") from None
+
+    def tools_for(body: _Common, w: RoleBackend) -> ToolPlan | None:
+        """A chat request's tools (None: none, or tool_choice none): which, how the model must call them, and the
+        format its calls are read in (the role's ``tool_call_format``, else read from its chat template)."""
+        if getattr(body, "tools", None) is None and getattr(body, "tool_choice", None) is None:
+            return None
+        template = w.template
+        source = template.text if template is not None and template.kind == "jinja" else None
+        try:
+            p = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, source,
+                          getattr(w.role, "tool_call_format", None))
+        except ToolRequestError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        except SpecstackError as exc:  # the role's tool_call_format names no format
+            raise ApiError(500, f"role {w.role.name!r}: {exc}", "server_error") from None
+        return p if p.active else None
 
     def prompt_ids(prompt: Any, target: Any) -> list[list[int]]:
         """A completions ``prompt`` as one token list per prompt (``inputs.completion_prompts``)."""
@@ -744,15 +775,16 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return jobs, first
 
     async def run(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
-                  grammar: str | None = None) -> Response:
+                  grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
         jobs, first = await start(request, w, body, prompts, chat, grammar)
+        outputs = outputs_for(w, jobs, tools)  # chat with tools: each choice read as a message
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         per_prompt = len(jobs) // len(prompts)
         echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in jobs]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(stream(request, w, jobs, first, rid, chat, include_usage, echoes, per_prompt),
-                                       ping=15)
+            return EventSourceResponse(stream(request, w, jobs, first, rid, chat, include_usage, echoes, per_prompt,
+                                              outputs), ping=15)
         texts = list(echoes)
         logprobs = [LogprobsOut(w.target, chat, len(echo)) for echo in echoes]
         finals: dict[int, dict[str, Any]] = {}
@@ -765,6 +797,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             if event["type"] == "delta":
                 texts[i] += event["text"]
                 logprobs[i].add(event)
+                if outputs is not None:
+                    outputs[i].add(event, deltas=False)
             else:
                 finals[i] = event
                 if len(finals) == len(jobs):
@@ -775,8 +809,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         wanted = jobs[0].config.logprobs is not None
         finals_list = [finals[i] for i in range(len(jobs))]
         request.state.usage = total_usage(finals_list, per_prompt)  # for the access log
+        for output in outputs or ():
+            output.finish()
         return JSONResponse(final_body(rid, w.role.name, texts, finals_list, chat,
-                                       [lp.body() for lp in logprobs] if wanted else None, per_prompt))
+                                       [lp.body() for lp in logprobs] if wanted else None, per_prompt, outputs))
 
     def cancel_all(w: RoleBackend, jobs: list[Job]) -> None:
         for job in jobs:
@@ -879,9 +915,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                 continue
 
     async def stream(request: Request, w: RoleBackend, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
-                     include_usage: bool, echoes: list[str] | None = None, per_prompt: int = 1) -> AsyncIterator[str]:
+                     include_usage: bool, echoes: list[str] | None = None, per_prompt: int = 1,
+                     outputs: list[ChoiceOutput] | None = None) -> AsyncIterator[str]:
         """The choices' chunks as they come, each with its ``index``; every choice ends with its finish chunk,
-        the usage chunk (each prompt counted once) and ``[DONE]`` follow the last."""
+        the usage chunk (each prompt counted once) and ``[DONE]`` follow the last.  With ``outputs`` (a chat with
+        tools) each chunk carries what the re-read message gained: content, or a tool call's id, name and
+        arguments as they grow."""
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         finished: dict[int, dict[str, Any]] = {}
@@ -906,14 +945,23 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                         lp.add(event)
                         lp = lp.body()
                     offsets[i] += len(event["text"])
-                    choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if chat
-                              else {"text": event["text"], "logprobs": lp})
-                    yield piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})
+                    if outputs is not None:
+                        for n, delta in enumerate(outputs[i].add(event)):
+                            yield piece(i, {"delta": delta, "logprobs": lp if n == 0 else None, "finish_reason": None},
+                                        {"tokens": event["tokens"]} if n == 0 else None)
+                    else:
+                        choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if chat
+                                  else {"text": event["text"], "logprobs": lp})
+                        yield piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})
                 elif event["type"] == "done":
                     finished[i] = event
+                    reason = event["finish_reason"]
+                    if outputs is not None:
+                        for delta in outputs[i].finish():
+                            yield piece(i, {"delta": delta, "logprobs": None, "finish_reason": None})
+                        reason = outputs[i].finish_reason(reason)
                     choice = {"delta": {}} if chat else {"text": "", "logprobs": None}
-                    yield piece(i, {**choice, "finish_reason": event["finish_reason"]},
-                                {"speculative": summary(event["stats"])})
+                    yield piece(i, {**choice, "finish_reason": reason}, {"speculative": summary(event["stats"])})
                     if len(finished) == len(jobs):
                         usage = total_usage([finished[j] for j in range(len(jobs))], per_prompt)
                         request.state.usage = usage  # for the access log
@@ -933,9 +981,26 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             if len(finished) < len(jobs):
                 cancel_all(w, [j for j in jobs if j.index not in finished])  # the client went away mid-stream
 
-    def grammar_for(body: _Common, w: RoleBackend) -> str | None:
-        """The GBNF a completions body's own fields ask for (``grammar``, ``json_schema``); None: the role's default."""
-        return None
+    def grammar_for(body: _Common, w: RoleBackend, tools: ToolPlan | None = None) -> str | None:
+        """The GBNF a body's own fields ask for (``grammar``, ``json_schema``, ``response_format``, a chat's
+        ``tools``: ``structured.request_grammar``); None: the role's default, "": none (tools own the output)."""
+        try:
+            grammar = request_grammar(response_format=body.response_format, json_schema=body.json_schema,
+                                      grammar=body.grammar, tools=tools)
+        except StructuredError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        return "" if grammar is None and tools is not None else grammar
+
+    preserved: dict[tuple[str, str], dict[int, str]] = {}
+
+    def outputs_for(w: RoleBackend, jobs: list[Job], tools: ToolPlan | None) -> list[ChoiceOutput] | None:
+        """Each chat choice's output read as a message when the request has tools (None: plain text)."""
+        if tools is None:
+            return None
+        key = (w.role.name, tools.format.name)
+        if key not in preserved:
+            preserved[key] = preserved_tokens(w.target, tools.format.markers)
+        return [ChoiceOutput(tools, w.target, job, preserved[key]) for job in jobs]
 
     # What llama-server's routes (``llama_api``, on the same workers) share with these.
     app.state.api = ServeApi(workers=workers, limits=limits, worker_for=worker_for, start=start, next_event=next_event,
@@ -1043,13 +1108,18 @@ def total_usage(finals: list[dict[str, Any]], per_prompt: int = 1) -> dict[str, 
 
 
 def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, Any]], chat: bool,
-               logprobs: list[dict[str, Any]] | None = None, per_prompt: int = 1) -> dict[str, Any]:
+               logprobs: list[dict[str, Any]] | None = None, per_prompt: int = 1,
+               outputs: list[ChoiceOutput] | None = None) -> dict[str, Any]:
     """A whole response: one choice per text (``index`` in order), the usage over all, and speculation's
-    summary (per choice under ``speculative.choices`` when there are several)."""
+    summary (per choice under ``speculative.choices`` when there are several).  With ``outputs`` (a chat with
+    tools) each choice's message is its text read back: content and tool_calls."""
     choices = []
     for i, (text, event) in enumerate(zip(texts, finals)):
         lp = logprobs[i] if logprobs is not None else None
-        if chat:
+        if chat and outputs is not None:
+            choices.append({"index": i, "message": outputs[i].message(),
+                            "finish_reason": outputs[i].finish_reason(event["finish_reason"]), "logprobs": lp})
+        elif chat:
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
                             "finish_reason": event["finish_reason"], "logprobs": lp})
         else:

@@ -117,7 +117,7 @@ def chat_tokens(chat: RenderedChat, vocab: ChatVocabulary) -> list[int]:
 
 
 def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "", *,
-           tools: Sequence[dict[str, Any]] | None = None, tool_example: str = "",
+           tools: Sequence[dict[str, Any]] | None = None, tool_example: str = "", system_note: str = "",
            extra: dict[str, Any] | None = None) -> RenderedChat:
     """The prompt for ``messages``, ending where the assistant's answer starts, with what the template wrote
     told apart from what the messages said.
@@ -127,7 +127,8 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
     template cannot show is written into the messages as llama.cpp's templates (minja) do
     (``template_caps``): the tools as a system message (with ``tool_example``, a call in the format the
     output is read in), calls as JSON content, tool results as a user message of JSON, a system message
-    into the first user message.  ``extra`` adds template variables (``chat_template_kwargs``).
+    into the first user message.  ``system_note`` is added to the system message (the generic tool format's
+    instruction, as llama.cpp adds it); ``extra`` adds template variables (``chat_template_kwargs``).
 
     The template is rendered twice: with each message's text as it is, and with each replaced by a unique
     marker. The markers show where the messages' text went; the first rendering shows what the template did
@@ -138,6 +139,8 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
         if m.get("role") not in ROLES:
             raise InvalidParameterError(f"messages[{i}].role must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
     messages = [{**m, "content": _text(m)} for m in messages]
+    if system_note:
+        messages = add_system(messages, system_note)
     tools = list(tools or ())
     messages = _polyfilled(messages, template_caps(template), tools, tool_example)
     if template.kind == "plain":

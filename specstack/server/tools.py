@@ -357,6 +357,7 @@ class ToolFormat:
 
     name = ""
     markers: tuple[str, ...] = ()  # texts that may be control tokens: the output keeps them for the parser
+    system_note = ""  # added to the system message when tools are on (the generic format's instruction)
     id_alphabet = string.ascii_letters + string.digits
     id_length = 24
     id_prefix = "call_"
@@ -917,6 +918,8 @@ class Generic(ToolFormat):
     """llama.cpp's Generic: the whole answer is JSON, a call or a response."""
 
     name = "generic"
+    system_note = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                   "reply to the user's request")
 
     def _parse(self, text: str, partial: bool, tools: Sequence[Tool]) -> Parsed:
         i = _ws(text, 0)
@@ -1136,6 +1139,42 @@ def output_text(ids: Sequence[int], vocab: Any, preserved: dict[int, str], final
 
     data = b"".join(preserved[t].encode() if t in preserved else vocab.token_bytes(t) for t in ids)
     return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=final)
+
+
+class ChoiceOutput:
+    """One chat choice's output read as a message, for the routes: the events' text (control-token markers
+    written out from the generation's ids where the vocabulary has them as tokens), the deltas a stream
+    sends, and the final message and finish reason."""
+
+    def __init__(self, plan: ToolPlan, vocab: Any, job: Any, preserved: dict[int, str]) -> None:
+        self.plan, self.vocab, self.job, self.preserved = plan, vocab, job, preserved
+        self.stream = ToolStream(plan)
+        self.text = ""
+        self.n_tokens = 0
+
+    def add(self, event: dict[str, Any], deltas: bool = True) -> list[dict[str, Any]]:
+        """Take a delta event; with ``deltas``, the stream's deltas for it (a response parses once, at the end)."""
+        self.text += event["text"]
+        self.n_tokens += len(event.get("tokens") or ())
+        return self.stream.update(self._text(False)) if deltas else []
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self.stream.update(self._text(True), final=True)
+
+    def message(self) -> dict[str, Any]:
+        return self.stream.message()
+
+    def finish_reason(self, reason: str) -> str:
+        """``tool_calls`` when the answer is calls, as llama-server (a length cut stays ``length``)."""
+        return "tool_calls" if self.stream.calls and reason == "stop" else reason
+
+    def _text(self, final: bool) -> str:
+        gen = getattr(self.job, "gen", None)
+        if self.preserved and gen is not None:
+            ids = gen.output_ids[:self.n_tokens]  # the reported tokens (the list only grows)
+            if any(t in self.preserved for t in ids):
+                return output_text(ids, self.vocab, self.preserved, final)
+        return self.text
 
 
 # -- GBNF composition --------------------------------------------------------------------------------------
