@@ -424,3 +424,31 @@ def test_parallel_required_calls_take_several(vocab):
         grammar.accept(tok)
     assert [c.name for c in p.parse(text).calls] == ["get_weather", "get_time"]
     assert ToolCall("f", "{}").done
+
+
+def test_a_choice_reads_control_token_markers_from_the_generation_s_ids(gemma_vocab):
+    """The worker's text leaves a control token out; the route's ``ChoiceOutput`` reads the generation's ids and
+    writes the format's marker there, so the call is found (Gemma's ``<start_of_turn>`` stands in for a
+    family's marker token such as Mistral's ``[TOOL_CALLS]``)."""
+    from types import SimpleNamespace
+
+    from specstack.server.tools import ChoiceOutput
+
+    marker_id = gemma_vocab.tokenize("<start_of_turn>", add_special=False, parse_special=True)[0]
+    body = gemma_vocab.tokenize('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]', add_special=False)
+    ids = gemma_vocab.tokenize("Sure.", add_special=False) + [marker_id] + body
+    job = SimpleNamespace(gen=SimpleNamespace(output_ids=ids))
+    out = ChoiceOutput(plan(TOOLS, "auto", None, None, format_name="mistral"), gemma_vocab, job, {marker_id: "[TOOL_CALLS]"})
+    deltas = []
+    for k in range(0, len(ids), 3):  # events as the worker sends them: their text, one entry per token
+        piece = ids[k:k + 3]
+        deltas += out.add({"text": gemma_vocab.detokenize(piece), "tokens": [["", "target"]] * len(piece)})
+    deltas += out.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "Sure."
+    message = out.message()
+    assert message["content"] == "Sure." and message["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "length"
+    plain = ChoiceOutput(plan(TOOLS, "auto", None, None, format_name="mistral"), gemma_vocab, job, {})
+    plain.add({"text": gemma_vocab.detokenize(ids), "tokens": [["", "target"]] * len(ids)}, deltas=False)
+    plain.finish()
+    assert "tool_calls" not in plain.message()  # without the marker the text is only text

@@ -195,3 +195,15 @@ def test_json_mode_grammar_and_refusals_over_http(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
     r = httpx.post(server.url + "/v1/completions", json={"model": "gemma", "prompt": "x", "tools": TOOLS}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_apply_template_shows_the_tools_prompt(server):
+    """llama-server's /apply-template renders a chat with tools as /v1/chat/completions does."""
+    r = httpx.post(server.url + "/apply-template", json={"messages": QUESTION, "tools": TOOLS}, timeout=60)
+    assert r.status_code == 200
+    prompt = r.json()["prompt"]
+    assert "You can call any of the following tools" in prompt and "The current weather in a city." in prompt
+    assert "Respond in JSON format" in prompt and '"tool_call"' in prompt  # the generic format's note and example
+    r = httpx.post(server.url + "/apply-template", json={"messages": QUESTION, "tools": TOOLS, "tool_choice": "none"},
+                   timeout=60)
+    assert "get_weather" not in r.json()["prompt"]
