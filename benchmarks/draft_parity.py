@@ -16,8 +16,8 @@ import os
 import statistics
 import time
 
-from specstack.draft_length import make_policy
-from specstack.draft_length.costs import ensure_shapes
+from specstack.calibration import ensure_shapes
+from specstack.loading import build_policy
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -56,7 +56,7 @@ def main() -> None:
             rate = {}
             for name in ("none", "draft-model"):
                 engine = Engine(target, create(name, BuildContext(target, options=options)),
-                                make_policy("cost", 4, target=target))
+                                build_policy("cost", 4, target=target))
                 t0 = time.perf_counter()
                 gen = engine.generate(prompt, GenerationConfig(max_tokens=args.max_tokens)).run()
                 seconds = time.perf_counter() - t0

@@ -19,8 +19,7 @@ import statistics
 import time
 from typing import Sequence
 
-from specstack.draft_length.background import open_for_mode
-from specstack.draft_length.costs import calibrate, ensure_shapes
+from specstack.calibration import calibrate, ensure_shapes, open_for_mode
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest

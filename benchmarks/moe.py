@@ -11,7 +11,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from specstack.draft_length.costs import calibrate, ensure_shapes
+from specstack.calibration import calibrate, ensure_shapes
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
 from specstack.drafters.moe_self import expert_override

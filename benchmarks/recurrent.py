@@ -16,7 +16,7 @@ import argparse
 import statistics
 from dataclasses import dataclass, field
 
-from specstack.draft_length.costs import calibrate
+from specstack.calibration import calibrate
 from specstack.draft_length import make_policy
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine

@@ -35,9 +35,9 @@ _EXPORTS = {
     "Budget": "draft_length", "BatchLoad": "draft_length", "Advice": "draft_length", "StepOutcome": "draft_length",
     "DraftLengthPolicy": "draft_length", "FixedK": "draft_length", "WindowK": "draft_length",
     "HeuristicK": "draft_length", "CostK": "draft_length", "make_policy": "draft_length", "POLICIES": "draft_length",
-    # costs and exactness
-    "CostModel": "draft_length.costs", "calibrate": "draft_length.costs", "ensure_shapes": "draft_length.costs",
-    "measure_shapes": "draft_length.costs",
+    # calibration (exact call shapes, the cost curve) and the cost model it feeds
+    "CostModel": "draft_length.costs", "calibrate": "calibration", "ensure_shapes": "calibration",
+    "measure_shapes": "calibration", "calibrate_target": "calibration", "Calibration": "calibration",
     # statistics, errors, bundled files
     "GenerationStats": "metrics", "SpecstackError": "errors", "ModelLoadError": "errors",
     "InvalidParameterError": "errors", "ContextOverflowError": "errors", "VocabMismatchError": "errors",

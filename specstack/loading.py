@@ -1,9 +1,12 @@
 """One way to load a target and build what runs on it: its drafter, its k policy, its engine.
 
 The CLI (``commands/``), the server's roles (``server.worker``), Ray replicas and the bench all load
-through ``load_target(TargetSpec)``, so a model option exists once and every caller gets all of them: a
+through ``load_target(TargetSpec)`` (or ``load_calibrated``, which also hands back the cost model and a first
+run's background measurement), so a model option exists once and every caller gets all of them: a
 serve role runs with fewer MoE experts (lossy, and labelled so) or verifies trees exactly as ``generate``
-does. The library builds here; ``commands/`` only turns flags into a ``TargetSpec``.
+does. Each load calibrates its target once, through ``calibration.calibrate_target``, and ``build_engine``
+puts a loaded target, a drafter, a policy and that calibration together. The library builds here;
+``commands/`` only turns flags into a ``TargetSpec``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .draft_length import DraftLengthPolicy, make_policy
-from .draft_length.background import open_for_mode
-from .draft_length.costs import CostModel, ensure_shapes, exact_mode
+from .calibration import Calibration, calibrate, calibrate_target, exact_mode
+from .draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
+from .draft_length.costs import CostModel
 from .drafters import BuildContext, create
 from .drafters.base import Drafter
+from .engine import Engine
 from .errors import InvalidParameterError
 from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from .llama import LlamaModel, ModelConfig
@@ -86,20 +90,25 @@ class TargetSpec:
                            n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
 
 
-def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, settle: bool = True,
-                prefix: str = "specstack") -> LlamaModel:
-    """The target of ``spec``, opened for its ``--exact`` mode and announced on stderr.
+def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, prefix: str = "specstack") -> LlamaModel:
+    """The target of ``spec``, opened for its ``--exact`` mode, announced on stderr, its exact call shapes
+    measured now (once per model, cached): ``load_calibrated``'s target, without a cost model.
 
     ``measure``: where auto's verdict is not cached, measure it now, since it fixes how a multi-slot target's
-    slots share the KV cache (a server; ``open_for_mode``). ``settle``: measure the exact call shapes now
-    (once per model, cached); ``False`` leaves that to the caller (``draft_length.background.settle``).
+    slots share the KV cache (a server; ``calibration.open_for_mode``).
     """
+    return load_calibrated(spec, role, measure=measure, prefix=prefix).target
+
+
+def load_calibrated(spec: TargetSpec, role: str = "target", *, n_max: int | None = None, background: bool = False,
+                    measure: bool = False, prefix: str = "specstack") -> Calibration:
+    """The target of ``spec`` and its calibration (``calibration.calibrate_target``, called once here): the
+    target opened for its ``--exact`` mode and announced on stderr, its shapes, the cost model of ``n_max``
+    rows (None: none), and, with ``background``, what the cache lacks measured beside the first generations
+    (hand the result to ``build_engine``, which wires it into the engine)."""
     target = LlamaModel(spec.model_config(), role=role)
-    target = open_for_mode(target, spec.exact, measure=measure)
-    announce_load(target, prefix)
-    if settle:
-        ensure_shapes(target, exact=spec.exact)
-    return target
+    return calibrate_target(target, spec.exact, n_max=n_max, background=background, measure=measure,
+                            opened=lambda opened: announce_load(opened, prefix))
 
 
 def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:
@@ -141,7 +150,29 @@ def build_drafter(name: str, target: LlamaModel, options: Mapping[str, Any] | No
 def build_policy(name: str, k: int, k_max: int | None = None, costs: CostModel | None = None,
                  target: LlamaModel | None = None) -> DraftLengthPolicy:
     """The k policy ``name``; ``cost`` prices with ``costs``, or calibrates ``target``'s t(n) first (cached)."""
-    return make_policy(name, k, costs=costs, k_max=k_max, target=target)
+    if name == "cost" and costs is None and target is not None:
+        costs = calibrate(target, n_max=(k_max or DEFAULT_K_MAX) + 1)  # its shapes are settled already (load)
+    return make_policy(name, k, costs=costs, k_max=k_max)
+
+
+def build_engine(loaded: Calibration | LlamaModel, drafter: Drafter | str = "none",
+                 policy: DraftLengthPolicy | str | None = None, *, k: int = 4, k_max: int | None = None,
+                 drafter_options: Mapping[str, Any] | None = None, temperature: float = 0.0,
+                 prompt_cache_bytes: int = 0, batch_tokens: int | None = None,
+                 prefill_cap: int | None = None) -> Engine:
+    """An engine over a loaded target (``load_calibrated``'s ``Calibration``, or a target ``load_target`` gave),
+    with its drafter (an instance, or a name built by ``build_drafter`` with ``drafter_options``) and its k
+    policy (an instance, or a name built by ``build_policy`` with ``k``, ``k_max`` and the calibration's cost
+    model; None: a fixed k). A first run's background measurement goes to the engine, which lends it time
+    between steps and applies its result."""
+    calibration = loaded if isinstance(loaded, Calibration) else Calibration(loaded)
+    target = calibration.target
+    if isinstance(drafter, str):
+        drafter = build_drafter(drafter, target, drafter_options, temperature)
+    if isinstance(policy, str):
+        policy = build_policy(policy, k, k_max=k_max, costs=calibration.costs, target=target)
+    return Engine(target, drafter, policy, prompt_cache_bytes=prompt_cache_bytes, background=calibration.background,
+                  batch_tokens=batch_tokens, prefill_cap=prefill_cap)
 
 
 def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft-model",

@@ -29,23 +29,23 @@ def hermetic_cache(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def steady_timings():
     """Timings are never judged too noisy to cache, except by the tests of that judgement: a test that expects a
-    first measurement to be cached must not fail because another process loaded the machine (``costs.steady``).
+    first measurement to be cached must not fail because another process loaded the machine (``timing.steady``).
     ``real_noise_limit`` gives those tests the limit users get."""
     import math
 
-    from specstack.draft_length import costs
+    from specstack.calibration import timing
 
-    real = costs.NOISE_LIMIT
-    costs.NOISE_LIMIT = math.inf
+    real = timing.NOISE_LIMIT
+    timing.NOISE_LIMIT = math.inf
     yield real
-    costs.NOISE_LIMIT = real
+    timing.NOISE_LIMIT = real
 
 
 @pytest.fixture()
 def real_noise_limit(steady_timings, monkeypatch):
-    from specstack.draft_length import costs
+    from specstack.calibration import timing
 
-    monkeypatch.setattr(costs, "NOISE_LIMIT", steady_timings)
+    monkeypatch.setattr(timing, "NOISE_LIMIT", steady_timings)
 
 
 @pytest.fixture(scope="session")

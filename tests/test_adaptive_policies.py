@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from specstack.draft_length import make_policy
-from specstack.draft_length.costs import CostModel, ensure_shapes
+from specstack.calibration import ensure_shapes
+from specstack.draft_length.costs import CostModel
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig

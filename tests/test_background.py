@@ -11,8 +11,7 @@ import pytest
 
 from specstack.cli import main
 from specstack.draft_length import make_policy
-from specstack.draft_length.background import settle
-from specstack.draft_length.costs import cached_shapes, ensure_shapes
+from specstack.calibration import cached_shapes, calibrate_target, ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -45,9 +44,10 @@ def _plain(shapes, prompt: str = PROMPT) -> list[int]:
 
 
 def _engine(model: LlamaModel, exact: str) -> tuple[Engine, object]:
-    costs, background = settle(model, exact, n_max=17)
-    policy = make_policy("cost", 8, costs=costs)
-    return Engine(model, create("prompt-lookup", BuildContext(model)), policy, background=background), costs
+    calibration = calibrate_target(model, exact, n_max=17, background=True)
+    policy = make_policy("cost", 8, costs=calibration.costs)
+    engine = Engine(model, create("prompt-lookup", BuildContext(model)), policy, background=calibration.background)
+    return engine, calibration.costs
 
 
 def test_first_tokens_come_before_the_measurement_and_equal_one_row_plain_decoding(fresh):
@@ -60,15 +60,15 @@ def test_first_tokens_come_before_the_measurement_and_equal_one_row_plain_decodi
     assert gen.output_ids and not background.done  # the first token did not wait for the measurement
     gen.run()
     assert gen.output_ids == _plain(INEXACT)  # INEXACT: unpadded one-token calls, as the provisional steps
-    background.finish(engine)
+    engine.finish_calibration()
     assert engine.background is None
     assert not fresh.shapes.pending and costs.source == "calibrated"
     cached = cached_shapes(fresh, "auto")  # what it measured went to the cache
     assert cached is not None and (cached.min_rows, cached.why) == (fresh.shapes.min_rows, fresh.shapes.why)
     again = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")  # a later run finds it all in the cache
     try:
-        costs2, background2 = settle(again, "auto", n_max=17)
-        assert background2 is None and again.shapes == fresh.shapes and costs2.curve == costs.curve
+        later = calibrate_target(again, "auto", n_max=17, background=True)
+        assert later.background is None and again.shapes == fresh.shapes and later.costs.curve == costs.curve
     finally:
         again.close()
 
@@ -99,8 +99,9 @@ def test_shapes_that_keep_one_token_steps_unpadded_are_adopted_mid_generation(fr
 
 
 def test_exact_on_measures_before_the_first_token(fresh):
-    costs, background = settle(fresh, "on", n_max=17)
-    assert background is None and not fresh.shapes.pending and fresh.shapes.exact and costs.source == "calibrated"
+    calibration = calibrate_target(fresh, "on", n_max=17, background=True)
+    costs = calibration.costs
+    assert calibration.background is None and not fresh.shapes.pending and fresh.shapes.exact and costs.source == "calibrated"
     assert fresh.shapes == ensure_shapes(fresh, "on")
 
 
@@ -109,7 +110,7 @@ def test_a_measurement_given_up_ends_its_thread(fresh):
     background = engine.background
     engine.generate("x = 1\n", GenerationConfig(max_tokens=2)).run()
     background.abandon()
-    assert not background._thread.is_alive() and background.result is None and fresh.shapes.pending
+    assert not background._thread.is_alive() and background.result().shapes is None and fresh.shapes.pending
 
 
 def test_generate_on_a_new_model_says_what_it_measures_then_finds_it_cached(fresh, capsys):

@@ -113,7 +113,7 @@ import math  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 
-from specstack.draft_length import cost_cache, costs  # noqa: E402
+from specstack.calibration import cache as cost_cache, curve, modes, shapes, timing  # noqa: E402
 from specstack.paths import DEFAULT_TARGET  # noqa: E402
 from specstack.llama import BatchShapes, LlamaModel, ModelConfig  # noqa: E402
 
@@ -127,20 +127,20 @@ def measured(tmp_path_factory) -> Path:
     """A cost cache holding what a first `generate -c 1024 --exact on` on the bundled target measured, and the
     verdict of --exact auto (read-only: copy it).  Cached whatever the machine's load (``quiet``)."""
     folder = tmp_path_factory.mktemp("measured-cache")
-    old, limit = os.environ.get("SPECSTACK_CACHE_DIR"), costs.NOISE_LIMIT
+    old, limit = os.environ.get("SPECSTACK_CACHE_DIR"), timing.NOISE_LIMIT
     os.environ["SPECSTACK_CACHE_DIR"] = str(folder)
-    costs.NOISE_LIMIT = math.inf
+    timing.NOISE_LIMIT = math.inf
     try:
         assert main([*GENERATE, "-c", str(CTX)]) == 0
         model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
-        costs.ensure_shapes(model, "auto")
+        shapes.ensure_shapes(model, "auto")
         model.close()
     finally:
         if old is None:
             os.environ.pop("SPECSTACK_CACHE_DIR", None)
         else:
             os.environ["SPECSTACK_CACHE_DIR"] = old
-        costs.NOISE_LIMIT = limit
+        timing.NOISE_LIMIT = limit
     kinds = {k.split("-")[0] for k in json.loads((folder / "costs.json").read_text())}
     assert kinds == {"shapes", "exact", "curve"}, kinds
     return folder / "costs.json"
@@ -151,7 +151,7 @@ def cache(measured, tmp_path, monkeypatch) -> Path:
     """A copy of ``measured`` as this test's cache; lines said once are said again."""
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cost_cache, "_said", set())
-    monkeypatch.setattr(costs, "_checked", set())
+    monkeypatch.setattr(curve, "_checked", set())
     shutil.copy(measured, tmp_path / "costs.json")
     return tmp_path / "costs.json"
 
@@ -160,7 +160,7 @@ def cache(measured, tmp_path, monkeypatch) -> Path:
 def quiet(monkeypatch) -> None:
     """Timings count as quiet however busy the machine is: tests of what is cached must not depend on the
     load that other work puts on the machine (what noise does is tested with timings made noisy, below)."""
-    monkeypatch.setattr(costs, "NOISE_LIMIT", math.inf)
+    monkeypatch.setattr(timing, "NOISE_LIMIT", math.inf)
 
 
 def _entries(path: Path) -> dict:
@@ -203,12 +203,12 @@ def test_a_damaged_exactness_verdict_is_discarded_and_measured_again(quiet, cach
     cache.write_text(json.dumps(entries))
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
     try:
-        assert costs.cached_shapes(model, "auto") is None  # as if never measured: a run measures it
+        assert shapes.cached_shapes(model, "auto") is None  # as if never measured: a run measures it
         assert capsys.readouterr().err.count("discarding a damaged entry") == 1
-        costs.ensure_shapes(model, "auto")
+        shapes.ensure_shapes(model, "auto")
     finally:
         model.close()
-    assert costs.ExactCost.parse(_entries(cache)[verdict]).pad >= 0
+    assert modes.ExactCost.parse(_entries(cache)[verdict]).pad >= 0
     assert "damaged" not in capsys.readouterr().err  # said once
 
 
@@ -235,7 +235,7 @@ def test_cached_shapes_are_checked_field_by_field(entry, message):
 ])
 def test_a_cached_exactness_verdict_is_checked(entry, message):
     with pytest.raises(ValueError, match=message):
-        costs.ExactCost.parse(entry)
+        modes.ExactCost.parse(entry)
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -247,13 +247,13 @@ def test_a_cached_exactness_verdict_is_checked(entry, message):
 ])
 def test_a_cached_cost_curve_is_checked(entry, message):
     with pytest.raises(ValueError, match=message):
-        costs._parse_curve(entry, 1)
+        curve._parse_curve(entry, 1)
 
 
 def test_a_new_context_size_reuses_the_measurements(quiet, cache, capsys):
     """Item 20: the measured costs do not depend on -c, so a new one finds every entry a run at another -c
     stored and adds none.  (A cached curve may still be timed again where one-row calls now take 5x more or
-    less than it says: ``costs._still_true``, which a busy machine can trigger.)"""
+    less than it says: ``curve._still_true``, which a busy machine can trigger.)"""
     before = _entries(cache)
     code, _, err = run_cli(capsys, *GENERATE, "-c", str(2 * CTX))
     assert code == 0 and "first run" not in err and "measuring" not in err, err
@@ -266,9 +266,9 @@ def test_a_new_slot_count_reuses_the_measurements(quiet, cache):
     """Item 20: a target of three slots (separate KV streams) finds the shapes and curve one slot measured."""
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX, n_slots=3), role="target")
     try:
-        assert costs.cached_shapes(model, "on") is not None
-        costs.ensure_shapes(model, "on")  # from the cache
-        assert costs.curve_key(model, 17)[0] == 17 and costs.curve_cached(model, 17)
+        assert shapes.cached_shapes(model, "on") is not None
+        shapes.ensure_shapes(model, "on")  # from the cache
+        assert curve.curve_key(model, 17)[0] == 17 and curve.curve_cached(model, 17)
     finally:
         model.close()
     assert "shapes-" in cache.read_text()
@@ -277,9 +277,9 @@ def test_a_new_slot_count_reuses_the_measurements(quiet, cache):
 def test_a_longer_cached_curve_serves_a_shorter_one(quiet, cache):
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
     try:
-        costs.ensure_shapes(model, "on")  # as the measuring run
-        assert costs.curve_key(model, 5)[1] == costs.curve_key(model, 17)[1]  # one entry for every length
-        assert costs.curve_cached(model, 5) and costs.curve_cached(model, 17) and not costs.curve_cached(model, 40)
+        shapes.ensure_shapes(model, "on")  # as the measuring run
+        assert curve.curve_key(model, 5)[1] == curve.curve_key(model, 17)[1]  # one entry for every length
+        assert curve.curve_cached(model, 5) and curve.curve_cached(model, 17) and not curve.curve_cached(model, 40)
     finally:
         model.close()
 
@@ -289,10 +289,10 @@ def test_a_longer_cached_curve_serves_a_shorter_one(quiet, cache):
 def test_timing_noise_is_the_gap_between_the_two_fastest_timings():
     quiet = {1: [1.00, 1.02, 1.9], 2: [2.0, 2.04, 2.05]}
     busy = {1: [1.0, 3.0, 9.0], 2: [2.0, 2.02]}
-    assert costs.timing_noise(quiet) == pytest.approx(0.02)
-    assert costs.timing_noise(busy) == pytest.approx(2.0)  # the worst kind
-    assert costs.timing_noise({**busy, 3: [1, 1], 4: [1, 1]}, quantile=0.5) == pytest.approx(0.0)  # the typical kind
-    assert costs.timing_noise({1: [1.0]}) == 0.0  # one timing says nothing
+    assert timing.timing_noise(quiet) == pytest.approx(0.02)
+    assert timing.timing_noise(busy) == pytest.approx(2.0)  # the worst kind
+    assert timing.timing_noise({**busy, 3: [1, 1], 4: [1, 1]}, quantile=0.5) == pytest.approx(0.0)  # the typical kind
+    assert timing.timing_noise({1: [1.0]}) == 0.0  # one timing says nothing
 
 
 def test_steady_measures_again_only_while_timings_are_noisy_and_pools_them(real_noise_limit):
@@ -304,10 +304,10 @@ def test_steady_measures_again_only_while_timings_are_noisy_and_pools_them(real_
             return {"a": list(pattern)}
         return once
 
-    samples, noise = costs.steady(measure([1.0, 1.01]))
-    assert len(runs) == 1 and noise < costs.NOISE_LIMIT
+    samples, noise = timing.steady(measure([1.0, 1.01]))
+    assert len(runs) == 1 and noise < timing.NOISE_LIMIT
     runs.clear()
-    samples, noise = costs.steady(measure([1.0, 5.0]))  # pooled: 1.0 and 1.0 agree after the second try
+    samples, noise = timing.steady(measure([1.0, 5.0]))  # pooled: 1.0 and 1.0 agree after the second try
     assert len(runs) == 2 and samples["a"] == [1.0, 5.0, 1.0, 5.0] and noise == 0.0
 
 
@@ -333,19 +333,19 @@ def test_a_curve_timed_on_a_busy_machine_is_used_once_and_not_cached(real_noise_
     entries = _entries(cache)
     del entries[_key(cache, "curve-")]
     cache.write_text(json.dumps(entries))
-    busy = Busy(costs.time_calls)
-    monkeypatch.setattr(costs, "time_calls", busy)
+    busy = Busy(curve.time_calls)
+    monkeypatch.setattr(curve, "time_calls", busy)
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
     try:
-        first = costs.calibrate(model, exact="on")
-        assert first.source == "calibrated" and busy.calls == costs.MEASURE_TRIES  # bounded retries
+        first = curve.calibrate(model, exact="on")
+        assert first.source == "calibrated" and busy.calls == timing.MEASURE_TRIES  # bounded retries
         err = capsys.readouterr().err
         assert err.count("the machine was busy while timing its cost curve") == 1 and "not cached" in err
         assert not any(k.startswith("curve-") for k in _entries(cache))
-        monkeypatch.setattr(costs, "time_calls", busy.real)  # quiet again: the next run measures and caches
-        monkeypatch.setattr(costs, "NOISE_LIMIT", math.inf)  # (however busy the machine running this test is)
-        monkeypatch.setattr(costs, "_checked", set())
-        assert costs.calibrate(model, exact="on").source == "calibrated"
+        monkeypatch.setattr(curve, "time_calls", busy.real)  # quiet again: the next run measures and caches
+        monkeypatch.setattr(timing, "NOISE_LIMIT", math.inf)  # (however busy the machine running this test is)
+        monkeypatch.setattr(curve, "_checked", set())
+        assert curve.calibrate(model, exact="on").source == "calibrated"
         assert any(k.startswith("curve-") for k in _entries(cache))
     finally:
         model.close()
@@ -355,15 +355,15 @@ def test_an_exactness_verdict_timed_on_a_busy_machine_is_not_cached(real_noise_l
     entries = _entries(cache)
     del entries[_key(cache, "exact-auto-")]
     cache.write_text(json.dumps(entries))
-    busy = Busy(costs._time_exact_kinds)
-    monkeypatch.setattr(costs, "_time_exact_kinds", busy)
+    busy = Busy(modes._time_exact_kinds)
+    monkeypatch.setattr(modes, "_time_exact_kinds", busy)
     model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=CTX), role="target")
     try:
-        assert costs.cached_shapes(model, "auto") is None
-        shapes = costs.ensure_shapes(model, "auto")
-        assert shapes.settled and busy.calls == costs.MEASURE_TRIES
+        assert shapes.cached_shapes(model, "auto") is None
+        got = shapes.ensure_shapes(model, "auto")
+        assert got.settled and busy.calls == timing.MEASURE_TRIES
         assert "the machine was busy while timing what exactness costs" in capsys.readouterr().err
-        assert costs.cached_shapes(model, "auto") is None  # still to be measured by the next run
+        assert shapes.cached_shapes(model, "auto") is None  # still to be measured by the next run
     finally:
         model.close()
 

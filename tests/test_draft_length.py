@@ -8,8 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from specstack.draft_length import costs
-from specstack.draft_length.costs import CostModel, calibrate, ensure_shapes, exact_mode, measure_curve, measure_exact_cost
+from specstack.calibration import curve, modes
+from specstack.calibration import calibrate, ensure_shapes, exact_mode
+from specstack.calibration.curve import measure_curve
+from specstack.calibration.modes import measure_exact_cost
+from specstack.draft_length.costs import CostModel
 from specstack.draft_length import (
     AcceptanceTracker,
     BatchLoad,
@@ -303,7 +306,7 @@ def test_a_cached_curve_that_no_longer_fits_the_machine_is_measured_again(target
     [key] = [k for k in cache if not k.startswith(("shapes-", "exact-auto-"))]
     cache[key]["curve_s"] = [1000.0 * (1 + 0.01 * n) for n in range(6)]  # a million times too slow
     path.write_text(json.dumps(cache))
-    monkeypatch.setattr(costs, "_checked", set())  # as a new process finds it
+    monkeypatch.setattr(curve, "_checked", set())  # as a new process finds it
     again = calibrate(target, n_max=6)
     assert again.source == "calibrated"
     assert json.loads(path.read_text())[key]["curve_s"] == pytest.approx(again.curve)  # the cache is fixed too
@@ -321,7 +324,7 @@ def test_exact_auto_keeps_exact_shapes_only_where_they_cost_little(target, tmp_p
         cost = measure_exact_cost(target, measured)
         assert cost.rows == 17 and cost.pad >= 0 and cost.split > 0  # six calls cost more than one
         for limit, on in ((100.0, True), (-1.0, False)):
-            monkeypatch.setattr(costs, "AUTO_EXACT_LIMIT", limit)
+            monkeypatch.setattr(modes, "AUTO_EXACT_LIMIT", limit)
             target.set_shapes(BatchShapes(min_rows=2))  # not settled: measured (or read from the cache) again
             shapes = ensure_shapes(target, "auto")
             assert shapes.exact is on and shapes.why.startswith(f"--exact auto: {'on' if on else 'off'}")
@@ -355,7 +358,7 @@ def test_measure_curve_leaves_target_reusable(target):
 def test_without_exactness_calls_are_padded_to_their_cheapest_size_and_priced_so(target):
     """A saw-toothed curve (kernels taking rows in 4s): 5-7 rows cost what 8 do, because the target pads them."""
     saw = [1.0, 2.0, 2.5, 2.6, 3.6, 3.9, 4.3, 3.5]
-    pad_to = costs.cheapest_sizes(saw)
+    pad_to = curve.cheapest_sizes(saw)
     assert pad_to == (1, 2, 3, 4, 5, 8, 8, 8)
     model = CostModel(saw, shapes=dataclasses.replace(INEXACT, pad_to=pad_to))
     assert model.call_s(6) == model.call_s(7) == model.call_s(8) == 3.5 and model.call_s(5) == 3.6

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specstack.draft_length.background import open_for_mode
-from specstack.draft_length.costs import _filler, ensure_shapes, measure_shapes
+from specstack.calibration import ensure_shapes, measure_shapes, open_for_mode
+from specstack.calibration.timing import filler
 from specstack.draft_length import Budget, FixedK
 from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest
@@ -229,7 +229,7 @@ def test_a_server_measures_autos_verdict_before_choosing_how_its_slots_share_the
     """``open_for_mode(measure=True)`` (the server's load): where auto's verdict is not cached, it is measured
     first, so a first run already has the layout the verdict calls for (one unified cache when it is off,
     the streams when it is on), instead of serving its whole life on streams."""
-    from specstack.draft_length.costs import cached_shapes
+    from specstack.calibration import cached_shapes
 
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path))  # nothing cached: a first run
     streams = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=3), role="target")
@@ -270,7 +270,7 @@ def test_measured_shapes_hold_on_fresh_tokens(standin):
     ftype, model = standin
     shapes = model.shapes
     depth, n = 100, 20
-    toks = _filler(model, depth + n + 8)[::-1]
+    toks = filler(model, depth + n + 8)[::-1]
     model.reset()
     model.prefill(toks[:depth])
     ref = []

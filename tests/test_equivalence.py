@@ -155,6 +155,6 @@ def test_a_probe_drafts_from_a_short_tail_and_a_real_draft_catches_up_on_the_who
 
 
 def target_costs(target):
-    from specstack.draft_length.costs import calibrate
+    from specstack.calibration import calibrate
 
     return calibrate(target, n_max=17)

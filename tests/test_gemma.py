@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from specstack.draft_length import FixedK
-from specstack.draft_length.costs import ensure_shapes
+from specstack.calibration import ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig

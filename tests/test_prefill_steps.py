@@ -13,7 +13,7 @@ import pytest
 
 from specstack.draft_length import BatchLoad, CostK, FixedK
 from specstack.draft_length.budget import SOLO
-from specstack.draft_length.costs import calibrate, ensure_shapes
+from specstack.calibration import calibrate, ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig

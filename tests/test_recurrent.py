@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstack.draft_length.costs import calibrate
+from specstack.calibration import calibrate
 from specstack.draft_length import FixedK, make_policy
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine

@@ -9,7 +9,7 @@ from specstack.drafters.base import propose_one
 import numpy as np
 import pytest
 
-from specstack.draft_length.costs import ensure_shapes
+from specstack.calibration import ensure_shapes
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig

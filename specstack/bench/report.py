@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import SpecstackError
 from ..ui import markdown_table
-from .costcurve import cost_at
+from ..calibration.curve import cost_at
 from .peer_results import peer_rows
 from .results import (
     ALL,

@@ -157,10 +157,11 @@ class _Session:
 
 
 def _cost_curve(config: BenchConfig, target: LlamaModel, prompt_ids: list[int], progress: bool) -> dict[str, Any]:
-    """The verification cost curve t(n) on a separate copy of the target (see costcurve.py), with a progress bar."""
-    from .costcurve import measure
+    """The verification cost curve t(n) on a separate copy of the target (``calibration.curve.bench_curve``), with a
+    progress bar."""
+    from ..calibration.curve import bench_curve
 
-    return measure(target.path, prompt_ids, n_max=config.cost_max_n, depth=config.cost_depth,
+    return bench_curve(target.path, prompt_ids, n_max=config.cost_max_n, depth=config.cost_depth,
                    reps=config.cost_reps, n_threads=target.n_threads, n_ctx=target.n_ctx, progress=progress)
 
 

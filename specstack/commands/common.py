@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..draft_length.costs import EXACT_MODES, CostModel
+from ..calibration import EXACT_MODES, Calibration
+from ..draft_length.costs import CostModel
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
 from ..drafters import available
 from ..drafters.base import Drafter, check_name
@@ -20,7 +21,7 @@ from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, 
                                 inapplicable)
 from ..loading import (DEFAULT_TREE_BRANCHES, TargetSpec, announce_load, bundled_draft_check, bundled_draft_fits,
                        experts_info, lossy_label, resolve_draft)
-from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_target as _load_target
+from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_calibrated as _load_calibrated
 from ..paths import DEFAULT_TARGET
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
@@ -216,13 +217,20 @@ def target_spec(args: argparse.Namespace, slots: int = 1) -> TargetSpec:
                       tree_branches=max(1, getattr(args, "tree_branches", DEFAULT_TREE_BRANCHES)))
 
 
-def load_target(args: argparse.Namespace, slots: int = 1, settle: bool = True) -> LlamaModel:
-    """The target of the command's flags (``loading.load_target``), after every check that needs no model;
-    ``settle=False`` leaves the exact shapes to the caller (``draft_length.background.settle``)."""
+def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
+    """The target of the command's flags (``loading.load_target``), after every check that needs no model."""
+    return load_calibrated(args, slots).target
+
+
+def load_calibrated(args: argparse.Namespace, slots: int = 1, n_max: int | None = None,
+                    background: bool = False) -> Calibration:
+    """The target of the command's flags and its calibration (``loading.load_calibrated``), after every check
+    that needs no model: a cost curve of ``n_max`` rows, and with ``background`` what the cache lacks measured
+    beside the first generations."""
     preflight(args)
     set_verbose(getattr(args, "verbose", False))
     warn_threads(args.threads)
-    return _load_target(target_spec(args, slots), settle=settle)
+    return _load_calibrated(target_spec(args, slots), n_max=n_max, background=background)
 
 
 def warn_threads(threads: int) -> None:

@@ -7,14 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from ..engine import Engine
+from ..calibration import Calibration
 from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
-from ..llama import BatchShapes, LlamaModel
+from ..llama import BatchShapes
+from ..loading import build_engine
 from ..ui import table
-from ..draft_length.background import BackgroundCalibration, settle
-from ..draft_length.costs import CostModel
 from .common import (
     add_drafter_args,
     add_model_args,
@@ -23,7 +22,7 @@ from .common import (
     build_policy,
     cost_curve_rows,
     experts,
-    load_target,
+    load_calibrated,
     lossy_label,
     sampling_from_args,
 )
@@ -83,25 +82,24 @@ def run(args: argparse.Namespace) -> int:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
-    target = load_target(args, settle=False)
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
-    costs, background = settle(target, args.exact, cost_curve_rows(args))
+    calibration = load_calibrated(args, n_max=cost_curve_rows(args), background=True)
     try:
-        return generate(args, target, prompt, config, costs, background)
+        return generate(args, calibration, prompt, config)
     except BaseException:  # Ctrl-C or an error: its thread stops at its next turn and frees its context first
-        if background is not None:
-            background.abandon()
+        if calibration.background is not None:
+            calibration.background.abandon()
         raise
 
 
-def generate(args: argparse.Namespace, target: LlamaModel, prompt: str, config: GenerationConfig,
-             costs: CostModel | None, background: BackgroundCalibration | None) -> int:
-    """Stream (or print as JSON) one generation, then finish ``background``, the one-time measurement, if any."""
+def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, config: GenerationConfig) -> int:
+    """Stream (or print as JSON) one generation, then finish the one-time background measurement, if any."""
     moe = experts(args)
     if lossy_label(moe):
         print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)
-    engine = Engine(target, build_drafter(args.drafter, target, args), build_policy(args, target, costs),
-                    background=background)
+    target = calibration.target
+    engine = build_engine(calibration, build_drafter(args.drafter, target, args),
+                          build_policy(args, target, calibration.costs))
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
@@ -116,8 +114,7 @@ def generate(args: argparse.Namespace, target: LlamaModel, prompt: str, config: 
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
-    if engine.background is not None:  # measured to the end, so that the next run starts from the cache
-        engine.background.finish(engine)
+    engine.finish_calibration()  # measured to the end, so that the next run starts from the cache
     return 0
 
 

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..draft_length.costs import EXACT_MODES
+from ..calibration import EXACT_MODES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from .common import at_least, bundled_draft_check, bundled_draft_fits, flag_given, resolve_draft

@@ -3,8 +3,9 @@
 ``policies`` holds the k policies (``fixed``, ``window``, ``heuristic`` and the
 default ``cost``), ``budget`` the values a policy hands the engine and drafters
 (``Budget``, ``Advice``, ``StepOutcome``), ``acceptance`` the acceptance
-estimators the policies learn from, and ``costs`` the measured cost of a target
-call that the ``cost`` policy prices drafts with.
+estimators the policies learn from, and ``costs`` the cost model of a target
+call that the ``cost`` policy prices drafts with (``CostModel``; measured by
+``calibration``, which this package never imports).
 """
 
 from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted

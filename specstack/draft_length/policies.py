@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import InvalidParameterError
-from ..llama.api import EngineTarget
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
 from .budget import DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
-from .costs import CostModel, calibrate
+from .costs import CostModel
 
 
 # A look at a scored source (``CostK._worth_looking``) is taken every step only while it costs at most
@@ -429,12 +428,11 @@ class CostK(_Policy):
 POLICIES = ("cost", "fixed", "window", "heuristic")
 
 
-def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None,
-                target: EngineTarget | None = None) -> DraftLengthPolicy:
+def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | None = None) -> DraftLengthPolicy:
     """Build a policy by its --k-policy name; ``k`` is the fixed/initial budget (unused by ``cost``).
 
-    The one way every command and the server build a policy: for ``cost`` without a shared
-    ``costs``, the target's t(n) is calibrated here (cached on disk) up to k_max + 1 rows.
+    The one way every command and the server build a policy; ``cost`` prices with ``costs``, the target's
+    measured t(n) (``calibration``; ``loading.build_policy`` calibrates a target for it).
     """
     for what, value in (("k", k), ("k_max", k_max)):
         if value is not None and value < 1:  # k_max 0 once silently meant "the default"
@@ -449,8 +447,6 @@ def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | 
     if name == "heuristic":
         return HeuristicK(k=k, k_max=k_max or 32)
     if name == "cost":
-        if costs is None and target is not None:
-            costs = calibrate(target, n_max=(k_max or DEFAULT_K_MAX) + 1)
         if costs is None:
             raise InvalidParameterError("the cost policy needs a calibrated cost model (or a target to calibrate)")
         return CostK(costs, k_max=k_max or DEFAULT_K_MAX)

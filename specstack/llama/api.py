@@ -35,7 +35,7 @@ class ModelConfig:
     n_ctx: int | None = None
     n_threads: int = 0  # 0 = physical cores
     n_batch: int = 512
-    # Shapes assumed until measured (``costs.measure_shapes``): 2 pads a
+    # Shapes assumed until measured (``calibration.shapes.measure_shapes``): 2 pads a
     # one-token call, which was needed for exactness on every F16/F32 model
     # here.  Draft models use 1: their logits need not be exact.
     min_batch: int = 2
@@ -48,7 +48,7 @@ class ModelConfig:
     # unified cache); used only with one slot.
     n_seq_max: int = 1
     # None: unified iff n_slots == 1 (draft models share one cache); under --exact off a multi-slot
-    # target is reopened unified, with flash attention (``draft_length.background.open_for_mode``).
+    # target is reopened unified, with flash attention (``calibration.open_for_mode``).
     unified: bool | None = None
     # Off: batches of 2..512 rows then agree bit for bit on F16 and Q8_0 here.
     # With flash attention a one-row call matched 2-3 row calls at the KV length
@@ -109,7 +109,7 @@ class EngineTarget(Target, Protocol):
     seq_len: list[int]
     writes: list[int]
     tree_relayouts: int
-    gate: AbstractContextManager  # entered around every llama.cpp call (``draft_length.background.Gate``)
+    gate: AbstractContextManager  # entered around every llama.cpp call (``calibration.background.Gate``)
     # recurrent/hybrid models (``recurrent``): how rejected tokens leave the state
     is_recurrent: bool
     memory: str

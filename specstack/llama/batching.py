@@ -1,8 +1,8 @@
 """Batch shapes that keep llama.cpp's logits exact, and the plan that packs segments into calls.
 
 Pure data and arithmetic (no llama_cpp): ``target.LlamaModel`` keeps every
-call inside the ``BatchShapes`` measured for its model (``costs.measure_shapes``)
-by following ``plan_calls``; ``costs`` prices verification through the same plan.
+call inside the ``BatchShapes`` measured for its model (``calibration.shapes.measure_shapes``)
+by following ``plan_calls``; ``draft_length.costs`` prices verification through the same plan.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class BatchShapes:
     differently by their index in the batch (the repacked Q4_K kernels work
     in groups of 4 rows), so a row's logits and KV depend on the call it was
     computed in.  These limits are *measured per model* at load
-    (``costs.measure_shapes``) and every call that commits tokens keeps
+    (``calibration.shapes.measure_shapes``) and every call that commits tokens keeps
     within them:
 
     min_rows: calls are padded to at least this many rows (2 where a
@@ -37,7 +37,7 @@ class BatchShapes:
       to give every branch the logits of a chain call; where they were not
       (an AVX2 build, F16), exact mode verifies chains only.
     pending: the shapes are being measured in the background
-      (``draft_length.background``); meanwhile every call that commits
+      (``calibration.background``); meanwhile every call that commits
       tokens has one row (``PLAIN_ROWS``), which is plain decoding itself and
       so exact without any measurement.
     even_rows: a call gives each of its sequences the same number of rows,
@@ -50,11 +50,11 @@ class BatchShapes:
       a step pays for its real rows only.  Set by the target (``set_shapes``).
     pad_to: without exactness, a call of n rows is padded to ``pad_to[n - 1]``
       rows, the cheapest call of at least n rows on the model's measured cost
-      curve (``costs.cheapest_sizes``).  llama.cpp's repacked Q4_K kernels
+      curve (``calibration.curve.cheapest_sizes``).  llama.cpp's repacked Q4_K kernels
       take rows in groups of 4: on the 1B stand-in a 7-row call took 130 ms and
       the same 7 rows padded to 8 took 103 ms.  Pad rows ask for no logits.
       Empty: calls are not padded beyond ``min_rows``.  Set with the cost curve
-      (``costs.calibrate``); never with exact shapes, whose pads are measured.
+      (``calibration.curve.calibrate``); never with exact shapes, whose pads are measured.
     """
 
     min_rows: int = 2

@@ -46,7 +46,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
                  positions: int | None = None) -> None:
         """Load ``config.path``; or, with ``weights``, open one more context on that model's loaded weights
         (nothing is read again) holding at most ``positions`` per sequence, for work beside the main context
-        (``draft_length.background``).  Its config, and so its cache keys, stay those of ``config``."""
+        (``calibration.background``).  Its config, and so its cache keys, stay those of ``config``."""
         self.config = config
         self.role = role
         self._positions = positions
@@ -94,7 +94,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._init_batch_views()
         self.set_shapes(BatchShapes(min_rows=max(1, config.min_batch), max_rows=self._batch_cap))
         # Entered around every llama_decode: a context that works beside another (``sibling``) takes turns on
-        # the cores through a ``background.Gate``; alone, nothing to wait for.
+        # the cores through a ``calibration.background.Gate``; alone, nothing to wait for.
         self.gate: contextlib.AbstractContextManager = contextlib.nullcontext()
         self.tree_relayouts = 0  # tree paths that had to be re-decoded to keep exact KV layout
         self._piece_cache: dict[int, bytes] = {}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..draft_length import POLICIES
-from ..draft_length.costs import exact_mode
+from ..calibration import exact_mode
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
@@ -57,7 +57,7 @@ class Role:
     threads: int = 0
     ctx: int | None = None  # per slot; None = 4096 (or the trained context if shorter), 0 = the trained context
     parallel: int = 4  # slots: generations decoded together
-    exact: str = "auto"  # auto, on or off (``costs.exact_mode``; true/false read as on/off)
+    exact: str = "auto"  # auto, on or off (``calibration.exact_mode``; true/false read as on/off)
     rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
     # Prompts are processed inside decode steps: per step at most batch_tokens rows (the running generations'

@@ -27,14 +27,13 @@ from typing import Any
 from ..drafters.base import check_name
 from ..drafters.options import DRAFTER_FLAGS, inapplicable
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
-from ..draft_length.background import settle
 from ..draft_length.costs import CostModel
 from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import InvalidParameterError, SpecstackError
-from ..loading import experts_info, load_target, lossy_label, role_draft
+from ..loading import build_engine, experts_info, load_calibrated, lossy_label, role_draft
 from ..llama import LlamaModel
 from .chat import ChatTemplate, load_template
 from .prometheus import ServerMetrics
@@ -178,21 +177,26 @@ class RoleWorker:
     def _load(self) -> None:
         role = self.role
         prefix = f"specstack serve: role {role.name!r}"
-        # auto's verdict measured now if not cached: the slots' layout is fixed from here
-        self.target = load_target(role.spec(), role=f"target of role {role.name!r}", measure=True, settle=False,
-                                  prefix=prefix)
-        self.lossy = lossy_label(experts_info(role.model, role.experts))
-        self.template = load_template(role.model, role.chat_template)
-        if self.template.warning:
-            print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
-        # Settled before any request, from the cache, or else measured on a second context beside the engine
-        # (a request may ask for the cost policy at any time, and measuring on the engine's own context would
+        # auto's verdict measured now if not cached: the slots' layout is fixed from here.  Shapes and costs are
+        # settled before any request, from the cache, or else measured on a second context beside the engine (a
+        # request may ask for the cost policy at any time, and measuring on the engine's own context would
         # reset sequences that generations hold).
-        self._costs, background = settle(self.target, role.exact, n_max=(role.k_max or DEFAULT_K_MAX) + 1)
-        default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
-        self.engine = Engine(self.target, self._drafter(default, 0.0), self._policy(default),
-                             prompt_cache_bytes=role.cache_mb << 20, background=background,
-                             batch_tokens=role.batch_tokens or None, prefill_cap=role.prefill_cap)
+        calibration = load_calibrated(role.spec(), role=f"target of role {role.name!r}", measure=True,
+                                      n_max=(role.k_max or DEFAULT_K_MAX) + 1, background=True, prefix=prefix)
+        self.target, self._costs = calibration.target, calibration.costs
+        try:
+            self.lossy = lossy_label(experts_info(role.model, role.experts))
+            self.template = load_template(role.model, role.chat_template)
+            if self.template.warning:
+                print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
+            default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
+            self.engine = build_engine(calibration, self._drafter(default, 0.0), self._policy(default),
+                                       prompt_cache_bytes=role.cache_mb << 20, batch_tokens=role.batch_tokens or None,
+                                       prefill_cap=role.prefill_cap)
+        except BaseException:  # no engine will lend the measurement time: its context is freed now
+            if calibration.background is not None:
+                calibration.background.abandon()
+            raise
 
     def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
         """One drafter instance per distinct setting (it serves every generation that uses it)."""

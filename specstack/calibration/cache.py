@@ -1,4 +1,4 @@
-"""The on-disk cache of what ``costs`` measures (exact call shapes, what exactness costs, the cost curve).
+"""The on-disk cache of what calibration measures (exact call shapes, what exactness costs, the cost curve).
 
 Keys: each entry is keyed by what its measurement depends on and nothing else (``machine_key`` plus the
 measurement's own scope), so a new ``-c``, ``-np`` or roles file finds the entries a run with other settings
@@ -40,7 +40,7 @@ def machine_key(model: "EngineTarget") -> list[object]:
     and the settings that change which kernels run or how the weights and KV cache are laid out.
 
     Left out on purpose: the context size, the slot count and the batch size.  The measurements run one
-    sequence at a bounded depth (``costs.probe_depths``), and a sequence of a multi-slot target keeps its
+    sequence at a bounded depth (``shapes.probe_depths``), and a sequence of a multi-slot target keeps its
     own KV stream, laid out as in a solo run; shapes measured on the bundled target and Gemma 3 270M at
     -c 4096, -c 2048 -np 3 and -c 1024 were identical.  Where a small context bounds a measurement (its depth
     or its largest call), that bound is part of the measurement's scope (``entry_key``), not of this key.
@@ -105,6 +105,11 @@ def say_once(topic: str, message: str) -> None:
     if topic in _said:
         return
     _said.add(topic)
+    say(message)
+
+
+def say(message: str) -> None:
+    """One line of calibration's on stderr, terminal or not."""
     print(f"specstack: {message}", file=sys.stderr, flush=True)
 
 

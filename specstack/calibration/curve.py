@@ -1,0 +1,226 @@
+"""The cost curve: t(n), seconds of one target call of n rows on this machine and thread count.
+
+t(n) is the time to evaluate a batch of n tokens at the current context depth.  On 2 cores it grows
+steeply past n ~ 4 (compute-bound), which is why k must be chosen from measurements.  ``calibrate`` gives
+the cost policy's ``CostModel`` from the disk cache (``cache``, keyed by what the curve depends on: model
+file, threads, llama.cpp build and kernel settings) or measures it now, well under a second on small models;
+a timing taken while the machine was busy is measured again, and not cached if it stays noisy (``timing``).
+``bench_curve`` is bench's longer curve, timed by the same method (``timing.time_calls``), with its median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..draft_length.costs import CostModel
+from ..llama import EngineTarget, LlamaModel, ModelConfig
+from ..ui import Progress
+from .cache import cache_path, entry_key, lookup, need_dict, need_seconds, read_cache, store
+from .shapes import ensure_shapes
+from .timing import MEASURE_TRIES, cacheable, filler, steady, time_calls
+
+
+def curve_key(model: EngineTarget, n_max: int) -> tuple[int, str]:
+    """The curve ``calibrate`` measures for ``n_max`` (widened for several slots, capped by a batch) and its
+    cache key: the machine key and what the timed calls are (their padding, their depth).  Not n_max: a
+    cached curve at least that long serves it (its first n_max sizes are timed alike)."""
+    n_max = min(max(n_max, min(64, 4 * model.n_slots)), model.batch_cap)  # no call wider than a batch (-c 10)
+    scope = {"min_rows": model.shapes.min_rows, "pad_logits": model.shapes.pad_logits,
+             "depth": curve_depth(model, n_max)}
+    return n_max, entry_key("curve-", model, scope)
+
+
+def _parse_curve(entry: object, n_max: int) -> list[float] | None:
+    """A cached curve's first ``n_max`` times, checked (``cache``); None where it is shorter."""
+    curve = need_dict(entry, ("curve_s",))["curve_s"]
+    if not isinstance(curve, list) or not curve:
+        raise ValueError(f"curve_s is {curve!r}, not a list of seconds")
+    times = [need_seconds(t, f"curve_s[{i}]") for i, t in enumerate(curve)]
+    return times[:n_max] if len(times) >= n_max else None
+
+
+def _cached_curve(model: EngineTarget, n_max: int) -> tuple[str, list[float] | None]:
+    """``curve_key``'s key and the cached curve for ``n_max`` under it (None: not cached, or damaged)."""
+    n_max, key = curve_key(model, n_max)
+    path = cache_path()
+    return key, lookup(read_cache(path), key, lambda e: _parse_curve(e, n_max), path)
+
+
+def curve_cached(model: EngineTarget, n_max: int) -> bool:
+    """Whether ``calibrate`` would find the curve in the disk cache (under the model's shapes)."""
+    return _cached_curve(model, n_max)[1] is not None
+
+
+def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exact: bool | str = True) -> CostModel:
+    """Exact shapes and t(n) for this model, machine and thread count: from the disk cache or measured now.
+
+    With several slots the curve reaches further (calls then carry many generations' rows).
+    """
+    ensure_shapes(model, exact, use_cache)
+    key, cached = _cached_curve(model, n_max) if use_cache else (curve_key(model, n_max)[1], None)
+    n_max = curve_key(model, n_max)[0]
+    path = cache_path()
+    if cached is not None:
+        costs = CostModel(cached, shapes=model.shapes, source="cache")
+        if (path, key) in _checked or _still_true(model, costs):
+            _checked.add((path, key))
+            return _padded(model, costs)
+    curve, noise = _measure_curve(model, n_max)
+    _checked.add((path, key))  # measured by this process: nothing to check against
+    if use_cache and cacheable(model, "its cost curve", noise):
+        store(path, key, {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()})
+    return _padded(model, CostModel(curve, shapes=model.shapes))
+
+
+def _padded(model: EngineTarget, costs: CostModel) -> CostModel:
+    """Without exactness, the target pads each call to its cheapest size on the curve (``BatchShapes.pad_to``),
+    and the cost model prices it so."""
+    one_graph = model.n_slots == 1 or not model.shapes.even_rows  # separate streams pad evenly, never per pad_to
+    if model.shapes.exact or model.is_recurrent or not one_graph:  # a recurrent model's pads are phantoms: not free
+        return costs
+    model.set_shapes(dataclasses.replace(model.shapes, pad_to=cheapest_sizes(costs.curve)))
+    costs.shapes = model.shapes
+    return costs
+
+
+def measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 1.0) -> list[float]:
+    """Time of one call of n rows after ``depth`` context tokens, n = 1..n_max.
+
+    Calls are unsplit and padded to the model's ``min_rows`` (the engine
+    prices longer batches through the call plan).  Rounds sweep all n in
+    turn and each n keeps its *minimum*: on a shared machine interference
+    only ever adds time, so the minimum is the most faithful estimate.
+    Stops after ``budget_s`` once every n has two samples.
+    """
+    return _measure_curve(model, n_max, depth, reps, budget_s, tries=1)[0]
+
+
+def curve_depth(model: EngineTarget, n_max: int, depth: int = 128) -> int:
+    """The context depth the cost curve is timed at: ``depth``, unless the context is too small for it."""
+    return max(1, min(depth, model.capacity - n_max - 1))
+
+
+def _measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 1.0,
+                   tries: int = MEASURE_TRIES) -> tuple[list[float], float]:
+    """``measure_curve``, timed again while the machine looks busy (``timing.steady``); also returns the noise left."""
+    depth = curve_depth(model, n_max, depth)
+    # every size up to 24: kernels that take rows in groups make the curve saw-toothed (``cheapest_sizes``)
+    sizes = [n for n in (*range(1, 25), 32, 48, 64) if n < n_max] + [n_max]
+    toks = filler(model, depth + n_max)
+    # the typical size judged, not the worst: of 20-odd sizes one is often disturbed even on a quiet machine,
+    # and a size priced too dear is corrected online (``CostModel.observe_call``)
+    samples, noise = steady(lambda: time_calls(model, toks, sizes, depth, reps, budget_s=budget_s), tries, quantile=0.5)
+    best = {n: min(ts, default=float("inf")) for n, ts in samples.items()}
+    return _interpolate(best, n_max), noise
+
+
+_checked: set[tuple[Path, str]] = set()  # cached curves this process has checked (a bench builds many policies)
+
+
+def _still_true(model: EngineTarget, cached: CostModel, tolerance: float = 5.0) -> bool:
+    """Whether a cached curve still describes this machine: one-row calls timed now (a short context,
+    the fastest of five) are within ``tolerance`` x of its t(1).
+
+    A curve measured while other processes held the cores (llama.cpp's thread pool then stalls,
+    here up to 3000x) would otherwise price every draft wrongly for as long as the cache lives.
+    """
+    depth = max(1, min(16, model.capacity - 2))
+    now = min(time_calls(model, filler(model, depth + 1), [1], depth, reps=5)[1])
+    return 1 / tolerance <= now / cached.call_s(1) <= tolerance
+
+
+def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
+    """t(1..n_max) from measured sizes, linear between them.  Not smoothed: a size can cost more than a
+    bigger one (``cheapest_sizes``); ``CostModel`` prices each size as the target will run it."""
+    xs = sorted(points)
+    curve = []
+    for n in range(1, n_max + 1):
+        hi = next(x for x in xs if x >= n)
+        lo = max((x for x in xs if x <= n), default=hi)
+        t = points[lo] if hi == lo else points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+        curve.append(t)
+    return curve
+
+
+def cheapest_sizes(curve: Sequence[float], margin: float = 0.03) -> tuple[int, ...]:
+    """For n = 1..len(curve): the call size m >= n to pad n rows to, the cheapest on the measured ``curve``
+    (``BatchShapes.pad_to``); m = n unless m is more than ``margin`` cheaper (noise must not add rows).
+
+    >>> cheapest_sizes([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6])
+    (1, 2, 3, 4, 5, 8, 8, 8)
+    """
+    out = []
+    for n in range(1, len(curve) + 1):
+        m = min(range(n, len(curve) + 1), key=lambda k: (curve[k - 1], k))
+        out.append(m if curve[m - 1] < (1 - margin) * curve[n - 1] else n)
+    return tuple(out)
+
+
+# -- bench's curve ------------------------------------------------------------------------------------
+
+
+def bench_curve(
+    model_path: str | Path,
+    tokens: Sequence[int],
+    *,
+    n_max: int = 32,
+    depth: int = 200,
+    reps: int = 5,
+    n_threads: int = 0,
+    n_ctx: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """t(n) for n = 1..n_max after a ``depth``-token prefill, as ``bench`` reports it; ``tokens`` are cycled to
+    fill both.  With ``progress``, a ``ui.Progress`` bar of the timed calls on stderr (the phase takes about a
+    minute).
+
+    Measured with the cost policy's own method (``time_calls``): a prefill of ``depth`` tokens, then each batch
+    called and truncated back (only the call is timed), ``reps`` rounds with the n values interleaved so
+    machine noise spreads over all of them.  Both the minimum and the median over the rounds are recorded;
+    t(n) is the minimum (``cost_at``), the statistic ``measure_curve`` gives the cost policy: interference only
+    ever adds time, so the fastest round is the closest to the cost itself.  The median is kept to show how
+    noisy the machine was.
+
+    The model is loaded with ``min_batch=1`` so t(1) is a true one-token batch.  Whether the run's plain steps
+    cost t(1) or t(2) depends on its exact mode: exact shapes that pad one-token steps to two rows
+    (``BatchShapes.min_rows``) make it t(2); ``--exact off`` (or auto's verdict off) runs them unpadded.  The
+    report says which held in the run (``bench.report._cost_curve``).
+    """
+    if not tokens:
+        raise ValueError("the cost curve needs some token ids to evaluate")
+    model = LlamaModel(ModelConfig(Path(model_path), n_ctx=n_ctx, n_threads=n_threads, min_batch=1), role="target")
+    try:
+        depth = max(1, min(depth, model.capacity - n_max - 1))
+        ids = [int(tokens[i % len(tokens)]) for i in range(depth + n_max)]
+        sizes = range(1, n_max + 1)
+        bar = Progress(f"bench: timing the verification cost curve t(n), n = 1..{n_max}", reps * n_max, "calls",
+                       quiet=not progress)
+        with bar:
+            samples = time_calls(model, ids, sizes, depth, reps, warmup=(1, 2, n_max), progress=bar.update)
+        threads = model.n_threads
+    finally:
+        model.close()
+    return {
+        "depth": depth,
+        "reps": reps,
+        "threads": threads,
+        "min_batch": 1,
+        "n": list(sizes),
+        "median_s": [round(statistics.median(samples[n]), 7) for n in sizes],
+        "min_s": [round(min(samples[n]), 7) for n in sizes],
+        "note": "t(1) is a true 1-token batch (the run's own plain steps: see config.target.min_rows)",
+    }
+
+
+def cost_at(curve: dict[str, Any] | None, n: int) -> float | None:
+    """t(n) from a ``bench_curve``, the fastest rep as the cost policy keeps it (None when n was not measured)."""
+    if not curve:
+        return None
+    try:
+        return curve["min_s"][curve["n"].index(n)]
+    except (ValueError, IndexError, KeyError):
+        return None
