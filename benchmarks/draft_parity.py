@@ -15,15 +15,12 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
-from specstack.calibration import ensure_shapes
-from specstack.loading import build_policy
-from specstack.drafters import BuildContext, create
-from specstack.engine import Engine
 from specstack.generation import GenerationConfig
+from specstack.loading import TargetSpec, build_engine, load_target
 from specstack.paths import DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.llama import LlamaModel, ModelConfig
 
 STDLIB = ("textwrap.py", "json/decoder.py", "string.py", "shlex.py", "bisect.py", "heapq.py")
 
@@ -45,8 +42,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    target = LlamaModel(ModelConfig(args.model, n_threads=args.threads), role="target")
-    ensure_shapes(target, exact="auto")
+    target = load_target(TargetSpec(Path(args.model), threads=args.threads, exact="auto", tree_branches=1))
     options = {"draft_model": args.model_draft} if args.model_draft else {}
     total = {"none": 0.0, "draft-model": 0.0}
     tokens = {"none": 0, "draft-model": 0}
@@ -55,8 +51,7 @@ def main() -> None:
         for prompt in prompts_for(args.model, args.prompts):
             rate = {}
             for name in ("none", "draft-model"):
-                engine = Engine(target, create(name, BuildContext(target, options=options)),
-                                build_policy("cost", 4, target=target))
+                engine = build_engine(target, name, "cost", drafter_options=options)  # its own policy and cost model
                 t0 = time.perf_counter()
                 gen = engine.generate(prompt, GenerationConfig(max_tokens=args.max_tokens)).run()
                 seconds = time.perf_counter() - t0

@@ -17,17 +17,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Sequence
 
-from specstack.calibration import calibrate, ensure_shapes, open_for_mode
-from specstack.draft_length import make_policy
-from specstack.drafters import BuildContext, create
 from specstack.drafters.base import DraftRequest
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
+from specstack.llama import LlamaModel
+from specstack.loading import TargetSpec, build_engine, load_target
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
-from specstack.llama import LlamaModel, ModelConfig
 from specstack.types import Draft
 
 
@@ -53,23 +52,17 @@ class AlwaysWrong:
         pass
 
 
-def load(path, slots: int = 1, exact: bool = True, threads: int = 2, n_ctx: int = 512) -> LlamaModel:
-    model = LlamaModel(ModelConfig(path, n_ctx=n_ctx, n_threads=threads, n_slots=slots), role="target")
-    model = open_for_mode(model, "on" if exact else "off")  # as the server opens it
-    ensure_shapes(model, exact)
-    return model
+def load(args, slots: int = 1, exact: str = "on") -> LlamaModel:
+    """The target as `generate` and `serve` load it, with 512 positions per slot, verifying chains (no trees)."""
+    return load_target(TargetSpec(Path(args.model), ctx=512, threads=args.threads, slots=slots, exact=exact,
+                                  tree_branches=1))
 
 
 def engine_for(target: LlamaModel, method: str, args) -> Engine:
-    """METHOD or METHOD@POLICY, as in `specstack bench --methods`."""
+    """METHOD or METHOD@POLICY, as in `specstack bench --methods`; each cost policy has its own cost model."""
     name, _, policy = method.partition("@")
-    drafter = AlwaysWrong(target.n_vocab) if name == "always-wrong" else create(
-        name, BuildContext(target, options={"draft_model": args.model_draft}))
-    pol = None
-    if policy:
-        costs = calibrate(target, n_max=17)  # the target's shapes are settled already (load)
-        pol = make_policy(policy, 4, costs=costs)
-    return Engine(target, drafter, pol)
+    drafter = AlwaysWrong(target.n_vocab) if name == "always-wrong" else name
+    return build_engine(target, drafter, policy or None, drafter_options={"draft_model": args.model_draft})
 
 
 def llama_plain(args, prompt: str) -> float:
@@ -83,7 +76,7 @@ def ours(engine: Engine, prompt: str, n: int):
 
 
 def cmd_versus_llama(args, method: str) -> None:
-    target = load(args.model, exact=args.exact == "on", threads=args.threads)
+    target = load(args, exact=args.exact)
     engine = engine_for(target, method, args)
     prompts = held_out_prompts(args.prompts)
     ours(engine, prompts[0], 8)  # warm-up
@@ -106,8 +99,8 @@ def cmd_versus_llama(args, method: str) -> None:
 
 
 def cmd_draft(args) -> None:
-    target = load(args.model, threads=args.threads)
     methods = ["none", "draft-model@cost", "draft-model@fixed"]
+    target = load(args)
     engines = {m: engine_for(target, m, args) for m in methods}
     prompts = held_out_prompts(args.prompts)
     rates: dict[str, list[float]] = {m: [] for m in methods}
@@ -126,8 +119,8 @@ def cmd_draft(args) -> None:
 
 def cmd_batch(args) -> None:
     conc = [int(c) for c in args.conc.split(",")]
-    target = load(args.model, slots=max(conc), exact=args.exact == "on", threads=args.threads)
     methods = args.methods.split(",")
+    target = load(args, slots=max(conc), exact=args.exact)
     engines = {m: engine_for(target, m, args) for m in methods}
     prompts = held_out_prompts(max(conc) * 2)
     print(f"{args.model}: shapes {target.shapes.to_dict()}, {target.n_slots} slots, {args.n} tokens per generation")
@@ -159,14 +152,14 @@ def cmd_batch(args) -> None:
 
 
 def cmd_prefix(args) -> None:
-    target = load(args.model, threads=args.threads)
+    target = load(args)
     engine = engine_for(target, "none", args)
     base = " ".join(held_out_prompts(8))
     ids = target.tokenize(base)[: args.prompt_tokens]
     cold, warm, reused = [], [], []
     for rep in range(args.repeat):
         target.reset()
-        fresh = Engine(target, engine.drafter)  # a new engine knows no cached prefix
+        fresh = build_engine(target, engine.drafter)  # a new engine knows no cached prefix
         a = fresh.generate(ids, GenerationConfig(max_tokens=4)).run()
         b = fresh.generate(ids, GenerationConfig(max_tokens=4)).run()
         assert a.output_ids == b.output_ids

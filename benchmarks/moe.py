@@ -8,25 +8,16 @@ Interleaved per prompt in one run; greedy; identity is checked against full-expe
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
-from specstack.calibration import calibrate, ensure_shapes
-from specstack.draft_length import make_policy
-from specstack.drafters import BuildContext, create
-from specstack.drafters.moe_self import expert_override
-from specstack.engine import Engine
+from specstack.bench.serving import rss_mb
 from specstack.generation import GenerationConfig
+from specstack.loading import TargetSpec, build_drafter, build_engine, load_calibrated
 from specstack.paths import MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.llama import LlamaModel, ModelConfig
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> None:
@@ -38,25 +29,20 @@ def main() -> None:
     ap.add_argument("--llama", action="store_true", help="also run llama-completion with --override-kv (needs the peer binaries)")
     args = ap.parse_args()
 
-    def load(experts: int | None = None) -> LlamaModel:
-        kv = (expert_override(args.model, experts, "--experts"),) if experts else ()
-        m = LlamaModel(ModelConfig(args.model, n_threads=args.threads, kv_overrides=kv), role="target")
-        ensure_shapes(m)
-        return m
-
-    full, reduced = load(), load(1)
-    costs = calibrate(full)
-    before = rss_mb()
-    moe_self = create("moe-self", BuildContext(full))
-    after = rss_mb()
+    spec = TargetSpec(Path(args.model), threads=args.threads, exact="on", tree_branches=1)  # chains, as measured
+    full = load_calibrated(spec, n_max=17)  # one cost model, which the cost policies below share
+    reduced = load_calibrated(replace(spec, experts=1))
+    pid = os.getpid()
+    before = rss_mb(pid)
+    moe_self = build_drafter("moe-self", full.target)
+    after = rss_mb(pid)
     engines = {
-        "none": Engine(full, create("none", BuildContext(full))),
-        "--experts 1 (LOSSY)": Engine(reduced, create("none", BuildContext(reduced))),
-        "moe-self@fixed4": Engine(full, moe_self, make_policy("fixed", 4)),
-        "moe-self@cost": Engine(full, moe_self, make_policy("cost", 4, costs=costs)),
-        "cascade:prompt-lookup,moe-self@cost": Engine(full, create("cascade:prompt-lookup,moe-self", BuildContext(full)),
-                                                      make_policy("cost", 4, costs=costs)),
-        "draft-model(1m)@cost": Engine(full, create("draft-model", BuildContext(full)), make_policy("cost", 4, costs=costs)),
+        "none": build_engine(full),
+        "--experts 1 (LOSSY)": build_engine(reduced),
+        "moe-self@fixed4": build_engine(full, moe_self, "fixed"),
+        "moe-self@cost": build_engine(full, moe_self, "cost"),
+        "cascade:prompt-lookup,moe-self@cost": build_engine(full, "cascade:prompt-lookup,moe-self", "cost"),
+        "draft-model(1m)@cost": build_engine(full, "draft-model", "cost"),
     }
     prompts = held_out_prompts(args.prompts)
     rows: dict[str, list] = {k: [] for k in engines}

@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from specstack.calibration import calibrate
-from specstack.draft_length import make_policy
-from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
+from specstack.loading import Calibration, TargetSpec, build_engine, load_calibrated
 from specstack.paths import DEFAULT_DRAFT, MODELS_DIR
 from specstack.prompts import held_out_prompts
-from specstack.llama import LlamaModel, ModelConfig
 
 METHODS = ("none", "prompt-lookup", "suffix", "draft-model")
 
@@ -39,13 +37,10 @@ class Row:
     identical: int = 0
 
 
-def engines_for(target: LlamaModel, draft: str, exact: bool) -> dict[str, Engine]:
-    costs = calibrate(target, exact=exact)
-    out = {}
-    for m in METHODS:
-        drafter = create(m, BuildContext(target, options={"draft_model": draft}))
-        out[m] = Engine(target, drafter, None if m == "none" else make_policy("cost", 4, costs=costs))
-    return out
+def engines_for(loaded: Calibration, draft: str) -> dict[str, Engine]:
+    """Each method's engine; every drafting one with the cost policy, all pricing with the load's cost model."""
+    return {m: build_engine(loaded, m, None if m == "none" else "cost", drafter_options={"draft_model": draft})
+            for m in METHODS}
 
 
 def main() -> None:
@@ -62,8 +57,9 @@ def main() -> None:
 
     loads = {}
     for s in args.strategies.split(","):
-        t = LlamaModel(ModelConfig(args.model, n_threads=args.threads, rollback=s), role="target")
-        loads[t.strategy] = (t, engines_for(t, args.model_draft, args.exact == "on"))
+        loaded = load_calibrated(TargetSpec(Path(args.model), threads=args.threads, exact=args.exact, rollback=s,
+                                            tree_branches=1), n_max=17)
+        loads[loaded.target.strategy] = (loaded.target, engines_for(loaded, args.model_draft))
     prompts = held_out_prompts(args.prompts)
     rows = {(s, m): Row() for s in loads for m in METHODS}
     peers: dict[str, list[float]] = {}

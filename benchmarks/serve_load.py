@@ -132,7 +132,7 @@ def spawn_llama(args: argparse.Namespace, parallel: int, setting: LlamaSetting) 
 
 
 def measuring(server: Server) -> bool:
-    """Whether specstack is still measuring a model it has not seen (``draft_length.background``): it then uses
+    """Whether specstack is still measuring a model it has not seen (``calibration.background``): it then uses
     idle time, and would take the cores from the other server's run."""
     text = server.log_text()
     return "first run of" in text and "specstack: measured" not in text and "WARNING: measuring" not in text
