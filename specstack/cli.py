@@ -37,8 +37,28 @@ COMMAND_MODULES = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse reading options as llama.cpp does: each option whole, never a prefix of it.
+
+    Plain argparse reads an unknown single-dash option as a known one plus an attached value (``-ngl 0`` was
+    ``-n gl``, ``-fa on`` was ``-f a``, ``-cnv`` was ``-c nv``) and takes abbreviations of long ones
+    (``--temperature`` for ``--temp-max``).  Here an option is its exact name, or ``NAME=VALUE``; anything else
+    is refused whole as unrecognized.  Every command's parser is one of these (subparsers take their parent's
+    class).
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        if option_string[:1] in self.prefix_chars and option_string[1:2] not in self.prefix_chars:
+            return []  # single dash: no known option plus an attached value, no prefix of a longer one
+        return super()._get_option_tuples(option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specstack",
         description="Lossless speculative decoding on llama.cpp for CPUs. "
         "Every command defaults to the bundled pycoder pair, so none needs a model argument.",
@@ -115,7 +135,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
       traceback: what is left is abandoned anyway, so the process ends here;
     - a second Ctrl-C while the first unwinds (waiting for a measurement's thread, say) ends it at once.
     """
-    backend = sys.modules.get(f"{__package__}.target.backend")  # not imported: no llama.cpp call is running
+    backend = sys.modules.get(f"{__package__}.llama.backend")  # not imported: no llama.cpp call is running
     if backend is not None and backend.in_llama_callback(frame):
         backend.defer_interrupt()
         return

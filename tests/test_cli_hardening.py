@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -307,3 +308,143 @@ def test_serve_says_ready_once_health_answers_200():
     finally:
         proc.terminate()
         proc.wait(120)
+
+
+# -- issue 31 item 5: llama.cpp's flags ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["serve", "--port", "0"], ["bench", "run", "--workload", "x"]])
+@pytest.mark.parametrize("option", ["-cnv", "-n5", "-fax", "-ngll", "--max-tok"])
+def test_an_unknown_option_is_refused_whole_never_as_a_prefix_plus_a_value(capsys, command, option):
+    """`-cnv` was read as -c nv, `-ngl 0` as -n gl, `-fa on` as -f a, `--max-tok` as --max-tokens: each is now
+    refused as the option it is."""
+    code, _, err = run_cli(capsys, *command, option)
+    assert code == 2 and f"unrecognized arguments: {option}" in err
+
+
+@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["serve", "--port", "0"], ["bench", "run", "--workload", "x"]])
+@pytest.mark.parametrize("value", ["99", "-1", "all", "auto"])
+def test_gpu_layers_other_than_0_are_refused_clearly(capsys, command, value):
+    code, _, err = run_cli(capsys, *command, "-ngl", value)
+    assert code == 2 and "-ngl 0 is the only value" in err and "CPU" in err
+
+
+def parsed(*argv: str):
+    from specstack.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_llama_cpps_flags_reach_the_target_spec():
+    from specstack.commands.common import controls_from_args, preflight, target_spec
+
+    args = parsed("generate", "-p", "x", "-ngl", "0", "-fa", "off", "-b", "256", "-ub", "1024", "--mlock", "--no-mmap",
+                  "-s", "7", "--n-predict", "9", "--repeat-penalty", "1.2", "--repeat-last-n", "-1",
+                  "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
+    preflight(args)
+    spec = target_spec(args)
+    assert (spec.flash_attn, spec.batch, spec.mlock, spec.mmap) == (False, 256, True, False)  # n_ubatch = min(-b, -ub)
+    assert args.seed == 7 and args.max_tokens == 9
+    c = controls_from_args(args)
+    assert (c.repeat_penalty, c.repeat_last_n, c.presence_penalty, c.frequency_penalty) == (1.2, -1, 0.5, 0.25)
+    default = target_spec(parsed("generate", "-p", "x"))
+    assert (default.flash_attn, default.batch, default.mlock, default.mmap) == (None, 512, False, True)
+    assert target_spec(parsed("bench", "run", "--workload", "x", "-ub", "64")).batch == 64
+
+
+def test_flash_attention_on_needs_exactness_off(capsys):
+    from specstack.commands.common import preflight, target_spec
+
+    code, _, err = run_cli(capsys, "generate", "-p", "x", "-fa", "on", "--exact", "on")
+    assert code == 2 and "-fa on cannot go with --exact on" in err
+    args = parsed("generate", "-p", "x", "-fa", "on")
+    preflight(args)
+    assert args.exact == "off" and target_spec(args).flash_attn is True
+    assert "-fa on runs with --exact off" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--repeat-penalty", "0"], "--repeat-penalty must be > 0"),
+    (["--presence-penalty", "3"], "--presence-penalty must be in [-2, 2]"),
+    (["--grammar", "root ::= foo"], "does not parse"),
+    (["--grammar", 'root ::= "a"', "-j", "{}"], "--grammar and -j each give the grammar"),
+    (["-j", "[1]"], "must be a JSON object"),
+    (["--grammar-file", "/nonexistent.gbnf"], "--grammar-file /nonexistent.gbnf: cannot read it"),
+])
+def test_bad_penalty_and_grammar_flags_are_refused_before_the_load(capsys, flags, message):
+    code, _, err = run_cli(capsys, "generate", "-p", "x", *flags)
+    assert code == 2 and message in err and "loaded" not in err
+
+
+def test_generate_takes_a_json_schema_and_penalties(capsys):
+    code, out, _ = run_cli(capsys, "generate", "-p", "RECORD = ", "-n", "40", "--json", "--repeat-penalty", "1.1",
+                           "-j", '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}}, '
+                           '"required": ["name"], "additionalProperties": false}')
+    assert code == 0 and set(json.loads(json.loads(out)["text"])) == {"name"}
+
+
+def serve_roles(*argv: str):
+    from specstack.commands.serve import build_roles
+
+    return build_roles(parsed("serve", *argv))
+
+
+def test_serve_c_is_the_context_of_all_slots_as_in_llama_server(capsys, tmp_path):
+    """llama-server's -c is shared out among the slots; --ctx-per-slot gives each slot's (the roles file's ctx)."""
+    assert serve_roles("-c", "8192", "-np", "4")[0].ctx == 2048
+    assert serve_roles("-c", "8192")[0].ctx == 2048  # 4 slots by default
+    assert serve_roles("-c", "0", "-np", "2")[0].ctx == 256  # the bundled model's 512 trained positions, shared out
+    assert serve_roles("--ctx-per-slot", "1024", "-np", "4")[0].ctx == 1024
+    assert serve_roles()[0].ctx is None  # neither: 4096 per slot, or the trained context if shorter
+    code, err = serve_cli(capsys, "-c", "4096", "--ctx-per-slot", "1024")
+    assert code == 2 and "not allowed with argument -c" in err
+    code, err = serve_cli(capsys, "--config", roles_file(tmp_path, "[roles.a]\n"), "-c", "4096")
+    assert code == 2 and "-c would be ignored" in err and "set ctx" in err
+
+
+def test_serve_takes_llama_servers_flags_as_the_roles_defaults(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    role = serve_roles("-a", "coder", "-s", "3", "--repeat-penalty", "1.1", "--repeat-last-n", "128",
+                       "--frequency-penalty", "0.2", "-jf", str(schema), "-fa", "off", "-b", "128", "--mlock",
+                       "--no-mmap", "--jinja", "-ngl", "0")[0]
+    assert role.name == "coder" and role.seed == 3
+    controls = role.controls()
+    assert (controls.repeat_penalty, controls.repeat_last_n, controls.frequency_penalty) == (1.1, 128, 0.2)
+    assert "root ::=" in controls.grammar
+    spec = role.spec()
+    assert (spec.flash_attn, spec.batch, spec.mlock, spec.mmap) == (False, 128, True, False)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["-n", "9999"], "-n 9999 must be in 1..4096"),
+    (["-a", " "], "--alias is empty"),
+    (["--repeat-penalty", "-1"], "--repeat-penalty must be > 0"),
+    (["--grammar", "root ::= foo"], "does not parse"),
+    (["-fa", "on", "--exact", "on"], "-fa on cannot go with --exact on"),
+])
+def test_serve_refuses_bad_llama_flags_before_starting(capsys, flags, message):
+    code, err = serve_cli(capsys, *flags)
+    assert code == 2 and message in err
+
+
+def test_a_roles_file_sets_grammar_penalties_tool_format_and_loading_options(tmp_path):
+    from specstack.server.roles import load_roles
+
+    (tmp_path / "g.gbnf").write_text('root ::= "yes" | "no"\n')
+    roles = load_roles(roles_file(tmp_path, (
+        '[roles.judge]\ngrammar_file = "g.gbnf"\nrepeat_penalty = 1.1\npresence_penalty = 0.5\nseed = 4\n'
+        'tool_call_format = "hermes"\nflash_attn = "off"\nubatch_size = 64\nmlock = true\nmmap = false\n\n'
+        '[roles.extract]\njson_schema = { type = "object", required = ["name"] }\nchat_template = "chatml"\n')))
+    judge, extract = roles
+    assert judge.controls().grammar == 'root ::= "yes" | "no"\n' and judge.controls().presence_penalty == 0.5
+    assert judge.tool_call_format == "hermes" and judge.seed == 4
+    assert (judge.spec().flash_attn, judge.spec().batch, judge.spec().mlock, judge.spec().mmap) == (False, 64, True, False)
+    assert "root ::=" in extract.controls().grammar and extract.chat_template == "chatml"
+    for body, message in (('grammar = "x"\njson_schema = "{}"', "both give the role's grammar"),
+                          ("frequency_penalty = 5", "frequency_penalty must be in [-2, 2]"),
+                          ('flash_attn = "on"', 'needs exact = "off"'), ('flash_attn = "maybe"', "flash_attn must be"),
+                          ('repeat_penalty = "high"', "repeat_penalty must be a number"),
+                          ('json_schema = "{not json"', "json_schema is not JSON")):
+        with pytest.raises(Exception, match=re.escape(message)):
+            load_roles(roles_file(tmp_path, f"[roles.bad]\n{body}\n"))

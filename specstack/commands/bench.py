@@ -93,7 +93,7 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
                    help="comma-separated temperatures (default 0); > 0 uses a fixed seed per request")
     r.add_argument("--repeat", type=int, default=1, help="passes over the workload; the median run is kept (default 1)")
     r.add_argument("--limit", type=int, default=None, help="run only the first N requests")
-    r.add_argument("--seed", type=int, default=0, help="base of the per-request seeds (default 0)")
+    r.add_argument("-s", "--seed", type=int, default=0, help="base of the per-request seeds (default 0)")
     r.add_argument("--top-k", type=int, default=0, help="sampling top-k; 0 = off")
     r.add_argument("--top-p", type=float, default=1.0, help="sampling top-p; 1 = off")
     r.add_argument("--min-p", type=float, default=0.0, help="sampling min-p; 0 = off")

@@ -7,6 +7,7 @@ Flag names follow llama.cpp where one exists (-m, -md, -n, -t, -c, --temp,
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..loading import (DEFAULT_TREE_BRANCHES, TargetSpec, announce_load, bundled
                        experts_info, lossy_label, resolve_draft)
 from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_calibrated as _load_calibrated
 from ..paths import DEFAULT_TARGET
+from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama import LlamaModel, set_verbose
@@ -86,6 +88,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"rollback: recurrent-state snapshots per sequence (llama.cpp's n_rs_seq); drafts are capped at this "
                    f"minus one (default {DEFAULT_DEPTH}); memory for the recurrent state grows with it")
     g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log")
+    add_loading_args(g)
 
 
 class _NoteGiven(argparse.Action):
@@ -131,7 +134,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability; 0 = off")
-    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling (-1: random, as llama.cpp)")
+    g.add_argument("-s", "--seed", type=int, default=None, help="random seed for reproducible sampling (-1: random, as llama.cpp)")
+    add_control_args(p)
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -142,6 +146,7 @@ def preflight(args: argparse.Namespace) -> None:
     """Every argument that needs no model, checked before the target loads (a load and its first shape probe
     take minutes for a big model): drafter names, drafter flags that the chosen drafters would ignore, their
     values (named by flag), and the draft model's file where a drafter reads it."""
+    settle_flash_attn(args)
     name = getattr(args, "drafter", None)
     if name is None:
         return
@@ -214,7 +219,8 @@ def target_spec(args: argparse.Namespace, slots: int = 1) -> TargetSpec:
                       exact=getattr(args, "exact", "on"), experts=getattr(args, "experts", None),
                       rollback=getattr(args, "rollback", "auto"),
                       rollback_depth=getattr(args, "rollback_depth", DEFAULT_DEPTH),
-                      tree_branches=max(1, getattr(args, "tree_branches", DEFAULT_TREE_BRANCHES)))
+                      tree_branches=max(1, getattr(args, "tree_branches", DEFAULT_TREE_BRANCHES)),
+                      **loading_options(args))
 
 
 def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
@@ -283,3 +289,159 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_drafter(name: str, target: LlamaModel, args: argparse.Namespace) -> Drafter:
     return _build_drafter(name, target, drafter_options(args), getattr(args, "temp", 0.0))
+
+
+# -- llama.cpp's flags, where specstack means the same ------------------------------------------------------------
+
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+ON_CPU = "specstack runs models on the CPU (its exact call shapes are measured there)"
+
+
+def gpu_layers(text: str) -> int:
+    """-ngl: 0 is what specstack does anyway; any other value (99, all, auto) is refused, never ignored."""
+    if text.strip() == "0":
+        return 0
+    raise argparse.ArgumentTypeError(f"{ON_CPU}, so -ngl 0 is the only value it takes (got {text!r}); leave -ngl "
+                                     "out or pass 0")
+
+
+def add_loading_args(g: argparse._ActionsContainer, unset: bool = False) -> None:
+    """llama.cpp's loading flags, under its names and with its meanings (``loading.TargetSpec``).  ``unset``:
+    every default None, so that a command can tell a flag given from one left out (``serve`` beside --config)."""
+
+    def default(value: Any) -> Any:
+        return None if unset else value
+
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=gpu_layers, default=default(0),
+                   metavar="N", help=f"layers offloaded to a GPU: {ON_CPU}, so 0 is accepted (as in llama.cpp command "
+                   "lines) and any other value refused")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=tuple(FLASH_ATTN), default=default("auto"),
+                   help="flash attention: auto (default: on exactly where --exact is off, since exact call shapes are "
+                   "measured without it), on (needs exactness off: with --exact auto it runs as --exact off, with "
+                   "--exact on it is refused) or off")
+    g.add_argument("-b", "--batch-size", dest="batch_size", type=at_least(1), default=default(2048), metavar="N",
+                   help="llama.cpp's logical batch; with -ub, one call decodes at most min(-b, -ub) rows (default 2048)")
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=at_least(1), default=default(512), metavar="N",
+                   help="llama.cpp's physical batch: the most rows one call decodes (default 512, as llama.cpp). "
+                   "specstack's calls are a prefill chunk (128) or a verification batch, so it rarely matters")
+    g.add_argument("--mlock", action="store_true", default=default(False), help="keep the weights in RAM (llama.cpp's "
+                   "--mlock: never swapped out)")
+    g.add_argument("--no-mmap", dest="mmap", action="store_false", default=default(True),
+                   help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
+
+
+def loading_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``TargetSpec``'s fields for llama.cpp's loading flags (defaults where a command has none of them)."""
+    batch = min(getattr(args, "batch_size", None) or 2048, getattr(args, "ubatch_size", None) or 512)
+    return {"flash_attn": FLASH_ATTN[getattr(args, "flash_attn", None) or "auto"], "batch": batch,
+            "mmap": getattr(args, "mmap", None) is not False, "mlock": bool(getattr(args, "mlock", False))}
+
+
+def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> None:
+    """-fa on needs exactness off: under --exact on it is refused; under auto it runs as off, with a note."""
+    if getattr(args, "flash_attn", None) != "on":
+        return
+    exact = getattr(args, "exact", None) or "auto"
+    if exact == "on":
+        raise InvalidParameterError(f"-fa on cannot go with {exact_flag} on: exact call shapes are measured without "
+                                    "flash attention (its one-row path depends on the KV length); use -fa auto, or "
+                                    f"{exact_flag} off")
+    if exact != "off":
+        print(f"specstack: note: -fa on runs with {exact_flag} off (exact call shapes are measured without flash "
+              "attention): greedy speculative output may differ from plain decoding at near-ties", file=sys.stderr)
+        args.exact = "off"
+
+
+def add_control_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
+    """llama.cpp's penalty and grammar flags (``constraints.Constraints``, exact under speculation).  ``unset``:
+    every default None (``serve``: the role's defaults then apply)."""
+
+    def default(value: Any) -> Any:
+        return None if unset else value
+
+    g = p.add_argument_group("logit controls (identical in plain and speculative decoding)")
+    g.add_argument("--repeat-penalty", type=float, default=default(1.0), metavar="X",
+                   help="penalize tokens seen in the last --repeat-last-n tokens of prompt and output (llama.cpp's "
+                   "formula; 1 = off, the default)")
+    g.add_argument("--repeat-last-n", type=at_least(-1), default=default(64), metavar="N",
+                   help="tokens the penalties look back over (default 64; 0 = none, -1 = the whole context)")
+    g.add_argument("--presence-penalty", type=float, default=default(0.0), metavar="X",
+                   help="subtract X from tokens in that window (-2..2; default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=default(0.0), metavar="X",
+                   help="subtract X per occurrence in that window (-2..2; default 0)")
+    g.add_argument("--grammar", default=None, metavar="GBNF", help="constrain the output with a GBNF grammar "
+                   "(llama.cpp's grammar engine, exact under speculation)")
+    g.add_argument("--grammar-file", type=Path, default=None, metavar="FILE", help="read the GBNF grammar from FILE")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="constrain the output to JSON matching this JSON schema (e.g. '{}' for any JSON object)")
+    g.add_argument("-jf", "--json-schema-file", type=Path, default=None, metavar="FILE",
+                   help="read the JSON schema from FILE")
+
+
+def json_schema_text(args: argparse.Namespace) -> str | None:
+    """The JSON schema of -j or -jf, as JSON text (checked: it parses and is a schema object)."""
+    given = [f for f, a in (("--grammar", "grammar"), ("--grammar-file", "grammar_file"), ("-j", "json_schema"),
+                            ("-jf", "json_schema_file")) if getattr(args, a, None) is not None]
+    if len(given) > 1:
+        raise InvalidParameterError(f"{' and '.join(given)} each give the grammar; pass one of them")
+    text = args.json_schema
+    if getattr(args, "json_schema_file", None) is not None:
+        text = _read(args.json_schema_file, "-jf")
+    if text is None:
+        return None
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise InvalidParameterError(f"the JSON schema ({given[0]}) is not JSON: {exc}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidParameterError(f"the JSON schema ({given[0]}) must be a JSON object (got {text[:40]!r})")
+    return text
+
+
+def grammar_from_args(args: argparse.Namespace) -> str | None:
+    """The GBNF that --grammar, --grammar-file, -j or -jf give (None: no grammar)."""
+    schema = json_schema_text(args)
+    if schema is not None:
+        from ..llama.grammar import schema_to_gbnf
+
+        return schema_to_gbnf(json.loads(schema))
+    text = _read(args.grammar_file, "--grammar-file") if getattr(args, "grammar_file", None) is not None else args.grammar
+    if text is not None and not text.strip():
+        raise InvalidParameterError("the grammar is empty; leave --grammar out for unconstrained output")
+    return text
+
+
+def controls_from_args(args: argparse.Namespace) -> Constraints:
+    """The ``Constraints`` of the penalty and grammar flags (their ranges checked, named by flag); a flag left
+    unset (``serve``'s) counts as off."""
+    values = {"repeat_penalty": 1.0, "repeat_last_n": 64, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    values.update({k: getattr(args, k) for k in values if getattr(args, k, None) is not None})
+    try:
+        return Constraints(**values, grammar=grammar_from_args(args))
+    except InvalidParameterError as exc:  # "repeat_penalty must be > 0 ..." in the words typed: --repeat-penalty
+        word, _, rest = str(exc).partition(" ")
+        if word in values:
+            raise InvalidParameterError(f"--{word.replace('_', '-')} {rest}") from None
+        raise
+
+
+def check_grammar(model: Path, gbnf: str | None, where: str = "--grammar") -> None:
+    """A grammar parsed on the model's vocabulary before anything loads (a vocabulary-only load)."""
+    if not gbnf:
+        return
+    from ..llama.vocab import VocabModel
+
+    vocab = VocabModel(model)
+    try:
+        vocab.grammar(gbnf)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"{where}: {exc}") from None
+    finally:
+        vocab.close()
+
+
+def _read(path: Path, flag: str) -> str:
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"{flag} {path}: cannot read it ({exc})") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,12 +21,17 @@ from .common import (
     add_sampling_args,
     build_drafter,
     build_policy,
+    check_grammar,
+    controls_from_args,
     cost_curve_rows,
     experts,
     load_calibrated,
     lossy_label,
     sampling_from_args,
 )
+
+
+UNTIL_THE_END = 1 << 40  # -n -1: the generation ends at its end-of-generation token or a full context
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="prompt text")
     src.add_argument("-f", "--file", type=Path, help="read the prompt from a file")
-    p.add_argument("-n", "--max-tokens", type=int, default=128, help="maximum new tokens (default 128)")
+    p.add_argument("-n", "--max-tokens", "--n-predict", "--predict", dest="max_tokens", type=int, default=128,
+                   help="maximum new tokens (default 128; -1: until the end of generation or a full context, as "
+                   "llama.cpp's -n -1)")
+    p.add_argument("--ignore-eos", action="store_true", help="never end at the end-of-generation token (llama.cpp's "
+                   "--ignore-eos): generate all -n tokens")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + statistics) instead of streaming")
     p.add_argument("--profile", type=Path, default=None, help="apply a profile from `specstack tune` (explicit flags still win)")
@@ -81,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
-    config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k)
+    controls = dataclasses.replace(controls_from_args(args), ignore_eos=args.ignore_eos)
+    check_grammar(args.model, controls.grammar)  # a grammar that does not parse fails before the load
+    max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k,
+                              constraints=controls)
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
     calibration = load_calibrated(args, n_max=cost_curve_rows(args), background=True)
     try:

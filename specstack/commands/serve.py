@@ -16,15 +16,27 @@ from typing import Any
 from ..calibration import EXACT_MODES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
-from .common import at_least, bundled_draft_check, bundled_draft_fits, flag_given, resolve_draft
+from .common import (add_control_args, add_loading_args, at_least, bundled_draft_check, bundled_draft_fits,
+                     check_grammar, controls_from_args, flag_given, json_schema_text, resolve_draft, settle_flash_attn)
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
 # None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.
 ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np", "parallel", "parallel"),
               ("--drafter", "drafter", "drafter"), ("--k-policy", "k_policy", "k_policy"), ("-t", "threads", "threads"),
-              ("-c", "ctx_size", "ctx"), ("--exact", "exact", "exact"), ("--rollback", "rollback", "rollback"),
+              ("--ctx-per-slot", "ctx_per_slot", "ctx"), ("--exact", "exact", "exact"),
+              ("--rollback", "rollback", "rollback"),
               ("--chat-template", "chat_template", "chat_template"), ("--cache-ram", "cache_ram", "cache_mb"),
-              ("--batch-tokens", "batch_tokens", "batch_tokens"), ("--prefill-cap", "prefill_cap", "prefill_cap"))
+              ("--batch-tokens", "batch_tokens", "batch_tokens"), ("--prefill-cap", "prefill_cap", "prefill_cap"),
+              # llama.cpp's flags: loading options and request defaults (the role keys of the same names)
+              ("-fa", "flash_attn", "flash_attn"), ("--mlock", "mlock", "mlock"), ("--no-mmap", "mmap", "mmap"),
+              ("-s", "seed", "seed"), ("--repeat-penalty", "repeat_penalty", "repeat_penalty"),
+              ("--repeat-last-n", "repeat_last_n", "repeat_last_n"),
+              ("--presence-penalty", "presence_penalty", "presence_penalty"),
+              ("--frequency-penalty", "frequency_penalty", "frequency_penalty"), ("--grammar", "grammar", "grammar"),
+              ("--grammar-file", "grammar_file", "grammar_file"), ("-j", "json_schema", "json_schema"))
+# Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
+ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
+              ("-a", "alias"))
 READY_POLL_S = 0.1
 
 
@@ -44,8 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
-        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx, parallel, exact, rollback, cache_mb, batch_tokens, "
-        "prefill_cap, profile, category, chat_template, replicas (with --ray)",
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
+        "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
+        "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, and request defaults seed, repeat_penalty, "
+        "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema (see docs/serve.md)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
@@ -72,9 +86,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "vocabulary identical or compatible with -m)")
     p.add_argument("-t", "--threads", type=at_least(0), default=None, help="threads without --config (default: physical "
                    "cores; with --ray: the CPUs shared out among the replicas)")
-    p.add_argument("-c", "--ctx-size", type=at_least(0), default=None,
-                   help="context per slot without --config (default 4096, or the model's trained context if shorter; "
-                   "0 = the model's trained context); each role's context and KV cache size are printed at load")
+    ctx = p.add_mutually_exclusive_group()
+    ctx.add_argument("-c", "--ctx-size", type=at_least(0), default=None,
+                     help="context of all slots together without --config, as llama-server's -c: each of the -np slots "
+                     "gets an equal share (-c 16384 -np 4: 4096 per slot; 0 = the model's trained context, shared "
+                     "out). Default: 4096 per slot, or the model's trained context if shorter. Each role's context per "
+                     "slot and KV cache size are printed at load")
+    ctx.add_argument("--ctx-per-slot", type=at_least(0), default=None, metavar="N",
+                     help="context of each slot without --config (the roles file's ctx key; 0 = the model's trained "
+                     "context)")
     p.add_argument("--exact", choices=EXACT_MODES, default=None,
                    help="exact call shapes without --config: auto (default), on or off (see `specstack generate --help`); "
                    "/health and /v1/models say which mode each role runs in and why. Without exactness several slots "
@@ -83,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollback", choices=("auto", "rollback", "checkpoint"), default=None,
                    help="recurrent/hybrid targets without --config: how rejected drafts leave the state "
                    "(see `specstack generate --help`)")
-    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+    p.add_argument("--chat-template", "--chat-template-file", default=None, metavar="NAME|FILE",
                    help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
                    "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
                    "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
@@ -96,6 +116,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-cap", type=at_least(1), default=None,
                    help="prompt tokens of one request per step at most, without --config, so one long prompt cannot take "
                    "a whole step (default 256; rounded to the 128-token chunks a solo run prefills)")
+    llama = p.add_argument_group("llama-server's flags (same meaning; see docs/serve.md)")
+    llama.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model name without --config: the role's "
+                       "name in responses and /v1/models, and the name requests pick it by (default: the model file's "
+                       "name)")
+    llama.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None, metavar="N",
+                       help="tokens a request generates when it gives no max_tokens (default 16, as OpenAI's "
+                       "completions; -1: --max-tokens)")
+    llama.add_argument("-s", "--seed", type=int, default=None, help="sampling seed of a request that gives none "
+                       "(default: each request its own random one; -1: random)")
+    llama.add_argument("--jinja", action="store_true", help="accepted for llama-server command lines: the GGUF's Jinja "
+                       "chat template is always what chat uses (sandboxed), tools included")
+    llama.add_argument("--no-slots", dest="slots", action="store_false", help="turn GET /slots off")
+    add_loading_args(llama, unset=True)
+    add_control_args(p, unset=True)
     ray = p.add_argument_group("scale-out on Ray Serve (pip install 'specstack[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve each role as a Ray Serve deployment of replicas, "
                      "requests routed to the replica holding their prefix or session; the same API")
@@ -118,16 +152,64 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_roles(args: argparse.Namespace):
     """The roles file's roles, or the one role the flags describe; a role flag beside --config is refused
     (``--config roles.toml -m X`` used to serve the file's model without a word about -m)."""
-    from ..server.roles import default_roles, load_roles
+    from ..paths import DEFAULT_TARGET
+    from ..server.roles import Role, default_roles, load_roles
 
     given = [(flag, key) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None]
+    given += [(flag, attr) for flag, attr in ROLE_EXTRA if getattr(args, attr, None) is not None]
     if args.config is not None:
         if given:
             raise InvalidParameterError(
                 f"--config {args.config} sets every role, so {', '.join(f for f, _ in given)} would be ignored: "
-                f"set {', '.join(k for _, k in given)} in the file's [roles.NAME] tables, or leave --config out")
+                f"set {', '.join(ROLE_KEYS.get(k, k) for _, k in given)} in the file's [roles.NAME] tables, or leave "
+                "--config out")
         return load_roles(args.config)
-    return default_roles(**{key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None})
+    settle_flash_attn(args)  # -fa on: exactness off, or refused under --exact on
+    controls_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
+    values = {key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None}
+    if args.batch_size is not None or args.ubatch_size is not None:  # llama.cpp: n_ubatch = min(-b, -ub)
+        values["ubatch_size"] = min(args.batch_size or 2048, args.ubatch_size or 512)
+    schema = json_schema_text(args) if args.json_schema_file is not None else None
+    if schema is not None:
+        values["json_schema"] = schema
+    if args.ctx_size is not None:
+        values["ctx"] = ctx_per_slot(args.ctx_size, values.get("parallel", 4), values.get("model", DEFAULT_TARGET))
+    if args.alias is not None:
+        if not args.alias.strip():
+            raise InvalidParameterError("--alias is empty; give the name clients should ask for, or leave it out")
+        return [Role(name=args.alias, **values)]
+    return default_roles(**values)
+
+
+ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names"}
+
+
+def ctx_per_slot(total: int, slots: int, model: Path) -> int:
+    """llama-server's -c (all slots together) as the context of each slot: an equal share, as llama-server
+    gives (0: the model's trained context, shared out the same way)."""
+    if total == 0:
+        from ..modelfile.meta import read_gguf
+
+        total = read_gguf(model, tensors=False).context_length or 0
+        if not total:
+            return 0  # the trained context is not in the file's metadata: each slot gets the model's own
+    share = total // slots
+    if share < 1:
+        raise InvalidParameterError(f"-c {total} cannot be shared out among {slots} slots (-np); give at least "
+                                    f"{slots} positions, or use --ctx-per-slot")
+    return share
+
+
+def default_tokens(args: argparse.Namespace) -> int:
+    """-n: what a request that names no max_tokens generates (-1: as many as --max-tokens allows)."""
+    if args.n_predict is None:
+        return min(16, args.max_tokens)
+    if args.n_predict == -1:
+        return args.max_tokens
+    if not 1 <= args.n_predict <= args.max_tokens:
+        raise InvalidParameterError(f"-n {args.n_predict} must be in 1..{args.max_tokens} (--max-tokens), or -1 for "
+                                    "--max-tokens")
+    return args.n_predict
 
 
 def check_api_key(args: argparse.Namespace) -> None:
@@ -153,6 +235,8 @@ def check_roles(roles: list, from_config: bool) -> list:
         read_gguf(check_gguf_file(role.model, f"{label} model" if from_config else "model (-m)"), tensors=False)
         role = check_drafter(role, from_config)
         load_template(role.model, role.chat_template)
+        check_grammar(role.model, role.controls().grammar, f"{label}'s grammar" if from_config else "the grammar "
+                      "(--grammar, --grammar-file, -j or -jf)")
         checked.append(role)
     return checked
 
@@ -186,6 +270,7 @@ def check_drafter(role, from_config: bool):
 
 def run(args: argparse.Namespace) -> int:
     check_api_key(args)
+    n_default = default_tokens(args)
     if not args.ray and (args.address or args.replicas or args.suffix_log or args.no_share_suffix
                          or args.routing != "prefix"):
         raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
@@ -201,10 +286,13 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
                                     "reinstall specstack (pip install .), which brings fastapi, uvicorn and sse-starlette") from None
     limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
-                    timeout_s=args.timeout)
+                    timeout_s=args.timeout, default_max_tokens=n_default)
     if args.ray:
         return run_ray(args, roles, limits)
-    app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue)
+    from ..server.access import stderr_line
+
+    app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
+                     slots=args.slots)
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)
