@@ -70,8 +70,8 @@ class Engine:
     ``drafter`` and ``policy`` are the defaults; ``generate`` may give a
     generation its own (a drafter instance keeps per-generation state by
     sequence, so share one instance across generations when you can: a
-    draft model then batches their draft steps).  Without a policy, each
-    generation drafts a fixed ``config.k``.
+    draft model then batches their draft steps).  The policy owns k: without
+    one, the engine's is a ``FixedK`` of ``DEFAULT_K`` (4) tokens.
     """
 
     def __init__(self, target: EngineTarget, drafter: Drafter, policy: DraftLengthPolicy | None = None,
@@ -85,7 +85,7 @@ class Engine:
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
-        self.policy = policy
+        self.policy = policy if policy is not None else FixedK()  # forked for each generation (``generate``)
         # A first run's measurements (``calibration.background``): each step lends them its own duration, and
         # the engine applies their result (``idle``).
         self.background = background
@@ -123,7 +123,7 @@ class Engine:
         parent = None
         if policy is None:
             parent = self.policy
-            policy = parent.fork() if parent is not None else FixedK(config.k)
+            policy = parent.fork()
         gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
         gen.constraint = self._constraint(config)
         gen.parent_policy = parent

@@ -445,6 +445,7 @@ def test_a_roles_file_sets_grammar_penalties_tool_format_and_loading_options(tmp
                           ("frequency_penalty = 5", "frequency_penalty must be in [-2, 2]"),
                           ('flash_attn = "on"', 'needs exact = "off"'), ('flash_attn = "maybe"', "flash_attn must be"),
                           ('repeat_penalty = "high"', "repeat_penalty must be a number"),
-                          ('json_schema = "{not json"', "json_schema is not JSON")):
+                          ('json_schema = "{not json"', "json_schema is not JSON"),
+                          ('tool_call_format = "xml"', "unknown tool-call format 'xml'")):
         with pytest.raises(Exception, match=re.escape(message)):
             load_roles(roles_file(tmp_path, f"[roles.bad]\n{body}\n"))

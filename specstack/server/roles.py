@@ -170,6 +170,13 @@ class Role:
         if len(given) > 1:
             raise InvalidParameterError(f"role {self.name!r}: {' and '.join(given)} both give the role's grammar; keep one")
         object.__setattr__(self, "_gbnf", self._read_grammar())
+        if self.tool_call_format is not None:
+            from .tools import get_format
+
+            try:
+                get_format(self.tool_call_format)
+            except InvalidParameterError as exc:
+                raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
 
     def _read_grammar(self) -> str | None:
         if self.grammar is not None:
