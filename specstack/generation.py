@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from .draft_length import MAX_DRAFT, DraftLengthPolicy
+from .draft_length import DraftLengthPolicy
 from .drafters.base import Drafter
 from .constraints import Constraints, ConstraintState
 from .errors import InvalidParameterError
@@ -28,12 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Per-request settings.  ``k`` is the fixed draft budget when no policy is given."""
+    """Per-request settings.  How far to draft is the policy's (``draft_length``), not the request's."""
 
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    k: int = 4
     logprobs: int | None = None  # None: none; n >= 0: each token's logprob and its n most likely alternatives
     constraints: Constraints = field(default_factory=Constraints)  # logit bias, penalties, min_tokens, grammar
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation as end-of-generation does (not output)
@@ -43,11 +42,6 @@ class GenerationConfig:
             raise InvalidParameterError(f"logprobs must be in 0..{MAX_LOGPROBS} (got {self.logprobs})")
         if self.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1 (got {self.max_tokens})")
-        if self.k < 1:
-            raise InvalidParameterError(f"k must be >= 1 (got {self.k}); use --drafter none for plain decoding")
-        if self.k > MAX_DRAFT:
-            raise InvalidParameterError(f"k must be at most {MAX_DRAFT} (got {self.k}): a verification batch holds "
-                                        f"the pending token and at most {MAX_DRAFT} draft tokens")
         if any(not s for s in self.stop):
             raise InvalidParameterError("stop strings must be non-empty")
 
@@ -120,7 +114,9 @@ class Generation:
         self.step_logprobs: list[TokenLogprob] = []  # the current step's, before stop conditions cut it
         self.context = list(prompt_ids)  # committed tokens, including pending
         self.constraint: ConstraintState | None = None  # the logit controls' state, when the config has any
-        self.stats = GenerationStats(drafter=drafter.name, k=config.k, k_policy=policy.name, n_prompt=len(prompt_ids))
+        # the configured k is the policy's (a fixed k, or where window and heuristic start); None where it has none
+        self.stats = GenerationStats(drafter=drafter.name, k=getattr(policy, "k", None), k_policy=policy.name,
+                                     n_prompt=len(prompt_ids))
         self.stop_text = _StopText(config.stop)
         self.rng = config.sampling.rng()
         self.uniforms = PositionUniforms(config.sampling.entropy_seed)  # deterministic drafts: seeded runs agree

@@ -14,6 +14,7 @@ from specstack.bench.results import load_results
 from specstack.bench.workloads import WorkloadError
 from specstack.cli import main
 from specstack.commands.bench import preprocess_argv
+from specstack.draft_length import FixedK
 from specstack.paths import MODELS_DIR
 from specstack.types import Draft
 
@@ -290,7 +291,8 @@ def _replayed(target, drafter, k=3, prompt=(1, 2), max_tokens=6):
     from specstack.engine import Engine
     from specstack.generation import GenerationConfig
 
-    return Engine(target, drafter, clock=target.clock).generate(list(prompt), GenerationConfig(max_tokens=max_tokens, k=k)).run()
+    return Engine(target, drafter, clock=target.clock).generate(list(prompt), GenerationConfig(max_tokens=max_tokens),
+                                                                policy=FixedK(k)).run()
 
 
 def test_replay_runs_the_engine_loop_and_prices_its_calls():
@@ -368,7 +370,7 @@ def test_replay_reproduces_the_live_engine_step_by_step(target):
             drafter = create(method, BuildContext(target=tgt, options={}, temperature=0.0))
             engine = Engine(tgt, drafter, **({"clock": clock} if clock else {}))
             for i, p in enumerate(prompts):
-                g = engine.generate(p, GenerationConfig(max_tokens=32, k=k)).run()
+                g = engine.generate(p, GenerationConfig(max_tokens=32), policy=FixedK(k)).run()
                 got[(method, i)] = (g.output_ids, g.stats.steps)
         return got
 

@@ -22,7 +22,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     "argv,message",
     [
         (["-m", "/nonexistent/model.gguf"], "target file not found"),
-        (["-k", "0"], "k must be >= 1"),
+        (["-k", "0"], "k must be at least 1"),
         (["--temp", "-1"], "temperature must be >= 0"),
         (["--drafter", "nope"], "unknown drafter 'nope'"),
         (["-n", "0"], "max_tokens must be >= 1"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig, _StopText
@@ -19,7 +20,7 @@ def engine(target, name="prompt-lookup"):
 
 
 def test_max_tokens_is_respected_exactly(target):
-    gen = engine(target).generate(PROMPT, GenerationConfig(max_tokens=17, k=8)).run()
+    gen = engine(target).generate(PROMPT, GenerationConfig(max_tokens=17), policy=FixedK(8)).run()
     assert len(gen.output_ids) == 17 and gen.stats.stop_reason == "length"
 
 
@@ -39,7 +40,7 @@ def test_stop_string_cuts_text_and_ends_generation(target):
 
 
 def test_statistics_are_consistent(target):
-    s = engine(target).generate(PROMPT, GenerationConfig(max_tokens=64, k=4)).run().stats
+    s = engine(target).generate(PROMPT, GenerationConfig(max_tokens=64), policy=FixedK(4)).run().stats
     assert s.n_tokens == 64
     assert s.n_committed == s.n_accepted + s.n_steps
     assert s.drafted_at[0] >= s.drafted_at[-1] and sum(s.drafted_at) == s.n_drafted
@@ -65,9 +66,18 @@ def test_prompt_longer_than_context_is_refused(target):
         engine(target).generate([1] * (target.n_ctx + 10))
 
 
-def test_invalid_k_is_refused():
-    with pytest.raises(InvalidParameterError, match="k must be >= 1"):
-        GenerationConfig(k=0)
+def test_invalid_k_is_refused_by_the_policy_that_owns_it():
+    with pytest.raises(InvalidParameterError, match="k must be at least 1"):
+        FixedK(0)
+    with pytest.raises(InvalidParameterError, match="k must be at most 62"):
+        FixedK(63)
+
+
+def test_without_a_policy_the_engine_drafts_a_fixed_k_of_4(target):
+    e = engine(target)
+    assert isinstance(e.policy, FixedK) and e.policy.k == 4
+    gen = e.generate(PROMPT, GenerationConfig(max_tokens=32)).run()
+    assert gen.stats.k == 4 and gen.stats.k_policy == "fixed" and len(gen.stats.drafted_at) <= 4
 
 
 class _FailsMidway:
@@ -165,7 +175,7 @@ def test_the_first_token_comes_from_a_plain_step_and_drafting_starts_after_it(ta
     """Time to first token is a one-row step, as from llama-server's and vLLM's prefill: a draft verified
     with the first token would make the client wait for the whole verification call."""
     text = "def add(a, b):\n    return a + b\n\n" * 6
-    gen = engine(target, "prompt-lookup").generate(text + "def add(a, b):\n", GenerationConfig(max_tokens=24, k=6))
+    gen = engine(target, "prompt-lookup").generate(text + "def add(a, b):\n", GenerationConfig(max_tokens=24), policy=FixedK(6))
     e = gen.engine
     while not gen.output_ids:
         e.step()

@@ -40,7 +40,7 @@ def plain(target, prompt, n) -> list[int]:
 def test_four_concurrent_generations_match_their_solo_plain_runs(target, multi):
     jobs = [("prompt-lookup", PROMPTS[0], 64), ("draft-model", PROMPTS[1], 48), ("suffix", PROMPTS[2], 80), ("none", PROMPTS[3], 40)]
     engine = Engine(multi, create("none", BuildContext(multi)))
-    gens = [engine.generate(p, GenerationConfig(max_tokens=n, k=6), drafter=create(name, BuildContext(multi)))
+    gens = [engine.generate(p, GenerationConfig(max_tokens=n), drafter=create(name, BuildContext(multi)), policy=FixedK(6))
             for name, p, n in jobs]
     assert engine.waiting == 4
     engine.step()
@@ -208,8 +208,8 @@ def test_exact_off_shares_one_unified_cache_and_verifies_uneven_drafts_in_one_ca
                                               real(entries, *a, **k))[1]
         engine = Engine(off, create("none", BuildContext(off)))
         names = ["suffix", "none", "prompt-lookup", "none"]
-        gens = [engine.generate(PROMPTS[i], GenerationConfig(max_tokens=48, k=6),
-                                drafter=create(name, BuildContext(off))) for i, name in enumerate(names)]
+        gens = [engine.generate(PROMPTS[i], GenerationConfig(max_tokens=48), drafter=create(name, BuildContext(off)),
+                                policy=FixedK(6)) for i, name in enumerate(names)]
         engine.step()
         engine.cancel(gens[1])  # a hole in the slots: 0, 2 and 3 go on
         while engine.busy:

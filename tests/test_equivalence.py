@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -29,7 +30,7 @@ def plain_outputs(target):
 def test_greedy_speculation_equals_plain_decoding(target, plain_outputs, name, k):
     engine = Engine(target, create(name, BuildContext(target)))
     for prompt, expected in zip(PROMPTS, plain_outputs):
-        gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS, k=k)).run()
+        gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(k)).run()
         assert gen.output_ids == expected, f"{name} k={k} diverged on prompt {prompt[:60]!r}"
         # Per prompt: a prompt with nothing accepted would prove nothing about verification.
         assert gen.stats.n_accepted > 0, f"{name} k={k}: nothing accepted on {prompt[:60]!r}"
@@ -37,7 +38,7 @@ def test_greedy_speculation_equals_plain_decoding(target, plain_outputs, name, k
 
 def test_draft_model_with_p_min_still_lossless(target, plain_outputs):
     engine = Engine(target, create("draft-model", BuildContext(target, options={"p_min": 0.5})))
-    gens = [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS, k=8)).run() for p in PROMPTS[:4]]
+    gens = [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(8)).run() for p in PROMPTS[:4]]
     assert [g.output_ids for g in gens] == plain_outputs[:4]
     assert sum(g.stats.n_accepted for g in gens) > 0
 
@@ -122,7 +123,7 @@ def test_first_token_follows_target_distribution_with_a_warmer_or_colder_draft(t
         counts = np.zeros_like(p)
         n, drafted = 500, 0
         for seed in range(n):
-            gen = engine.generate(ids, GenerationConfig(max_tokens=3, k=2, sampling=SamplingParams(**sampling, seed=seed))).run()
+            gen = engine.generate(ids, GenerationConfig(max_tokens=3, sampling=SamplingParams(**sampling, seed=seed)), policy=FixedK(2)).run()
             counts[gen.output_ids[0]] += 1
             drafted += gen.stats.n_drafted
         assert drafted > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specstack.cli import main
+from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -41,7 +42,7 @@ def plain(target):
 
 def run_all(target, name, options=None, k=4):
     engine = Engine(target, create(name, BuildContext(target, options=options or {})))
-    return [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS, k=k)).run() for p in PROMPTS]
+    return [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(k)).run() for p in PROMPTS]
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_suffix_global_tree_learns_across_requests(target):
     """The same request twice: the second run drafts from the first one's output."""
     engine = Engine(target, create("suffix", BuildContext(target)))
     prompt = PROMPTS[0]
-    first = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS, k=8)).run()
-    second = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS, k=8)).run()
+    first = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(8)).run()
+    second = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(8)).run()
     assert second.output_ids == first.output_ids
     assert second.stats.n_accepted > first.stats.n_accepted

@@ -56,7 +56,8 @@ class Setup:
     def run(self, drafter: str, options: dict | None = None, k: int = 4, policy=None):
         opts = {"draft_model": self.draft, **(options or {})}
         engine = Engine(self.target, create(drafter, BuildContext(self.target, options=opts)), policy)
-        return [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS, k=k)).run() for p in PROMPTS]
+        return [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS), policy=None if policy else FixedK(k)).run()
+                for p in PROMPTS]
 
 
 @pytest.fixture(scope="module", params=SETUPS, ids=[s[0] for s in SETUPS])
@@ -154,7 +155,7 @@ def test_a_run_that_hits_the_context_end(setup):
     with LlamaModel(ModelConfig(path, n_ctx=256, rollback=setup.target.config.rollback)) as small:
         ids = small.tokenize(PROMPTS[0])[-(small.n_ctx - 30):]  # 64 new tokens do not fit
         plain = Engine(small, create("none", BuildContext(small))).generate(ids, GenerationConfig(max_tokens=64)).run()
-        spec = Engine(small, create("prompt-lookup", BuildContext(small))).generate(ids, GenerationConfig(max_tokens=64, k=8)).run()
+        spec = Engine(small, create("prompt-lookup", BuildContext(small))).generate(ids, GenerationConfig(max_tokens=64), policy=FixedK(8)).run()
     assert plain.stats.stop_reason == spec.stats.stop_reason == "context"
     assert spec.output_ids == plain.output_ids and spec.stats.n_drafted > 0
 
@@ -237,7 +238,7 @@ def test_cross_tokenizer_draft_for_a_hybrid_target():
     with LlamaModel(ModelConfig(LFM2), role="target") as t:
         plain = Engine(t, create("none", BuildContext(t))).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS)).run()
         engine = Engine(t, create("draft-model", BuildContext(t, options={"draft_model": SPM_DRAFT})))
-        gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS, k=4)).run()
+        gen = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(4)).run()
     assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
 
 
@@ -245,7 +246,7 @@ def test_a_recurrent_draft_model_for_an_attention_target(target):
     """The LFM2 model drafting for the bundled llama target: the *draft's* state is checkpointed."""
     plain = Engine(target, create("none", BuildContext(target))).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS)).run()
     drafter = create("draft-model", BuildContext(target, options={"draft_model": LFM2}))
-    gen = Engine(target, drafter).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS, k=4)).run()
+    gen = Engine(target, drafter).generate(PROMPTS[0], GenerationConfig(max_tokens=MAX_TOKENS), policy=FixedK(4)).run()
     assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
     draft = drafter.model
     assert draft.is_recurrent and draft.rewind.checkpoints > 0 and draft.rewind.restores > 0

@@ -87,7 +87,7 @@ def test_tli_sampler_follows_the_target_distribution(target):
     counts = np.zeros_like(p)
     n, drafted, accepted = 500, 0, 0
     for seed in range(n):
-        gen = engine.generate(ids, GenerationConfig(max_tokens=3, k=2, sampling=SamplingParams(**sampling, seed=seed))).run()
+        gen = engine.generate(ids, GenerationConfig(max_tokens=3, sampling=SamplingParams(**sampling, seed=seed)), policy=FixedK(2)).run()
         counts[gen.output_ids[0]] += 1
         drafted += gen.stats.n_drafted
         accepted += gen.stats.n_accepted

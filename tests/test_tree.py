@@ -138,7 +138,7 @@ def test_tree_drafts_are_lossless_on_the_real_pair(tree_target, target, store, n
     accepted = tree_steps = 0
     for prompt in prompts:
         expected = plain.generate(prompt, GenerationConfig(max_tokens=64)).run().output_ids
-        gen = spec.generate(prompt, GenerationConfig(max_tokens=64, k=8)).run()
+        gen = spec.generate(prompt, GenerationConfig(max_tokens=64), policy=FixedK(8)).run()
         assert gen.output_ids == expected, f"{name} tree diverged on {prompt[:60]!r}"
         assert gen.stats.n_accepted > 0, f"{name} tree: nothing accepted on {prompt[:60]!r}"
         accepted += gen.stats.n_accepted
@@ -198,12 +198,14 @@ def test_sampling_with_tree_drafts_verifies_the_best_branch_as_a_chain(tree_targ
     drafter = CountingDrafter(create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
     engine = Engine(tree_target, drafter)
     sampling = SamplingParams(temperature=0.7, seed=11)
-    runs = [engine.generate(p, GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run() for p in held_out_prompts(4)]
+    runs = [engine.generate(p, GenerationConfig(max_tokens=64, sampling=sampling), policy=FixedK(8)).run()
+            for p in held_out_prompts(4)]
     assert drafter.trees == 0  # the budget asked for chains...
     assert sum(g.stats.n_tree_steps for g in runs) == 0  # ...and none was verified as a tree
     assert sum(g.stats.n_accepted for g in runs) > 0
     again = Engine(tree_target, create("suffix", BuildContext(tree_target, options={"tree": True, "min_token_prob": 0.05})))
-    assert again.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=64, k=8, sampling=sampling)).run().output_ids == runs[0].output_ids
+    assert again.generate(held_out_prompts(1)[0], GenerationConfig(max_tokens=64, sampling=sampling),
+                          policy=FixedK(8)).run().output_ids == runs[0].output_ids
 
 
 def test_fusion_puts_the_source_that_keeps_winning_first():

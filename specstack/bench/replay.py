@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..draft_length import DraftLengthPolicy
+from ..draft_length import DraftLengthPolicy, FixedK
 from ..draft_length.costs import CostModel
 from ..drafters import BuildContext, Drafter, create
 from ..engine import Engine
@@ -86,10 +86,10 @@ def configurations(methods: Sequence[str], ks: Sequence[int], k_max: int | None 
     return out
 
 
-def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | None) -> DraftLengthPolicy | None:
-    """As the bench's: None (fixed k) or the policy after '@', capped at k; ``cost`` prices with the run's curve."""
+def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | None) -> DraftLengthPolicy:
+    """As the bench's: a fixed k or the policy after '@', capped at k; ``cost`` prices with the run's curve."""
     if "@" not in method:
-        return None
+        return FixedK(max(k, 1))
     name = method.split("@", 1)[1]
     costs = None
     if name == "cost":
@@ -104,10 +104,10 @@ def _drafter(method: str, target: RecordedTarget, options: dict[str, Any], seed:
     return create(method.split("@")[0], BuildContext(target=target, options={**options, "seed": seed}, temperature=0.0))
 
 
-def _config(request: dict[str, Any], k: int, max_tokens: int | None = None) -> GenerationConfig:
-    """A request's generation as the bench runs it at temperature 0 (k = 0, plain, still needs a valid k)."""
+def _config(request: dict[str, Any], max_tokens: int | None = None) -> GenerationConfig:
+    """A request's generation as the bench runs it at temperature 0."""
     n = request["max_tokens"] if max_tokens is None else min(max_tokens, request["max_tokens"])
-    return GenerationConfig(max_tokens=n, k=max(k, 1), sampling=SamplingParams(temperature=0.0, seed=request.get("seed")))
+    return GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0, seed=request.get("seed")))
 
 
 def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks: Sequence[int] | None = None,
@@ -135,7 +135,7 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
         for m, k in configs:
             engine = Engine(target, _drafter(m, target, opts, first.get("seed", 0)), _policy(m, k, target, curve),
                             clock=target.clock)
-            engine.generate(first["prompt_ids"], _config(first, k, max_tokens=8)).run()
+            engine.generate(first["prompt_ids"], _config(first, max_tokens=8)).run()
     for unit in _units(requests):
         seed = unit[0].get("seed", 0)
         engines = {(m, k): Engine(target, _drafter(m, target, opts, seed), _policy(m, k, target, curve), clock=target.clock)
@@ -143,7 +143,7 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
         for q in unit:  # interleaved as the bench ran them: every configuration, then the next request
             recorded = [int(t) for t in plain[q["id"]]["output_ids"]]
             for method, k in configs:
-                gen = engines[(method, k)].generate(q["prompt_ids"], _config(q, k)).run()
+                gen = engines[(method, k)].generate(q["prompt_ids"], _config(q)).run()
                 if gen.output_ids != recorded:
                     raise ReplayError(f"replaying {method} k={k} on {q['id']!r} gave another output than the recorded "
                                       f"one ({len(gen.output_ids)} against {len(recorded)} tokens): a replay bug")

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from ..loading import build_policy
-from ..draft_length import DraftLengthPolicy
+from ..draft_length import DraftLengthPolicy, FixedK
 from ..drafters import BuildContext, Drafter, create
 from ..engine import Engine
 from ..errors import ContextOverflowError
@@ -89,7 +89,7 @@ def _check_and_warm_up(config: BenchConfig, target: LlamaModel, configs: list[Co
     drafters = {(m, k): _build(m, target, config, temp, first.seed) for m, k in configs}
     if config.warmup:
         for (method, k), drafter in drafters.items():
-            _generate(Engine(target, drafter, _policy(method, k, target)), first, k, temp, config, max_tokens=8)
+            _generate(Engine(target, drafter, _policy(method, k, target)), first, temp, config, max_tokens=8)
 
 
 def _total_work(config: BenchConfig, reqs: list[Tokenized], configs: list[Configuration],
@@ -132,7 +132,7 @@ class _Session:
         plain_text = ""
         for method, k in self.configs:  # interleaved: every configuration, then the next request
             self.bar.update(self.done, f"{req.id[:40]} {method}{f' k={k}' if k else ''} T={temp:g} rep {rep + 1}")
-            gen = _generate(engines[(method, k)], tok, k, temp, self.config)
+            gen = _generate(engines[(method, k)], tok, temp, self.config)
             identical = None
             if method == PLAIN:
                 plain_ids, plain_text = gen.output_ids, gen.text
@@ -165,13 +165,13 @@ def _cost_curve(config: BenchConfig, target: LlamaModel, prompt_ids: list[int], 
                    reps=config.cost_reps, n_threads=target.n_threads, n_ctx=target.n_ctx, progress=progress)
 
 
-def _generate(engine: Engine, tok: Tokenized, k: int, temp: float, config: BenchConfig,
+def _generate(engine: Engine, tok: Tokenized, temp: float, config: BenchConfig,
               max_tokens: int | None = None) -> Generation:
-    """One generation of one request; k=0 (plain) still needs a valid config value."""
+    """One generation of one request, drafting as its engine's policy says (``_policy``)."""
     sampling = SamplingParams(temperature=temp, top_k=config.top_k, top_p=config.top_p, min_p=config.min_p,
                               seed=tok.seed)
     n = tok.request.max_tokens if max_tokens is None else min(max_tokens, tok.request.max_tokens)
-    return engine.generate(tok.prompt_ids, GenerationConfig(max_tokens=n, k=max(k, 1), sampling=sampling)).run()
+    return engine.generate(tok.prompt_ids, GenerationConfig(max_tokens=n, sampling=sampling)).run()
 
 
 def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int) -> Drafter:
@@ -180,10 +180,10 @@ def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, se
     return create(method.split("@")[0], BuildContext(target=target, options=options, temperature=temp))
 
 
-def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy | None:
-    """None (fixed k from the config) or the adaptive policy named after '@', capped at k and
-    built exactly as ``generate --k-policy NAME --k-max k`` builds it."""
+def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy:
+    """A fixed k (plain: k = 0, a valid policy all the same) or the adaptive policy named after '@', capped at k
+    and built exactly as ``generate --k-policy NAME --k-max k`` builds it."""
     if "@" not in method:
-        return None
+        return FixedK(max(k, 1))
     name = method.split("@", 1)[1]
     return build_policy(name, adaptive_start(k), k_max=k, target=target)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..calibration import Calibration
+from ..draft_length import check_k
 from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
@@ -94,8 +95,11 @@ def run(args: argparse.Namespace) -> int:
     controls = dataclasses.replace(controls_from_args(args), ignore_eos=args.ignore_eos)
     check_grammar(args.model, controls.grammar)  # a grammar that does not parse fails before the load
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
-    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args), k=args.k,
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
                               constraints=controls)
+    check_k(args.k)  # the policy's own check of -k and --k-max, before the load rather than after it
+    if args.k_max is not None:
+        check_k(args.k_max, "k_max")
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
     calibration = load_calibrated(args, n_max=cost_curve_rows(args), background=True)
     try:

@@ -28,6 +28,7 @@ VERIFY_SLOPE = 0.15
 # attention on, llama.cpp switches kernels at 64 query rows (see docs/exactness.md).
 MAX_DRAFT = 62
 DEFAULT_K_MAX = 16  # the cost policy's default upper bound on k (--k-max)
+DEFAULT_K = 4  # a fixed policy's k (-k), the engine's default policy's
 
 
 def slope_cost(n: int) -> float:

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from ..errors import InvalidParameterError
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
-from .budget import DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
+from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
 from .costs import CostModel
 
 
@@ -40,9 +40,14 @@ LOOK_SHARE = 0.02
 PROBE_SHARE = 0.02
 
 
-def _check_k(k: int, what: str = "k") -> int:
-    if k < 1:
-        raise InvalidParameterError(f"{what} must be >= 1 (got {k}); use --drafter none for plain decoding")
+def check_k(k: int, what: str = "k") -> int:
+    """A draft length (``k``, ``k_max``) checked: the one place it is, for every policy, command and request.
+    At least 1 (0 is plain decoding: ``--drafter none``), at most ``MAX_DRAFT``."""
+    if k < 1:  # k_max 0 once silently meant "the default"
+        raise InvalidParameterError(f"{what} must be at least 1 (got {k}); use --drafter none for plain decoding")
+    if k > MAX_DRAFT:
+        raise InvalidParameterError(f"{what} must be at most {MAX_DRAFT} (got {k}): a verification batch holds the "
+                                    f"pending token and at most {MAX_DRAFT} draft tokens")
     return k
 
 
@@ -88,9 +93,9 @@ class FixedK(_Policy):
 
     name = "fixed"
 
-    def __init__(self, k: int = 4) -> None:
+    def __init__(self, k: int = DEFAULT_K) -> None:
         super().__init__()
-        self.k = _check_k(k)
+        self.k = check_k(k)
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         return Budget(min(self.k, cap), tree, None, self._advice())
@@ -145,7 +150,7 @@ class HeuristicK(_Policy):
     def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 32) -> None:
         super().__init__(k_max)
         self.k_min, self.k_max = k_min, k_max
-        self.k = min(max(_check_k(k), k_min), k_max)
+        self.k = min(max(check_k(k), k_min), k_max)
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         return Budget(min(self.k, cap), tree, None, self._advice())
@@ -198,7 +203,7 @@ class CostK(_Policy):
     name = "cost"
 
     def __init__(self, costs: CostModel, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2) -> None:
-        super().__init__(_check_k(k_max, "k_max"))
+        super().__init__(check_k(k_max, "k_max"))
         self.costs = costs
         self.k_max = k_max
         self.probe_every = probe_every
@@ -434,12 +439,9 @@ def make_policy(name: str, k: int, costs: CostModel | None = None, k_max: int | 
     The one way every command and the server build a policy; ``cost`` prices with ``costs``, the target's
     measured t(n) (``calibration``; ``loading.build_policy`` calibrates a target for it).
     """
-    for what, value in (("k", k), ("k_max", k_max)):
-        if value is not None and value < 1:  # k_max 0 once silently meant "the default"
-            raise InvalidParameterError(f"{what} must be at least 1 (got {value}); use --drafter none for plain decoding")
-        if value is not None and value > MAX_DRAFT:
-            raise InvalidParameterError(f"{what} must be at most {MAX_DRAFT} (got {value}): a verification batch "
-                                        f"holds the pending token and at most {MAX_DRAFT} draft tokens")
+    check_k(k)
+    if k_max is not None:
+        check_k(k_max, "k_max")
     if name == "fixed":
         return FixedK(k)
     if name == "window":

@@ -876,8 +876,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                       min_p=body.min_p, seed=seed)
             config = GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
-                                      k=spec.get("k", w.role.k), logprobs=wanted_logprobs(body),
-                                      constraints=constraints, stop_token_ids=stop_ids)
+                                      logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
         except SpecstackError as exc:
             raise ApiError(400, str(exc)) from None
         events: asyncio.Queue = asyncio.Queue()
