@@ -104,7 +104,7 @@ def request_constraints(body: Any, defaults: ControlDefaults = ControlDefaults()
     if repeat is not None and vllm is not None and repeat != vllm:
         raise ControlError(f"repeat_penalty and repetition_penalty disagree ({repeat} and {vllm}); they are the "
                            "same setting (llama-server's and vLLM's names): send one of them", "repetition_penalty")
-    repeat_field = "repeat_penalty" if repeat is not None else "repetition_penalty"
+    repeat_field = "repetition_penalty" if vllm is not None and repeat is None else "repeat_penalty"
     repeat = repeat if repeat is not None else vllm
     values: dict[str, Any] = {
         "repeat_penalty": defaults.repeat_penalty if repeat is None else repeat,
