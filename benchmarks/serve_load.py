@@ -15,6 +15,12 @@ Workloads (``--workload``, comma-separated):
   the reply and a new user message and resends the whole conversation, as chat clients do. Each
   conversation opens with its own session line, so no two are alike and no prompt cache answers a
   turn it has not seen; ``--chat-check`` conversations are replayed alone afterwards, turn by turn.
+- ``agentic``: multi-turn JSON extraction over a fixed set of documents (held-out code files): each client
+  holds conversations on /v1/chat/completions, one document each; every turn asks for another record about
+  the document, constrained by that record's grammar (``AGENT_TASKS``' JSON schemas, as one GBNF text that
+  both servers get in their ``grammar`` field), and resends the whole conversation. Reported beside tok/s:
+  drafted and accepted tokens (specstack's ``speculative`` object, llama-server's ``timings``) and
+  specstack's acceptance by turn, which shows what its suffix trees learn across turns.
 - ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it;
   default: one burst, mid-run) ``--burst-size`` long prompts (``--long-chars`` characters, each
   unique from its first line, so no prompt cache holds them; ``--burst-n`` tokens) arrive at once,
@@ -65,12 +71,30 @@ from specstack.ui import markdown_table
 
 SPECSTACK = "specstack"
 LLAMA = "llama-server"
-WORKLOADS = ("code", "chat", "burst")
+WORKLOADS = ("code", "chat", "agentic", "burst")
 CHAT_TURNS = (
     "Session {tag}. Explain what this code does:\n\n```python\n{code}\n```",
     "Now write a unit test for the last function in it.",
     "Here is another part of the same project:\n\n```python\n{other}\n```\n\nHow do the two parts fit together?",
     "Suggest one improvement to the first part and show the changed code.",
+)
+# The agentic workload's turns: what each asks about the conversation's document, and the record's schema.
+AGENT_TASKS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("List the functions this file defines.",
+     {"type": "object", "properties": {"functions": {"type": "array", "items": {"type": "string", "maxLength": 40},
+                                                     "maxItems": 8}}, "required": ["functions"]}),
+    ("Which modules does it import?",
+     {"type": "object", "properties": {"imports": {"type": "array", "items": {"type": "string", "maxLength": 40},
+                                                   "maxItems": 8}}, "required": ["imports"]}),
+    ("Describe its first function as a record.",
+     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                       "arguments": {"type": "array", "items": {"type": "string", "maxLength": 24},
+                                                     "maxItems": 6},
+                                       "returns": {"type": "string", "maxLength": 40}},
+      "required": ["name", "arguments", "returns"]}),
+    ("Summarise the file as a record.",
+     {"type": "object", "properties": {"title": {"type": "string", "maxLength": 60}, "has_tests": {"type": "boolean"},
+                                       "functions": {"type": "integer"}}, "required": ["title", "has_tests", "functions"]}),
 )
 START = time.perf_counter()
 QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
@@ -338,7 +362,78 @@ async def run_burst(client: openai.AsyncOpenAI, server: Server, clients: int, pl
     return {"main": streams, "long": long}
 
 
-RUNNERS = {"code": run_code, "chat": run_chat, "burst": run_burst}
+def agent_grammars() -> list[str]:
+    """Each agentic turn's grammar, as the GBNF text both servers get (llama.cpp's converter)."""
+    from specstack.llama.grammar import schema_to_gbnf
+
+    return [schema_to_gbnf(schema) for _, schema in AGENT_TASKS]
+
+
+def agent_message(turn: int, number: int, plan: Plan) -> str:
+    """Conversation ``number``'s user message at ``turn``: the document first, then one question a turn."""
+    question = AGENT_TASKS[turn % len(AGENT_TASKS)][0] + " Answer with JSON only."
+    if turn:
+        return question
+    doc = plan.pool[number % len(plan.pool)][-plan.args.chat_chars:]
+    return f"Document {number}:\n\n```python\n{doc}\n```\n\n{question}"
+
+
+@dataclass
+class AgentStats(LoadStats):
+    """The agentic workload's numbers: drafted and accepted tokens in all, and specstack's by turn."""
+
+    drafted: int = 0
+    accepted: int = 0
+    by_turn: dict[int, list[int]] = field(default_factory=dict)  # turn -> [drafted, accepted]
+
+    def note(self, turn: int, reply: Reply) -> None:
+        spec, timings = reply.spec or {}, reply.timings or {}
+        drafted = int(spec.get("n_drafted", timings.get("draft_n", 0)) or 0)
+        accepted = int(spec.get("n_accepted", timings.get("draft_n_accepted", 0)) or 0)
+        self.drafted += drafted
+        self.accepted += accepted
+        cell = self.by_turn.setdefault(turn, [0, 0])
+        cell[0] += drafted
+        cell[1] += accepted
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["drafted"], out["accepted"] = self.drafted, self.accepted
+        out["acceptance"] = self.accepted / self.drafted if self.drafted else 0.0
+        out["acceptance_by_turn"] = {t: (a / d if d else 0.0) for t, (d, a) in sorted(self.by_turn.items())}
+        return out
+
+
+async def run_agentic(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """Client i holds conversations i, i + clients, ...: one document each, a constrained record a turn."""
+    stats = AgentStats()
+    args = plan.args
+    grammars = agent_grammars()
+    stop = time.perf_counter() + args.seconds
+
+    async def user(i: int) -> None:
+        number = i
+        while time.perf_counter() < stop:
+            messages: list[dict[str, str]] = []
+            for turn in range(args.chat_turns):
+                if time.perf_counter() >= stop:
+                    break
+                messages = messages + [{"role": "user", "content": agent_message(turn, number, plan)}]
+                reply = await stream(client, stats, args.n, messages=messages,
+                                     body={"grammar": grammars[turn % len(grammars)]})
+                if reply is None:
+                    break
+                stats.note(turn, reply)
+                messages = messages + [{"role": "assistant", "content": reply.text}]
+            number += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
+    stats.wall = time.perf_counter() - t0
+    return {"main": stats}
+
+
+RUNNERS = {"code": run_code, "chat": run_chat, "agentic": run_agentic, "burst": run_burst}
 
 
 async def solo_answers(client: openai.AsyncOpenAI, prompts: list[str], n: int) -> dict[str, str]:
@@ -383,6 +478,10 @@ def report(workload: str, clients: int, name: str, result: dict[str, Any]) -> st
             f"ITL p50 {s['itl_p50_ms']:.1f} "
             f"ms p99 {s['itl_p99_ms']:.1f} ms; stall p99 {s['stall_p99_ms']:.0f} ms; {check}; "
             f"RSS {s['rss_mb']['start']:.0f} -> max {s['rss_mb']['max']:.0f} MB")
+    if "acceptance" in s:
+        by_turn = ", ".join(f"{t}: {a:.2f}" for t, a in s["acceptance_by_turn"].items())
+        line += (f"\n      drafted {s['drafted']}, accepted {s['accepted']} ({s['acceptance']:.2f}); "
+                 f"acceptance by turn {by_turn or '-'}")
     if "long" in result:
         g = result["long"].summary()
         line += (f"\n      long prompts: {g['ok']} ok, {g['failures']} failures, {g['prompt_tokens_mean']:.0f} prompt "
@@ -414,6 +513,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     out = markdown_table(["workload", "clients", "specstack tok/s", "llama-server tok/s", "ratio",
                           "TTFT p50 / p99 ms specstack", "llama-server", "ITL p50 / p99 ms specstack", "llama-server",
                           "identical to solo s / l"], cells)
+    agentic = [p for p in points if p[0] == "agentic"]
+    if agentic:
+        cells = []
+        for w, c in agentic:
+            a, b = by[(w, c, SPECSTACK)]["main"], by[(w, c, LLAMA)]["main"]
+            turns = " / ".join(f"{x:.2f}" for x in a["acceptance_by_turn"].values())
+            cells.append([c, f"{a['accepted']}/{a['drafted']} ({a['acceptance']:.2f})",
+                          f"{b['accepted']}/{b['drafted']} ({b['acceptance']:.2f})", turns or "-"])
+        out += "\n\n" + markdown_table(["agentic, clients", "accepted/drafted specstack", "llama-server",
+                                         "specstack acceptance by turn"], cells)
     bursts = [p for p in points if p[0] == "burst"]
     if bursts:
         cells = []
@@ -462,8 +571,8 @@ SWEEP_COLUMNS: list[Column] = [("setting", "setting", str), ("tok_s", "tok/s", "
 
 
 def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[LlamaSetting, list[dict[str, Any]]]:
-    """Each llama-server setting on the code workload at ``--llama-sweep-clients``: the fastest without failures
-    wins. Each gets a fresh server with the main run's slots and a warm-up request."""
+    """Each llama-server setting on ``--llama-sweep-workload`` at ``--llama-sweep-clients``: the fastest without
+    failures wins. Each gets a fresh server with the main run's slots and a warm-up request."""
     rows = []
     sweep_args = argparse.Namespace(**{**vars(args), "seconds": args.llama_sweep_seconds})
     sweep_plan = dataclasses.replace(plan, args=sweep_args, references={})
@@ -476,7 +585,8 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
         try:
             with_client(server.url, lambda c: solo_answers(c, plan.prompts[:1], args.n))  # warm-up
             wait_quiet([server])
-            stats = with_client(server.url, lambda c: run_code(c, server, args.llama_sweep_clients, sweep_plan))["main"]
+            runner = RUNNERS[args.llama_sweep_workload]
+            stats = with_client(server.url, lambda c: runner(c, server, args.llama_sweep_clients, sweep_plan))["main"]
         finally:
             server.stop()
         s = stats.summary()
@@ -523,7 +633,7 @@ def run_peer(args: argparse.Namespace) -> None:
         say(f"logs: {', '.join(str(s.log) for s in servers)}")
         for server in servers:
             prepare(server, plan, servers)
-        if "chat" in workloads:
+        if "chat" in workloads or "agentic" in workloads:
             check_chat_template(servers)
         for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
             for server in (servers if k % 2 == 0 else servers[::-1]):
@@ -588,6 +698,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="--spec-draft-n-max values the sweep tries (default 2,4,8)")
     ap.add_argument("--llama-sweep-clients", type=int, default=4)
     ap.add_argument("--llama-sweep-seconds", type=float, default=20)
+    ap.add_argument("--llama-sweep-workload", choices=WORKLOADS, default=None,
+                    help="the workload the sweep judges settings on (default: the first of --workload)")
     ap.add_argument("--chat-template", default=None, help="both servers' chat template: a llama.cpp built-in name "
                     "(gemma, chatml, ...) or a Jinja file")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -597,7 +709,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--sweep", default=None, help="comma-separated client counts (--peer: default 1,2,4,8)")
     ap.add_argument("--parallel", type=int, default=4, help="server slots with --spawn and without --sweep")
-    ap.add_argument("--workload", default=None, help="comma-separated: code, chat, burst (default: code; --peer: all)")
+    ap.add_argument("--workload", default=None,
+                    help="comma-separated: code, chat, agentic, burst (default: code; --peer: all)")
     ap.add_argument("--seconds", type=float, default=120, help="each run's length")
     ap.add_argument("-n", type=int, default=64, help="tokens per request (chat: per turn)")
     ap.add_argument("--prompts", type=int, default=12, help="code prompts cycled")
@@ -620,6 +733,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown workload {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
     args.burst_every = args.burst_every or args.seconds
+    args.llama_sweep_workload = args.llama_sweep_workload or args.workload.split(",")[0]
     if args.llama_sweep and not args.peer:
         ap.error("--llama-sweep goes with --peer")
     return args

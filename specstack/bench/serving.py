@@ -230,6 +230,7 @@ class Reply:
     ttft: float | None
     gap: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)  # llama-server's (draft_n, draft_n_accepted, ...)
 
 
 @dataclass
@@ -300,16 +301,20 @@ def chunk_text(chunk: Any) -> str:
 
 
 async def stream(client: "openai.AsyncOpenAI", stats: Stats, n: int, prompt: str | None = None,
-                 messages: list[dict[str, str]] | None = None, session: str | None = None) -> Reply | None:
+                 messages: list[dict[str, str]] | None = None, session: str | None = None,
+                 body: dict[str, Any] | None = None) -> Reply | None:
     """One streamed greedy completion (``prompt``) or chat turn (``messages``, under ``session``'s x-session-id),
-    added to ``stats``; None if it failed (the failure is in ``stats``).
+    added to ``stats``; None if it failed (the failure is in ``stats``). ``body``: extra request fields (a
+    ``grammar``, both servers' field of that name).
 
     A 429 waits its Retry-After and is sent again. A kept-alive connection the server closed just as it was
     reused fails before any response (llama-server: a few per hundred requests); clients send that again, up to
     ``STALE_RETRIES`` times. Anything else is a failure, and the run goes on."""
     import openai
 
-    extra = {"extra_headers": {"x-session-id": session}} if session else {}
+    extra: dict[str, Any] = {"extra_headers": {"x-session-id": session}} if session else {}
+    if body:
+        extra["extra_body"] = body
     common = dict(model="default", max_tokens=n, temperature=0, stream=True, stream_options={"include_usage": True},
                   **extra)
     stale = 0
@@ -318,7 +323,7 @@ async def stream(client: "openai.AsyncOpenAI", stats: Stats, n: int, prompt: str
         first = last = None
         gap = 0.0
         parts: list[str] = []
-        usage, spec = None, {}
+        usage, spec, timings = None, {}, {}
         try:
             if messages is not None:
                 chunks = await client.chat.completions.create(messages=messages, **common)
@@ -327,6 +332,7 @@ async def stream(client: "openai.AsyncOpenAI", stats: Stats, n: int, prompt: str
             async for chunk in chunks:
                 usage = chunk.usage or usage
                 spec = ((chunk.model_extra or {}).get("specstack") or {}).get("speculative") or spec
+                timings = (chunk.model_extra or {}).get("timings") or timings
                 text = chunk_text(chunk)
                 if text:
                     now = time.perf_counter()
@@ -351,7 +357,7 @@ async def stream(client: "openai.AsyncOpenAI", stats: Stats, n: int, prompt: str
         end = time.perf_counter()
         reply = Reply("".join(parts), usage.prompt_tokens if usage else None,
                       usage.completion_tokens if usage else len(parts),  # no stream usage: one token per chunk
-                      end - t0, None if first is None else first - t0, gap, spec)
+                      end - t0, None if first is None else first - t0, gap, spec, timings)
         stats.add(reply)
         return reply
 
