@@ -163,14 +163,14 @@ def build_engine(loaded: Calibration | LlamaModel, drafter: Drafter | str = "non
     """An engine over a loaded target (``load_calibrated``'s ``Calibration``, or a target ``load_target`` gave),
     with its drafter (an instance, or a name built by ``build_drafter`` with ``drafter_options``) and its k
     policy (an instance, or a name built by ``build_policy`` with ``k``, ``k_max`` and the calibration's cost
-    model; None: a fixed k). A first run's background measurement goes to the engine, which lends it time
-    between steps and applies its result."""
+    model; None: ``fixed``, k tokens a step). A first run's background measurement goes to the engine, which
+    lends it time between steps and applies its result."""
     calibration = loaded if isinstance(loaded, Calibration) else Calibration(loaded)
     target = calibration.target
     if isinstance(drafter, str):
         drafter = build_drafter(drafter, target, drafter_options, temperature)
-    if isinstance(policy, str):
-        policy = build_policy(policy, k, k_max=k_max, costs=calibration.costs, target=target)
+    if policy is None or isinstance(policy, str):
+        policy = build_policy(policy or "fixed", k, k_max=k_max, costs=calibration.costs, target=target)
     return Engine(target, drafter, policy, prompt_cache_bytes=prompt_cache_bytes, background=calibration.background,
                   batch_tokens=batch_tokens, prefill_cap=prefill_cap)
 

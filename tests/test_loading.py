@@ -188,3 +188,18 @@ def test_no_import_circle_in_the_package():
                    for m in calibration for t in edges[m])
     assert not any(t.startswith("specstack.calibration") for m in edges if m.startswith("specstack.draft_length")
                    for t in edges[m])
+
+
+def test_build_engine_puts_a_loaded_target_its_drafter_policy_and_calibration_together():
+    from specstack.generation import GenerationConfig
+    from specstack.loading import TargetSpec, build_engine, load_calibrated
+
+    calibration = load_calibrated(TargetSpec(exact="on", tree_branches=1), n_max=5)  # on: measured now, not beside
+    try:
+        assert calibration.background is None and calibration.costs is not None and calibration.shapes.settled
+        engine = build_engine(calibration, "prompt-lookup", "cost", k_max=4)
+        assert engine.policy.costs is calibration.costs and engine.background is None
+        assert build_engine(calibration, "none", k=3).policy.k == 3  # no policy named: a fixed k
+        assert len(engine.generate("def f(x):\n", GenerationConfig(max_tokens=8)).run().output_ids) == 8
+    finally:
+        calibration.target.close()
