@@ -243,6 +243,12 @@ def test_a_roles_defaults_apply_where_the_request_sets_none(http, target):
                                          "json_schema": other}).json()
     assert own["tokens"] == plain(target, REPEATS, 40, Constraints(grammar=schema_to_gbnf(other))).output_ids
     assert set(json.loads(own["content"])) == {"size"}
+    # An explicit free request turns the role's grammar off: grammar "" and response_format text alike.
+    free = plain(target, REPEATS, 24, Constraints(**PENALTIES)).output_ids
+    for off in ({"grammar": ""}, {"response_format": {"type": "text"}}):
+        r = http.post("/completion", json={"model": "strict", "prompt": REPEATS, "n_predict": 24, "temperature": 0,
+                                           **off}).json()
+        assert r["tokens"] == free, off
 
 
 def test_logit_bias_in_openai_and_llama_server_forms(http, target):

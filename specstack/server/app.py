@@ -988,7 +988,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                                       grammar=body.grammar, tools=tools)
         except StructuredError as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
-        return "" if grammar is None and tools is not None else grammar
+        # An explicit free request (``grammar: ""``, ``response_format`` text) turns a role's default grammar off.
+        fmt = body.response_format if isinstance(body.response_format, dict) else {}
+        free = body.grammar == "" or fmt.get("type") == "text"
+        return "" if grammar is None and (tools is not None or free) else grammar
 
     preserved: dict[tuple[str, str], dict[int, str]] = {}
 
