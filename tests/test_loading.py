@@ -102,16 +102,6 @@ def test_the_library_never_imports_the_cli():
     assert offenders == []
 
 
-# Imports inside functions that close a circle, outside calibration (issue 30): each is deferred, so no module
-# waits on a half-imported one, but the layering still runs both ways.  host/sysinfo asks llama.cpp for its
-# system line, which llama/backend's thread count asks host/sysinfo for; draft-model's factory returns the
-# translating drafter, which extends it; bench/recorded reads a run's outputs through bench/replay, which
-# replays on a recorded target.  Remove an entry when its circle is cut.
-KNOWN_DEFERRED_CIRCLES = {("specstack.host.sysinfo", "specstack.llama"),
-                          ("specstack.drafters.draft_model", "specstack.drafters.translate"),
-                          ("specstack.bench.recorded", "specstack.bench.replay")}
-
-
 def _import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
     """specstack's modules and what each imports (``from .x import y``, ``import specstack.x``), at module level
     or inside functions, ``if TYPE_CHECKING:`` blocks left out; and which edges come from inside a function.
@@ -175,12 +165,9 @@ def _a_circle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_circle_in_the_package():
-    """The import graph of specstack's modules is acyclic (the engine imports calibration, calibration never
-    the engine: it hands back what the engine applies), but for the deferred circles known from before."""
-    edges, deferred = _import_graph()
-    assert KNOWN_DEFERRED_CIRCLES <= deferred  # only imports inside functions may be let through
-    for mod, target in KNOWN_DEFERRED_CIRCLES:
-        edges[mod].discard(target)
+    """The import graph of specstack's modules, imports inside functions included, is acyclic (the engine
+    imports calibration, calibration never the engine: it hands back what the engine applies)."""
+    edges, _deferred = _import_graph()
     assert _a_circle(edges) is None
     assert "specstack.engine" in edges["specstack.loading"] and "specstack.calibration" in edges["specstack.engine"]
     calibration = {m for m in edges if m.startswith("specstack.calibration")}

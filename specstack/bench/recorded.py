@@ -39,6 +39,7 @@ from ..errors import ContextOverflowError, InvalidParameterError, SpecstackError
 from ..llama.api import ModelConfig
 from ..llama.batching import BatchShapes, Segment, decode_calls
 from ..llama.recurrent import RewindStats
+from .results import PLAIN
 
 FILLER_LOGIT = -1e4  # every other token's logit in a dense row: the recorded token has probability 1
 
@@ -150,8 +151,6 @@ class RecordedTarget:
     def from_results(cls, results: dict[str, Any], statistic: str = "min_s") -> "RecordedTarget":
         """The target of a bench results dict: its plain temperature-0 outputs, shapes and cost curve
         (``statistic``: ``min_s``, the fastest rep the cost policy keeps, or ``median_s``)."""
-        from .replay import recorded_outputs
-
         t = results["config"]["target"]
         plain = recorded_outputs(results)
         recordings = [Recording(tuple(q["prompt_ids"]), tuple(plain[q["id"]]["output_ids"]))
@@ -374,3 +373,16 @@ def recorded_shapes(target: dict[str, Any]) -> BatchShapes:
         return BatchShapes(min_rows=target.get("min_rows", 2), exact=target.get("exact", True), settled=True)
     base = BatchShapes.from_dict({k: v for k, v in d.items() if k not in ("pad_to", "even_rows")})
     return dataclasses.replace(base, settled=True, pad_to=tuple(d.get("pad_to", ())), even_rows=d.get("even_rows", True))
+
+
+def recorded_outputs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """request id -> its first plain temperature-0 run (the reference outputs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results["runs"]:
+        if r["method"] == PLAIN and float(r["temperature"]) == 0.0 and r["request"] not in out:
+            out[r["request"]] = r
+    if not out:
+        raise InvalidParameterError(
+            "replay needs plain (none) runs at temperature 0 in the results; re-run `specstack bench` with --temp 0"
+        )
+    return out

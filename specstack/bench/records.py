@@ -43,7 +43,9 @@ def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
     from ..host import sysinfo
     from ..llama import llama_version
 
-    raw, _err = sysinfo.llama_system_info()
+    from ..llama import llama_system_info
+
+    raw, _err = llama_system_info()
     info: dict[str, Any] = {
         "hostname": platform.node(),
         "platform": platform.platform(),

@@ -38,7 +38,7 @@ from ..loading import build_policy
 from ..sampling import SamplingParams
 from ..ui import markdown_table
 from .config import adaptive_start
-from .recorded import RecordedTarget
+from .recorded import RecordedTarget, recorded_outputs
 from .report import pct
 from .results import ALL, PLAIN, categories, representative_runs
 
@@ -47,19 +47,6 @@ DEFAULT_METHODS = ("prompt-lookup", "suffix")
 
 class ReplayError(SpecstackError):
     """A replay did not reproduce its recording: the recorded target or the engine is wrong."""
-
-
-def recorded_outputs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """request id -> its first plain temperature-0 run (the reference outputs)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in results["runs"]:
-        if r["method"] == PLAIN and float(r["temperature"]) == 0.0 and r["request"] not in out:
-            out[r["request"]] = r
-    if not out:
-        raise InvalidParameterError(
-            "replay needs plain (none) runs at temperature 0 in the results; re-run `specstack bench` with --temp 0"
-        )
-    return out
 
 
 def _units(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

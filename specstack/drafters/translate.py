@@ -25,14 +25,16 @@ incomplete, so the draft is ``["(", "x"]`` in target ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..llama import LlamaModel
 from ..types import Draft
 from .base import DraftRequest
-from .draft_model import DraftModelDrafter
+
+if TYPE_CHECKING:  # draft_model builds translating drafters: a runtime import would be a circle
+    from .draft_model import DraftModelDrafter
 
 BACKOFF = 2  # draft tokens re-tokenized at the boundary when new text arrives
 TLI_MIN_OVERLAP = 0.5  # share of draft tokens with a same-text target token needed for TLI sampling

@@ -40,7 +40,9 @@ class Check:
 
 
 def gather_facts() -> dict[str, Any]:
-    raw, err = sysinfo.llama_system_info()
+    from ..llama import llama_system_info
+
+    raw, err = llama_system_info()
     mem = sysinfo.meminfo()
     lim, use = sysinfo.cgroup_memory()
     return {

@@ -162,13 +162,6 @@ def parse_llama_system_info(raw: bytes | str) -> dict[str, str]:
     return out
 
 
-def llama_system_info() -> tuple[str | None, str | None]:
-    """(raw system info text, error); never raises (llama.cpp is reached through target.py)."""
-    from ..llama import llama_system_info as info
-
-    return info()
-
-
 def numa_nodes() -> int:
     try:
         return sum(1 for p in SYS_NODE.iterdir() if re.fullmatch(r"node\d+", p.name)) or 1
