@@ -30,7 +30,7 @@ import numpy as np
 
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
-from .drafters.base import Drafter, DraftRequest
+from .drafters.base import Drafter, DraftRequest, needs_hidden
 from .constraints import ConstraintState, for_target
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
@@ -38,7 +38,7 @@ from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs, token_logprobs
 from .llama.api import EngineTarget
 from .llama.batching import Segment
-from .types import Draft, VerifyResult
+from .types import Draft, HiddenRows, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
 
@@ -295,6 +295,7 @@ class Engine:
             self.target.truncate(reuse, slot.seq)
         else:
             self.target.reset(slot.seq)
+        self._hidden(slot.seq)  # rows the slot's last user left behind are not this prompt's
         slot.cached, slot.prefilled = [], 0
         gen.stats.n_reused = reuse
         gen.stats.queue_s = t0 - gen.submitted
@@ -365,11 +366,21 @@ class Engine:
         self._running.append(gen)
         gen.status = "running"
         slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
-        gen.drafter.begin(gen.prompt_ids, slot.seq)  # indexing the prompt is prompt processing, like the prefill
+        hidden = self._hidden(slot.seq)  # the target's rows of the prompt it computed (from the reused prefix on)
+        if needs_hidden(gen.drafter):  # indexing the prompt is prompt processing, like the prefill
+            gen.drafter.begin(gen.prompt_ids, slot.seq, hidden=hidden)
+        else:
+            gen.drafter.begin(gen.prompt_ids, slot.seq)
         gen.stats.rewind = self.target.strategy
         if self.target.is_recurrent:
             gen.stats.trees = f"chains: a {self.target.memory} target needs one recurrent state per branch"
         gen.stats.prefill_s += self.clock() - t0
+
+    def _hidden(self, seq: int) -> HiddenRows | None:
+        """The target's hidden rows kept for ``seq`` since the last call here (``llama.hidden``), for a drafter that
+        reads them (``Drafter.needs_hidden``); None where the target keeps none (no such drafter)."""
+        take = getattr(self.target, "take_hidden", None)
+        return take(seq) if take is not None else None
 
     def _release(self, gen: Generation, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
@@ -433,7 +444,11 @@ class Engine:
             if gen.config.logprobs is not None:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
-            gen.drafter.advance(committed, result.n_accepted, gen.seq)
+            hidden = self._hidden(gen.seq)  # the kept rows: pending and the accepted draft (``_verify`` cut the rest)
+            if needs_hidden(gen.drafter):
+                gen.drafter.advance(committed, result.n_accepted, gen.seq, hidden=hidden)
+            else:
+                gen.drafter.advance(committed, result.n_accepted, gen.seq)
             other = ((t0 - t_begin) + (self.clock() - t2)) * share  # bookkeeping, not the consumer's time
             gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other))
             gen._emit(gen.stop_text.take(final=False))
@@ -463,7 +478,9 @@ class Engine:
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
             load = (SOLO if len(gens) == 1 and free is None else
                     BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
+            # A drafter that reads hidden rows gets chains: a tree's accepted path is not where its rows were kept.
             tree = (gen.config.sampling.greedy and gen.constraint is None and target.unified and target.n_slots == 1 and target.n_seq_max > 1
+                    and not needs_hidden(gen.drafter)
                     and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)

@@ -134,6 +134,29 @@ class VerifyResult:
 
 
 @dataclass(frozen=True, slots=True)
+class HiddenRows:
+    """The target's hidden rows for consecutive positions of one sequence: the channel from the engine to
+    drafters that condition on the target (``Drafter.needs_hidden``: MTP heads, later EAGLE-3).
+
+    Row i is the hidden state the target computed at position ``start + i``, the one its head read to
+    predict the token after it (for MTP, llama.cpp's ``t_h_nextn``: the post-final-norm row). Only rows of
+    tokens the target kept reach a drafter: a verification's rows stop at its last accepted token, whose
+    row predicted the step's own target token (llama.cpp's carry-over ``pending_h``).
+    """
+
+    start: int
+    rows: np.ndarray  # [n, n_embd] float32
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def end(self) -> int:
+        """The position after the last row."""
+        return self.start + len(self)
+
+
+@dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """The target's log-probability of one committed token, and of its ``top`` alternatives (id, logprob),
     most likely first.  Read from the row that verified the token, so a draft token accepted from a
@@ -144,4 +167,4 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-__all__ = ["Draft", "TokenLogprob", "VerifyResult"]
+__all__ = ["Draft", "HiddenRows", "TokenLogprob", "VerifyResult"]

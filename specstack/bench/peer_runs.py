@@ -20,6 +20,7 @@ from .results import PLAIN
 PEERS_FOR: dict[str, tuple[str, ...]] = {
     PLAIN: ("llama-plain",),
     "draft-model": ("llama-draft-simple",),
+    "mtp": ("llama-draft-mtp",),
     "prompt-lookup": ("llama-ngram-simple", "llama-lookup"),
     "suffix": ("llama-ngram-cache",),
 }

@@ -44,6 +44,7 @@ NGRAM_MOD_MIN_FRACTION = 48 / 64
 PEER_METHODS: tuple[str, ...] = (
     "llama-plain",
     "llama-draft-simple",
+    "llama-draft-mtp",  # the target's own NextN head (--spec-type draft-mtp), as specstack's --drafter mtp
     *(f"llama-{t}" for t in NGRAM_SPEC_TYPES),
     "llama-lookup",
 )
@@ -226,6 +227,8 @@ def peer_command(method: str, model: Path | str, prompt_file: Path | str, *, dra
         if draft is None:
             raise InvalidParameterError("llama-draft-simple needs a draft model")
         return [*spec, "--spec-type", "draft-simple", "-md", str(draft)]
+    if method == "llama-draft-mtp":  # the model's NextN layers; llama.cpp loads them (load_mtp) for this type
+        return [*spec, "--spec-type", "draft-mtp"]
     spec_type = method.removeprefix("llama-")
     args = [*spec, "--spec-type", spec_type]
     for flag in NGRAM_SPEC_TYPES[spec_type]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..modelfile.compat import CompatReport, check_pair, rewind_line
+from ..modelfile.compat import CompatReport, check_pair, mtp_line, rewind_line
 from ..paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..ui import table
 
@@ -55,6 +55,8 @@ def render(rep: CompatReport) -> str:
     for role, s in (("target", t), ("draft", d)):
         if s["recurrence"] != "none":
             out.append(f"  {role} state: {rewind_line(s['recurrence'], s['rewind'])}")
+        if s.get("nextn_layers"):
+            out.append(f"  {role} MTP: {mtp_line(s['nextn_layers'], s['mtp'], s.get('architecture'))}")
     if rep.reasons:
         out.append("")
         out.append("differences:")

@@ -160,6 +160,14 @@ def preflight(args: argparse.Namespace) -> None:
                                     f"fusion), which {name!r} does not use; leave -md out or add draft-model")
     if "draft-model" in built:
         args.model_draft = resolve_draft(args.model, args.model_draft)
+    if "mtp" in built:
+        from ..drafters.mtp import check_mtp_model
+
+        check_mtp_model(args.model)  # no NextN layers (or none this llama.cpp runs): one line, before the load
+    elif not flag_given(args, "--drafter"):
+        from ..drafters.mtp import note_mtp
+
+        note_mtp(args.model, getattr(args, "command", "specstack"))  # the model ships a draft head: say so, once
     options = {k: v for k, v in drafter_options(args).items() if v is not None}
     try:
         check_drafter_options(options)

@@ -8,6 +8,12 @@ state is kept by sequence id (``seq``), and ``propose`` takes the requests
 of all generations in a step at once, so a draft model can batch them.
 Each request carries the policy's ``Budget``: drafters never decide draft
 length themselves.  Drafters never see the target's logits.
+
+A drafter that conditions on the target (an MTP head; EAGLE-3 later) declares
+``needs_hidden = True`` (``HiddenDrafter``): the engine then hands it the
+target's hidden rows (``types.HiddenRows``) of the tokens the target kept,
+at ``begin`` (the prompt's) and at every ``advance`` (the verification's
+accepted rows; rows of rejected drafts never arrive).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 from ..draft_length import Budget
 from ..errors import InvalidParameterError
 from ..llama import Target
-from ..types import Draft
+from ..types import Draft, HiddenRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,26 @@ class Drafter(Protocol):
     def end(self, seq: int = 0, complete: bool = True) -> None:
         """Generation ``seq`` is over; release its state.  ``complete`` is False for a cancelled one,
         whose partial output must not be learnt from as if it were a whole answer."""
+
+
+@runtime_checkable
+class HiddenDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden rows: ``needs_hidden`` is True, and ``begin``/``advance`` take them."""
+
+    needs_hidden: bool
+
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0, hidden: HiddenRows | None = None) -> None:
+        """As ``Drafter.begin``; ``hidden``: the target's rows of the prompt positions it computed (from where a
+        reused prefix ends to the last but one token)."""
+
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0, hidden: HiddenRows | None = None) -> None:
+        """As ``Drafter.advance``; ``hidden``: the verification's rows of the tokens kept (the pending token and the
+        accepted draft; the last one is the row the step's own target token came from)."""
+
+
+def needs_hidden(drafter: Drafter) -> bool:
+    """Whether ``drafter`` reads the target's hidden rows (declared by a ``needs_hidden`` attribute; default no)."""
+    return bool(getattr(drafter, "needs_hidden", False))
 
 
 def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, seq: int = 0) -> Draft:

@@ -33,9 +33,9 @@ from typing import Sequence
 
 from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, best_k, expected_accepted
 from ..errors import InvalidParameterError
-from ..types import Draft
+from ..types import Draft, HiddenRows
 from ..verify import matched_length
-from .base import BuildContext, Drafter, DraftRequest, Sources, config_from_options, create, register
+from .base import BuildContext, Drafter, DraftRequest, Sources, config_from_options, create, needs_hidden, register
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,15 @@ class CascadeDrafter:
         # Used only when a budget brings no advice (no policy): then it learns every draft itself.
         self._own_book = AcceptanceBook(k_max=DEFAULT_K_MAX)
         self._steps: dict[int, _Step] = {}
+        self.needs_hidden = any(needs_hidden(d) for d in self.drafters)  # passed on to the sources that read them
 
-    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0, hidden: HiddenRows | None = None) -> None:
         self._steps.pop(seq, None)
         for d in self.drafters:
-            d.begin(prompt_ids, seq)
+            if needs_hidden(d):
+                d.begin(prompt_ids, seq, hidden=hidden)
+            else:
+                d.begin(prompt_ids, seq)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         found: dict[int, list[tuple[int, Draft]]] = {r.seq: [] for r in requests}
@@ -118,14 +122,17 @@ class CascadeDrafter:
                 best, best_value, step.chosen = draft.truncated(n), value, j
         return best
 
-    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0, hidden: HiddenRows | None = None) -> None:
         step = self._steps.pop(seq, None)
         if step is not None:
             for j, (_, draft) in enumerate(step.drafts):
                 if j != step.chosen or step.learn_chosen:  # the policy learns the verified one from the step
                     step.advice.learn(draft.source, *_outcome(draft.token_ids, new_ids))
         for d in self.drafters:
-            d.advance(new_ids, n_accepted, seq)
+            if needs_hidden(d):
+                d.advance(new_ids, n_accepted, seq, hidden=hidden)
+            else:
+                d.advance(new_ids, n_accepted, seq)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)

@@ -25,9 +25,9 @@ from typing import Sequence
 
 from ..draft_length import DEFAULT_K_MAX, AcceptanceBook, Advice, Budget, expected_accepted
 from ..errors import InvalidParameterError
-from ..types import Draft
+from ..types import Draft, HiddenRows
 from ..verify import matched_length
-from .base import BuildContext, Drafter, DraftRequest, Sources, create, register
+from .base import BuildContext, Drafter, DraftRequest, Sources, create, needs_hidden, register
 
 
 @dataclass
@@ -47,11 +47,17 @@ class FusionDrafter:
         self.name = f"fusion:{retrieval.name},{model.name}"
         self._own_book = AcceptanceBook(k_max=DEFAULT_K_MAX)  # only when a budget brings no advice
         self._steps: dict[int, _Step] = {}
+        # A model that reads the target's hidden rows (mtp) gets them; its steps then verify chains (the fused tree's
+        # leading branch), since rows of a tree's accepted path are not collected.
+        self.needs_hidden = needs_hidden(model)
 
-    def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0, hidden: HiddenRows | None = None) -> None:
         self._steps.pop(seq, None)
         self.retrieval.begin(prompt_ids, seq)
-        self.model.begin(prompt_ids, seq)
+        if self.needs_hidden:
+            self.model.begin(prompt_ids, seq, hidden=hidden)
+        else:
+            self.model.begin(prompt_ids, seq)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         half = [replace(r, budget=replace(r.budget, max_tokens=max(1, r.budget.max_tokens // 2))) for r in requests]
@@ -73,7 +79,7 @@ class FusionDrafter:
             out.append(fused if r.budget.tree else fused.best_chain())  # no tree allowed: the leading branch
         return out
 
-    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0, hidden: HiddenRows | None = None) -> None:
         step = self._steps.pop(seq, None)
         if step is not None:
             for part, source in ((step.chain, self.model.name), (step.tree, self.retrieval.name)):
@@ -81,7 +87,10 @@ class FusionDrafter:
                     m = matched_length(part.token_ids, new_ids, part.parents)
                     step.advice.learn(source, min(m + 1, len(new_ids), _depth(part)), m)
         self.retrieval.advance(new_ids, n_accepted, seq)
-        self.model.advance(new_ids, n_accepted, seq)
+        if self.needs_hidden:
+            self.model.advance(new_ids, n_accepted, seq, hidden=hidden)
+        else:
+            self.model.advance(new_ids, n_accepted, seq)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._steps.pop(seq, None)

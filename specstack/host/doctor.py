@@ -211,6 +211,13 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
                                         f"; {rewind_line(info.recurrence, info.rewind)}"),
                                 None if info.rewind != "checkpoint" else
                                 "speculation pays a state copy per drafted step; `specstack bench` shows whether it pays"))
+            if info.nextn_layers:
+                from ..modelfile.compat import mtp_line
+
+                checks.append(Check("mtp", "info", f"{Path(model).name}: "
+                                    f"{mtp_line(info.nextn_layers, info.mtp_mode, info.architecture)}",
+                                    "specstack generate --drafter mtp (or cascade:suffix,mtp on repetitive work)"
+                                    if info.mtp_mode == "single head" else None))
             if avail is None:
                 checks.append(Check("memory", "info", f"available memory unknown; the model needs "
                                     f"about {_gib(need)}"))

@@ -68,6 +68,10 @@ class ModelConfig:
     # architecture can, else checkpoints; ``rollback_depth`` is n_rs_seq.
     rollback: str = "auto"
     rollback_depth: int = DEFAULT_DEPTH
+    # Multi-token prediction: load the GGUF's NextN layers (llama.cpp's load_mtp), which ``--drafter mtp`` drafts
+    # from. None: load them where the file has NextN layers this llama.cpp has an MTP graph for, so any request
+    # may draft with them; the trunk is the same either way (tested), the cost is the NextN block's memory.
+    load_mtp: bool | None = None
     use_mmap: bool = True  # llama.cpp's --no-mmap: False reads the weights into memory
     use_mlock: bool = False  # llama.cpp's --mlock: keep the weights in RAM
 

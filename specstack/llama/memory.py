@@ -41,6 +41,8 @@ class SequenceMemory:
     min_batch: int
     _call: Callable[..., list]
     close: Callable[[], None]
+    _cut_hidden: Callable[[int, int], None]  # ``hidden.HiddenStates``: staged hidden rows follow every cut
+    _drop_hidden: Callable[..., None]
 
     def _init_rewind(self) -> None:
         """Pick how this model's state is cut back (``recurrent``): llama.cpp reports whether rollback took."""
@@ -74,6 +76,7 @@ class SequenceMemory:
 
     def reset(self, seq: int | None = None) -> None:
         """Forget the whole KV cache, or one sequence's part of it."""
+        self._drop_hidden(seq)
         if seq is None:
             self._lc.llama_memory_clear(self._mem, True)
             self.seq_len = [0] * self.n_seq_max
@@ -95,6 +98,7 @@ class SequenceMemory:
         """
         if n_keep >= self.seq_len[seq]:
             return
+        self._cut_hidden(seq, n_keep)
         if self.is_recurrent:
             self._cut_recurrent(n_keep, seq)
         elif not self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
@@ -198,7 +202,7 @@ class SequenceMemory:
     def load_seq(self, seq: int, data: bytes, n_tokens: int) -> bool:
         """Replace ``seq``'s KV with a saved copy of ``n_tokens`` positions; False if llama.cpp refuses it."""
         lc = self._lc
-        self.reset(seq)
+        self.reset(seq)  # drops its hidden rows too: the copy brings none
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
             self.reset(seq)

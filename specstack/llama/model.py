@@ -24,6 +24,7 @@ from .kv import KVEstimate, check_kv_fits, estimate_kv
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls
+from .hidden import HiddenStates
 from .memory import SequenceMemory
 from .recurrent import Memory, SeqLog
 from .tree import TreeBatches
@@ -33,7 +34,7 @@ _MAX_CTX = 2**31 - 1
 MIN_CTX = 16  # below this llama.cpp aborts (a batch must hold every tree branch's output row)  # positions are int32 in llama.cpp
 
 
-class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
+class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
     """One GGUF model with a llama.cpp context holding one or more sequences.
 
     Invariant: sequence s holds exactly ``seq_len[s]`` tokens at positions
@@ -65,6 +66,12 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
         self._lc = lc = llama_cpp_module()
         self._model = self._load_model() if weights is None else weights._model
         self._vocab = lc.llama_model_get_vocab(self._model)
+        # NextN (MTP) layers: llama.cpp reports them even where they were not loaded (``mtp_loaded``), and an MTP
+        # context on such a load aborts the process (``llama.mtp``).
+        self.n_nextn = int(lc.llama_model_n_layer_nextn(self._model))
+        self.mtp_loaded = self._owns_model and self._load_mtp() and self.n_nextn > 0 or \
+            (weights is not None and weights.mtp_loaded)
+        self._mtp_contexts: list = []
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
         self.n_swa = int(lc.llama_model_n_swa(self._model))  # sliding-window size; 0 where there is none
@@ -122,9 +129,23 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
 
     # -- loading -----------------------------------------------------------
 
+    def _load_mtp(self) -> bool:
+        """Whether to load the NextN layers (``ModelConfig.load_mtp``; None: where this llama.cpp can run them)."""
+        wanted = self.config.load_mtp
+        return bool(self.meta.mtp_mode is not None if wanted is None else wanted and self.meta.nextn_layers > 0)
+
+    def open_mtp(self):
+        """A context on this model's NextN head (``llama.mtp.MtpContext``), closed with this model."""
+        from .mtp import MtpContext
+
+        ctx = MtpContext(self)
+        self._mtp_contexts.append(ctx)
+        return ctx
+
     def _load_model(self):
         lc = self._lc
         params = lc.llama_model_default_params()
+        params.load_mtp = self._load_mtp()
         params.use_extra_bufts = self.config.repack
         params.use_mmap, params.use_mlock = self.config.use_mmap, self.config.use_mlock
         self._kv_override_array = None
@@ -247,6 +268,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
 
     def close(self) -> None:
         lc = self._lc
+        for mtp in getattr(self, "_mtp_contexts", ()):  # they use this model's weights and context
+            mtp.close()
         if getattr(self, "_batch", None) is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
@@ -404,6 +427,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary):
                 f"llama_decode failed (code {rc}) on {m} tokens of {self.path.name}; "
                 "the KV cache may be full: use a larger --ctx-size or a shorter prompt"
             )
+        if self._staged is not None:  # hidden rows for drafters that condition on the target (``hidden``)
+            self._stage_hidden([(seq, self.seq_len[seq], len(toks), len(toks) + pad) for seq, toks, pad, _ in entries], m)
         for seq, toks, pad, _ in entries:
             self.seq_len[seq] += len(toks)
             self.writes[seq] += 1

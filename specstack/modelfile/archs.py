@@ -44,3 +44,27 @@ def rewind(arch: str | None) -> str:
     if recurrence(arch) == "none":
         return "truncate"
     return "rollback" if _key(arch) in ROLLBACK_ARCHS else "checkpoint"
+
+
+# Multi-token prediction (MTP, "NextN" layers: ``<arch>.nextn_predict_layers``): the architectures for which this
+# llama.cpp builds an MTP graph (``LLM_GRAPH_TYPE_DECODER_MTP`` in src/models/*.cpp), by how its draft-mtp drives
+# them (common/speculative.cpp, common_speculative_impl_draft_mtp).
+MTP_SINGLE_HEAD = (  # one head; k > 1 chains it on its own output
+    "qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32", "deepseek4",
+    "cohere2moe", "bailingmoe3", "nemotron_h_moe", "mimo2", "hy_v3",
+)
+MTP_CHAINED_HEADS = ("step35",)  # several heads, one per draft position (llama_set_nextn_layer_offset)
+MTP_ASSISTANT = ("gemma4-assistant",)  # a separate GGUF of NextN layers that shares the target's KV (-md)
+
+
+def mtp_mode(arch: str | None) -> str | None:
+    """How llama.cpp drafts from ``arch``'s NextN layers: ``single head``, ``chained heads``, ``assistant``; None
+    where this build has no MTP graph for it (a GGUF may still declare NextN layers: dots3note does)."""
+    key = _key(arch)
+    if key in MTP_SINGLE_HEAD:
+        return "single head"
+    if key in MTP_CHAINED_HEADS:
+        return "chained heads"
+    if key in MTP_ASSISTANT:
+        return "assistant"
+    return None

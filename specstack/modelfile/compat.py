@@ -62,8 +62,22 @@ def _side(info: GGUFInfo) -> dict[str, Any]:
         "vocab_fingerprint": info.vocab_fingerprint,
         "recurrence": info.recurrence,
         "rewind": info.rewind,
+        "nextn_layers": info.nextn_layers,
+        "mtp": info.mtp_mode,
         "warnings": list(info.warnings),
     }
+
+
+def mtp_line(nextn_layers: int, mode: str | None, arch: str | None = None) -> str:
+    """What a model's multi-token-prediction (NextN) layers mean for drafting, in one phrase ("" without any)."""
+    if not nextn_layers:
+        return ""
+    what = f"{nextn_layers} NextN layer{'s' if nextn_layers > 1 else ''}"
+    if mode == "single head":
+        return f"{what} ({mode}): --drafter mtp drafts from {'them' if nextn_layers > 1 else 'it'}"
+    if mode is None:
+        return f"{what}, but this llama.cpp has no MTP graph for {arch or 'its architecture'}"
+    return f"{what} ({mode}): not drafted from by specstack yet (single-head models only)"
 
 
 def rewind_line(recurrence: str, rewind: str) -> str:

@@ -118,6 +118,18 @@ class GGUFInfo(GGUFFile):
         return self._arch_int("expert_used_count")
 
     @property
+    def nextn_layers(self) -> int:
+        """Multi-token-prediction (NextN) layers, ``<arch>.nextn_predict_layers``: the last blocks of the file,
+        a draft head shipped with the model (``--drafter mtp``); 0 where there are none."""
+        return self._arch_int("nextn_predict_layers") or 0
+
+    @property
+    def mtp_mode(self) -> str | None:
+        """How this llama.cpp drafts from the NextN layers (``archs.mtp_mode``); None without them or without an
+        MTP graph for the architecture in this build."""
+        return archs.mtp_mode(self.architecture) if self.nextn_layers > 0 else None
+
+    @property
     def is_recurrent(self) -> bool:
         """Purely recurrent (state-space / RWKV): its state cannot be cut back by position."""
         return archs.is_recurrent(self.architecture)

@@ -24,7 +24,7 @@ from ..errors import ModelLoadError, SpecstackError
 from .meta import GGUFInfo, read_gguf
 from ..ui import fmt_bytes, table
 
-CACHE_VERSION = 2  # 2: entries carry "rewind"
+CACHE_VERSION = 3  # 2: entries carry "rewind"; 3: "nextn_layers" and "mtp"
 CACHE_NAME = "models-scan.json"
 
 ProgressFn = Callable[[int, int, Path], None]
@@ -95,6 +95,8 @@ def _entry(path: Path, st: os.stat_result) -> tuple[dict[str, Any], GGUFInfo | N
         "expert_used_count": info.expert_used_count,
         "recurrence": info.recurrence,
         "rewind": info.rewind,
+        "nextn_layers": info.nextn_layers,
+        "mtp": info.mtp_mode,
         "split": split,
         "digests": _digests(info),
     }
@@ -317,9 +319,17 @@ def fmt_params(n: int | None) -> str:
     return str(n)
 
 
+def _mtp_cell(e: dict[str, Any]) -> str:
+    """NextN layers and how they draft: ``1 (--drafter mtp)``; ``-`` without any (an older cache entry has none)."""
+    n = e.get("nextn_layers") or 0
+    if not n:
+        return "-"
+    return f"{n} ({'--drafter mtp' if e.get('mtp') == 'single head' else e.get('mtp') or 'no MTP graph here'})"
+
+
 def render(res: ScanResult) -> str:
     rows = [("FILE", "ARCH", "PARAMS", "QUANT", "SIZE", "CTX", "VOCAB", "FINGERPRINT", "EXPERTS",
-             "RECURRENT")]
+             "RECURRENT", "MTP")]
     for e in res.models:
         moe = (f"{e['expert_count']} ({e['expert_used_count']} used)" if e["expert_count"] else "-")
         params = "vocab only" if e["vocab_only"] else fmt_params(e["n_params"])
@@ -330,7 +340,8 @@ def render(res: ScanResult) -> str:
                      fmt_bytes(e["size"]), str(e["context_length"] or "-"),
                      f"{e['n_vocab']} {e['tokenizer_model'] or '-'}",
                      (e["vocab_fingerprint"] or "-")[:12], moe,
-                     f"{e['recurrence']}: {e['rewind']}" if e["recurrence"] != "none" else "-"))
+                     f"{e['recurrence']}: {e['rewind']}" if e["recurrence"] != "none" else "-",
+                     _mtp_cell(e)))
     lines = [f"{len(res.entries)} .gguf file(s): {len(res.models)} readable, {len(res.errors)} unreadable "
              f"({res.files_read} read, {res.cache_hits} from cache)"]
     lines.append(table(rows[0], rows[1:], align="l" * len(rows[0])))

@@ -1,0 +1,290 @@
+"""MTP: drafts from the target's own multi-token-prediction (NextN) head, as llama.cpp's ``--spec-type draft-mtp``.
+
+Models such as Qwen3.5/3.6, Qwen3-Next, DeepSeek V3/V4, GLM-4.x/5 and MiMo ship NextN layers: a trained head
+that, given the token at position p and the target's hidden row at p-1, predicts the token at p+1. It needs no
+second model and no matching vocabulary. One MTP context (``llama.mtp.MtpContext``, over the target's loaded
+weights) serves every generation, one sequence per slot, and a step's generations are drafted in one call per
+draft position. With one head, k > 1 chains the head on its own output row, as llama.cpp does.
+
+The head conditions on the target: it declares ``needs_hidden``, and the engine hands it the target's hidden
+rows (``types.HiddenRows``) of every token the target kept: the prompt's at ``begin``, each verification's
+accepted rows at ``advance`` (rows of rejected drafts never arrive). The MTP cache holds, at each position p of
+the context, the pair (x_p, h_{p-1}); the last committed token's pair uses the row the target sampled it from
+(llama.cpp's ``pending_h``). Pairs are caught up lazily, in the draft's first call (llama.cpp spends one more
+call per step, before acceptance is known, and re-evaluates rejected rows).
+
+Example: context ``[a, b, c]`` with the target's rows h_a, h_b in the cache store. A draft runs one call on
+(c at 2, h_b) -> d0 and the head's row g0, then (d0 at 3, g0) -> d1. The target accepts d0 and emits t: the
+engine hands rows for positions 2..3 (h_c, h_d0). The next draft drops the chained row at 3, and catches up
+(d0 at 3, h_c) with (t at 4, h_d0) -> the next draft, in one call.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidParameterError, UnsupportedModelError
+from ..llama.mtp import MtpRow
+from ..sampling import sample, softmax
+from ..types import Draft, HiddenRows
+from .base import BuildContext, Drafter, DraftRequest, config_from_options, register
+
+
+@dataclass(frozen=True)
+class MtpConfig:
+    """draft_temp: None = the target's temperature; p_min: stop drafting below this confidence (--draft-p-min)."""
+
+    draft_temp: float | None = None
+    p_min: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_min < 1.0:
+            raise InvalidParameterError(f"p_min must be in [0, 1) (got {self.p_min})")
+        if self.draft_temp is not None and self.draft_temp < 0:
+            raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
+
+
+@dataclass
+class _Seq:
+    """What the MTP context and the row store hold for one sequence (slot); kept after ``end`` for prefix reuse."""
+
+    tokens: list[int] = field(default_factory=list)  # the context: prompt, then committed tokens
+    h: np.ndarray | None = None  # the target's rows by position (zeros where none was handed over)
+    n_h: int = 0  # rows known for positions [0, n_h)
+    n_kv: int = 0  # the MTP cache holds correct pairs for positions [0, n_kv) (or [start, n_kv), see begin)
+    dirty: bool = False  # chained draft rows sit at positions >= n_kv
+
+    def put(self, rows: HiddenRows) -> None:
+        """Store ``rows`` and forget any past them (they belonged to tokens that were cut)."""
+        need = rows.end
+        if self.h is None or self.h.shape[0] < need:
+            grown = np.zeros((max(need, 2 * (0 if self.h is None else self.h.shape[0]), 64), rows.rows.shape[1]), np.float32)
+            if self.h is not None:
+                grown[: self.n_h] = self.h[: self.n_h]
+            self.h = grown
+        if rows.start > self.n_h:
+            self.h[self.n_h : rows.start] = 0.0
+        self.h[rows.start : need] = rows.rows
+        self.n_h = need
+
+    def before(self, start: int, end: int, width: int) -> np.ndarray:
+        """The rows h_{p-1} for positions p in [start, end): zeros at position 0 and where none is known."""
+        out = np.zeros((end - start, width), np.float32)
+        lo, hi = max(start - 1, 0), min(end - 1, self.n_h)
+        if self.h is not None and hi > lo:
+            out[lo - (start - 1) : hi - (start - 1)] = self.h[lo:hi]
+        return out
+
+
+class MtpDrafter:
+    """Drafts from the target's NextN head (see the module docstring)."""
+
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, target, temperature: float, config: MtpConfig) -> None:
+        self.config = config
+        self.head = target.open_mtp()
+        target.want_hidden()
+        self.n_embd = self.head.n_embd
+        self.n_vocab = target.n_vocab
+        self.temperature = config.draft_temp if config.draft_temp is not None else temperature
+        self._sampled = temperature > 0.0 and self.temperature > 0.0
+        self._rng = np.random.default_rng(None if config.seed is None or config.seed < 0 else config.seed + 2)
+        self._seqs: dict[int, _Seq] = {}
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One throw-away call, as for draft models: a context's first call allocates its graph, a spike the cost
+        policy would otherwise charge to the first draft."""
+        self.head.run([MtpRow(0, 0, [0, 0], np.zeros((2, self.n_embd), np.float32), output=True)])
+        self.head.reset(0)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def begin(self, prompt_ids: Sequence[int], seq: int = 0, hidden: HiddenRows | None = None) -> None:
+        """The prompt is in the target but for its last token; ``hidden`` has the target's rows of what it computed
+        for this prompt (from the position where a reused prefix ended). The head catches up on the prompt now
+        (prompt processing, like the prefill)."""
+        prompt = [int(t) for t in prompt_ids]
+        start = hidden.start if hidden is not None else max(0, len(prompt) - 1)
+        st = self._reuse(seq, prompt, start)
+        if hidden is not None and len(hidden):
+            st.put(hidden)
+        end = len(prompt) - 1
+        if end > st.n_kv:
+            self.head.run([MtpRow(seq, st.n_kv, prompt[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
+            st.n_kv = end
+        st.tokens = prompt
+
+    def _reuse(self, seq: int, prompt: list[int], start: int) -> _Seq:
+        """The sequence's state for a prompt whose first ``start`` positions the target kept from before: this slot's
+        own MTP cache and rows where they hold that prefix, else another slot's (copied: the cache is unified),
+        else the head starts at ``start`` with no rows before it (drafts are then weaker until it has seen more)."""
+        st = self._seqs.get(seq)
+        if start > 0:
+            for src, other in ([(seq, st)] if st is not None else []) + [(s, o) for s, o in self._seqs.items() if s != seq]:
+                if other.n_h >= start and other.tokens[:start] == prompt[:start]:
+                    keep = min(other.n_kv, start)  # pairs past it are caught up from the rows (``begin``)
+                    fresh = _Seq(tokens=prompt[:start], n_kv=keep)
+                    fresh.put(HiddenRows(0, other.h[:start].copy()))
+                    if src == seq:
+                        self.head.truncate(seq, keep)
+                    else:
+                        self.head.copy(src, seq, keep)
+                    self._seqs[seq] = fresh
+                    return fresh
+        self.head.reset(seq)
+        fresh = self._seqs[seq] = _Seq(n_kv=start, n_h=0)
+        return fresh
+
+    def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0, hidden: HiddenRows | None = None) -> None:
+        st = self._seqs.get(seq)
+        if st is None:
+            return
+        if st.dirty:  # the chained draft rows: their pairs used the head's rows, not the target's
+            self.head.truncate(seq, st.n_kv)
+            st.dirty = False
+        if hidden is not None and len(hidden):
+            st.put(hidden)
+        st.tokens.extend(int(t) for t in new_ids)
+
+    def end(self, seq: int = 0, complete: bool = True) -> None:
+        st = self._seqs.get(seq)
+        if st is None:
+            return
+        if st.dirty:
+            self.head.truncate(seq, st.n_kv)
+            st.dirty = False
+        if not complete:  # a cancelled generation's slot is reset by the engine: nothing there to reuse
+            self.head.reset(seq)
+            del self._seqs[seq]
+
+    # -- drafting ---------------------------------------------------------------------------------
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        t0 = time.perf_counter()
+        live = [r for r in requests if r.budget.max_tokens > 0]
+        drafts = {r.seq: _Draft() for r in live}
+        rows = []
+        for r in live:
+            st = self._seqs.setdefault(r.seq, _Seq())
+            if st.dirty:
+                self.head.truncate(r.seq, st.n_kv)
+                st.dirty = False
+            n = len(r.context)
+            start = min(st.n_kv, n - 1)
+            if start < st.n_kv:  # the context is shorter than the cache (a caller's own context): cut back
+                self.head.truncate(r.seq, start)
+            rows.append(MtpRow(r.seq, start, [int(t) for t in r.context[start:n]], st.before(start, n, self.n_embd), True))
+            st.n_kv = n
+        pos = {r.seq: len(r.context) for r in live}
+        while live:
+            got = self.head.run(rows)
+            going, rows = [], []
+            for r, out in zip(live, got):
+                assert out is not None
+                logits, h = out
+                d = drafts[r.seq]
+                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
+                if conf < self.config.p_min:
+                    continue
+                d.confs.append(conf)
+                keep = r.budget.keep_going
+                if keep is not None and not keep(self.name, d.confs, time.perf_counter() - t0):
+                    continue
+                d.tokens.append(tok)
+                if q is not None:
+                    d.qs.append(q)
+                if len(d.tokens) < r.budget.max_tokens:
+                    going.append(r)
+                    rows.append(MtpRow(r.seq, pos[r.seq] + len(d.tokens) - 1, [tok], h[None, :], True))
+                    self._seqs[r.seq].dirty = True
+            live = going
+        out = []
+        for r in requests:
+            d = drafts.get(r.seq)
+            out.append(Draft.empty(self.name) if d is None or not d.tokens else
+                       Draft(tuple(d.tokens), self.name, np.stack(d.qs) if d.qs else None))
+        return out
+
+    def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
+        """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q at the draft's
+        temperature (rejection sampling then keeps the target's distribution)."""
+        logits = logits[: self.n_vocab]
+        if not self._sampled:
+            tok = int(logits.argmax())
+            if self.config.p_min <= 0.0 and not need_conf:
+                return tok, 1.0, None
+            return tok, float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum()), None
+        q = softmax(logits[None, :], self.temperature)[0]
+        tok = sample(q, self._rng)
+        return tok, float(q[tok]), q
+
+
+@dataclass
+class _Draft:
+    tokens: list[int] = field(default_factory=list)
+    confs: list[float] = field(default_factory=list)
+    qs: list[np.ndarray] = field(default_factory=list)
+
+
+# The drafters that work on any target (no NextN layers, no second model): named when mtp cannot.
+ALTERNATIVES = "prompt-lookup, suffix, rest (with --datastore) or draft-model (with -md DRAFT.gguf)"
+
+
+def check_mtp_model(path, where: str = "--drafter mtp") -> None:
+    """Refuse, from the GGUF's metadata alone (milliseconds, before any load or measurement), a model whose NextN
+    layers this llama.cpp cannot draft from: one line naming the model and the drafters that can work."""
+    from ..modelfile.meta import read_gguf
+
+    meta = read_gguf(path, tensors=False)
+    name = getattr(path, "name", str(path))
+    if meta.nextn_layers == 0:
+        raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) has no multi-token-prediction (NextN) "
+                                    f"layers to draft from; use {ALTERNATIVES}")
+    mode = meta.mtp_mode
+    if mode is None:
+        raise UnsupportedModelError(f"{where}: {name} declares {meta.nextn_layers} NextN layer(s), but this llama.cpp "
+                                    f"has no MTP graph for its architecture {meta.architecture!r}; use {ALTERNATIVES}")
+    if mode != "single head":
+        raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) drafts with {mode}, which specstack's MTP "
+                                    f"drafter does not run yet (single-head families only); use {ALTERNATIVES}")
+
+
+_noted: set[str] = set()
+
+
+def note_mtp(path, command: str = "specstack") -> None:
+    """On stderr, once per model and process: the model ships NextN layers this llama.cpp drafts from, and
+    ``--drafter mtp`` was not chosen (a metadata read: milliseconds)."""
+    from ..modelfile.meta import read_gguf
+
+    key = str(path)
+    if key in _noted:
+        return
+    _noted.add(key)
+    try:
+        meta = read_gguf(path, tensors=False)
+    except Exception:  # the load reports a bad file in its own words
+        return
+    if meta.mtp_mode == "single head":
+        name = getattr(path, "name", key)
+        print(f"specstack {command}: note: {name} has {meta.nextn_layers} multi-token-prediction (NextN) layer(s); "
+              "--drafter mtp drafts from them (or cascade:suffix,mtp)", file=sys.stderr, flush=True)
+
+
+@register("mtp")
+def _build(ctx: BuildContext) -> Drafter:
+    config = config_from_options(MtpConfig, ctx.options)
+    if ctx.target.path is not None:
+        check_mtp_model(ctx.target.path)
+    if not hasattr(ctx.target, "open_mtp"):
+        raise UnsupportedModelError("--drafter mtp drafts from a loaded target's NextN head (not a replay)")
+    return MtpDrafter(ctx.target, ctx.temperature, config)

@@ -1,0 +1,197 @@
+"""A target's multi-token-prediction (NextN) head on a context of its own: llama.cpp's draft-mtp draft context.
+
+llama.cpp (the tree vendored in llama-cpp-python 0.3.36) runs a model's NextN layers on a second context over
+the same loaded weights (``ctx_type = LLAMA_CONTEXT_TYPE_MTP``; its KV cache holds only the NextN layers).
+Each row of an MTP call is a token *and* a hidden row: at position p the pair ``(x_p, h_{p-1})``, where
+``h_{p-1}`` is the target's post-norm row at p-1 (``HiddenStates``; zeros at position 0) or, for a chained
+draft step, the head's own output row. The head predicts ``x_{p+1}``.
+
+Traps this module keeps callers out of (measured in issue 32's research):
+- a model loaded without ``load_mtp`` still reports its NextN layers, and an MTP context on it aborts the
+  process inside llama.cpp (``GGML_ASSERT(layer.nextn.eh_proj)``): ``MtpContext`` refuses such a target;
+- ``llama_batch_ext_set_embd_state`` is a stub: rows go in through the classic ``llama_batch`` carrying both
+  ``token`` and ``embd`` (llama.cpp's "MTP hook batches"), filled from numpy in one go;
+- the MTP KV must follow the target's sequence: ``truncate``/``reset``/``copy`` per sequence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import ModelLoadError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .model import LlamaModel
+
+
+def ext_module():
+    """``llama_cpp.llama_cpp_ext``: llama.cpp's staging API (``src/llama-ext.h``) as llama-cpp-python wraps it."""
+    import llama_cpp.llama_cpp_ext as ext
+
+    return ext
+
+
+@dataclass
+class MtpRow:
+    """One generation's rows in an MTP call: ``tokens`` at positions ``pos``.., each with its h row (``h``:
+    [len(tokens), n_embd]); ``output``: return the head's logits and h row at the last one."""
+
+    seq: int
+    pos: int
+    tokens: Sequence[int]
+    h: np.ndarray
+    output: bool = False
+
+
+class MtpContext:
+    """The NextN head of ``target`` (loaded with its NextN layers), one sequence per target slot, one shared
+    (unified) KV cache: drafts need no exact cell layout."""
+
+    def __init__(self, target: "LlamaModel") -> None:
+        lc = self._lc = target._lc
+        name = target.path.name
+        mode = target.meta.mtp_mode
+        if target.n_nextn == 0:
+            raise UnsupportedModelError(f"{name} has no multi-token-prediction (NextN) layers")
+        if mode is None:
+            raise UnsupportedModelError(f"{name} declares {target.n_nextn} NextN layer(s), but this llama.cpp has no "
+                                        f"MTP graph for its architecture {target.meta.architecture!r}")
+        if mode != "single head":
+            raise UnsupportedModelError(f"{name} ({target.meta.architecture}) drafts with {mode}; specstack's MTP "
+                                        "drafter runs single-head models (qwen35, qwen3next, glm4moe, deepseek ...)")
+        if not target.mtp_loaded:  # llama.cpp would abort the process on the first MTP call
+            raise ModelLoadError(f"{name} was loaded without its NextN layers (ModelConfig.load_mtp is False); "
+                                 "load it with load_mtp to draft with MTP")
+        self.target = target
+        self.n_embd = int(lc.llama_model_n_embd_out(target._model))
+        self.n_vocab = target.n_vocab
+        self.n_seq = target.n_slots
+        params = lc.llama_context_default_params()
+        params.n_ctx = target.n_ctx * self.n_seq
+        params.n_batch = params.n_ubatch = max(1, min(target.config.n_batch, params.n_ctx))
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.n_seq_max = self.n_seq
+        params.kv_unified = True
+        params.flash_attn_type = 1 if target.flash_attn else 0
+        params.no_perf = True
+        params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx
+        params.n_rs_seq = 0
+        self._ctx = lc.llama_init_from_model(target._model, params)
+        if not self._ctx:
+            raise ModelLoadError(f"llama.cpp could not create an MTP context for {name} (n_ctx={params.n_ctx})")
+        ext_module().llama_set_embeddings_nextn(self._ctx, True, True)  # h rows of output rows only
+        self._mem = lc.llama_get_memory(self._ctx)
+        self.cap = int(params.n_batch)
+        b = self._batch = lc.llama_batch_init(self.cap, self.n_embd, 1)
+        # llama_batch_init allocates embd *or* token; the MTP rows carry both: token ids live in numpy here
+        # (detached again before llama_batch_free, which would free them).
+        self._tok = np.zeros(self.cap, dtype=np.int32)
+        b.token = self._tok.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        self._b_embd = np.ctypeslib.as_array(b.embd, shape=(self.cap, self.n_embd))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.cap,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(self.cap,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.cap,))[:] = 1
+        self._b_seq = [0] * self.cap
+        for i in range(self.cap):
+            b.seq_id[i][0] = 0
+        self.calls = 0
+        self.rows = 0
+
+    # -- calls --------------------------------------------------------------------------------------
+
+    def run(self, entries: Sequence[MtpRow]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Process every entry's rows (in as many calls as the batch needs: outputs come from the last) and return,
+        per entry, (logits [n_vocab], h row [n_embd]) of its last row where it asked for them (copies), else None."""
+        queue = [(i, 0) for i, e in enumerate(entries) if len(e.tokens)]
+        results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(entries)
+        while queue:
+            call, parts, rest, used = [], [], [], 0
+            for i, done in queue:
+                e = entries[i]
+                n = len(e.tokens) - done
+                take = min(n, self.cap - used)
+                if take <= 0:
+                    rest.append((i, done))
+                    continue
+                call.append((e, done, take))
+                parts.append(i)
+                used += take
+                if take < n:
+                    rest.append((i, done + take))
+            for i, got in zip(parts, self._call(call)):
+                if got is not None:
+                    results[i] = got
+            queue = rest
+        return results
+
+    def _call(self, call: list[tuple[MtpRow, int, int]]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        lc, b = self._lc, self._batch
+        m, n_out, where = 0, 0, []
+        for e, done, take in call:
+            last = e.output and done + take == len(e.tokens)
+            self._tok[m : m + take] = np.asarray(e.tokens[done : done + take], dtype=np.int32)
+            self._b_embd[m : m + take] = e.h[done : done + take]
+            self._b_pos[m : m + take] = np.arange(e.pos + done, e.pos + done + take, dtype=np.int32)
+            self._b_out[m : m + take] = 0
+            if last:
+                self._b_out[m + take - 1] = 1
+            for i in range(m, m + take):
+                if self._b_seq[i] != e.seq:
+                    b.seq_id[i][0] = e.seq
+                    self._b_seq[i] = e.seq
+            where.append(n_out if last else None)
+            n_out += int(last)
+            m += take
+        b.n_tokens = m
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.path.name}'s MTP head")
+        self.calls += 1
+        self.rows += m
+        if n_out == 0:
+            return [None] * len(call)
+        logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
+        h = np.ctypeslib.as_array(ext_module().llama_get_embeddings_nextn(self._ctx), shape=(n_out, self.n_embd))
+        return [None if w is None else (logits[w].copy(), h[w].copy()) for w in where]
+
+    # -- the KV following the target --------------------------------------------------------------
+
+    def truncate(self, seq: int, n_keep: int) -> None:
+        """Drop ``seq``'s rows at positions >= ``n_keep``."""
+        self._lc.llama_memory_seq_rm(self._mem, seq, n_keep, -1)
+
+    def reset(self, seq: int | None = None) -> None:
+        if seq is None:
+            self._lc.llama_memory_clear(self._mem, True)
+        else:
+            self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """``dst`` holds ``src``'s first ``n`` positions (shared cells: the cache is unified)."""
+        self._lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        self._lc.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+
+    def pos_max(self, seq: int) -> int:
+        """The last position ``seq`` holds (-1 when empty)."""
+        return int(self._lc.llama_memory_seq_pos_max(self._mem, seq))
+
+    def close(self) -> None:
+        lc = self._lc
+        if getattr(self, "_batch", None) is not None:
+            self._batch.token = ctypes.POINTER(lc.llama_token)()  # ours (numpy), not llama_batch_free's
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
