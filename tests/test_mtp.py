@@ -77,6 +77,23 @@ def test_greedy_mtp_equals_plain_decoding(mtp_target, plain_outputs, k):
     assert accepted[min(k, 2) - 1] > 0, "a chained draft position was never accepted"
 
 
+@pytest.mark.parametrize("name", ["cascade:suffix,mtp", "fusion:suffix,mtp"])
+def test_retrieval_stacked_in_front_of_mtp_is_lossless(mtp_target, plain_outputs, name):
+    """Retrieval first, the head behind it: the head's rows follow every step, whichever source's draft was
+    verified (fusion verifies its leading branch: trees are off for drafters that read hidden rows)."""
+    engine = Engine(mtp_target, create(name, BuildContext(mtp_target)), FixedK(4))
+    by_source: Counter = Counter()
+    for prompt, expected in zip(PROMPTS, plain_outputs):
+        gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)).run()
+        assert gen.output_ids == expected, f"{name} diverged on {prompt[:60]!r}"
+        for source, st in gen.stats.by_source.items():
+            by_source[source] += st.n_accepted
+    if name.startswith("cascade"):  # per-source statistics: both sources' drafts were accepted
+        assert by_source["mtp"] > 0 and by_source["suffix"] > 0, by_source
+    else:  # fused drafts are the fusion's (its parts are scored in the policy's book)
+        assert sum(by_source.values()) > 0, by_source
+
+
 def test_hidden_rows_leave_the_targets_logits_bitwise_unchanged(mtp_target):
     """Unmasked NextN rows make llama.cpp compute the last layer for every row; calls that output every row (an
     exact verification) or none (a prefill chunk) keep plain decoding's logits bit for bit."""

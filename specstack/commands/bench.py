@@ -115,7 +115,7 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
                    "own binaries on the same models, prompts, threads and k (greedy runs only)")
     r.add_argument("--peers", type=_csv(str, "--peers"), default=["auto"],
                    help="llama.cpp peers for --llama-cpp-bin: auto (llama-plain plus the peers of --methods: "
-                   "draft-model -> llama-draft-simple, prompt-lookup -> llama-ngram-simple,llama-lookup, "
+                   "draft-model -> llama-draft-simple, mtp -> llama-draft-mtp, prompt-lookup -> llama-ngram-simple,llama-lookup, "
                    "suffix -> llama-ngram-cache), all, or a comma-separated list")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the short unrecorded warm-up generation per configuration")
