@@ -18,8 +18,11 @@ accepted rows; rows of rejected drafts never arrive).
 
 from __future__ import annotations
 
+import time
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 from ..draft_length import Budget
 from ..errors import InvalidParameterError
@@ -81,6 +84,34 @@ def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, 
     if isinstance(budget, int):
         budget = Budget(budget)
     return drafter.propose([DraftRequest(seq, context, budget)])[0]
+
+
+@dataclass
+class DraftChain:
+    """A model's draft grown one token a call (draft-model, mtp): its tokens, their confidences and q rows."""
+
+    tokens: list[int] = field(default_factory=list)
+    confs: list[float] = field(default_factory=list)
+    qs: list[np.ndarray] = field(default_factory=list)
+
+    def take(self, tok: int, conf: float, q: np.ndarray | None, budget: Budget, p_min: float, source: str,
+             t0: float) -> bool:
+        """Add ``tok`` unless ``--draft-p-min`` or the budget's ``keep_going`` ends the draft before it; whether
+        to draft one more (the budget has room left)."""
+        if conf < p_min:
+            return False
+        self.confs.append(conf)
+        keep = budget.keep_going
+        if keep is not None and not keep(source, self.confs, time.perf_counter() - t0):
+            return False
+        self.tokens.append(tok)
+        if q is not None:
+            self.qs.append(q)
+        return len(self.tokens) < budget.max_tokens
+
+    def draft(self, source: str) -> Draft:
+        return (Draft(tuple(self.tokens), source, np.stack(self.qs) if self.qs else None) if self.tokens
+                else Draft.empty(source))
 
 
 @dataclass

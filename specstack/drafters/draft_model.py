@@ -31,7 +31,7 @@ from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import BuildContext, Drafter, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftChain, Drafter, DraftRequest, config_from_options, register
 
 
 @dataclass(frozen=True)
@@ -113,37 +113,20 @@ class DraftModelDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
         live = [r for r in requests if r.budget.max_tokens > 0]
-        drafts = {r.seq: _Draft() for r in live}
+        drafts = {r.seq: DraftChain() for r in live}
         logits = self._sync(live)
         for r in live:  # a recurrent draft model comes back here after a rejection (``recurrent``)
             self.model.protect(r.seq, r.budget.max_tokens, one_call=False)
         while live:
             going: list[DraftRequest] = []
             for r in live:
-                d = drafts[r.seq]
                 tok, conf, q = self._pick(logits[r.seq], r.budget.keep_going is not None)
-                if conf < self.config.p_min:
-                    continue
-                d.confs.append(conf)
-                keep = r.budget.keep_going
-                if keep is not None and not keep(self.name, d.confs, time.perf_counter() - t0):
-                    continue
-                d.tokens.append(tok)
-                if q is not None:
-                    d.qs.append(q)
-                if len(d.tokens) < r.budget.max_tokens:
+                if drafts[r.seq].take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
                     going.append(r)
             live = going
             if live:
                 logits = self._eval({r.seq: [drafts[r.seq].tokens[-1]] for r in live})
-        out = []
-        for r in requests:
-            d = drafts.get(r.seq)
-            if d is None or not d.tokens:
-                out.append(Draft.empty(self.name))
-            else:
-                out.append(Draft(tuple(d.tokens), self.name, np.stack(d.qs) if d.qs else None))
-        return out
+        return [drafts[r.seq].draft(self.name) if r.seq in drafts else Draft.empty(self.name) for r in requests]
 
     def _sync(self, requests: Sequence[DraftRequest]) -> dict[int, np.ndarray]:
         """Make each sequence's KV equal its ``context[:-1]``, evaluate the rest; return last logits.
@@ -216,12 +199,6 @@ class DraftModelDrafter:
         tok = sample(q, self._rng)
         return tok, float(q[tok]), q
 
-
-@dataclass
-class _Draft:
-    tokens: list[int] = field(default_factory=list)
-    confs: list[float] = field(default_factory=list)
-    qs: list[np.ndarray] = field(default_factory=list)
 
 
 def _load_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:

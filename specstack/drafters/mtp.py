@@ -32,7 +32,7 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..llama.mtp import MtpRow
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
-from .base import BuildContext, Drafter, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftChain, Drafter, DraftRequest, config_from_options, register
 
 
 # Pairs that plain steps (no draft asked) may leave for the next draft's first call: past this many, ``advance``
@@ -190,7 +190,7 @@ class MtpDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
         live = [r for r in requests if r.budget.max_tokens > 0]
-        drafts = {r.seq: _Draft() for r in live}
+        drafts = {r.seq: DraftChain() for r in live}
         rows = []
         for r in live:
             st = self._seqs.setdefault(r.seq, _Seq())
@@ -213,16 +213,7 @@ class MtpDrafter:
                 logits, h = out
                 d = drafts[r.seq]
                 tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
-                if conf < self.config.p_min:
-                    continue
-                d.confs.append(conf)
-                keep = r.budget.keep_going
-                if keep is not None and not keep(self.name, d.confs, time.perf_counter() - t0):
-                    continue
-                d.tokens.append(tok)
-                if q is not None:
-                    d.qs.append(q)
-                if len(d.tokens) < r.budget.max_tokens:
+                if d.take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
                     going.append(r)
                     rows.append(MtpRow(r.seq, pos[r.seq] + len(d.tokens) - 1, [tok], h[None, :], True))
                     self._seqs[r.seq].dirty = True
@@ -230,8 +221,7 @@ class MtpDrafter:
         out = []
         for r in requests:
             d = drafts.get(r.seq)
-            out.append(Draft.empty(self.name) if d is None or not d.tokens else
-                       Draft(tuple(d.tokens), self.name, np.stack(d.qs) if d.qs else None))
+            out.append(Draft.empty(self.name) if d is None else d.draft(self.name))
         return out
 
     def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
@@ -247,12 +237,6 @@ class MtpDrafter:
         tok = sample(q, self._rng)
         return tok, float(q[tok]), q
 
-
-@dataclass
-class _Draft:
-    tokens: list[int] = field(default_factory=list)
-    confs: list[float] = field(default_factory=list)
-    qs: list[np.ndarray] = field(default_factory=list)
 
 
 # The drafters that work on any target (no NextN layers, no second model): named when mtp cannot.
