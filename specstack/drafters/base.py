@@ -86,6 +86,22 @@ def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, 
     return drafter.propose([DraftRequest(seq, context, budget)])[0]
 
 
+@dataclass(frozen=True)
+class ModelDraftConfig:
+    """What a drafter that runs a model (draft-model, mtp) takes: ``draft_temp`` (None: the target's
+    temperature), ``p_min`` (stop drafting below this confidence, --draft-p-min) and the sampling ``seed``."""
+
+    draft_temp: float | None = None
+    p_min: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_min < 1.0:
+            raise InvalidParameterError(f"p_min must be in [0, 1) (got {self.p_min})")
+        if self.draft_temp is not None and self.draft_temp < 0:
+            raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
+
+
 @dataclass
 class DraftChain:
     """A model's draft grown one token a call (draft-model, mtp): its tokens, their confidences and q rows."""

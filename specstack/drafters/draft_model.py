@@ -26,29 +26,20 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import InvalidParameterError, VocabMismatchError
+from ..errors import VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import BuildContext, DraftChain, Drafter, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftChain, Drafter, DraftRequest, ModelDraftConfig, config_from_options, register
 
 
 @dataclass(frozen=True)
-class DraftModelConfig:
-    """draft_model: GGUF path; draft_temp: None = the target's temperature; p_min: stop below this confidence."""
+class DraftModelConfig(ModelDraftConfig):
+    """draft_model: GGUF path; draft_threads: 0 = the target's; sampling as ``ModelDraftConfig``."""
 
     draft_model: Path = DEFAULT_DRAFT
-    draft_temp: float | None = None
-    p_min: float = 0.0
     draft_threads: int = 0  # 0 = same as the target
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.p_min < 1.0:
-            raise InvalidParameterError(f"p_min must be in [0, 1) (got {self.p_min})")
-        if self.draft_temp is not None and self.draft_temp < 0:
-            raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
 
 
 # A probe's draft reads at most this many tokens of context it has not seen (``DraftModelDrafter._sync``).

@@ -28,11 +28,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..llama.mtp import MtpRow
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
-from .base import BuildContext, DraftChain, Drafter, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, config_from_options, register
 
 
 # Pairs that plain steps (no draft asked) may leave for the next draft's first call: past this many, ``advance``
@@ -43,18 +43,8 @@ CATCH_UP = 8
 
 
 @dataclass(frozen=True)
-class MtpConfig:
-    """draft_temp: None = the target's temperature; p_min: stop drafting below this confidence (--draft-p-min)."""
-
-    draft_temp: float | None = None
-    p_min: float = 0.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.p_min < 1.0:
-            raise InvalidParameterError(f"p_min must be in [0, 1) (got {self.p_min})")
-        if self.draft_temp is not None and self.draft_temp < 0:
-            raise InvalidParameterError(f"draft_temp must be >= 0 (got {self.draft_temp})")
+class MtpConfig(ModelDraftConfig):
+    """The head's sampling: ``draft_temp``, ``p_min`` and ``seed``, as a draft model's."""
 
 
 @dataclass
