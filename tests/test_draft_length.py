@@ -18,6 +18,7 @@ from specstack.draft_length import (
     BatchLoad,
     CostK,
     FixedK,
+    Go,
     HeuristicK,
     StepOutcome,
     WindowK,
@@ -242,14 +243,53 @@ def test_continue_rule_stops_on_low_confidence_when_verification_is_costly():
     p = CostK(CostModel([1e-2 + 2e-3 * n for n in range(40)]), k_max=16)
     keep = p.budget(64).keep_going
     rule = lambda confs, spent: keep("draft-model", confs, spent)  # noqa: E731
-    assert rule([0.99], 1e-4) is True
+    assert rule([0.99], 1e-4) == Go.MORE
     # Teach it: confident tokens are accepted, unsure ones rejected (and the second
     # position is usually rejected), then an unsure second token is not worth verifying.
     for _ in range(200):
         rule([0.99, 0.02], 1e-4)
         p.observe(outcome(2, 1, source="draft-model"))
-    assert rule([0.99], 1e-4) is True
-    assert rule([0.99, 0.02], 2e-4) is False
+    assert rule([0.99], 1e-4) >= Go.LAST
+    assert rule([0.99, 0.02], 2e-4) == Go.DROP
+
+
+def _teach_chain(p, source: str, first_s: float, chained_s: float, steps: int = 30) -> None:
+    """Drafts of 4 tokens, all accepted, whose first call took ``first_s`` and each chained one ``chained_s``."""
+    for _ in range(steps):
+        keep = p.budget(64).keep_going
+        for n in range(1, 5):
+            keep(source, [0.9] * n, first_s + (n - 1) * chained_s)
+        p.observe(outcome(4, 4, source=source, draft_s=first_s + 3 * chained_s))
+
+
+def test_keep_going_counts_the_call_already_made_as_spent():
+    # The bundled MTP model's shape: a 3 ms step whose first draft call (with catch-up rows) costs 1 ms and each
+    # chained one 0.3 ms. Priced per token alike (1 ms), one more row never paid and drafts stopped at one token.
+    p = CostK(CostModel([3e-3] * 40), k_max=16)
+    _teach_chain(p, "mtp", 1e-3, 3e-4)
+    assert p.source("mtp").draft_s(4) == pytest.approx(1e-3 + 3 * 3e-4)
+    keep = p.budget(64).keep_going
+    assert keep("mtp", [0.9], 1e-3) == Go.MORE
+    assert keep("mtp", [0.9], 5e-3) == Go.MORE  # a slow first call is no reason to drop what it drafted
+
+
+def test_keep_going_keeps_a_token_but_stops_when_the_next_call_costs_more_than_it_wins():
+    p = CostK(CostModel([3e-3] * 40), k_max=16)
+    _teach_chain(p, "mtp", 1e-3, 2e-2)  # a chained call costs 7 target steps
+    keep = p.budget(64).keep_going
+    assert keep("mtp", [0.9], 1e-3) == Go.LAST
+
+
+def test_keep_going_drops_a_token_whose_row_costs_more_than_it_is_worth():
+    p = CostK(CostModel([3e-3, 3e-3, 9e-3] + [1e-2] * 37), k_max=16)  # a third row triples the call
+    for _ in range(100):  # the first token is accepted, an unsure second one never
+        keep = p.budget(64).keep_going
+        keep("mtp", [0.9], 1e-4)
+        keep("mtp", [0.9, 0.01], 2e-4)
+        p.observe(outcome(2, 1, source="mtp", draft_s=2e-4))
+    keep = p.budget(64).keep_going
+    assert keep("mtp", [0.9], 1e-4) == Go.LAST  # keep the first, do not draft a second
+    assert keep("mtp", [0.9, 0.01], 2e-4) == Go.DROP  # and one drafted anyway is not verified
 
 
 def test_confidence_calibration_learns_an_overconfident_draft():

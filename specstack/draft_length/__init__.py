@@ -9,11 +9,11 @@ call that the ``cost`` policy prices drafts with (``CostModel``; measured by
 """
 
 from .acceptance import AcceptanceBook, AcceptanceTracker, ConfidenceCalibration, best_k, expected_accepted
-from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, VERIFY_SLOPE, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome, slope_cost
+from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, VERIFY_SLOPE, Advice, BatchLoad, Budget, DraftLengthPolicy, Go, KeepGoing, StepOutcome, slope_cost
 from .policies import POLICIES, CostK, FixedK, HeuristicK, WindowK, check_k, make_policy
 
 __all__ = [
     "AcceptanceBook", "AcceptanceTracker", "ConfidenceCalibration", "best_k", "expected_accepted",
-    "DEFAULT_K", "DEFAULT_K_MAX", "MAX_DRAFT", "SOLO", "VERIFY_SLOPE", "Advice", "BatchLoad", "Budget", "DraftLengthPolicy", "KeepGoing", "StepOutcome",
+    "DEFAULT_K", "DEFAULT_K_MAX", "MAX_DRAFT", "SOLO", "VERIFY_SLOPE", "Advice", "BatchLoad", "Budget", "DraftLengthPolicy", "Go", "KeepGoing", "StepOutcome",
     "slope_cost", "POLICIES", "CostK", "FixedK", "HeuristicK", "WindowK", "check_k", "make_policy",
 ]

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from ..errors import InvalidParameterError
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
-from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, KeepGoing, StepOutcome
+from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, Go, KeepGoing, StepOutcome
 from .costs import CostModel
 
 
@@ -38,6 +38,10 @@ LOOK_SHARE = 0.02
 # the time spent decoding plainly since the last one, net of what they win back. Counting steps alone let
 # a draft model's probes cost 12% of a 96-token generation on the bundled pair (0.87-0.88x plain).
 PROBE_SHARE = 0.02
+
+# How many more tokens a model draft looks ahead when deciding whether to draft the next: where exact call shapes
+# pad a verification (t(2) = t(3) on the bundled MTP model), one more row can cost more than two.
+LOOKAHEAD = 4
 
 
 def check_k(k: int, what: str = "k") -> int:
@@ -179,12 +183,48 @@ class _Looks:
 
 
 @dataclass
+class _Mean:
+    """A running mean of a cost in seconds: the first sample sets it, then each moves it 15%, clipped to 3x it.
+
+    The first call counts: a draft model's context is warmed up at load (its first call had measured 1000x a
+    normal step, so it used to be skipped, and until a second call drafting was priced as free: a lucky first
+    look then had a 96-token `generate` drafting long on a pair where drafting never pays). The clip: a model
+    drafter that sat out plain steps catches up on the tokens it missed in its next call (one batch), a spike
+    that must not dominate.  An asymmetric update (fast down, slow up) underestimated pycoder-1m's cost by ~2x
+    here, so the policy drafted where it did not pay.
+    """
+
+    seconds: float = 0.0
+    n: int = 0
+
+    def observe(self, x: float) -> None:
+        self.seconds = x if self.n == 0 else self.seconds + 0.15 * (min(x, 3.0 * self.seconds) - self.seconds)
+        self.n += 1
+
+
+@dataclass
 class _SourceState:
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     # A retrieval draft's scores (``Draft.scores``) mapped to acceptance; starts by believing them.
     scores: ConfidenceCalibration = field(default_factory=lambda: ConfidenceCalibration(trusting=True))
-    per_token_s: float = 0.0  # EMA of draft time per drafted token
-    calls: int = 0
+    per_token: _Mean = field(default_factory=_Mean)  # a step's draft time per token drafted (a model: per call)
+    # A model draft's calls, timed by ``keep_going``: the first (it also catches up on the tokens the target
+    # committed since the last draft, in a bigger batch) and each chained one after it. On the bundled MTP model
+    # the first took 1.0 ms and the chained ones 0.5 ms (`-t 1`); priced alike, a draft stopped at one token.
+    first: _Mean = field(default_factory=_Mean)
+    chained: _Mean = field(default_factory=_Mean)
+
+    def draft_s(self, k: int) -> float:
+        """What drafting k tokens costs, as measured so far (nothing measured: free, so the first look is taken)."""
+        if k <= 0:
+            return 0.0
+        if self.first.n and self.chained.n:
+            return self.first.seconds + (k - 1) * self.chained.seconds
+        return k * self.per_token.seconds
+
+    def next_call_s(self) -> float:
+        """One more chained draft call."""
+        return self.chained.seconds if self.chained.n else self.per_token.seconds
 
 
 class CostK(_Policy):
@@ -223,6 +263,7 @@ class CostK(_Policy):
         self._confidences: dict[str, list[float]] = {}  # the last draft's, per source, for calibration
         self._scores: dict[str, list[float]] = {}  # the last verified scored draft's, per source, for calibration
         self._looked = False  # this step's budget was a look (see ``_worth_looking``)
+        self._spent: tuple[str, int, float] = ("", 0, 0.0)  # keep_going's last call: source, tokens, seconds
 
     def _reset_generation(self) -> None:
         self._best = {}
@@ -251,7 +292,7 @@ class CostK(_Policy):
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        return self._cached((name, load), lambda: best_k(self.book.conditional(name), lambda k: k * st.per_token_s,
+        return self._cached((name, load), lambda: best_k(self.book.conditional(name), st.draft_s,
                                                         lambda n: self._step_cost(n, load), self.k_max, load.tokens))
 
     def _cached(self, key: tuple, compute: Callable[[], int]) -> int:
@@ -361,13 +402,26 @@ class CostK(_Policy):
         return self.k_max if k > 0 and name in self._ruled else k
 
     def _keep_going(self, load: BatchLoad) -> KeepGoing:
-        """For model drafts: keep drafting while one more token raises the expected rate."""
+        """For model drafts, after each token: keep it while verifying it raises the expected rate, and draft
+        another while one more call and row (within ``LOOKAHEAD`` tokens) would raise it further.
 
-        def rule(source: str, confidences: Sequence[float], draft_s: float) -> bool:
+        The call that drafted the token is spent whatever the answer, so it weighs on neither side of the first
+        question; the second prices the next call at the source's measured cost per drafted token, and the
+        tokens beyond at their acceptance by position, before their confidence is known.
+        """
+
+        def rule(source: str, confidences: Sequence[float], draft_s: float) -> Go:
             st = self.source(source)
             self._ruled.add(source)
             n = len(confidences)
             self._confidences[source] = list(confidences)
+            if n == 1:
+                st.first.observe(draft_s)
+            elif n == self._spent[1] + 1 and self._spent[0] == source:
+                st.chained.observe(draft_s - self._spent[2])
+            self._spent = (source, n, draft_s)
+            if n > self.k_max:
+                return Go.DROP
             # P(accept token i | tokens < i accepted), learned from this source's own
             # history of (confidence, outcome) pairs: a draft model's confidence is a
             # far better per-token predictor than the average rate at that position.
@@ -375,12 +429,18 @@ class CostK(_Policy):
             # Deep in a draft, survivors are likelier to be accepted than their confidence
             # alone says, which the position estimate captures: take the larger.
             probs = [max(st.calibration.prob(c), cond[min(i, self.k_max - 1)]) for i, c in enumerate(confidences)]
-            e_with = expected_accepted(probs, n)
-            e_without = expected_accepted(probs, n - 1)
-            next_draft = st.per_token_s if st.calls else 0.0
-            rate_with = (load.tokens + 1.0 + e_with) / (draft_s + self._step_cost(n + 1, load))
-            rate_without = (load.tokens + 1.0 + e_without) / (draft_s - next_draft + self._step_cost(n, load))
-            return n <= self.k_max and rate_with >= rate_without
+            base = load.tokens + 1.0
+            rate_with = (base + expected_accepted(probs, n)) / (draft_s + self._step_cost(n + 1, load))
+            rate_without = (base + expected_accepted(probs, n - 1)) / (draft_s + self._step_cost(n, load))
+            if rate_with < rate_without:
+                return Go.DROP
+            call = st.next_call_s()
+            for m in range(1, min(LOOKAHEAD, self.k_max - n) + 1):
+                probs.append(cond[min(n + m - 1, self.k_max - 1)])
+                rate_more = (base + expected_accepted(probs, n + m)) / (draft_s + m * call + self._step_cost(n + m + 1, load))
+                if rate_more >= rate_with:
+                    return Go.MORE
+            return Go.LAST
 
         return rule
 
@@ -393,6 +453,9 @@ class CostK(_Policy):
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.n_drafted
         self._steps += 1
+        # This step's model draft (``keep_going``'s record): every token it drafted, kept or not, cost a call.
+        confidences = self._confidences.pop(outcome.source, None)
+        computed = max(n, len(confidences or ()))
         if self._looked:
             self._looks.observe(outcome.draft_s)
             self._looked = False
@@ -404,30 +467,20 @@ class CostK(_Policy):
         if n == 0:
             self._plain_steps += 1
             self._plain_s += outcome.verify_s + outcome.other_s
+            if computed:  # a model draft whose every token was dropped: its calls were paid
+                self.source(outcome.source).per_token.observe(outcome.draft_s / computed)
             return
         self._plain_steps = 0
         self._learn(outcome)
         st = self.source(outcome.source)
-        confidences = self._confidences.pop(outcome.source, None)
         if confidences:
             st.calibration.update(confidences[:n], outcome.n_accepted)
         scores = self._scores.pop(outcome.source, None)
         if scores:
             st.scores.update(scores[:n], outcome.n_accepted)
-        per_token = outcome.draft_s / n
-        # The first call counts: a draft model's context is warmed up at load (its first call had measured
-        # 1000x a normal step, so it used to be skipped, and until a second call drafting was priced as
-        # free: a lucky first look then had a 96-token `generate` drafting long on a pair where drafting
-        # never pays). After that a plain running mean, with each sample clipped to 3x the estimate: a
-        # model drafter that sat out plain steps catches up on the tokens it missed in its next call (one
-        # batch), a spike that must not dominate.  An asymmetric update (fast down, slow up)
-        # underestimated pycoder-1m's cost by ~2x here, so the policy drafted where it did not pay.
-        if st.calls == 0:
-            st.per_token_s = per_token
-        else:
-            st.per_token_s += 0.15 * (min(per_token, 3.0 * st.per_token_s) - st.per_token_s)
-        st.calls += 1
+        st.per_token.observe(outcome.draft_s / computed)
         self._best.clear()
+
 
 
 POLICIES = ("cost", "fixed", "window", "heuristic")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..draft_length import Budget
+from ..draft_length import Budget, Go
 from ..errors import InvalidParameterError
 from ..llama import Target
 from ..types import Draft, HiddenRows
@@ -113,17 +113,18 @@ class DraftChain:
     def take(self, tok: int, conf: float, q: np.ndarray | None, budget: Budget, p_min: float, source: str,
              t0: float) -> bool:
         """Add ``tok`` unless ``--draft-p-min`` or the budget's ``keep_going`` ends the draft before it; whether
-        to draft one more (the budget has room left)."""
+        to draft one more (the budget has room left, and ``keep_going`` says it pays)."""
         if conf < p_min:
             return False
         self.confs.append(conf)
         keep = budget.keep_going
-        if keep is not None and not keep(source, self.confs, time.perf_counter() - t0):
+        go = Go.MORE if keep is None else keep(source, self.confs, time.perf_counter() - t0)
+        if go == Go.DROP:
             return False
         self.tokens.append(tok)
         if q is not None:
             self.qs.append(q)
-        return len(self.tokens) < budget.max_tokens
+        return go == Go.MORE and len(self.tokens) < budget.max_tokens
 
     def draft(self, source: str) -> Draft:
         return (Draft(tuple(self.tokens), source, np.stack(self.qs) if self.qs else None) if self.tokens
