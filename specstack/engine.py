@@ -24,7 +24,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -52,6 +52,7 @@ class _Slot:
     writes: int = 0  # the target's write count for this sequence when ``cached`` was last true
     gen: Generation | None = None
     released: float = 0.0  # for least-recently-used reuse
+    drafter: Drafter | None = None  # the drafter of the last generation here (it may keep state for ``cached``)
 
 
 @dataclass
@@ -62,6 +63,13 @@ class _Work:
     budget: Budget
     draft: Draft = field(default_factory=lambda: Draft.empty(""))
     draft_s: float = 0.0
+
+
+def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
+    """(state, bytes) the slot's last drafter keeps for the slot's cached prefix (``save_prefix``), or (None, 0)."""
+    save = getattr(slot.drafter, "save_prefix", None)
+    got = save(slot.seq, slot.cached) if save is not None else None
+    return (None, 0) if got is None else got
 
 
 class Engine:
@@ -246,17 +254,18 @@ class Engine:
             slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
-                self._swap(slot, gen.prompt_ids)
+                self._swap(slot, gen.prompt_ids, gen.drafter)
                 self._start(gen, slot, reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids))
             except BaseException:
                 self.cancel(gen)
                 raise
 
-    def _swap(self, slot: _Slot, prompt: Sequence[int]) -> None:
+    def _swap(self, slot: _Slot, prompt: Sequence[int], drafter: Drafter) -> None:
         """Bring into ``slot`` the longest reusable prefix of ``prompt`` held elsewhere: a running sibling's
         KV (the other choices of an ``n > 1`` request, so a shared prompt is prefilled once) or the host
         prompt cache's, both copied as llama.cpp's per-sequence state, which computes what a prefill would.
-        What the slot held goes to the host cache first, when it would be lost."""
+        What the slot held goes to the host cache first, when it would be lost, with what its drafter kept
+        for it (``save_prefix``), which a restore hands to the next generation's ``drafter``."""
         here = reusable(self.target, slot.cached, slot.prefilled, prompt)
         source, there = None, here
         if not self.target.is_recurrent:  # a recurrent state has moved past the prompt by the time it is copied
@@ -267,7 +276,7 @@ class Engine:
         cache = self.prompt_cache
         saved, kept = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt)) if cache else (None, 0)
         if cache is not None and here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
-            cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq))
+            cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq), *_drafter_prefix(slot))
         if saved is not None and kept > there:
             source, there = saved, kept
         if source is None:
@@ -282,6 +291,9 @@ class Engine:
         slot.cached, slot.prefilled = list(tokens), prefilled
         if source is saved:
             cache.hits += 1
+            restore = getattr(drafter, "restore_prefix", None)
+            if saved.drafter is not None and restore is not None:
+                restore(slot.seq, saved.drafter)
         else:
             self.sibling_copies += 1
 
@@ -399,7 +411,7 @@ class Engine:
                 self.target.reset(slot.seq)
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
-            slot.gen, slot.released = None, self.clock()
+            slot.gen, slot.released, slot.drafter = None, self.clock(), gen.drafter if keep_cache else None
             slot.writes = self.target.writes[slot.seq]
 
     def _finish(self, gen: Generation) -> None:

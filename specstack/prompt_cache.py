@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from .llama.api import EngineTarget
 
@@ -52,6 +52,14 @@ class _Saved:
     prefilled: int
     data: bytes
     used: float
+    # What the slot's drafter held for this prefix (``Drafter.save_prefix``: an MTP head's KV and the target's
+    # rows it read), restored with the KV so that the drafter need not start over; None: nothing to restore.
+    drafter: Any = None
+    drafter_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + self.drafter_bytes
 
 
 class PromptCache:
@@ -69,14 +77,15 @@ class PromptCache:
         self.bytes = 0
         self.hits = 0
 
-    def put(self, tokens: Sequence[int], prefilled: int, data: bytes) -> None:
+    def put(self, tokens: Sequence[int], prefilled: int, data: bytes, drafter: Any = None, drafter_bytes: int = 0) -> None:
+        """Keep ``data`` (the sequence's KV) for ``tokens``, and the drafter's state for them, within the budget."""
         self.entries = [e for e in self.entries if e.tokens != list(tokens)]
-        self.entries.append(_Saved(list(tokens), prefilled, data, time.perf_counter()))
-        self.bytes = sum(len(e.data) for e in self.entries)
+        self.entries.append(_Saved(list(tokens), prefilled, data, time.perf_counter(), drafter, drafter_bytes))
+        self.bytes = sum(e.nbytes for e in self.entries)
         while self.bytes > self.budget and self.entries:
             oldest = min(self.entries, key=lambda e: e.used)
             self.entries.remove(oldest)
-            self.bytes -= len(oldest.data)
+            self.bytes -= oldest.nbytes
 
     def clear(self) -> None:
         self.entries, self.bytes = [], 0

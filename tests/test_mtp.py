@@ -160,6 +160,27 @@ def test_prefix_reuse_keeps_the_heads_cache(mtp_target, plain_outputs):
     assert warm.stats.n_accepted >= 0.8 * cold.stats.n_accepted
 
 
+def test_host_prompt_cache_brings_back_the_heads_cache(mtp_target, plain_outputs):
+    """One slot: prompt A, then B (A's KV goes to host memory, with the head's cache and rows), then A again: the
+    target's KV is restored, and so is the head's, so the head catches up on nothing it had already seen."""
+    mtp_target.reset()
+    drafter = create("mtp", BuildContext(mtp_target))
+    engine = Engine(mtp_target, drafter, FixedK(4), prompt_cache_bytes=64 << 20)
+    rows = drafter.head.rows
+    first = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    first_rows = drafter.head.rows - rows
+    engine.generate(PROMPTS[2], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.entries[0].drafter is not None
+    rows = drafter.head.rows
+    again = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.hits == 1 and again.stats.n_reused > 0
+    assert again.output_ids == first.output_ids == plain_outputs[1]
+    # Without the head's state it would start where the restored prefix ends, attending to nothing before it.
+    assert drafter.head.pos_min(0) == 0
+    assert drafter.head.rows - rows <= first_rows - again.stats.n_reused  # and caught up on none of it
+    assert again.stats.n_accepted >= 0.8 * first.stats.n_accepted
+
+
 def test_loaded_without_nextn_layers_it_refuses_instead_of_aborting():
     model = LlamaModel(ModelConfig(MTP_MODEL, load_mtp=False), role="target")
     assert model.n_nextn == 1 and not model.mtp_loaded

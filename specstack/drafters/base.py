@@ -14,6 +14,11 @@ A drafter that conditions on the target (an MTP head; EAGLE-3 later) declares
 target's hidden rows (``types.HiddenRows``) of the tokens the target kept,
 at ``begin`` (the prompt's) and at every ``advance`` (the verification's
 accepted rows; rows of rejected drafts never arrive).
+
+A drafter whose per-sequence state is expensive to rebuild (an MTP head's KV)
+may also offer ``save_prefix(seq, tokens) -> (state, bytes) | None`` and
+``restore_prefix(seq, state)``: the engine's host prompt cache then keeps that
+state beside the target's KV and hands it back when it restores the prefix.
 """
 
 from __future__ import annotations

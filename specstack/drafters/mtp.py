@@ -80,6 +80,16 @@ class _Seq:
         return out
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """A sequence's head state for the host prompt cache (``MtpDrafter.save_prefix``)."""
+
+    tokens: list[int]
+    h: np.ndarray  # the target's rows at positions [0, len(tokens))
+    n_kv: int  # pairs the head's cache holds
+    kv: bytes  # the head's cache (llama.cpp's per-sequence state)
+
+
 class MtpDrafter:
     """Drafts from the target's NextN head (see the module docstring)."""
 
@@ -174,6 +184,32 @@ class MtpDrafter:
         if not complete:  # a cancelled generation's slot is reset by the engine: nothing there to reuse
             self.head.reset(seq)
             del self._seqs[seq]
+
+    # -- the host prompt cache -----------------------------------------------------------------------
+
+    def save_prefix(self, seq: int, tokens: Sequence[int]) -> tuple[_Saved, int] | None:
+        """What the head holds for ``tokens`` (the slot's cached prefix): its cache and the target's rows it
+        read, so that a restore of the target's KV brings them back (without, the head would start at the
+        restored prefix's end and attend to nothing before it). None where it holds something else."""
+        st = self._seqs.get(seq)
+        n = len(tokens)
+        if st is None or st.h is None or st.n_h < n or st.tokens[:n] != list(tokens):
+            return None
+        if st.dirty:
+            self.head.truncate(seq, st.n_kv)
+            st.dirty = False
+        saved = _Saved(list(tokens), st.h[:n].copy(), min(st.n_kv, n), self.head.save_seq(seq))
+        return saved, saved.h.nbytes + len(saved.kv)
+
+    def restore_prefix(self, seq: int, saved: "_Saved") -> None:
+        """The head's state for a prefix the engine restored into ``seq`` (``save_prefix``); ``begin`` keeps it."""
+        if not self.head.load_seq(seq, saved.kv):
+            self._seqs.pop(seq, None)
+            return
+        st = _Seq(tokens=list(saved.tokens), n_kv=saved.n_kv)
+        st.put(HiddenRows(0, saved.h))
+        self.head.truncate(seq, saved.n_kv)
+        self._seqs[seq] = st
 
     # -- drafting ---------------------------------------------------------------------------------
 

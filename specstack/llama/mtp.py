@@ -176,6 +176,28 @@ class MtpContext:
         self._lc.llama_memory_seq_rm(self._mem, dst, -1, -1)
         self._lc.llama_memory_seq_cp(self._mem, src, dst, 0, n)
 
+    def save_seq(self, seq: int) -> bytes:
+        """A copy of ``seq``'s cache (llama.cpp's per-sequence state), for the host prompt cache."""
+        lc = self._lc
+        size = int(lc.llama_state_seq_get_size(self._ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        n = int(lc.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        return ctypes.string_at(buf, n)
+
+    def load_seq(self, seq: int, data: bytes) -> bool:
+        """Replace ``seq``'s cache with a saved copy; False (and ``seq`` empty) if llama.cpp refuses it."""
+        lc = self._lc
+        self.reset(seq)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
+            self.reset(seq)
+            return False
+        return True
+
+    def pos_min(self, seq: int) -> int:
+        """The first position ``seq`` holds (-1 when empty): 0 where the head has seen the whole context."""
+        return int(self._lc.llama_memory_seq_pos_min(self._mem, seq))
+
     def pos_max(self, seq: int) -> int:
         """The last position ``seq`` holds (-1 when empty)."""
         return int(self._lc.llama_memory_seq_pos_max(self._mem, seq))
