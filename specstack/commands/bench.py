@@ -171,14 +171,20 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
         "--ffn 8192 --kv-heads 16. Gemma 3 1B-shaped from Gemma 3 270M Q4_K_M (keeps its quant blocks): "
         "--from gemma-3-270m-q4_k_m.gguf --width 1152 --layers 26 --ffn 6912 --ftype q4_k_m; gemma3 is "
         "bit-exact only at widths of 4^k times the source's (1152 is close, not exact: see docs/standin.md); "
-        "a bit-exact 1B-parameter one keeps the width: --width 640 --layers 26 --ffn 15872 --ftype q4_k_m.",
+        "a bit-exact 1B-parameter one keeps the width: --width 640 --layers 26 --ffn 15872 --ftype q4_k_m. "
+        "--mtp LAYOUT instead writes a RANDOM-WEIGHT model with a NextN (MTP) block in a real model's layout "
+        f"({_mtp_layouts()}) at --layers trunk layers: for cost and losslessness only, never for acceptance "
+        "(random weights draft tokens that are almost never accepted). Example, Qwen3.5-35B-A3B at 4 of its 40 "
+        "layers: --mtp qwen35moe --layers 4 --ftype q4_k_m.",
     )
     p.add_argument("--from", dest="src", type=Path, default=DEFAULT_TARGET,
                    help="source GGUF (llama, dense or MoE, or lfm2: F16/F32/BF16; gemma3: also quantized, "
                    "then --ftype f16 dequantizes and its own ftype copies its quant blocks); "
                    "default: the bundled target")
-    p.add_argument("--width", type=int, required=True, help="hidden size of the stand-in")
-    p.add_argument("--layers", type=int, required=True, help="number of layers of the stand-in")
+    p.add_argument("--width", type=int, default=None,
+                   help="hidden size of the stand-in (required, except with --mtp: the layout's real width)")
+    p.add_argument("--layers", type=int, required=True,
+                   help="number of layers of the stand-in (with --mtp: trunk layers; the NextN block comes on top)")
     p.add_argument("--ffn", type=int, default=None,
                    help="FFN width (default: the source's FFN/hidden ratio times --width)")
     p.add_argument("--kv-heads", type=int, default=None,
@@ -188,6 +194,15 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
                    help="gemma3 only: query heads (default: the source's; head_dim stays the source's)")
     p.add_argument("--attn-layers", type=int, default=None,
                    help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
+    m = p.add_argument_group("random-weight MTP stand-ins (for cost and losslessness only, never acceptance)")
+    m.add_argument("--mtp", metavar="LAYOUT", default=None,
+                   help=f"write a random-weight model with one NextN (MTP) block in LAYOUT ({_mtp_layouts()}) "
+                   "instead of padding --from, which then only gives the vocabulary. Its cost per token and per MTP "
+                   "draft is the real layout's at --layers depth (recurrent state and rollback included), and "
+                   "speculation on it must stay lossless; its drafts are random, so it says nothing about "
+                   "acceptance. --width narrows it (head counts and FFN widths scale, head sizes stay)")
+    m.add_argument("--experts", type=int, default=None,
+                   help="with --mtp: routed experts per MoE layer (default: the layout's; fewer make a smaller file)")
     p.add_argument("--ftype", choices=FTYPES, default="f16", help="weight format (default f16)")
     p.add_argument("--threads", type=int, default=2, help="quantization threads (default 2)")
     p.add_argument("-o", "--output", type=Path, required=True, help="where to write the stand-in GGUF")
@@ -290,9 +305,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mtp_layouts() -> str:
+    """``name: real model`` for each MTP layout, for the help text."""
+    from ..modelfile.standin.mtp_layouts import LAYOUTS
+
+    return ", ".join(f"{name}: {lay.model}" for name, lay in LAYOUTS.items())
+
+
 def cmd_make_standin(args: argparse.Namespace) -> int:
     from ..modelfile.standin import make_standin, plan_standin, read_source_shape
 
+    if getattr(args, "mtp", None) is not None:
+        return cmd_make_mtp_standin(args)
+    if getattr(args, "experts", None) is not None:
+        raise InvalidParameterError("--experts is for --mtp stand-ins (a padded stand-in keeps its source's experts)")
+    if args.width is None:
+        raise InvalidParameterError("--width is required: the stand-in's hidden size (only --mtp has a default, "
+                                    "its layout's real width)")
     src = Path(args.src)
     kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)
     heads = getattr(args, "heads", None)
@@ -321,4 +350,24 @@ def cmd_make_standin(args: argparse.Namespace) -> int:
           f"(source {s.n_params / 1e6:.2f}M), {fmt_bytes(size)}; width {o.n_embd}, {mix}"
           f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
           f"{[i for i, live in enumerate(plan.layer_live) if live]}; {verdict}")
+    return 0
+
+
+def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
+    """``make-standin --mtp LAYOUT``: a random-weight model with a NextN block (``modelfile.standin.mtp``)."""
+    from ..modelfile.standin.mtp import make_mtp_standin, n_params, vocab_size
+
+    unused = [flag for flag, dest in (("--ffn", "ffn"), ("--kv-heads", "kv_heads"), ("--heads", "heads"),
+                                      ("--attn-layers", "attn_layers")) if getattr(args, dest, None) is not None]
+    if unused:
+        raise InvalidParameterError(f"{', '.join(unused)}: not used with --mtp (the layout fixes them; --width "
+                                    "and --experts narrow it)")
+    shape = make_mtp_standin(args.mtp, args.output, args.layers, args.ftype, width=args.width, experts=args.experts,
+                             tokenizer=args.src, threads=args.threads)
+    n_vocab = vocab_size(Path(args.src))
+    total, active = n_params(shape, n_vocab)
+    size = Path(args.output).stat().st_size
+    print(f"wrote {args.output}: {shape.arch} {args.ftype}, RANDOM weights in {shape.layout.model}'s layout (for cost "
+          f"and losslessness only, never acceptance), {total / 1e6:.1f}M parameters ({active / 1e6:.1f}M read per "
+          f"token by the trunk), {fmt_bytes(size)}; {shape.describe()}; vocabulary {n_vocab} from {Path(args.src).name}")
     return 0

@@ -88,6 +88,13 @@ Modules, one job each (this package re-exports the API other code imports):
 - ``metadata``: the stand-in's GGUF key/values (the source's, with the new shape and epsilon).
 - ``writer``: which tensors, in which order, and writing the F16 stand-in one tensor at a time.
 - ``make``: ``make_standin`` (F16, then llama.cpp's quantizer for q8_0/q4_k_m) and ``quantize_gguf``.
+
+Random-weight MTP stand-ins are a different kind (``make-standin --mtp``): no source function is kept, only a
+real MTP model's layout and cost, so they serve cost and losslessness, never acceptance.
+
+- ``mtp_layouts``: the real models' shapes (qwen35moe, qwen35, glm4moe) and ``mtp_shape`` (reduced depth, width).
+- ``mtp_tensors``: every tensor and key/value llama.cpp's loader reads for such a shape (pure).
+- ``mtp``: ``make_mtp_standin``: random F16 weights one tensor at a time, then the same quantizer.
 """
 
 from .lfm2 import lfm2_layer_layout
