@@ -22,7 +22,8 @@ from .common import (add_control_args, add_loading_args, at_least, bundled_draft
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
 # None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.
 ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np", "parallel", "parallel"),
-              ("--drafter", "drafter", "drafter"), ("--k-policy", "k_policy", "k_policy"), ("-t", "threads", "threads"),
+              ("--drafter", "drafter", "drafter"), ("--k-policy", "k_policy", "k_policy"), ("-k", "k", "k"),
+              ("--k-max", "k_max", "k_max"), ("-t", "threads", "threads"),
               ("--ctx-per-slot", "ctx_per_slot", "ctx"), ("--exact", "exact", "exact"),
               ("--rollback", "rollback", "rollback"),
               ("--chat-template", "chat_template", "chat_template"), ("--cache-ram", "cache_ram", "cache_mb"),
@@ -79,6 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body", type=at_least(1), default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--drafter", default=None, help="default drafter without --config (default prompt-lookup)")
     p.add_argument("--k-policy", default=None, help="default k policy without --config (default cost)")
+    p.add_argument("-k", "--draft-max", dest="k", type=at_least(1), default=None,
+                   help="default k without --config: draft tokens per step under --k-policy fixed, the start of window "
+                   "and heuristic (default 4; the roles file's k; a request's speculative.k)")
+    p.add_argument("--k-max", type=at_least(1), default=None,
+                   help="default upper bound on k without --config, for the adaptive policies (default 16 for cost; the "
+                   "roles file's k_max; a request's speculative.k_max). llama-server's --spec-draft-n-max is the "
+                   "nearest: -k N --k-max N drafts at most N tokens a step, as it does")
     p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF without --config (default: bundled pycoder-6m)")
     p.add_argument("-md", "--model-draft", type=Path, default=None,
                    help="draft GGUF without --config, for the draft-model drafter (the role's or a request's; default: "
@@ -242,12 +250,13 @@ def check_roles(roles: list, from_config: bool) -> list:
 
 
 def check_drafter(role, from_config: bool):
-    """The role's drafter: a valid name, buildable by a server (no datastore can be given to one), with its draft
-    model resolved and checked; returns the role with its draft settled."""
+    """The role's drafter: a valid name, buildable by a server (no datastore can be given to one; mtp only on a
+    model with a NextN head), with its draft model resolved and checked; returns the role with its draft settled."""
     from ..drafters.base import check_name
     from ..drafters.moe_self import MoeSelfConfig, expert_override
     from ..modelfile.compat import require_draftable
     from ..llama import check_gguf_file
+    from ..server.roles import check_mtp
 
     where = f"role {role.name!r}'s drafter" if from_config else "--drafter"
     built = check_name(role.drafter, where)
@@ -256,6 +265,8 @@ def check_drafter(role, from_config: bool):
                                     "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
     if "moe-self" in built:
         expert_override(role.model, MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
+    check_mtp(role.model, role.drafter, f"{where} {role.drafter}",  # no NextN head: one line, before the load
+              "mtp needs a model with NextN layers (`specstack check -m MODEL` lists them)")
     if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
         check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
         require_draftable(role.model, role.draft)

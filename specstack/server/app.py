@@ -41,7 +41,7 @@ from .chat import RenderedChat, chat_tokens, render
 from .inputs import chat_messages, completion_prompts
 from .controls import ControlError, ControlFields, request_constraints, stop_strings
 from .prometheus import ServerMetrics
-from .roles import Role
+from .roles import Role, check_mtp
 from .structured import StructuredError, request_grammar
 from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
 from .worker import Job, QueueFull, RoleWorker
@@ -851,7 +851,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                            param=tokens_field)
         spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
         if "drafter" in spec:
-            check_drafter(spec["drafter"])
+            check_drafter(spec["drafter"], w.role)
         try:
             check_drafter_options(spec)
         except SpecstackError as exc:
@@ -888,9 +888,13 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                     spec, loop, events, deadline, index=p * n + i)
                 for p, ids in enumerate(prompts) for i in range(n)]
 
-    def check_drafter(name: str) -> None:
+    def check_drafter(name: str, role: Role) -> None:
+        """A request's drafter: a known name, and mtp only where the role's model has a NextN head (refused here,
+        from the GGUF's metadata, rather than by the engine thread once the job is queued)."""
         try:
             check_name(name, "speculative.drafter")
+            check_mtp(role.model, name, f"speculative.drafter {name!r} on role {role.name!r}",
+                      "mtp needs a model with NextN layers: ask for a role whose model has them")
         except SpecstackError as exc:
             raise ApiError(400, str(exc), param="speculative.drafter") from None
 

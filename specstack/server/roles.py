@@ -237,6 +237,28 @@ FLASH_ATTN = {"auto": None, "on": True, "off": False}
 PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
 
 
+# What a server can draft with on any model, where a role or a request asks for mtp on one without NextN layers
+# (rest needs a datastore, which no server is given).
+SERVE_ALTERNATIVES = "prompt-lookup, suffix or draft-model"
+
+
+def check_mtp(model: Path, drafter: str, where: str, fix: str) -> None:
+    """Refuse ``drafter`` where it runs mtp (alone, or in a cascade or fusion) and ``model`` has no NextN head this
+    llama.cpp drafts from: ``drafters.mtp.check_mtp_model``'s one line, from the GGUF's metadata (milliseconds),
+    with the drafters a server can use instead and ``fix``.  Checked at startup for a role's drafter and before a
+    request is queued for its ``speculative.drafter``, so neither fails after a load nor inside the engine."""
+    from ..drafters.base import check_name
+    from ..drafters.mtp import ALTERNATIVES, check_mtp_model
+    from ..errors import UnsupportedModelError
+
+    if "mtp" not in check_name(drafter, where):
+        return
+    try:
+        check_mtp_model(model, where)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(str(exc).replace(ALTERNATIVES, f"{SERVE_ALTERNATIVES}; {fix}")) from None
+
+
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
     """No roles file: one role (the bundled pair unless overridden), named after its target's file."""
     return [Role(name=Path(overrides.get("model", DEFAULT_TARGET)).stem, parallel=parallel, **overrides)]
