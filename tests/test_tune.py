@@ -91,3 +91,24 @@ def test_tune_samples_per_category_and_maps_policies_to_bench_methods():
     assert methods(ns) == ["prompt-lookup", "prompt-lookup@cost", "suffix", "suffix@cost"]
     with pytest.raises(InvalidParameterError, match="unknown k policy 'nope'"):
         methods(argparse.Namespace(sources="suffix", policies="nope"))
+
+
+def test_tune_weighs_mtp_by_default_on_a_model_with_a_nextn_head(tmp_path, capsys):
+    """Without --sources, a model whose NextN head this llama.cpp drafts from gets mtp among the sources (as
+    generate names it there); a model without one does not, and an mtp source on it is one line before any load."""
+    import argparse
+
+    from specstack.commands.tune import DEFAULT_SOURCES, sources_for
+    from specstack.paths import DEFAULT_TARGET, MODELS_DIR
+
+    mtp_model = MODELS_DIR / "pycoder-6m-mtp.gguf"
+    assert sources_for(argparse.Namespace(sources=None, model=DEFAULT_TARGET)) == list(DEFAULT_SOURCES)
+    assert sources_for(argparse.Namespace(sources=None, model=mtp_model)) == [*DEFAULT_SOURCES, "mtp"]
+    code = main(["tune", "-m", str(mtp_model), "--prompts", "1", "--policies", "fixed", "--k", "2", "-n", "12",
+                 "-t", "1", "--exact", "on", "-o", str(tmp_path / "p.toml")])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert all(f"{s} / fixed k=2" in table for s in ("prompt-lookup", "draft-model", "mtp")), table
+    assert main(["tune", "--sources", "suffix,mtp", "-o", str(tmp_path / "q.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "--sources mtp: pycoder-6m.gguf" in err and "NextN" in err and "loaded" not in err

@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--workload", default="code-complete", help="bundled workload name or JSONL file (default code-complete)")
     p.add_argument("--prompts", type=int, default=4, help="requests per category to use (default 4)")
-    p.add_argument("--sources", default="prompt-lookup,draft-model", help="comma-separated drafters to try")
+    p.add_argument("--sources", default=None, help="comma-separated drafters to try (default "
+                   f"{','.join(DEFAULT_SOURCES)}, and mtp where the model has a multi-token-prediction head)")
     p.add_argument("--policies", default="cost,fixed", help=f"comma-separated k policies ({', '.join(POLICIES)})")
     add_ks_arg(p, [2, 4, 8], "comma-separated k values for the fixed policy (default 2,4,8)")
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="override each request's max_tokens")
@@ -45,6 +46,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-max", type=int, default=None,
                    help=f"upper bound on k for adaptive policies (default {DEFAULT_K_MAX}); they start at k=min(k-max, 4)")
     p.set_defaults(func=run)
+
+
+DEFAULT_SOURCES = ("prompt-lookup", "draft-model")
+
+
+def sources_for(args: argparse.Namespace) -> list[str]:
+    """--sources, checked before any load; by default ``DEFAULT_SOURCES``, and mtp where the model's NextN head is
+    one this llama.cpp drafts from (as generate names it there: a tuned profile should weigh the drafter that
+    needs no second model).  An mtp source on a model without one is refused in one line from its metadata."""
+    from ..drafters.base import check_name
+    from ..drafters.mtp import check_mtp_model
+    from ..modelfile.meta import read_gguf
+
+    if args.sources is None:
+        mtp = read_gguf(args.model, tensors=False).mtp_mode == "single head"
+        return [*DEFAULT_SOURCES, *(["mtp"] if mtp else [])]
+    sources = [s for s in args.sources.split(",") if s]
+    for source in sources:
+        if "mtp" in check_name(source, "--sources"):
+            check_mtp_model(args.model, f"--sources {source}")
+    return sources
 
 
 @dataclass(frozen=True)
@@ -94,7 +116,7 @@ def sample(workload: Workload, per_category: int, max_tokens: int | None) -> Wor
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output)  # before the sweep: a bad -o found after it would lose minutes of measurement
-    sources = [s for s in args.sources.split(",") if s]
+    sources = sources_for(args)
     args.sources = ",".join(methods_with_draft(args, sources, flag_given(args, "--sources"), "tune"))
     wl = sample(load(args.workload), args.prompts, args.max_tokens)
     config = BenchConfig(workload=wl, methods=methods(args), ks=args.k, k_max=args.k_max or DEFAULT_K_MAX,
