@@ -35,8 +35,14 @@ Modes:
   client count and workload each server runs in turn, the order swapped every other point, and no
   point starts before both are idle (no CPU use for a second; specstack's first-run measurement of
   a model done). ``--llama-sweep`` first tries llama-server's draft settings (draft model at
-  ``--spec-draft-n-max`` 2/4/8, every n-gram ``--spec-type`` this build has, none) on the code
-  workload and keeps the fastest.
+  ``--spec-draft-n-max`` 2/4/8, the target's NextN head likewise where it has one, every n-gram
+  ``--spec-type`` this build has, none) on the code workload and keeps the fastest. Under the table: how
+  many tokens llama-server drafted and accepted (its replies' ``timings``; a WARNING where its
+  speculation never ran) and whether the two servers' solo answers agree.
+- A target with a NextN (MTP) head: llama-server runs ``--spec-type draft-mtp --spec-draft-n-max K``, as it
+  drafts from such a model (unless ``--llama-draft`` or a ``--spec-type`` in ``--llama-args``), and specstack
+  ``--drafter mtp`` (unless ``--drafter`` names another) with ``-k K --k-max K``; K is ``-k``, default 4.
+  Every table has both servers' accepted/drafted tokens.
 - ``--spawn specstack|llama-server``: one server, started anew for each client count (slots = clients).
 - ``--url URL``: a server already running.
 
@@ -45,6 +51,8 @@ Modes:
     python benchmarks/serve_load.py --spawn specstack --clients 16 --seconds 120
     python benchmarks/serve_load.py --spawn llama-server --sweep 1,2,4,8 --seconds 60 -m STANDIN -md DRAFT --llama-draft
     python benchmarks/serve_load.py --url http://127.0.0.1:8080 --clients 4
+    python benchmarks/serve_load.py --peer llama-server -m specstack/models/pycoder-6m-mtp.gguf -t 1 --sweep 1 \
+        --workload code --seconds 15 --prompts 4 -n 64       # --drafter mtp against draft-mtp, k = 4
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ AGENT_TASKS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 START = time.perf_counter()
 QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
+MTP_K = 4  # both servers' draft max on a target with a NextN head when -k is not given: specstack's default k
 READY_S = 600  # a first start may measure a model before it serves
 
 
@@ -121,9 +130,22 @@ def slot_context(args: argparse.Namespace) -> int:
     return min(4096, trained) if trained else 4096
 
 
+def has_mtp(model: str) -> bool:
+    """Whether the target ships a NextN head that llama.cpp drafts from (``--spec-type draft-mtp``) and specstack's
+    ``--drafter mtp`` runs: one head of an architecture this llama.cpp has an MTP graph for."""
+    return read_gguf(model, tensors=False).mtp_mode == "single head"
+
+
+def draft_max_flags(args: argparse.Namespace) -> list[str]:
+    """specstack's side of ``-k``: its k and the cost policy's bound, so that it drafts at most as many tokens a
+    step as llama-server's ``--spec-draft-n-max`` lets it."""
+    return ["-k", str(args.k), "--k-max", str(args.k)] if args.k else []
+
+
 def specstack_flags(args: argparse.Namespace, parallel: int) -> list[str]:
     flags = ["-np", str(parallel), "-m", args.model, "-md", args.model_draft, "-t", str(args.threads), "--drafter",
-             args.drafter, "--max-queue", "64", "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram)]
+             args.drafter, "--max-queue", "64", "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram),
+             *draft_max_flags(args)]
     if args.chat_template:
         flags += ["--chat-template", args.chat_template]
     return flags + args.specstack_args.split()
@@ -146,8 +168,8 @@ def llama_flags(args: argparse.Namespace, parallel: int, spec: list[str]) -> lis
 
 
 def spawn_specstack(args: argparse.Namespace, parallel: int) -> Server:
-    return specstack_serve(specstack_flags(args, parallel), name=SPECSTACK, timeout=READY_S,
-                           label=f"--drafter {args.drafter} {args.specstack_args}".strip()).start()
+    label = " ".join(["--drafter", args.drafter, *draft_max_flags(args), args.specstack_args]).strip()
+    return specstack_serve(specstack_flags(args, parallel), name=SPECSTACK, timeout=READY_S, label=label).start()
 
 
 def spawn_llama(args: argparse.Namespace, parallel: int, setting: LlamaSetting) -> Server:
@@ -193,33 +215,66 @@ def ngram_types() -> list[str]:
     return [t for t in match.group(1).split(",") if t.startswith("ngram-")] if match else []
 
 
+def mtp_setting(n_max: int) -> LlamaSetting:
+    """llama-server drafting from the target's own NextN head, at most ``n_max`` tokens a step."""
+    return LlamaSetting(f"draft-mtp n_max {n_max}", ("--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)))
+
+
 def llama_settings(args: argparse.Namespace) -> list[LlamaSetting]:
-    """What ``--llama-sweep`` tries: no speculation, the draft model at each n_max, each n-gram type alone."""
+    """What ``--llama-sweep`` tries: no speculation, the draft model at each n_max, the target's NextN head at
+    each n_max (a target that has one), each n-gram type alone."""
     settings = [LlamaSetting("none", ())]
     for n_max in args.llama_n_max:
         settings.append(LlamaSetting(f"draft-simple n_max {n_max}", ("-md", args.model_draft, "--spec-type",
                                                                      "draft-simple", "--spec-draft-n-max", str(n_max))))
+    if args.mtp:
+        settings += [mtp_setting(n_max) for n_max in args.llama_n_max]
     settings += [LlamaSetting(t, ("--spec-type", t)) for t in ngram_types()]
     return settings
 
 
 def fixed_llama_setting(args: argparse.Namespace) -> LlamaSetting:
-    """llama-server's setting without a sweep: ``--llama-args``, with the draft model if ``--llama-draft``."""
-    flags = ("-md", args.model_draft) if args.llama_draft else ()
+    """llama-server's setting without a sweep: the draft model if ``--llama-draft``; else, on a target with a NextN
+    head, draft-mtp at -k (as llama-server drafts from such a model) unless ``--llama-args`` names a --spec-type;
+    then ``--llama-args``."""
+    if args.llama_draft:
+        flags: tuple[str, ...] = ("-md", args.model_draft, *(("--spec-draft-n-max", str(args.k)) if args.k else ()))
+    elif args.mtp and "--spec-type" not in args.llama_args.split():
+        flags = mtp_setting(args.k or MTP_K).flags
+    else:
+        flags = ()
     return LlamaSetting(" ".join([*flags, args.llama_args]).strip() or "no speculation", flags)
 
 
 # -- requests ----------------------------------------------------------------------------------------
 
 
+def drafts_of(reply: Reply) -> tuple[int, int]:
+    """A reply's drafted and accepted tokens: specstack's ``speculative`` object, llama-server's ``timings``
+    (``draft_n``, ``draft_n_accepted``); (0, 0) where the server reported neither."""
+    spec, timings = reply.spec or {}, reply.timings or {}
+    drafted = int(spec.get("n_drafted", timings.get("draft_n", 0)) or 0)
+    accepted = int(spec.get("n_accepted", timings.get("draft_n_accepted", 0)) or 0)
+    return drafted, accepted
+
+
 @dataclass
 class LoadStats(Stats):
-    """One (workload, clients, server) run's raw numbers, with its identical-to-solo checks and the server's
+    """One (workload, clients, server) run's raw numbers, with its identical-to-solo checks, the drafted and
+    accepted tokens its replies report (so a table shows that each server really speculated) and the server's
     resident memory; ``summary`` reduces them."""
 
     identical: int = 0
     checked: int = 0
+    drafted: int = 0
+    accepted: int = 0
     rss: list[float] = field(default_factory=list)
+
+    def add(self, r: Reply) -> None:
+        super().add(r)
+        drafted, accepted = drafts_of(r)
+        self.drafted += drafted
+        self.accepted += accepted
 
     def summary(self) -> dict[str, Any]:
         rss = self.rss or [0.0]
@@ -230,7 +285,8 @@ class LoadStats(Stats):
                 **ms, "stall_p99_ms": 1000 * percentile(self.stall, 0.99),
                 "latency_p50_s": percentile(self.latency, 0.5),
                 "prompt_tokens_mean": sum(self.prompt_tokens) / len(self.prompt_tokens) if self.prompt_tokens else 0,
-                "identical": self.identical, "checked": self.checked,
+                "identical": self.identical, "checked": self.checked, "drafted": self.drafted,
+                "accepted": self.accepted, "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
                 "rss_mb": {"start": rss[0], "max": max(rss), "end": rss[-1]}}
 
 
@@ -380,26 +436,18 @@ def agent_message(turn: int, number: int, plan: Plan) -> str:
 
 @dataclass
 class AgentStats(LoadStats):
-    """The agentic workload's numbers: drafted and accepted tokens in all, and specstack's by turn."""
+    """The agentic workload's numbers: drafted and accepted tokens by turn as well (``LoadStats`` has them in all)."""
 
-    drafted: int = 0
-    accepted: int = 0
     by_turn: dict[int, list[int]] = field(default_factory=dict)  # turn -> [drafted, accepted]
 
     def note(self, turn: int, reply: Reply) -> None:
-        spec, timings = reply.spec or {}, reply.timings or {}
-        drafted = int(spec.get("n_drafted", timings.get("draft_n", 0)) or 0)
-        accepted = int(spec.get("n_accepted", timings.get("draft_n_accepted", 0)) or 0)
-        self.drafted += drafted
-        self.accepted += accepted
+        drafted, accepted = drafts_of(reply)
         cell = self.by_turn.setdefault(turn, [0, 0])
         cell[0] += drafted
         cell[1] += accepted
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        out["drafted"], out["accepted"] = self.drafted, self.accepted
-        out["acceptance"] = self.accepted / self.drafted if self.drafted else 0.0
         out["acceptance_by_turn"] = {t: (a / d if d else 0.0) for t, (d, a) in sorted(self.by_turn.items())}
         return out
 
@@ -477,11 +525,11 @@ def report(workload: str, clients: int, name: str, result: dict[str, Any]) -> st
             f"aggregate; TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms; "
             f"ITL p50 {s['itl_p50_ms']:.1f} "
             f"ms p99 {s['itl_p99_ms']:.1f} ms; stall p99 {s['stall_p99_ms']:.0f} ms; {check}; "
-            f"RSS {s['rss_mb']['start']:.0f} -> max {s['rss_mb']['max']:.0f} MB")
-    if "acceptance" in s:
+            f"RSS {s['rss_mb']['start']:.0f} -> max {s['rss_mb']['max']:.0f} MB; "
+            f"drafted {s['drafted']}, accepted {s['accepted']} ({s['acceptance']:.2f})")
+    if "acceptance_by_turn" in s:
         by_turn = ", ".join(f"{t}: {a:.2f}" for t, a in s["acceptance_by_turn"].items())
-        line += (f"\n      drafted {s['drafted']}, accepted {s['accepted']} ({s['acceptance']:.2f}); "
-                 f"acceptance by turn {by_turn or '-'}")
+        line += f"\n      acceptance by turn {by_turn or '-'}"
     if "long" in result:
         g = result["long"].summary()
         line += (f"\n      long prompts: {g['ok']} ok, {g['failures']} failures, {g['prompt_tokens_mean']:.0f} prompt "
@@ -498,6 +546,24 @@ def pair(a: dict[str, Any], b: dict[str, Any], key: str, digits: int = 0) -> tup
     return tuple(f"{s[key + '_p50_ms']:.{digits}f} / {s[key + '_p99_ms']:.{digits}f}" for s in (a, b))
 
 
+def drafts(s: dict[str, Any]) -> str:
+    """A run's accepted/drafted tokens and acceptance, as its replies reported them: a table cell."""
+    return f"{s['accepted']}/{s['drafted']} ({s['acceptance']:.2f})" if s["drafted"] else "0/0"
+
+
+def draft_check(rows: list[dict[str, Any]], setting: LlamaSetting) -> str:
+    """A note for under the table: whether llama-server drafted, by its replies' ``timings`` (a speculation flag
+    this build or model ignores would leave its runs plain without a word)."""
+    ours = [r["main"] for r in rows if r["server"] == LLAMA]
+    drafted, accepted = sum(s["drafted"] for s in ours), sum(s["accepted"] for s in ours)
+    if drafted:
+        return (f"llama-server ({setting.label}) drafted {drafted} tokens and accepted {accepted} "
+                f"({accepted / drafted:.2f}), by its replies' timings (draft_n, draft_n_accepted)")
+    if setting.flags or "--spec-type" in setting.label:
+        return f"WARNING: llama-server ({setting.label}) drafted nothing in any run: its speculation did not run"
+    return "llama-server ran without speculation"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """workload x clients: both servers' tok/s and ratio, TTFT and ITL p50/p99 (ms); burst's long prompts apart."""
     by = {(r["workload"], r["clients"], r["server"]): r for r in rows}
@@ -509,10 +575,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         same = (f"{a['identical']}/{a['checked']} / {b['identical']}/{b['checked']}" if a["checked"] or b["checked"]
                 else "not checked")
         cells.append([w, c, f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}x", *pair(a, b, "ttft"),
-                      *pair(a, b, "itl", 1), same])
+                      *pair(a, b, "itl", 1), same, drafts(a), drafts(b)])
     out = markdown_table(["workload", "clients", "specstack tok/s", "llama-server tok/s", "ratio",
                           "TTFT p50 / p99 ms specstack", "llama-server", "ITL p50 / p99 ms specstack", "llama-server",
-                          "identical to solo s / l"], cells)
+                          "identical to solo s / l", "accepted/drafted specstack", "llama-server"], cells)
     agentic = [p for p in points if p[0] == "agentic"]
     if agentic:
         cells = []
@@ -603,6 +669,15 @@ def llama_sweep(args: argparse.Namespace, plan: Plan, parallel: int) -> tuple[Ll
     return LlamaSetting(best["setting"], tuple(best["flags"])), rows
 
 
+def agree(plan: Plan, servers: list[Server]) -> str:
+    """Whether the two servers' solo greedy answers to the code prompts are the same text (the same model and
+    greedy decoding: each one's speculation is lossless, so they should be, up to kernels' last bits)."""
+    a, b = (plan.references.get(s.url, {}) for s in servers)
+    both = [p for p in a if p in b]
+    same = sum(a[p] == b[p] for p in both)
+    return f"the servers' solo answers agree on {same}/{len(both)} code prompts"
+
+
 def check_chat_template(servers: list[Server]) -> None:
     """Warn if the servers format one chat message into different prompt lengths (different chat templates)."""
     lengths = {}
@@ -633,6 +708,8 @@ def run_peer(args: argparse.Namespace) -> None:
         say(f"logs: {', '.join(str(s.log) for s in servers)}")
         for server in servers:
             prepare(server, plan, servers)
+        agreement = agree(plan, servers)
+        say(agreement)
         if "chat" in workloads or "agentic" in workloads:
             check_chat_template(servers)
         for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
@@ -651,6 +728,7 @@ def run_peer(args: argparse.Namespace) -> None:
           f"{parallel} slots each, {slot_context(args)} positions per slot, {args.threads} threads, {args.seconds:g} s "
           f"per run, {args.n} tokens per request\n")
     print(markdown(rows))
+    print(f"\n{draft_check(rows, setting)}; {agreement}")
     if args.json:
         print(f"\nwrote {args.json}")
 
@@ -688,7 +766,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--peer", choices=(LLAMA,), help="specstack against this server, interleaved, in one run")
     ap.add_argument("-m", "--model", default=str(DEFAULT_TARGET))
     ap.add_argument("-md", "--model-draft", default=str(DEFAULT_DRAFT))
-    ap.add_argument("--drafter", default="prompt-lookup", help="specstack's default drafter")
+    ap.add_argument("--drafter", default=None, help="specstack's default drafter (default: mtp on a target with a "
+                    "NextN head, else prompt-lookup)")
+    ap.add_argument("-k", "--draft-max", dest="k", type=int, default=None,
+                    help="draft tokens a step at most, both servers: specstack's -k and --k-max, llama-server's "
+                    f"--spec-draft-n-max (draft-mtp, or -md with --llama-draft). Default: {MTP_K} on a target with a "
+                    "NextN head (specstack's default k), else each server's own")
     ap.add_argument("--specstack-args", default="", help="extra specstack serve flags, e.g. '--exact off'")
     ap.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. '--spec-draft-n-max 8'")
     ap.add_argument("--llama-draft", action="store_true", help="give llama-server the draft model (-md)")
@@ -736,6 +819,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.llama_sweep_workload = args.llama_sweep_workload or args.workload.split(",")[0]
     if args.llama_sweep and not args.peer:
         ap.error("--llama-sweep goes with --peer")
+    if args.k is not None and args.k < 1:
+        ap.error(f"-k must be >= 1 (got {args.k})")
+    args.mtp = not args.url and has_mtp(args.model)  # what llama-server drafts with from this model: its own head
+    args.drafter = args.drafter or ("mtp" if args.mtp else "prompt-lookup")
+    args.k = args.k or (MTP_K if args.mtp else None)
     return args
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -55,8 +54,8 @@ def plain_text() -> str:
     """Plain greedy decoding of ``PROMPT`` on the MTP model's trunk (loaded without its NextN layers)."""
     model = LlamaModel(ModelConfig(MTP_MODEL, load_mtp=False, n_threads=1), role="target")
     try:
-        ids = Engine(model, create("none", BuildContext(model))).generate(PROMPT, GenerationConfig(max_tokens=N)).run().output_ids
-        return model.detokenize(ids)
+        engine = Engine(model, create("none", BuildContext(model)))
+        return model.detokenize(engine.generate(PROMPT, GenerationConfig(max_tokens=N)).run().output_ids)
     finally:
         model.close()
 
@@ -134,7 +133,8 @@ def test_a_request_picks_mtp_on_a_role_whose_default_is_another_drafter(roles_se
     c = client(roles_server)
     default = c.completions.create(model="lookup", prompt=PROMPT, max_tokens=N, temperature=0)
     assert default.model_extra["speculative"]["drafter"] == "prompt-lookup"
-    for spec in ({"drafter": "mtp", "k_policy": "fixed", "k": 3}, {"drafter": "cascade:suffix,mtp", "k_policy": "fixed"}):
+    for spec in ({"drafter": "mtp", "k_policy": "fixed", "k": 3},
+                 {"drafter": "cascade:suffix,mtp", "k_policy": "fixed"}):
         r = c.completions.create(model="lookup", prompt=PROMPT, max_tokens=N, temperature=0,
                                  extra_body={"speculative": spec})
         assert r.choices[0].text == default.choices[0].text == plain_text
@@ -155,7 +155,7 @@ def test_a_request_for_mtp_on_a_model_without_nextn_layers_is_a_400_naming_the_f
     assert ok.usage.completion_tokens == 4
 
 
-def refused(*args: str, tmp: Path | None = None) -> list[str]:
+def refused(*args: str) -> list[str]:
     """``specstack serve`` with ``args`` that must fail at startup: its non-empty output lines."""
     t0 = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "specstack", "serve", "--port", "1", *args], capture_output=True,
