@@ -11,8 +11,11 @@ docstring), nothing here computes a trained model's function: the weights are ra
 
 and never for acceptance: a random head's drafts are almost never accepted.
 
-Weights are N(0, 1/fan_in) (norms 1, as real GGUFs store them), so every product keeps unit scale and the
-activations stay finite in F16 and after quantization. The tokenizer is copied from a source GGUF: the
+Weights are N(0, 1/fan_in) (norms 1, as real GGUFs store them), so every product keeps its input's scale and
+the activations stay finite in F16 and after quantization (the tests check the logits); the matrices that write
+into the residual stream get 1/sqrt(2 n_layer) on top, and the output layer repeats the embedding's values
+(``mtp_tensors.tensor_specs`` says why: greedy output then runs in repeats, so retrieval drafts are accepted at
+times, at any width and depth). The tokenizer is copied from a source GGUF: the
 bundled target's 4,096-token vocabulary keeps files small (the output layer and embedding of a real
 248k-token vocabulary are ~1B parameters on their own); ``tokenizer`` may name a vocab-only GGUF for a real one.
 """
