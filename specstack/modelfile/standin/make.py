@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Callable
 
 from ...errors import InvalidParameterError
 from .shape import FTYPES, StandinError
@@ -59,12 +60,21 @@ def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f1
     if read_source_shape(Path(src)).quantized is not None:  # keeps the source's quant blocks
         write_standin_f16(Path(src), out, width, layers, ftype_for_checks=ftype, **kw)
         return out
+    quantized_from_f16(out, ftype, lambda tmp: write_standin_f16(Path(src), tmp, width, layers,
+                                                               ftype_for_checks=ftype, **kw),
+                       threads=threads, progress=progress)
+    return out
+
+
+def quantized_from_f16(out: Path, ftype: str, write_f16: Callable[[Path], object], *, threads: int = 2,
+                       progress: bool = True) -> None:
+    """Write ``out`` in ``ftype`` by having ``write_f16`` write an F16 file beside it, then quantizing that with
+    llama.cpp (the F16 file is removed, whatever happens)."""
     tmp = out.with_name(out.name + ".f16.partial")
     try:
-        write_standin_f16(Path(src), tmp, width, layers, ftype_for_checks=ftype, **kw)
+        write_f16(tmp)
         if progress:
             print(f"make-standin: quantizing to {ftype} with llama.cpp", file=sys.stderr, flush=True)
         quantize_gguf(tmp, out, ftype, threads=threads)
     finally:
         tmp.unlink(missing_ok=True)
-    return out

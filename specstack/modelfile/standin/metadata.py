@@ -13,7 +13,7 @@ from .shape import StandinPlan
 from .source import read_field
 
 if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
-    from gguf import GGUFReader, GGUFWriter
+    from gguf import GGUFReader, GGUFWriter, ReaderField
 
 
 def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float,
@@ -54,17 +54,25 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps
             writer.add_key_value(f.name, file_type, V.UINT32)  # LLAMA_FTYPE_MOSTLY_F16 unless kept
         elif f.name == "general.name":
             writer.add_key_value(f.name, f"{f.contents()}-standin-w{o.n_embd}-l{o.n_layer}", V.STRING)
-        elif vtype == V.ARRAY:
-            sub = f.types[-1]
-            # Raw bytes for strings: token pieces need not be valid UTF-8.
-            val = [bytes(f.parts[i]) for i in f.data] if sub == V.STRING else f.contents()
-            writer.add_key_value(f.name, val, V.ARRAY, sub_type=sub)
-        elif vtype == V.STRING:
-            writer.add_key_value(f.name, bytes(f.parts[-1]), V.STRING)
         else:
-            writer.add_key_value(f.name, f.contents(), vtype)
+            copy_field(writer, f)
     src_name = read_field(reader, "general.name") or "?"
     writer.add_key_value("specstack.standin.source", str(src_name), V.STRING)
     writer.add_key_value("specstack.standin.residual_copies", plan.copies, V.UINT32)
     writer.add_key_value("specstack.standin.live_layers",
                          [i for i, live in enumerate(plan.layer_live) if live], V.ARRAY, sub_type=V.INT32)
+
+
+def copy_field(writer: GGUFWriter, f: ReaderField) -> None:
+    """Write one of a source GGUF's key/values as it is (strings as raw bytes: token pieces need not be UTF-8)."""
+    from gguf import GGUFValueType as V
+
+    vtype = f.types[0]
+    if vtype == V.ARRAY:
+        sub = f.types[-1]
+        val = [bytes(f.parts[i]) for i in f.data] if sub == V.STRING else f.contents()
+        writer.add_key_value(f.name, val, V.ARRAY, sub_type=sub)
+    elif vtype == V.STRING:
+        writer.add_key_value(f.name, bytes(f.parts[-1]), V.STRING)
+    else:
+        writer.add_key_value(f.name, f.contents(), vtype)

@@ -23,7 +23,6 @@ bundled target's 4,096-token vocabulary keeps files small (the output layer and 
 from __future__ import annotations
 
 import os
-import sys
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import InvalidParameterError, UnsupportedModelError
+from .metadata import copy_field
 from .mtp_layouts import MtpShape, mtp_shape
 from .mtp_tensors import TensorSpec, key_values, tensor_specs
 from .shape import FTYPES
@@ -61,24 +61,13 @@ def fill(spec: TensorSpec, seed: int = 0) -> np.ndarray:
 def copy_tokenizer(reader: GGUFReader, writer: GGUFWriter) -> int:
     """Copy every ``tokenizer.*`` field of ``reader`` (token pieces as raw bytes: they need not be UTF-8);
     return the vocabulary size."""
-    from gguf import GGUFValueType as V
-
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise UnsupportedModelError("the tokenizer source has no tokenizer.ggml.tokens; give --from a GGUF with a "
                                     "vocabulary (a model, or a vocab-only GGUF)")
     for f in reader.fields.values():
-        if not f.name.startswith("tokenizer."):
-            continue
-        vtype = f.types[0]
-        if vtype == V.ARRAY:
-            sub = f.types[-1]
-            val = [bytes(f.parts[i]) for i in f.data] if sub == V.STRING else f.contents()
-            writer.add_key_value(f.name, val, V.ARRAY, sub_type=sub)
-        elif vtype == V.STRING:
-            writer.add_key_value(f.name, bytes(f.parts[-1]), V.STRING)
-        else:
-            writer.add_key_value(f.name, f.contents(), vtype)
+        if f.name.startswith("tokenizer."):
+            copy_field(writer, f)
     return len(tokens.data)
 
 
@@ -160,7 +149,7 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
     Returns the shape written. For cost and losslessness only: the weights are random (module docstring).
     """
     from ...paths import DEFAULT_TARGET
-    from .make import quantize_gguf
+    from .make import quantized_from_f16
 
     if ftype not in FTYPES:
         raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
@@ -170,14 +159,8 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
     if ftype == "f16":
         write_mtp_f16(shape, src, out, progress=progress, seed=seed)
         return shape
-    tmp = out.with_name(out.name + ".f16.partial")
-    try:
-        write_mtp_f16(shape, src, tmp, progress=progress, seed=seed)
-        if progress:
-            print(f"make-standin: quantizing to {ftype} with llama.cpp", file=sys.stderr, flush=True)
-        quantize_gguf(tmp, out, ftype, threads=threads)
-    finally:
-        tmp.unlink(missing_ok=True)
+    quantized_from_f16(out, ftype, lambda tmp: write_mtp_f16(shape, src, tmp, progress=progress, seed=seed),
+                       threads=threads, progress=progress)
     return shape
 
 
