@@ -6,7 +6,9 @@
   forced, by checkpoints; ``cascade:suffix,mtp`` has drafts accepted (the random model's greedy output runs in
   repeats: see ``mtp_tensors.tensor_specs``) while the head drafts too, and stays lossless;
 - a quantized (q4_k_m) stand-in stays finite and lossless;
-- the CLI names the layouts when given an unknown one, and says the weights are random.
+- the CLI names the layouts when given an unknown one, and says the weights are random;
+- step35 (2 chained NextN heads, sliding-window attention) drafts with head i at draft position i: lossless at
+  k = 1, 2 and 3, drafts never longer than the head count, every head run; ``cascade:suffix,mtp`` too.
 
 Random weights: nothing here measures acceptance.
 """
@@ -115,6 +117,68 @@ def test_hybrid_rewinds_and_stacked_drafts_stay_lossless(tiny, rollback):
         loaded.close()
 
 
+STEP35_HEADS = 2
+
+
+@pytest.fixture(scope="module")
+def step35(tmp_path_factory) -> Path:
+    """step35's toy stand-in: 4 trunk layers (1 full attention, 3 sliding window; 3 dense then MoE), 2 NextN heads."""
+    path = tmp_path_factory.mktemp("mtp-step35") / "step35.gguf"
+    make_mtp_standin("step35", path, 4, width=64, experts=4, nextn=STEP35_HEADS, progress=False)
+    return path
+
+
+class _HeadCalls:
+    """Counts the MTP context's calls per head (``MtpContext.run``'s ``head``), around the real ones."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx, self.real, self.by_head = ctx, ctx.run, {}
+        ctx.run = self
+
+    def __call__(self, entries, head: int = 0):
+        self.by_head[head] = self.by_head.get(head, 0) + 1
+        return self.real(entries, head)
+
+
+def test_step35_chained_heads_draft_losslessly(step35, monkeypatch):
+    loaded = Loaded(step35)
+    target = loaded.target
+    try:
+        assert target.meta.architecture == "step35" and target.meta.mtp_mode == "chained heads"
+        assert target.n_nextn == STEP35_HEADS and target.mtp_loaded
+        assert all(len(set(out)) > 1 for out in loaded.plain), "greedy output is one token repeated"
+        for k in (1, 2, 3):
+            engine = build_engine(loaded.calibration, "mtp", "fixed", k=k)
+            head = engine.drafter.head
+            assert head.chained and head.n_heads == STEP35_HEADS
+            calls = _HeadCalls(head)
+            gens = [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS)).run() for p in PROMPTS]
+            assert_lossless(loaded, gens, f"mtp (chained heads) at k={k}")
+            drafted = sum(g.stats.n_drafted for g in gens)
+            steps = sum(g.stats.n_steps for g in gens)
+            assert drafted >= len(PROMPTS) * MAX_TOKENS // 2, f"k={k}: too few drafts ({drafted})"
+            assert drafted <= steps * min(k, STEP35_HEADS), f"k={k}: a draft longer than the heads (or k)"
+            if k >= STEP35_HEADS:  # position 2 needs head 1: k = 3 is clipped to 2, not run past the heads
+                assert drafted > steps, f"k={k}: no draft used the second head"
+            # every catch-up and every draft runs each head once (a stopped draft still catches the later heads up)
+            assert [calls.by_head.get(h, 0) for h in range(STEP35_HEADS)] == [calls.by_head[0]] * STEP35_HEADS, \
+                f"k={k}: calls per head {calls.by_head}"
+    finally:
+        loaded.close()
+
+
+def test_step35_cascade_with_suffix_stays_lossless(step35):
+    loaded = Loaded(step35)
+    try:
+        gens = loaded.run("cascade:suffix,mtp", k=4)
+        assert_lossless(loaded, gens, "cascade:suffix,mtp on step35")
+        stats = [g.stats for g in gens]
+        assert sum(s.by_source["mtp"].n_drafted for s in stats if "mtp" in s.by_source) > 0
+        assert sum(s.by_source["suffix"].n_accepted for s in stats if "suffix" in s.by_source) > 0
+    finally:
+        loaded.close()
+
+
 def test_quantized_standin_is_finite_and_lossless(tmp_path):
     """Q4_K_M at width 256 (whole K-quant blocks), through llama.cpp's quantizer."""
     path = tmp_path / "qwen35moe-q4.gguf"
@@ -140,6 +204,13 @@ def test_shapes_follow_the_real_layouts():
         mtp_shape("qwen35", 3)
     with pytest.raises(InvalidParameterError, match="multiple of 32"):
         mtp_shape("qwen35", 4, width=100)
+    step = mtp_shape("step35", 45)
+    assert (step.n_block, step.n_head, step.n_head_swa, step.n_expert, step.n_nextn) == (48, 64, 96, 288, 3)
+    assert [step.is_swa(i) for i in range(5)] == [False, True, True, True, False] and not step.is_swa(46)
+    assert not step.is_moe(2) and step.is_moe(3) and not step.is_moe(45)
+    assert mtp_shape("step35", 4, width=64, nextn=2).n_block == 6
+    with pytest.raises(InvalidParameterError, match="--nextn must be in 1..3"):
+        mtp_shape("step35", 4, nextn=4)
 
 
 def _cli() -> argparse.ArgumentParser:

@@ -4,7 +4,10 @@ Models such as Qwen3.5/3.6, Qwen3-Next, DeepSeek V3/V4, GLM-4.x/5 and MiMo ship 
 that, given the token at position p and the target's hidden row at p-1, predicts the token at p+1. It needs no
 second model and no matching vocabulary. One MTP context (``llama.mtp.MtpContext``, over the target's loaded
 weights) serves every generation, one sequence per slot, and a step's generations are drafted in one call per
-draft position. With one head, k > 1 chains the head on its own output row, as llama.cpp does.
+draft position. With one head, k > 1 chains the head on its own output row, as llama.cpp does. With chained heads
+(step35: one trained head per draft position), draft position i runs head i on the whole prefix from the last
+committed token (its own KV: the draft rows of head i-1 are no use to it), and every head catches up on the
+target's pairs, as llama.cpp's ``chain_heads`` driver does; a draft is then at most as long as there are heads.
 
 The head conditions on the target: it declares ``needs_hidden``, and the engine hands it the target's hidden
 rows (``types.HiddenRows``) of every token the target kept: the prompt's at ``begin``, each verification's
@@ -114,6 +117,9 @@ class MtpDrafter:
         for n in (2, 1, 3):  # a step's first call (catch-up rows + the draft row), then the chained one-row calls
             self.head.run([MtpRow(0, 0, [0] * n, np.zeros((n, self.n_embd), np.float32), output=True)])
             self.head.reset(0)
+        for head in range(1, self.head.n_heads):  # chained heads: each head's graph (its own weights) once
+            self.head.run([MtpRow(0, 0, [0] * (head + 2), np.zeros((head + 2, self.n_embd), np.float32), True)], head)
+            self.head.reset(0)
         from ..draft_length import Budget  # and the whole draft path once (its first pass in Python is slower)
 
         self.begin([0, 0, 0], 0, HiddenRows(0, np.zeros((2, self.n_embd), np.float32)))
@@ -133,7 +139,7 @@ class MtpDrafter:
             st.put(hidden)
         end = len(prompt) - 1
         if end > st.n_kv:
-            self.head.run([MtpRow(seq, st.n_kv, prompt[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
+            self.head.catch_up([MtpRow(seq, st.n_kv, prompt[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
             st.n_kv = end
         st.tokens = prompt
 
@@ -171,7 +177,7 @@ class MtpDrafter:
         asked, st.drafted = st.drafted, False
         end = min(len(st.tokens) - 1, st.n_h + 1)
         if not asked and end - st.n_kv >= CATCH_UP:  # plain steps piled up pairs: in one call now, off the draft path
-            self.head.run([MtpRow(seq, st.n_kv, st.tokens[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
+            self.head.catch_up([MtpRow(seq, st.n_kv, st.tokens[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
             st.n_kv = end
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
@@ -214,6 +220,8 @@ class MtpDrafter:
     # -- drafting ---------------------------------------------------------------------------------
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        if self.head.chained:
+            return self._propose_chained(requests)
         t0 = time.perf_counter()
         live = [r for r in requests if r.budget.max_tokens > 0]
         drafts = {r.seq: DraftChain() for r in live}
@@ -250,6 +258,52 @@ class MtpDrafter:
             out.append(Draft.empty(self.name) if d is None else d.draft(self.name))
         return out
 
+    def _start(self, r: DraftRequest) -> tuple[int, list[int], np.ndarray]:
+        """A chained draft's catch-up for ``r``: (first position, tokens, target rows) of the pairs from where the
+        cache is correct through the last committed token (llama.cpp's ``id_last`` with ``pending_h``)."""
+        st = self._seqs.setdefault(r.seq, _Seq())
+        st.dirty, st.drafted = False, True  # every head's call removes the rows from ``start`` on first
+        n = len(r.context)
+        start = min(st.n_kv, n - 1)
+        st.n_kv = n
+        return start, [int(t) for t in r.context[start:n]], st.before(start, n, self.n_embd)
+
+    def _propose_chained(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Chained heads (module docstring): one call per head, every generation in it. A drafting generation's
+        rows are its catch-up pairs, then its drafted tokens with the rows of the heads that drafted them (head
+        i's output row pairs with the token it drafted); one that stopped drafting still has its pairs caught up
+        by the remaining heads (each head's KV must hold them)."""
+        t0 = time.perf_counter()
+        live = [r for r in requests if r.budget.max_tokens > 0]
+        drafts = {r.seq: DraftChain() for r in live}
+        base = {r.seq: self._start(r) for r in live}
+        rows_h: dict[int, list[np.ndarray]] = {r.seq: [] for r in live}
+        going = {r.seq for r in live}
+        for head in range(self.head.n_heads if live else 0):
+            rows = []
+            for r in live:
+                start, toks, h = base[r.seq]
+                self.head.truncate(r.seq, start)
+                d = drafts[r.seq]
+                if r.seq in going:
+                    rows.append(MtpRow(r.seq, start, toks + d.tokens, np.concatenate([h, *rows_h[r.seq]]), True))
+                    self._seqs[r.seq].dirty = bool(d.tokens)
+                else:
+                    rows.append(MtpRow(r.seq, start, toks, h))
+                    self._seqs[r.seq].dirty = False
+            for r, out in zip(live, self.head.run(rows, head)):
+                if out is None:
+                    continue
+                logits, h_out = out
+                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
+                more = drafts[r.seq].take(tok, conf, q, r.budget, self.config.p_min, self.name, t0)
+                # the budget is clipped at the head count: position n_heads has no trained head to draft it
+                if more and head + 1 < self.head.n_heads:
+                    rows_h[r.seq].append(h_out[None, :])
+                else:
+                    going.discard(r.seq)
+        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
+
     def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
         """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q at the draft's
         temperature (rejection sampling then keeps the target's distribution)."""
@@ -283,9 +337,10 @@ def check_mtp_model(path, where: str = "--drafter mtp") -> None:
     if mode is None:
         raise UnsupportedModelError(f"{where}: {name} declares {meta.nextn_layers} NextN layer(s), but this llama.cpp "
                                     f"has no MTP graph for its architecture {meta.architecture!r}; use {ALTERNATIVES}")
-    if mode != "single head":
+    if mode not in ("single head", "chained heads"):
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) drafts with {mode}, which specstack's MTP "
-                                    f"drafter does not run yet (single-head families only); use {ALTERNATIVES}")
+                                    f"drafter does not run yet (single-head families and step35's chained heads "
+                                    f"only); use {ALTERNATIVES}")
 
 
 _noted: set[str] = set()
@@ -304,7 +359,7 @@ def note_mtp(path, command: str = "specstack") -> None:
         meta = read_gguf(path, tensors=False)
     except Exception:  # the load reports a bad file in its own words
         return
-    if meta.mtp_mode == "single head":
+    if meta.mtp_mode in ("single head", "chained heads"):
         name = getattr(path, "name", key)
         print(f"specstack {command}: note: {name} has {meta.nextn_layers} multi-token-prediction (NextN) layer(s); "
               "--drafter mtp drafts from them (or cascade:suffix,mtp)", file=sys.stderr, flush=True)

@@ -12,6 +12,12 @@ Traps this module keeps callers out of (measured in issue 32's research):
 - ``llama_batch_ext_set_embd_state`` is a stub: rows go in through the classic ``llama_batch`` carrying both
   ``token`` and ``embd`` (llama.cpp's "MTP hook batches"), filled from numpy in one go;
 - the MTP KV must follow the target's sequence: ``truncate``/``reset``/``copy`` per sequence.
+
+Chained heads (step35: ``n_heads`` trained NextN blocks, one per draft position): the context runs the head
+``llama_set_nextn_layer_offset`` selects (``run(..., head=i)``), each head with its own layer's KV in the same
+cells. As llama.cpp's driver does, every catch-up runs every head on the same rows (``catch_up``), each after the
+rows' positions are removed (cell metadata is shared by the layers: a re-added position takes the freed cell
+back, keeping the other heads' K/V there).
 """
 
 from __future__ import annotations
@@ -60,13 +66,17 @@ class MtpContext:
         if mode is None:
             raise UnsupportedModelError(f"{name} declares {target.n_nextn} NextN layer(s), but this llama.cpp has no "
                                         f"MTP graph for its architecture {target.meta.architecture!r}")
-        if mode != "single head":
+        if mode not in ("single head", "chained heads"):
             raise UnsupportedModelError(f"{name} ({target.meta.architecture}) drafts with {mode}; specstack's MTP "
-                                        "drafter runs single-head models (qwen35, qwen3next, glm4moe, deepseek ...)")
+                                        "drafter runs single-head models (qwen35, qwen3next, glm4moe, deepseek ...) "
+                                        "and step35's chained heads")
         if not target.mtp_loaded:  # llama.cpp would abort the process on the first MTP call
             raise ModelLoadError(f"{name} was loaded without its NextN layers (ModelConfig.load_mtp is False); "
                                  "load it with load_mtp to draft with MTP")
         self.target = target
+        # chained heads: one trained head per draft position (a single-head family with several layers reads one)
+        self.chained = mode == "chained heads" and target.n_nextn > 1
+        self.n_heads = target.n_nextn if self.chained else 1
         self.n_embd = int(lc.llama_model_n_embd_out(target._model))
         self.n_vocab = target.n_vocab
         self.n_seq = target.n_slots
@@ -104,9 +114,33 @@ class MtpContext:
 
     # -- calls --------------------------------------------------------------------------------------
 
-    def run(self, entries: Sequence[MtpRow]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    def run(self, entries: Sequence[MtpRow], head: int = 0) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """Process every entry's rows (in as many calls as the batch needs: outputs come from the last) and return,
-        per entry, (logits [n_vocab], h row [n_embd]) of its last row where it asked for them (copies), else None."""
+        per entry, (logits [n_vocab], h row [n_embd]) of its last row where it asked for them (copies), else None.
+        ``head``: which chained head runs them (0 for single-head models); the offset goes back to 0 after, as
+        llama.cpp's driver leaves it."""
+        if head == 0:
+            return self._run(entries)
+        if not 0 < head < self.n_heads:
+            raise ValueError(f"head {head} out of range: {self.target.path.name} has {self.n_heads} chained head(s)")
+        ext_module().llama_set_nextn_layer_offset(self._ctx, head)
+        try:
+            return self._run(entries)
+        finally:
+            ext_module().llama_set_nextn_layer_offset(self._ctx, 0)
+
+    def catch_up(self, entries: Sequence[MtpRow]) -> None:
+        """Rows of the target's pairs, into every head's KV: one ``run`` for a single head; with chained heads,
+        each head in turn after the rows' positions are removed (llama.cpp's ``process``)."""
+        if not self.chained:
+            self.run(entries)
+            return
+        for head in range(self.n_heads):
+            for e in entries:
+                self.truncate(e.seq, e.pos)
+            self.run(entries, head)
+
+    def _run(self, entries: Sequence[MtpRow]) -> list[tuple[np.ndarray, np.ndarray] | None]:
         queue = [(i, 0) for i, e in enumerate(entries) if len(e.tokens)]
         results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(entries)
         while queue:

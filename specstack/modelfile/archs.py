@@ -53,7 +53,8 @@ MTP_SINGLE_HEAD = (  # one head; k > 1 chains it on its own output
     "qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32", "deepseek4",
     "cohere2moe", "bailingmoe3", "nemotron_h_moe", "mimo2", "hy_v3",
 )
-MTP_CHAINED_HEADS = ("step35",)  # several heads, one per draft position (llama_set_nextn_layer_offset)
+# several heads, one per draft position (llama_set_nextn_layer_offset): drafts at most n_heads long
+MTP_CHAINED_HEADS = ("step35",)
 MTP_ASSISTANT = ("gemma4-assistant",)  # a separate GGUF of NextN layers that shares the target's KV (-md)
 
 

@@ -1,7 +1,7 @@
 """Random-weight stand-ins with a NextN (MTP) block: a real MTP model's layout and cost, none of its knowledge.
 
-``make_mtp_standin`` writes, for a named layout (``mtp_layouts.LAYOUTS``: qwen35moe, qwen35, glm4moe), a GGUF
-that llama.cpp loads as that architecture, with ``--layers`` trunk layers and the NextN block llama.cpp's
+``make_mtp_standin`` writes, for a named layout (``mtp_layouts.LAYOUTS``: qwen35moe, qwen35, glm4moe, step35), a GGUF
+that llama.cpp loads as that architecture, with ``--layers`` trunk layers and the NextN block(s) llama.cpp's
 ``draft-mtp`` (and specstack's ``--drafter mtp``) drafts from. Unlike the zero-padded stand-ins (the package
 docstring), nothing here computes a trained model's function: the weights are random. So such a file is good for
 
@@ -139,11 +139,11 @@ def write_mtp_f16(shape: MtpShape, tokenizer: Path, out: Path, *, progress: bool
 
 
 def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *, width: int | None = None,
-                     experts: int | None = None, tokenizer: Path | None = None, threads: int = 2,
+                     experts: int | None = None, nextn: int | None = None, tokenizer: Path | None = None, threads: int = 2,
                      progress: bool = True, seed: int = 0) -> MtpShape:
-    """Write a random-weight stand-in of ``layout`` with ``layers`` trunk layers and one NextN block to ``out``.
+    """Write a random-weight stand-in of ``layout`` with ``layers`` trunk layers and its NextN block(s) to ``out``.
 
-    ``width`` and ``experts`` narrow it (``mtp_layouts.mtp_shape``); ``tokenizer`` is the GGUF whose
+    ``width``, ``experts`` and ``nextn`` (step35's chained heads: how many) narrow it (``mtp_layouts.mtp_shape``); ``tokenizer`` is the GGUF whose
     vocabulary it takes (default: the bundled target). ``ftype`` "f16" writes it directly; "q8_0" and
     "q4_k_m" write F16 next to ``out`` and quantize that with llama.cpp (``make.quantize_gguf``).
     Returns the shape written. For cost and losslessness only: the weights are random (module docstring).
@@ -153,7 +153,7 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
 
     if ftype not in FTYPES:
         raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
-    shape = mtp_shape(layout, layers, width, experts)
+    shape = mtp_shape(layout, layers, width, experts, nextn)
     out = Path(out)
     src = Path(tokenizer) if tokenizer is not None else DEFAULT_TARGET
     if ftype == "f16":
@@ -164,6 +164,12 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
     return shape
 
 
+def _is_nextn(name: str, n_layer: int) -> bool:
+    """Whether tensor ``name`` belongs to a NextN block (block index >= the trunk's depth)."""
+    parts = name.split(".")
+    return parts[0] == "blk" and int(parts[1]) >= n_layer
+
+
 def n_params(shape: MtpShape, n_vocab: int) -> tuple[int, int]:
     """(all parameters, parameters one token reads in the trunk: routed experts count n_expert_used of
     n_expert), for the CLI's report."""
@@ -172,6 +178,6 @@ def n_params(shape: MtpShape, n_vocab: int) -> tuple[int, int]:
         total += spec.n
         if "_exps." in spec.name:
             active += spec.n * shape.n_expert_used // shape.n_expert
-        elif spec.name != "token_embd.weight" and not spec.name.startswith(f"blk.{shape.n_layer}."):
+        elif spec.name != "token_embd.weight" and not _is_nextn(spec.name, shape.n_layer):
             active += spec.n
     return total, active

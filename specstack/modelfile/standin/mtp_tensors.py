@@ -102,9 +102,35 @@ def _moe_ffn(p: str, sh: MtpShape) -> list[TensorSpec]:
     return out
 
 
+def _step35_block(il: int, sh: MtpShape) -> list[TensorSpec]:
+    """A step35 block (``src/models/step35.cpp``): attention with per-head q/k norms and a head-wise sigmoid gate
+    (``attn_gate``: one weight row per query head), ``ffn_norm`` then a dense FFN or routed experts with a selection
+    bias plus the shared expert; NextN blocks (il >= n_layer) add the [embedding, hidden] projection and norms."""
+    p, e, hd, h = f"blk.{il}.", sh.n_embd, sh.layout.head_dim, sh.heads(il)
+    kv = sh.n_head_kv * hd
+    out = [_vec(p + "attn_norm.weight", e), _vec(p + "attn_q_norm.weight", hd), _vec(p + "attn_k_norm.weight", hd),
+           TensorSpec(p + "attn_q.weight", (h * hd, e)), TensorSpec(p + "attn_k.weight", (kv, e)),
+           TensorSpec(p + "attn_v.weight", (kv, e)), TensorSpec(p + "attn_output.weight", (e, h * hd)),
+           TensorSpec(p + "attn_gate.weight", (h, e)), _vec(p + "ffn_norm.weight", e)]
+    if sh.is_moe(il):
+        n, fe, fs = sh.n_expert, sh.n_ff_exp, sh.n_ff_shexp
+        out += [TensorSpec(p + "ffn_gate_inp.weight", (n, e), f32=True), _vec(p + "exp_probs_b.bias", n, "zeros"),
+                TensorSpec(p + "ffn_gate_exps.weight", (n, fe, e)), TensorSpec(p + "ffn_up_exps.weight", (n, fe, e)),
+                TensorSpec(p + "ffn_down_exps.weight", (n, e, fe)), TensorSpec(p + "ffn_gate_shexp.weight", (fs, e)),
+                TensorSpec(p + "ffn_up_shexp.weight", (fs, e)), TensorSpec(p + "ffn_down_shexp.weight", (e, fs))]
+    else:
+        out += _dense_ffn(p, sh)
+    if il >= sh.n_layer:
+        out += [TensorSpec(p + "nextn.eh_proj.weight", (e, 2 * e)), _vec(p + "nextn.enorm.weight", e),
+                _vec(p + "nextn.hnorm.weight", e), _vec(p + "nextn.shared_head_norm.weight", e)]
+    return out
+
+
 def _block(il: int, sh: MtpShape) -> list[TensorSpec]:
     """Block ``il``: the trunk's, or (il == n_layer) the NextN block, a full-attention block of the same kind
     plus the projection of [embedding, hidden] into the residual and its two norms."""
+    if sh.arch == "step35":
+        return _step35_block(il, sh)
     p, e = f"blk.{il}.", sh.n_embd
     out = [_vec(p + "attn_norm.weight", e)]
     out += _delta_net(p, sh) if sh.is_recurrent(il) else _attention(p, sh)
@@ -147,6 +173,8 @@ def key_values(sh: MtpShape) -> list[KeyValue]:
     """The architecture's hyper-parameters as llama.cpp's loader reads them (``load_hparams`` and the arch's
     ``load_arch_hparams``). key_length is explicit: n_embd / n_head is not the head size in any of these."""
     lay, a = sh.layout, sh.arch
+    if a == "step35":
+        return _step35_key_values(sh)
     kv: list[KeyValue] = [
         (f"{a}.block_count", sh.n_block, "UINT32"), (f"{a}.nextn_predict_layers", 1, "UINT32"),
         (f"{a}.context_length", lay.n_ctx, "UINT32"), (f"{a}.embedding_length", sh.n_embd, "UINT32"),
@@ -176,3 +204,29 @@ def key_values(sh: MtpShape) -> list[KeyValue]:
                (f"{a}.expert_weights_scale", 1.0, "FLOAT32"), (f"{a}.expert_weights_norm", True, "BOOL"),
                (f"{a}.expert_gating_func", 2, "UINT32")]  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
     return kv
+
+
+def _step35_key_values(sh: MtpShape) -> list[KeyValue]:
+    """step35's hyper-parameters as ``conversion/step3.py`` writes them: per-layer head counts and the sliding-window
+    pattern as arrays over every block (NextN included), rope.dimension_count the whole head (full-attention
+    layers rotate half of it: the loader halves n_rot_full), the leading dense blocks, the experts' routing."""
+    lay, a, n = sh.layout, sh.arch, sh.n_block
+    return [
+        (f"{a}.block_count", n, "UINT32"), (f"{a}.nextn_predict_layers", sh.n_nextn, "UINT32"),
+        (f"{a}.context_length", lay.n_ctx, "UINT32"), (f"{a}.embedding_length", sh.n_embd, "UINT32"),
+        (f"{a}.feed_forward_length", sh.n_ff, "UINT32"),
+        (f"{a}.attention.head_count", [sh.heads(il) for il in range(n)], "UINT32"),
+        (f"{a}.attention.head_count_kv", [sh.n_head_kv] * n, "UINT32"),
+        (f"{a}.attention.key_length", lay.head_dim, "UINT32"), (f"{a}.attention.value_length", lay.head_dim, "UINT32"),
+        (f"{a}.attention.layer_norm_rms_epsilon", lay.eps, "FLOAT32"),
+        (f"{a}.attention.sliding_window", lay.n_swa, "UINT32"),
+        (f"{a}.attention.sliding_window_pattern", [sh.is_swa(il) for il in range(n)], "BOOL"),
+        (f"{a}.rope.freq_base", lay.rope_base, "FLOAT32"), (f"{a}.rope.freq_base_swa", lay.rope_base_swa, "FLOAT32"),
+        (f"{a}.rope.dimension_count", lay.rope_dims, "UINT32"),
+        (f"{a}.expert_count", sh.n_expert, "UINT32"), (f"{a}.expert_used_count", sh.n_expert_used, "UINT32"),
+        (f"{a}.expert_feed_forward_length", sh.n_ff_exp, "UINT32"),
+        (f"{a}.expert_shared_feed_forward_length", sh.n_ff_shexp, "UINT32"),
+        (f"{a}.leading_dense_block_count", min(lay.n_dense_lead, sh.n_layer), "UINT32"),
+        (f"{a}.expert_weights_scale", 3.0, "FLOAT32"), (f"{a}.expert_weights_norm", True, "BOOL"),
+        (f"{a}.expert_gating_func", 2, "UINT32"),  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (the loader's default)
+    ]
