@@ -8,7 +8,9 @@
 - a quantized (q4_k_m) stand-in stays finite and lossless;
 - the CLI names the layouts when given an unknown one, and says the weights are random;
 - step35 (2 chained NextN heads, sliding-window attention) drafts with head i at draft position i: lossless at
-  k = 1, 2 and 3, drafts never longer than the head count, every head run; ``cascade:suffix,mtp`` too.
+  k = 1, 2 and 3, drafts never longer than the head count, every head run; ``cascade:suffix,mtp`` too;
+- gemma4 with its separate assistant (``-md``, ``modelfile.standin.gemma4``): llama.cpp's shared-KV mode, lossless at
+  k = 1 and 3 with drafts made, every draft row at the last committed token's position; without -md, one clear line.
 
 Random weights: nothing here measures acceptance.
 """
@@ -22,9 +24,11 @@ import numpy as np
 import pytest
 
 from specstack.commands.bench import register_make_standin
-from specstack.errors import InvalidParameterError
+from specstack.drafters.mtp import check_mtp_model
+from specstack.errors import InvalidParameterError, UnsupportedModelError
 from specstack.generation import GenerationConfig
 from specstack.loading import TargetSpec, build_engine, load_calibrated
+from specstack.modelfile.standin.gemma4 import make_gemma4_pair
 from specstack.modelfile.standin.mtp import make_mtp_standin
 from specstack.modelfile.standin.mtp_layouts import LAYOUTS, mtp_shape
 
@@ -240,3 +244,68 @@ def test_cli_writes_one_and_says_its_weights_are_random(tmp_path, capsys):
     args = parser.parse_args(["make-standin", "--mtp", "glm4moe", "--layers", "2", "--kv-heads", "2", "-o", str(out)])
     with pytest.raises(InvalidParameterError, match="--kv-heads: not used with --mtp"):
         args.func(args)
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory) -> tuple[Path, Path]:
+    """A 2-layer gemma4 target (sliding-window, then full attention) and its 2-layer assistant, width 64 / 32."""
+    return make_gemma4_pair(tmp_path_factory.mktemp("gemma4") / "gemma4.gguf")
+
+
+class _Positions:
+    """Wraps a drafter's ``propose`` and its MTP context's ``run``: per draft, the position of its last committed
+    token (``len(context) - 1``) and the (position, rows) of every row block its calls ran."""
+
+    def __init__(self, drafter) -> None:
+        self.propose, self.run, self.drafts = drafter.propose, drafter.head.run, []
+        drafter.propose, drafter.head.run = self._propose, self._run
+
+    def _propose(self, requests):
+        self.drafts.append(([len(r.context) - 1 for r in requests], []))
+        return self.propose(requests)
+
+    def _run(self, entries, head: int = 0):
+        self.drafts[-1][1].extend((e.pos, len(e.tokens)) for e in entries)
+        return self.run(entries, head)
+
+
+def test_gemma4_assistant_drafts_losslessly(gemma4):
+    target_path, assistant = gemma4
+    loaded = Loaded(target_path)
+    try:
+        assert loaded.target.meta.architecture == "gemma4"
+        for k in (1, 3):
+            engine = build_engine(loaded.calibration, "mtp", "fixed", k=k, drafter_options={"draft_model": assistant})
+            head = engine.drafter.head
+            assert head.shared and not head.chained
+            seen = _Positions(engine.drafter)
+            gens = [engine.generate(p, GenerationConfig(max_tokens=MAX_TOKENS)).run() for p in PROMPTS]
+            assert_lossless(loaded, gens, f"mtp (gemma4 assistant) at k={k}")
+            drafted = sum(g.stats.n_drafted for g in gens)
+            assert drafted >= len(PROMPTS) * MAX_TOKENS // 2, f"k={k}: too few drafts ({drafted})"
+            if k > 1:
+                assert drafted > sum(g.stats.n_steps for g in gens), f"k={k}: no draft longer than one token"
+            # no catch-up (one row a call) and every row of a draft at its last committed token's position (pos0)
+            assert seen.drafts and all(rows for _, rows in seen.drafts)
+            for (pos0,), rows in seen.drafts:
+                assert rows == [(pos0, 1)] * len(rows), f"k={k}: draft rows {rows}, expected all at {pos0}"
+            assert max(len(rows) for _, rows in seen.drafts) == k, f"k={k}: no draft of k rows"
+    finally:
+        loaded.close()
+
+
+def test_gemma4_without_assistant_names_the_fix(gemma4):
+    target_path, assistant = gemma4
+    with pytest.raises(UnsupportedModelError, match=r"separate MTP assistant model: give it with -md ASSISTANT\.gguf"):
+        check_mtp_model(target_path)
+    assert check_mtp_model(target_path, assistant=assistant) == assistant
+    with pytest.raises(UnsupportedModelError, match="is an MTP assistant, not a model to generate with"):
+        check_mtp_model(assistant)
+    with pytest.raises(UnsupportedModelError, match="not the gemma4-assistant"):
+        check_mtp_model(target_path, assistant=target_path)
+    loaded = Loaded(target_path)
+    try:
+        with pytest.raises(UnsupportedModelError, match="-md ASSISTANT.gguf"):
+            build_engine(loaded.calibration, "mtp", "fixed", k=2)
+    finally:
+        loaded.close()

@@ -155,16 +155,19 @@ def preflight(args: argparse.Namespace) -> None:
     if unused is not None:
         raise InvalidParameterError(f"{unused.flag} applies to --drafter {' or '.join(sorted(unused.configs))}, which "
                                     f"{name!r} does not use; leave it out or choose one of those")
-    if "draft-model" not in built and getattr(args, "model_draft", None) is not None:
-        raise InvalidParameterError(f"-md {args.model_draft} is used by --drafter draft-model (alone or in a cascade or "
-                                    f"fusion), which {name!r} does not use; leave -md out or add draft-model")
-    if "draft-model" in built:
-        args.model_draft = resolve_draft(args.model, args.model_draft)
+    assistant = None
     if "mtp" in built:
         from ..drafters.mtp import check_mtp_model
 
-        check_mtp_model(args.model)  # no NextN layers (or none this llama.cpp runs): one line, before the load
-    elif not flag_given(args, "--drafter"):
+        # no NextN layers (or none this llama.cpp runs), or gemma4 without its assistant: one line, before the load
+        assistant = check_mtp_model(args.model, assistant=getattr(args, "model_draft", None))
+    if "draft-model" not in built and assistant is None and getattr(args, "model_draft", None) is not None:
+        raise InvalidParameterError(f"-md {args.model_draft} is used by --drafter draft-model (alone or in a cascade or "
+                                    f"fusion), or by mtp as a gemma4 target's assistant, neither of which {name!r} "
+                                    "runs here; leave -md out or add draft-model")
+    if "draft-model" in built:
+        args.model_draft = resolve_draft(args.model, args.model_draft)
+    if "mtp" not in built and not flag_given(args, "--drafter"):
         from ..drafters.mtp import note_mtp
 
         note_mtp(args.model, getattr(args, "command", "specstack"))  # the model ships a draft head: say so, once

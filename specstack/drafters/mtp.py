@@ -16,6 +16,12 @@ the context, the pair (x_p, h_{p-1}); the last committed token's pair uses the r
 (llama.cpp's ``pending_h``). Pairs are caught up lazily, in the draft's first call (llama.cpp spends one more
 call per step, before acceptance is known, and re-evaluates rejected rows).
 
+Gemma4's head is a separate GGUF, the assistant (``-md ASSISTANT.gguf``), whose attention reads the target's own KV
+cache (``llama.mtp.MtpContext``'s shared mode). As llama.cpp's ``is_mem_shared`` path does, it keeps no pairs, so
+nothing is caught up: a draft feeds the last committed token with the target's row before it, then each drafted
+token with the head's own output row, every row at the same position (the last committed token's: the target's
+KV holds everything before it, and the assistant was trained to draft so).
+
 Example: context ``[a, b, c]`` with the target's rows h_a, h_b in the cache store. A draft runs one call on
 (c at 2, h_b) -> d0 and the head's row g0, then (d0 at 3, g0) -> d1. The target accepts d0 and emits t: the
 engine hands rows for positions 2..3 (h_c, h_d0). The next draft drops the chained row at 3, and catches up
@@ -26,7 +32,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -47,7 +54,10 @@ CATCH_UP = 8
 
 @dataclass(frozen=True)
 class MtpConfig(ModelDraftConfig):
-    """The head's sampling: ``draft_temp``, ``p_min`` and ``seed``, as a draft model's."""
+    """The head's sampling: ``draft_temp``, ``p_min`` and ``seed``, as a draft model's; ``draft_model`` (-md): the
+    assistant GGUF of a family whose head ships apart from the target (gemma4), unused by the others."""
+
+    draft_model: Path | None = None
 
 
 @dataclass
@@ -101,7 +111,7 @@ class MtpDrafter:
 
     def __init__(self, target, temperature: float, config: MtpConfig) -> None:
         self.config = config
-        self.head = target.open_mtp()
+        self.head = target.open_mtp(config.draft_model) if config.draft_model is not None else target.open_mtp()
         target.want_hidden()
         self.n_embd = self.head.n_embd
         self.n_vocab = target.n_vocab
@@ -138,7 +148,9 @@ class MtpDrafter:
         if hidden is not None and len(hidden):
             st.put(hidden)
         end = len(prompt) - 1
-        if end > st.n_kv:
+        if self.head.shared:  # the assistant reads the target's KV: no pairs of its own to catch up
+            st.n_kv = end
+        elif end > st.n_kv:
             self.head.catch_up([MtpRow(seq, st.n_kv, prompt[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
             st.n_kv = end
         st.tokens = prompt
@@ -176,7 +188,9 @@ class MtpDrafter:
         st.tokens.extend(int(t) for t in new_ids)
         asked, st.drafted = st.drafted, False
         end = min(len(st.tokens) - 1, st.n_h + 1)
-        if not asked and end - st.n_kv >= CATCH_UP:  # plain steps piled up pairs: in one call now, off the draft path
+        if self.head.shared:
+            st.n_kv = end
+        elif not asked and end - st.n_kv >= CATCH_UP:  # plain steps piled up pairs: in one call now, off the draft path
             self.head.catch_up([MtpRow(seq, st.n_kv, st.tokens[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
             st.n_kv = end
 
@@ -222,6 +236,8 @@ class MtpDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         if self.head.chained:
             return self._propose_chained(requests)
+        if self.head.shared:
+            return self._propose_shared(requests)
         t0 = time.perf_counter()
         live = [r for r in requests if r.budget.max_tokens > 0]
         drafts = {r.seq: DraftChain() for r in live}
@@ -257,6 +273,32 @@ class MtpDrafter:
             d = drafts.get(r.seq)
             out.append(Draft.empty(self.name) if d is None else d.draft(self.name))
         return out
+
+    def _propose_shared(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """The assistant (module docstring): one row per drafting generation a call, all at the position of the
+        last committed token, which the target's KV does not hold yet (llama.cpp's ``pos0``): first that token
+        with the target's row before it (``pending_h``), then each drafted token with the head's own row."""
+        t0 = time.perf_counter()
+        live = [r for r in requests if r.budget.max_tokens > 0]
+        drafts = {r.seq: DraftChain() for r in live}
+        rows = []
+        for r in live:
+            st = self._seqs.setdefault(r.seq, _Seq())
+            st.drafted = True
+            n = len(r.context)
+            rows.append(MtpRow(r.seq, n - 1, [int(r.context[-1])], st.before(n - 1, n, self.n_embd), True))
+        pos = {r.seq: len(r.context) - 1 for r in live}
+        while live:
+            going, next_rows = [], []
+            for r, out in zip(live, self.head.run(rows)):
+                assert out is not None
+                logits, h = out
+                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
+                if drafts[r.seq].take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
+                    going.append(r)
+                    next_rows.append(MtpRow(r.seq, pos[r.seq], [tok], h[None, :], True))
+            live, rows = going, next_rows
+        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
 
     def _start(self, r: DraftRequest) -> tuple[int, list[int], np.ndarray]:
         """A chained draft's catch-up for ``r``: (first position, tokens, target rows) of the pairs from where the
@@ -323,13 +365,19 @@ class MtpDrafter:
 ALTERNATIVES = "prompt-lookup, suffix, rest (with --datastore) or draft-model (with -md DRAFT.gguf)"
 
 
-def check_mtp_model(path, where: str = "--drafter mtp") -> None:
+def check_mtp_model(path, where: str = "--drafter mtp", assistant: Path | None = None) -> Path | None:
     """Refuse, from the GGUF's metadata alone (milliseconds, before any load or measurement), a model whose NextN
-    layers this llama.cpp cannot draft from: one line naming the model and the drafters that can work."""
+    layers this llama.cpp cannot draft from: one line naming the model and the drafters that can work. Return the
+    assistant GGUF to draft with (``assistant``, for a target whose head ships apart: gemma4), else None (the
+    target's own NextN layers; an ``assistant`` given for such a target is not this drafter's: None)."""
+    from ..modelfile.archs import mtp_assistant_arch
     from ..modelfile.meta import read_gguf
 
     meta = read_gguf(path, tensors=False)
     name = getattr(path, "name", str(path))
+    wanted = mtp_assistant_arch(meta.architecture)
+    if wanted is not None:
+        return _check_assistant(name, meta.architecture, wanted, assistant, where)
     if meta.nextn_layers == 0:
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) has no multi-token-prediction (NextN) "
                                     f"layers to draft from; use {ALTERNATIVES}")
@@ -337,10 +385,27 @@ def check_mtp_model(path, where: str = "--drafter mtp") -> None:
     if mode is None:
         raise UnsupportedModelError(f"{where}: {name} declares {meta.nextn_layers} NextN layer(s), but this llama.cpp "
                                     f"has no MTP graph for its architecture {meta.architecture!r}; use {ALTERNATIVES}")
+    if mode == "assistant":
+        raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) is an MTP assistant, not a model to "
+                                    "generate with: give its target with -m and this file with -md")
     if mode not in ("single head", "chained heads"):
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) drafts with {mode}, which specstack's MTP "
-                                    f"drafter does not run yet (single-head families and step35's chained heads "
-                                    f"only); use {ALTERNATIVES}")
+                                    f"drafter does not run yet; use {ALTERNATIVES}")
+    return None
+
+
+def _check_assistant(name: str, arch: str, wanted: str, assistant: Path | None, where: str) -> Path:
+    """The ``-md`` file of a target whose MTP head ships apart (gemma4): given, and of the head's architecture."""
+    from ..modelfile.meta import read_gguf
+
+    if assistant is None:
+        raise UnsupportedModelError(f"{where}: {name} ({arch}) drafts with a separate MTP assistant model: give it "
+                                    f"with -md ASSISTANT.gguf (a {wanted} GGUF), or use {ALTERNATIVES}")
+    got = read_gguf(assistant, tensors=False).architecture
+    if got != wanted:
+        raise UnsupportedModelError(f"{where}: -md {Path(assistant).name} is {got!r}, not the {wanted} assistant "
+                                    f"that {name} ({arch}) drafts with")
+    return Path(assistant)
 
 
 _noted: set[str] = set()
@@ -368,8 +433,10 @@ def note_mtp(path, command: str = "specstack") -> None:
 @register("mtp")
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(MtpConfig, ctx.options)
+    assistant = None
     if ctx.target.path is not None:
-        check_mtp_model(ctx.target.path)
+        assistant = check_mtp_model(ctx.target.path, assistant=config.draft_model)
+    config = replace(config, draft_model=assistant)  # -md read by draft-model in a cascade is not the head's
     if not hasattr(ctx.target, "open_mtp"):
         raise UnsupportedModelError("--drafter mtp drafts from a loaded target's NextN head (not a replay)")
     return MtpDrafter(ctx.target, ctx.temperature, config)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 
 import warnings
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -134,11 +135,12 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         wanted = self.config.load_mtp
         return bool(self.meta.mtp_mode is not None if wanted is None else wanted and self.meta.nextn_layers > 0)
 
-    def open_mtp(self):
-        """A context on this model's NextN head (``llama.mtp.MtpContext``), closed with this model."""
+    def open_mtp(self, assistant: Path | None = None):
+        """A context on this model's NextN head (``llama.mtp.MtpContext``), closed with this model; ``assistant``:
+        the separate head GGUF of a family that ships one (gemma4), run over this model's KV."""
         from .mtp import MtpContext
 
-        ctx = MtpContext(self)
+        ctx = MtpContext(self, assistant)
         self._mtp_contexts.append(ctx)
         return ctx
 

@@ -18,12 +18,18 @@ Chained heads (step35: ``n_heads`` trained NextN blocks, one per draft position)
 cells. As llama.cpp's driver does, every catch-up runs every head on the same rows (``catch_up``), each after the
 rows' positions are removed (cell metadata is shared by the layers: a re-added position takes the freed cell
 back, keeping the other heads' K/V there).
+
+Assistant (gemma4): the head is a separate GGUF (``gemma4-assistant``) loaded here, whose context is created with
+``ctx_other`` = the target's context, as llama.cpp's ``common_speculative_init_result`` does. Its attention has no
+K/V of its own: it reads the target's KV cache (``shared``), so there is nothing to catch up and nothing to cut
+(llama.cpp makes every memory call on it a no-op); its context mirrors the target's (cells, sequences, streams).
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -57,8 +63,14 @@ class MtpContext:
     """The NextN head of ``target`` (loaded with its NextN layers), one sequence per target slot, one shared
     (unified) KV cache: drafts need no exact cell layout."""
 
-    def __init__(self, target: "LlamaModel") -> None:
+    shared = False  # the assistant mode: the head reads the target's KV (module docstring)
+    _own_model = None  # the assistant's loaded model, freed with this context
+
+    def __init__(self, target: "LlamaModel", assistant: Path | None = None) -> None:
         lc = self._lc = target._lc
+        if assistant is not None:
+            self._open_assistant(target, Path(assistant))
+            return
         name = target.path.name
         mode = target.meta.mtp_mode
         if target.n_nextn == 0:
@@ -94,9 +106,57 @@ class MtpContext:
         self._ctx = lc.llama_init_from_model(target._model, params)
         if not self._ctx:
             raise ModelLoadError(f"llama.cpp could not create an MTP context for {name} (n_ctx={params.n_ctx})")
+        self._setup(int(params.n_batch))
+
+    def _open_assistant(self, target: "LlamaModel", path: Path) -> None:
+        """Load the assistant GGUF and its context over the target's KV (llama.cpp's draft-mtp with ``-md``)."""
+        lc = self._lc
+        if not path.is_file():
+            raise ModelLoadError(f"MTP assistant {path} does not exist")
+        mparams = lc.llama_model_default_params()
+        mparams.load_mtp = True  # llama.cpp loads every model of a draft-mtp run so
+        mparams.use_mmap = target.config.use_mmap
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(f"llama.cpp could not load the MTP assistant {path} (corrupt or unsupported GGUF?)")
+        self._own_model = model
+        self.target = target
+        self.shared = True
+        self.chained = False
+        self.n_heads = 1
+        self.n_embd = int(lc.llama_model_n_embd_out(model))
+        if self.n_embd != int(lc.llama_model_n_embd_out(target._model)):
+            self.close()
+            raise UnsupportedModelError(f"{path.name} reads hidden rows of width {self.n_embd}, but "
+                                        f"{target.path.name}'s are {int(lc.llama_model_n_embd_out(target._model))} "
+                                        "wide: it is the assistant of another model")
+        self.n_vocab = target.n_vocab
+        self.n_seq = target.n_slots
+        params = lc.llama_context_default_params()
+        # the shared cache takes the target's cells: same size, sequences and streams as the target's context
+        params.n_ctx = int(lc.llama_n_ctx(target._ctx))
+        params.n_seq_max = int(lc.llama_n_seq_max(target._ctx))
+        params.kv_unified = bool(target.unified)
+        params.n_batch = params.n_ubatch = max(1, min(target.config.n_batch, params.n_ctx))
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.flash_attn_type = 1 if target.flash_attn else 0
+        params.no_perf = True
+        params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx
+        params.n_rs_seq = 0
+        self._ctx = lc.llama_init_from_model(model, params)
+        if not self._ctx:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not create a context for the MTP assistant {path.name} "
+                                 f"over {target.path.name}")
+        self._setup(int(params.n_batch))
+
+    def _setup(self, cap: int) -> None:
+        """The classic batch that carries a token and a hidden row per row (module docstring)."""
+        lc = self._lc
         ext_module().llama_set_embeddings_nextn(self._ctx, True, True)  # h rows of output rows only
         self._mem = lc.llama_get_memory(self._ctx)
-        self.cap = int(params.n_batch)
+        self.cap = cap
         b = self._batch = lc.llama_batch_init(self.cap, self.n_embd, 1)
         # llama_batch_init allocates embd *or* token; the MTP rows carry both: token ids live in numpy here
         # (detached again before llama_batch_free, which would free them).
@@ -213,6 +273,8 @@ class MtpContext:
     def save_seq(self, seq: int) -> bytes:
         """A copy of ``seq``'s cache (llama.cpp's per-sequence state), for the host prompt cache."""
         lc = self._lc
+        if self.shared:  # the target's KV is the head's: the engine saves it
+            return b""
         size = int(lc.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
         n = int(lc.llama_state_seq_get_data(self._ctx, buf, size, seq))
@@ -221,6 +283,8 @@ class MtpContext:
     def load_seq(self, seq: int, data: bytes) -> bool:
         """Replace ``seq``'s cache with a saved copy; False (and ``seq`` empty) if llama.cpp refuses it."""
         lc = self._lc
+        if self.shared:
+            return True
         self.reset(seq)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
@@ -245,6 +309,9 @@ class MtpContext:
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
             self._ctx = None
+        if self._own_model:
+            lc.llama_model_free(self._own_model)
+            self._own_model = None
 
     def __del__(self) -> None:
         try:

@@ -56,6 +56,14 @@ MTP_SINGLE_HEAD = (  # one head; k > 1 chains it on its own output
 # several heads, one per draft position (llama_set_nextn_layer_offset): drafts at most n_heads long
 MTP_CHAINED_HEADS = ("step35",)
 MTP_ASSISTANT = ("gemma4-assistant",)  # a separate GGUF of NextN layers that shares the target's KV (-md)
+# the targets whose MTP head is such an assistant (given with -md): target architecture -> the assistant's
+MTP_ASSISTANT_FOR = {"gemma4": "gemma4-assistant"}
+
+
+def mtp_assistant_arch(target_arch: str | None) -> str | None:
+    """The architecture of the separate MTP head ``target_arch`` drafts with (gemma4: ``gemma4-assistant``); None
+    where its head, if any, is in its own GGUF."""
+    return MTP_ASSISTANT_FOR.get(_key(target_arch))
 
 
 def mtp_mode(arch: str | None) -> str | None:
