@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -254,25 +254,27 @@ class MtpDrafter:
                 self.head.truncate(r.seq, start)
             rows.append(MtpRow(r.seq, start, [int(t) for t in r.context[start:n]], st.before(start, n, self.n_embd), True))
             st.n_kv = n
-        pos = {r.seq: len(r.context) for r in live}
+        # Each drafted token goes next at its own position; its pair uses the head's row, not the target's (dirty).
+        return self._chain(requests, live, rows, drafts, t0, lambda r, d: len(r.context) + len(d.tokens) - 1, True)
+
+    def _chain(self, requests: Sequence[DraftRequest], live: list[DraftRequest], rows: list[MtpRow],
+               drafts: dict[int, DraftChain], t0: float, position: Callable[[DraftRequest, DraftChain], int],
+               dirty: bool) -> list[Draft]:
+        """Run ``rows`` (one per drafting generation), take each generation's next token, and feed it back with
+        the head's own row at ``position``, one call per draft position, until every draft has stopped."""
         while live:
-            got = self.head.run(rows)
-            going, rows = [], []
-            for r, out in zip(live, got):
+            going, next_rows = [], []
+            for r, out in zip(live, self.head.run(rows)):
                 assert out is not None
                 logits, h = out
                 d = drafts[r.seq]
                 tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
                 if d.take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
                     going.append(r)
-                    rows.append(MtpRow(r.seq, pos[r.seq] + len(d.tokens) - 1, [tok], h[None, :], True))
-                    self._seqs[r.seq].dirty = True
-            live = going
-        out = []
-        for r in requests:
-            d = drafts.get(r.seq)
-            out.append(Draft.empty(self.name) if d is None else d.draft(self.name))
-        return out
+                    next_rows.append(MtpRow(r.seq, position(r, d), [tok], h[None, :], True))
+                    self._seqs[r.seq].dirty = dirty
+            live, rows = going, next_rows
+        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
 
     def _propose_shared(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """The assistant (module docstring): one row per drafting generation a call, all at the position of the
@@ -287,18 +289,8 @@ class MtpDrafter:
             st.drafted = True
             n = len(r.context)
             rows.append(MtpRow(r.seq, n - 1, [int(r.context[-1])], st.before(n - 1, n, self.n_embd), True))
-        pos = {r.seq: len(r.context) - 1 for r in live}
-        while live:
-            going, next_rows = [], []
-            for r, out in zip(live, self.head.run(rows)):
-                assert out is not None
-                logits, h = out
-                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
-                if drafts[r.seq].take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
-                    going.append(r)
-                    next_rows.append(MtpRow(r.seq, pos[r.seq], [tok], h[None, :], True))
-            live, rows = going, next_rows
-        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
+        # Every row at ``pos0``; the target's KV is the cache, so nothing is left behind to cut (never dirty).
+        return self._chain(requests, live, rows, drafts, t0, lambda r, d: len(r.context) - 1, False)
 
     def _start(self, r: DraftRequest) -> tuple[int, list[int], np.ndarray]:
         """A chained draft's catch-up for ``r``: (first position, tokens, target rows) of the pairs from where the
