@@ -163,8 +163,8 @@ def preflight(args: argparse.Namespace) -> None:
         assistant = check_mtp_model(args.model, assistant=getattr(args, "model_draft", None))
     if "draft-model" not in built and assistant is None and getattr(args, "model_draft", None) is not None:
         raise InvalidParameterError(f"-md {args.model_draft} is used by --drafter draft-model (alone or in a cascade or "
-                                    f"fusion), or by mtp as a gemma4 target's assistant, neither of which {name!r} "
-                                    "runs here; leave -md out or add draft-model")
+                                    f"fusion) and by mtp on a gemma4 target (its assistant), which {name!r} does not "
+                                    "use; leave -md out or add draft-model")
     if "draft-model" in built:
         args.model_draft = resolve_draft(args.model, args.model_draft)
     if "mtp" not in built and not flag_given(args, "--drafter"):
