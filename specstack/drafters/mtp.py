@@ -234,13 +234,16 @@ class MtpDrafter:
     # -- drafting ---------------------------------------------------------------------------------
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        if self.head.chained:
-            return self._propose_chained(requests)
-        if self.head.shared:
-            return self._propose_shared(requests)
         t0 = time.perf_counter()
         live = [r for r in requests if r.budget.max_tokens > 0]
         drafts = {r.seq: DraftChain() for r in live}
+        if live:
+            (self._draft_chained if self.head.chained else self._draft_shared if self.head.shared
+             else self._draft_single)(live, drafts, t0)
+        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
+
+    def _draft_single(self, live: list[DraftRequest], drafts: dict[int, DraftChain], t0: float) -> None:
+        """One head: the catch-up pairs and the first draft row in one call, then the head on its own rows."""
         rows = []
         for r in live:
             st = self._seqs.setdefault(r.seq, _Seq())
@@ -255,11 +258,23 @@ class MtpDrafter:
             rows.append(MtpRow(r.seq, start, [int(t) for t in r.context[start:n]], st.before(start, n, self.n_embd), True))
             st.n_kv = n
         # Each drafted token goes next at its own position; its pair uses the head's row, not the target's (dirty).
-        return self._chain(requests, live, rows, drafts, t0, lambda r, d: len(r.context) + len(d.tokens) - 1, True)
+        self._chain(live, rows, drafts, t0, lambda r, d: len(r.context) + len(d.tokens) - 1, True)
 
-    def _chain(self, requests: Sequence[DraftRequest], live: list[DraftRequest], rows: list[MtpRow],
-               drafts: dict[int, DraftChain], t0: float, position: Callable[[DraftRequest, DraftChain], int],
-               dirty: bool) -> list[Draft]:
+    def _draft_shared(self, live: list[DraftRequest], drafts: dict[int, DraftChain], t0: float) -> None:
+        """The assistant (module docstring): one row per drafting generation a call, all at the position of the
+        last committed token, which the target's KV does not hold yet (llama.cpp's ``pos0``): first that token
+        with the target's row before it (``pending_h``), then each drafted token with the head's own row."""
+        rows = []
+        for r in live:
+            st = self._seqs.setdefault(r.seq, _Seq())
+            st.drafted = True
+            n = len(r.context)
+            rows.append(MtpRow(r.seq, n - 1, [int(r.context[-1])], st.before(n - 1, n, self.n_embd), True))
+        # Every row at ``pos0``; the target's KV is the cache, so nothing is left behind to cut (never dirty).
+        self._chain(live, rows, drafts, t0, lambda r, d: len(r.context) - 1, False)
+
+    def _chain(self, live: list[DraftRequest], rows: list[MtpRow], drafts: dict[int, DraftChain], t0: float,
+               position: Callable[[DraftRequest, DraftChain], int], dirty: bool) -> None:
         """Run ``rows`` (one per drafting generation), take each generation's next token, and feed it back with
         the head's own row at ``position``, one call per draft position, until every draft has stopped."""
         while live:
@@ -268,29 +283,16 @@ class MtpDrafter:
                 assert out is not None
                 logits, h = out
                 d = drafts[r.seq]
-                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
-                if d.take(tok, conf, q, r.budget, self.config.p_min, self.name, t0):
+                if self._take(r, d, logits, t0):
                     going.append(r)
-                    next_rows.append(MtpRow(r.seq, position(r, d), [tok], h[None, :], True))
+                    next_rows.append(MtpRow(r.seq, position(r, d), [d.tokens[-1]], h[None, :], True))
                     self._seqs[r.seq].dirty = dirty
             live, rows = going, next_rows
-        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
 
-    def _propose_shared(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        """The assistant (module docstring): one row per drafting generation a call, all at the position of the
-        last committed token, which the target's KV does not hold yet (llama.cpp's ``pos0``): first that token
-        with the target's row before it (``pending_h``), then each drafted token with the head's own row."""
-        t0 = time.perf_counter()
-        live = [r for r in requests if r.budget.max_tokens > 0]
-        drafts = {r.seq: DraftChain() for r in live}
-        rows = []
-        for r in live:
-            st = self._seqs.setdefault(r.seq, _Seq())
-            st.drafted = True
-            n = len(r.context)
-            rows.append(MtpRow(r.seq, n - 1, [int(r.context[-1])], st.before(n - 1, n, self.n_embd), True))
-        # Every row at ``pos0``; the target's KV is the cache, so nothing is left behind to cut (never dirty).
-        return self._chain(requests, live, rows, drafts, t0, lambda r, d: len(r.context) - 1, False)
+    def _take(self, r: DraftRequest, d: DraftChain, logits: np.ndarray, t0: float) -> bool:
+        """Pick the next token from ``logits`` and offer it to ``r``'s draft; whether to draft one more."""
+        tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
+        return d.take(tok, conf, q, r.budget, self.config.p_min, self.name, t0)
 
     def _start(self, r: DraftRequest) -> tuple[int, list[int], np.ndarray]:
         """A chained draft's catch-up for ``r``: (first position, tokens, target rows) of the pairs from where the
@@ -302,18 +304,15 @@ class MtpDrafter:
         st.n_kv = n
         return start, [int(t) for t in r.context[start:n]], st.before(start, n, self.n_embd)
 
-    def _propose_chained(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+    def _draft_chained(self, live: list[DraftRequest], drafts: dict[int, DraftChain], t0: float) -> None:
         """Chained heads (module docstring): one call per head, every generation in it. A drafting generation's
         rows are its catch-up pairs, then its drafted tokens with the rows of the heads that drafted them (head
         i's output row pairs with the token it drafted); one that stopped drafting still has its pairs caught up
         by the remaining heads (each head's KV must hold them)."""
-        t0 = time.perf_counter()
-        live = [r for r in requests if r.budget.max_tokens > 0]
-        drafts = {r.seq: DraftChain() for r in live}
         base = {r.seq: self._start(r) for r in live}
         rows_h: dict[int, list[np.ndarray]] = {r.seq: [] for r in live}
         going = {r.seq for r in live}
-        for head in range(self.head.n_heads if live else 0):
+        for head in range(self.head.n_heads):
             rows = []
             for r in live:
                 start, toks, h = base[r.seq]
@@ -328,15 +327,12 @@ class MtpDrafter:
             for r, out in zip(live, self.head.run(rows, head)):
                 if out is None:
                     continue
-                logits, h_out = out
-                tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
-                more = drafts[r.seq].take(tok, conf, q, r.budget, self.config.p_min, self.name, t0)
+                more = self._take(r, drafts[r.seq], out[0], t0)
                 # the budget is clipped at the head count: position n_heads has no trained head to draft it
                 if more and head + 1 < self.head.n_heads:
-                    rows_h[r.seq].append(h_out[None, :])
+                    rows_h[r.seq].append(out[1][None, :])
                 else:
                     going.discard(r.seq)
-        return [Draft.empty(self.name) if r.seq not in drafts else drafts[r.seq].draft(self.name) for r in requests]
 
     def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
         """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q at the draft's

@@ -14,13 +14,13 @@ the tokenizer is copied from a source GGUF (the bundled target by default).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .mtp import copy_tokenizer, fill
 from .mtp_tensors import TensorSpec
 from .source import open_source
+from .writer import gguf_file
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,8 @@ def _header(w, p: Gemma4Pair, n_layer: int, n_embd: int, n_ff: int) -> None:
 
 def _write(out: Path, arch: str, specs: list[TensorSpec], tokenizer: Path, header, seed: int) -> None:
     """One GGUF of ``specs`` (via ``out.partial``), header keys from ``header(writer)`` and the copied tokenizer."""
-    import gguf
-
     reader = open_source(tokenizer)
-    tmp = out.with_name(out.name + ".partial")
-    w = gguf.GGUFWriter(tmp, arch)
-    try:
+    with gguf_file(out, arch) as w:
         w.add_name(f"{arch} MTP stand-in (random)")
         w.add_file_type(1)
         header(w)
@@ -126,12 +122,6 @@ def _write(out: Path, arch: str, specs: list[TensorSpec], tokenizer: Path, heade
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def assistant_path(target: Path) -> Path:

@@ -22,7 +22,6 @@ bundled target's 4,096-token vocabulary keeps files small (the output layer and 
 
 from __future__ import annotations
 
-import os
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ from .mtp_layouts import MtpShape, mtp_shape
 from .mtp_tensors import TensorSpec, key_values, tensor_specs
 from .shape import FTYPES
 from .source import open_source, read_field
+from .writer import gguf_file
 
 if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
     from gguf import GGUFReader, GGUFWriter
@@ -105,34 +105,24 @@ def _write_header(writer: GGUFWriter, reader: GGUFReader, shape: MtpShape, specs
 def write_mtp_f16(shape: MtpShape, tokenizer: Path, out: Path, *, progress: bool = True, seed: int = 0) -> Path:
     """Write ``shape``'s random-weight F16 GGUF to ``out`` (via ``out.partial``), one tensor at a time: peak
     memory is the largest tensor (all experts of one matrix: 256 x 512 x 2048 in qwen35moe)."""
-    import gguf
-
     from ...ui import Progress
 
     reader = open_source(tokenizer)
     n_vocab = _n_vocab(reader)
     specs = tensor_specs(shape, n_vocab)
     total = sum(s.nbytes for s in specs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    writer = gguf.GGUFWriter(tmp, shape.arch)
     tick = Progress("make-standin", total / 2**20, unit="MiB", quiet=not progress)  # weighted by bytes
     try:
-        _write_header(writer, reader, shape, specs)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        done = 0
-        for spec in specs:
-            writer.write_tensor_data(fill(spec, seed))
-            done += spec.nbytes
-            tick.update(done / 2**20, note=spec.name)
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
+        with gguf_file(out, shape.arch) as writer:
+            _write_header(writer, reader, shape, specs)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            done = 0
+            for spec in specs:
+                writer.write_tensor_data(fill(spec, seed))
+                done += spec.nbytes
+                tick.update(done / 2**20, note=spec.name)
     finally:
         tick.close()
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -26,6 +27,26 @@ if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without
 
 # (tensor name, build its array); built lazily, one at a time.
 _Job = tuple[str, Callable[[], np.ndarray]]
+
+
+
+@contextmanager
+def gguf_file(out: Path, arch: str) -> Iterator[GGUFWriter]:
+    """A GGUF writer for ``out`` that writes ``out.partial`` and renames it only once the block finishes: a failed
+    or interrupted write leaves no half file under the real name."""
+    import gguf
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        yield writer
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _layer_kind(name: str) -> tuple[int, str]:
@@ -132,8 +153,6 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
 
     A quantized (gemma3) source with ``ftype_for_checks`` its own ftype is written in its own
     quant blocks instead (``plan.out.quantized``; see the gemma3 module), not in F16."""
-    import gguf
-
     reader = open_source(src)
     plan = plan_standin(read_shape(reader), width, layers, ffn, ftype_for_checks, kv_heads=kv_heads,
                         attn_layers=attn_layers, heads=heads)
@@ -150,17 +169,8 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
         builder = None
         jobs = list(_tensor_jobs(reader, plan))
         info = (lambda name: (*_shape_of(name, plan), None))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    writer = gguf.GGUFWriter(tmp, plan.src.arch)
-    try:
+    with gguf_file(out, plan.src.arch) as writer:
         _write_gguf(writer, reader, plan, eps, jobs, progress, info, file_type)
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     if builder is not None and builder.inexact_scales and progress:
         print(f"make-standin: note: {builder.inexact_scales} embedding scales (f16 subnormals) did not divide "
               f"exactly by sqrt({plan.copies})", file=sys.stderr)
