@@ -353,9 +353,11 @@ class MtpDrafter:
 ALTERNATIVES = "prompt-lookup, suffix, rest (with --datastore) or draft-model (with -md DRAFT.gguf)"
 
 
-def check_mtp_model(path, where: str = "--drafter mtp", assistant: Path | None = None) -> Path | None:
+def check_mtp_model(path, where: str = "--drafter mtp", assistant: Path | None = None,
+                    alternatives: str = ALTERNATIVES) -> Path | None:
     """Refuse, from the GGUF's metadata alone (milliseconds, before any load or measurement), a model whose NextN
-    layers this llama.cpp cannot draft from: one line naming the model and the drafters that can work. Return the
+    layers this llama.cpp cannot draft from: one line naming the model and ``alternatives``, the drafters that can
+    work where it is asked (a server has no datastore and no second -md). Return the
     assistant GGUF to draft with (``assistant``, for a target whose head ships apart: gemma4), else None (the
     target's own NextN layers; an ``assistant`` given for such a target is not this drafter's: None)."""
     from ..modelfile.archs import mtp_assistant_arch
@@ -365,30 +367,31 @@ def check_mtp_model(path, where: str = "--drafter mtp", assistant: Path | None =
     name = getattr(path, "name", str(path))
     wanted = mtp_assistant_arch(meta.architecture)
     if wanted is not None:
-        return _check_assistant(name, meta.architecture, wanted, assistant, where)
+        return _check_assistant(name, meta.architecture, wanted, assistant, where, alternatives)
     if meta.nextn_layers == 0:
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) has no multi-token-prediction (NextN) "
-                                    f"layers to draft from; use {ALTERNATIVES}")
+                                    f"layers to draft from; use {alternatives}")
     mode = meta.mtp_mode
     if mode is None:
         raise UnsupportedModelError(f"{where}: {name} declares {meta.nextn_layers} NextN layer(s), but this llama.cpp "
-                                    f"has no MTP graph for its architecture {meta.architecture!r}; use {ALTERNATIVES}")
+                                    f"has no MTP graph for its architecture {meta.architecture!r}; use {alternatives}")
     if mode == "assistant":
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) is an MTP assistant, not a model to "
                                     "generate with: give its target with -m and this file with -md")
     if mode not in ("single head", "chained heads"):
         raise UnsupportedModelError(f"{where}: {name} ({meta.architecture}) drafts with {mode}, which specstack's MTP "
-                                    f"drafter does not run yet; use {ALTERNATIVES}")
+                                    f"drafter does not run yet; use {alternatives}")
     return None
 
 
-def _check_assistant(name: str, arch: str, wanted: str, assistant: Path | None, where: str) -> Path:
+def _check_assistant(name: str, arch: str, wanted: str, assistant: Path | None, where: str,
+                     alternatives: str) -> Path:
     """The ``-md`` file of a target whose MTP head ships apart (gemma4): given, and of the head's architecture."""
     from ..modelfile.meta import read_gguf
 
     if assistant is None:
         raise UnsupportedModelError(f"{where}: {name} ({arch}) drafts with a separate MTP assistant model: give it "
-                                    f"with -md ASSISTANT.gguf (a {wanted} GGUF), or use {ALTERNATIVES}")
+                                    f"with -md ASSISTANT.gguf (a {wanted} GGUF), or use {alternatives}")
     got = read_gguf(assistant, tensors=False).architecture
     if got != wanted:
         raise UnsupportedModelError(f"{where}: -md {Path(assistant).name} is {got!r}, not the {wanted} assistant "

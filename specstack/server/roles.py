@@ -248,15 +248,10 @@ def check_mtp(model: Path, drafter: str, where: str, fix: str) -> None:
     with the drafters a server can use instead and ``fix``.  Checked at startup for a role's drafter and before a
     request is queued for its ``speculative.drafter``, so neither fails after a load nor inside the engine."""
     from ..drafters.base import check_name
-    from ..drafters.mtp import ALTERNATIVES, check_mtp_model
-    from ..errors import UnsupportedModelError
+    from ..drafters.mtp import check_mtp_model
 
-    if "mtp" not in check_name(drafter, where):
-        return
-    try:
-        check_mtp_model(model, where)
-    except UnsupportedModelError as exc:
-        raise UnsupportedModelError(str(exc).replace(ALTERNATIVES, f"{SERVE_ALTERNATIVES}; {fix}")) from None
+    if "mtp" in check_name(drafter, where):
+        check_mtp_model(model, where, alternatives=f"{SERVE_ALTERNATIVES}; {fix}")
 
 
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:
