@@ -19,6 +19,7 @@ import openai
 import pytest
 import uvicorn
 
+from specstack.sampling import MAX_LOGPROBS
 from specstack.server.app import Limits, create_app
 from specstack.server.roles import default_roles
 from test_serve import KEY, PROMPT, Server, spawn_server
@@ -293,6 +294,82 @@ def test_strict_types_still_take_what_is_right(http):
     for fields in ({"speculative": {"drafter": "draft-model", "p_min": 0}}, {"prompt": [1, 2, 3], "echo": False},
                    {"speculative": {"n_min": 2}}, {"stream": False, "temperature": 0}):
         assert answer(http, "completions", fields)[0] == 200, fields
+
+
+# -- issue 37 items 10 and 12: strict types in messages and tools; n_probs by its name --------------------
+
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+CONVERSATION = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+DROP = object()
+
+
+def conversation(i: int, **keys: Any) -> dict[str, Any]:
+    """Chat fields: CONVERSATION and its tool, with message ``i``'s ``keys`` set (``DROP``: left out)."""
+    messages = [dict(m) for m in CONVERSATION]
+    messages[i] = {k: v for k, v in {**messages[i], **keys}.items() if v is not DROP}
+    return {"messages": messages, "tools": [TOOL]}
+
+
+def schema_format(**keys: Any) -> dict[str, Any]:
+    """A json_schema response_format with ``keys`` in its ``json_schema`` object."""
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {}, **keys}}}
+
+
+@pytest.mark.parametrize("route, fields, param", [
+    ("chat", conversation(1, tool_calls="notalist"), "messages[1].tool_calls"),
+    ("chat", conversation(1, tool_calls=[{"bogus": 1}]), "messages[1].tool_calls[0].id"),
+    ("chat", conversation(1, tool_calls=[{**CALL, "bogus": 1}]), "messages[1].tool_calls[0].bogus"),
+    ("chat", conversation(1, tool_calls=[{**CALL, "function": {"name": "add", "arguments": {}}}]),
+     "messages[1].tool_calls[0].function.arguments"),
+    ("chat", conversation(1, tool_calls=DROP), "messages[1].content"),  # an assistant message says something
+    ("chat", conversation(2, tool_call_id=5), "messages[2].tool_call_id"),
+    ("chat", conversation(2, tool_call_id=DROP), "messages[2].tool_call_id"),
+    ("chat", conversation(0, content=DROP), "messages[0].content"),
+    ("chat", conversation(0, content=None), "messages[0].content"),
+    ("chat", conversation(0, color="red"), "messages[0].color"),
+    ("chat", conversation(0, tool_calls=[CALL]), "messages[0].tool_calls"),  # only an assistant calls
+    ("chat", conversation(0, tool_call_id="call_1"), "messages[0].tool_call_id"),  # only a tool message answers
+    ("chat", conversation(0, role="function"), "messages[0].role"),
+    ("chat", conversation(1, refusal="I will not"), "messages[1].refusal"),
+    ("chat", {"tools": [{**TOOL, "strict": True}]}, "tools[0]"),  # strict belongs inside function
+    ("chat", {"tools": [{**TOOL, "function": {**TOOL["function"], "strict": "yes"}}]}, "tools[0].function.strict"),
+    ("chat", schema_format(strict="yes"), "response_format.json_schema.strict"),
+    ("chat", schema_format(name="a b!"), "response_format.json_schema.name"),
+    ("chat", schema_format(name="n" * 65), "response_format.json_schema.name"),
+    ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("completions", {"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_messages_and_tools_are_strict_too(http, route, fields, param):
+    """Each of these was accepted and rewritten or dropped (a call with no id rendered as no call at all)."""
+    status, got, message = answer(http, route, fields)
+    assert (status, got) == (400, param), message
+    assert param.rsplit(".", 1)[-1].split("[")[0] in message, message
+
+
+@pytest.mark.parametrize("fields", [
+    conversation(1),
+    conversation(1, content="", name="coder", refusal=None, reasoning_content="adding"),
+    conversation(2, name="add"),
+    {"messages": [{"role": "developer", "content": "Be terse."}, *CONVERSATION[:1]]},
+    {"tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]},
+    schema_format(strict=False, name="Answer_v-2", description="any JSON object"),
+    {"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": None}}},  # llama-server's
+])
+def test_what_openai_sends_back_still_passes(http, fields):
+    """A conversation as OpenAI's client sends it back: the assistant's calls, the tool's answer, nulls."""
+    status, _, message = answer(http, "chat", fields)
+    assert status == 200, message
+
+
+@pytest.mark.parametrize("n_probs", [-1, MAX_LOGPROBS + 1])
+def test_completion_names_n_probs(http, n_probs):
+    """llama-server's /completion reads n_probs as logprobs; its range error named logprobs, with no param."""
+    r = http.post("/completion", json={"prompt": "def f(", "n_predict": 2, "n_probs": n_probs})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"]) == (400, "n_probs"), error
+    assert "n_probs" in error["message"] and "logprobs" not in error["message"], error
 
 
 # -- item 10: 400s name the right field, and speak of request fields -------------------------------------

@@ -25,7 +25,9 @@ import h11
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationInfo,
+                      create_model, field_validator)
+from pydantic_core import PydanticCustomError
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -37,8 +39,8 @@ from ..generation import GenerationConfig
 from ..errors import SpecstackError
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from .access import AccessLog
-from .chat import RenderedChat, chat_tokens, render
-from .inputs import chat_messages, completion_prompts
+from .chat import ROLES, RenderedChat, chat_tokens, render
+from .inputs import ROLE_ALIASES, chat_messages, completion_prompts
 from .controls import ControlError, ControlFields, request_constraints, stop_strings
 from .prometheus import ServerMetrics
 from .roles import Role, check_mtp
@@ -47,6 +49,7 @@ from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, 
 from .worker import Job, QueueFull, RoleWorker
 
 STATIC = Path(__file__).resolve().parent / "static"
+CHAT_ROLES = ROLES + tuple(ROLE_ALIASES)  # a message's role as sent (``developer`` is read as ``system``)
 
 # The request's session (``x-session-id`` header, else the body's prompt_cache_key, user or safety_identifier),
 # set around ``submit``: a scale-out
@@ -154,10 +157,69 @@ class _CompletionFields(_Common):
     echo: bool = Field(False, strict=True)
 
 
+class CalledFunction(BaseModel):
+    """The function of an assistant message's earlier call: its arguments are JSON text, as OpenAI and llama-server
+    take them (a template that needs an object gets one from ``chat``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: StrictStr
+    arguments: StrictStr
+
+
+class MessageToolCall(BaseModel):
+    """One call of an assistant message sent back: all of OpenAI's keys, each required (a call without its id or
+    function used to be dropped from the prompt without a word)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: StrictStr
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    """A chat message as OpenAI's schema has it: known keys only, strictly typed, and what each role needs.
+
+    Keys are checked in the order declared, so the role is known when the keys that depend on it are: only
+    an assistant message has ``tool_calls``, only a tool message (which needs it) ``tool_call_id``; every
+    message needs ``content`` but an assistant's that makes calls.  Each rule's 400 names the key
+    (``messages[1].tool_call_id``), where the template would otherwise have got a message it did not expect."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal[CHAT_ROLES]
+    tool_calls: list[MessageToolCall] | None = Field(None, validate_default=True)
+    tool_call_id: StrictStr | None = Field(None, validate_default=True)
+    content: StrictStr | list[dict[str, Any]] | None = Field(None, validate_default=True)
+    name: StrictStr | None = None
+    reasoning_content: StrictStr | None = None  # llama-server's: an assistant's reasoning, for templates that show it
+    refusal: None = None  # in OpenAI's assistant messages as they come back; only null (no refusal) changes nothing
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_are_the_assistant_s(cls, value: Any, info: ValidationInfo) -> Any:
+        return _role_key(value, info, "tool_calls", "assistant")
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_messages_answer_a_call(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and info.data.get("role") == "tool":
+            raise PydanticCustomError("missing", "a tool message needs the tool_call_id of the call it answers")
+        return _role_key(value, info, "tool_call_id", "tool")
+
+    @field_validator("content")
+    @classmethod
+    def _content_is_there(cls, value: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if value is None and role is not None and not (role == "assistant" and info.data.get("tool_calls")):
+            needs = "content or tool_calls" if role == "assistant" else "content"
+            raise PydanticCustomError("missing", f"{'an' if role == 'assistant' else 'a'} {role} message needs {needs}")
+        return value
+
+
+def _role_key(value: Any, info: ValidationInfo, key: str, role: str) -> Any:
+    """``value`` of a message key that only ``role``'s messages have (OpenAI refuses it on the others)."""
+    if value is not None and info.data.get("role") not in (role, None):
+        raise PydanticCustomError("role_key", f"only {role} messages have {key}")
+    return value
 
 
 class _ChatFields(_Common):
@@ -343,6 +405,8 @@ def unsupported(body: _Common) -> None:
                 " or send " + " or ".join(json.dumps(v) for v in u.neutral)
             raise ApiError(400, f"{u.name} is not supported by specstack serve: {u.why}; leave it out{allowed} "
                                 f"(got {_shown_value(value)})", param=u.name)
+    if body.stream_options is not None and not body.stream:  # OpenAI's and vLLM's 400: it says nothing otherwise
+        raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
     if body.stream_options is not None and body.stream_options.include_obfuscation:
         raise ApiError(400, "stream_options.include_obfuscation: this server adds no obfuscation to stream chunks; "
                             "leave it out or send false", param="stream_options.include_obfuscation")
@@ -721,7 +785,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         (``tools_for``) go to the template, with their format's instruction and example where it has them."""
         tools = tools if tools is not None else tools_for(body, w)
         try:
-            messages = chat_messages([m.model_dump() for m in body.messages])
+            # the keys each message was sent with (a template may test whether one is defined), but no refusal
+            messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
             if tools is None:
                 return render(messages, w.template)
             return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),

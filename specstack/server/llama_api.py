@@ -21,6 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from .. import __version__
 from ..draft_length import DEFAULT_K_MAX
+from ..sampling import MAX_LOGPROBS
 from .app import ApiError, ChatRequest, CompletionRequest, ServeApi, error, summary, total_usage
 
 router = APIRouter()
@@ -246,6 +247,9 @@ async def completion(body: CompletionRequest, request: Request) -> Response:
             raise ApiError(400, f"{name} is a field of /v1/completions, not of llama-server's /completion ({instead})",
                            param=name)
     update: dict[str, Any] = {"return_tokens": None}  # honoured here: "tokens" always holds the ids
+    # n_probs is checked by its own name: from here on it is read as logprobs, which its errors would name
+    if body.n_probs is not None and not 0 <= body.n_probs <= MAX_LOGPROBS:
+        raise ApiError(400, f"n_probs must be in 0..{MAX_LOGPROBS} (got {body.n_probs})", param="n_probs")
     if body.n_probs:  # the native route's logprobs
         update.update(n_probs=None, logprobs=body.n_probs)
     if body.n_predict == -1:  # llama-server: until the end of generation; here at most --max-tokens

@@ -12,6 +12,7 @@ object; a grammar and a schema together, or a grammar with tools, are refused.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..errors import InvalidParameterError
@@ -52,6 +53,7 @@ def response_schema(response_format: dict[str, Any] | None, json_schema: dict[st
             if extra:
                 raise StructuredError(f"response_format.json_schema has unknown field {sorted(extra)[0]!r}",
                                       "response_format.json_schema")
+            _check_wrapper(wrapper)
             schema = wrapper.get("schema", {})
         if kind != "text" and not isinstance(schema, (dict, bool)):
             raise StructuredError("the response_format's schema must be a JSON schema object", "response_format")
@@ -60,6 +62,22 @@ def response_schema(response_format: dict[str, Any] | None, json_schema: dict[st
             raise StructuredError("response_format and json_schema give two schemas; send one of them", "json_schema")
         schema = json_schema
     return schema
+
+
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's json_schema.name
+
+
+def _check_wrapper(wrapper: dict[str, Any]) -> None:
+    """``response_format.json_schema``'s ``name`` and ``strict`` of OpenAI's types: a value it refuses would
+    otherwise pass unread (the name is optional, as llama-server takes it; the grammar is strict either way)."""
+    name = wrapper.get("name")
+    if name is not None and not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
+        raise StructuredError("response_format.json_schema.name must be 1-64 letters, digits, '_' or '-' "
+                              f"(got {json.dumps(name)})", "response_format.json_schema.name")
+    strict = wrapper.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise StructuredError(f"response_format.json_schema.strict must be true or false (got {json.dumps(strict)})",
+                              "response_format.json_schema.strict")
 
 
 def request_grammar(*, response_format: dict[str, Any] | None = None, json_schema: dict[str, Any] | None = None,

@@ -74,28 +74,43 @@ def check_tools(tools: Any) -> list[Tool]:
         raise ToolRequestError("tools must be a list of {\"type\": \"function\", \"function\": {...}}", "tools")
     out: list[Tool] = []
     for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise ToolRequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                                   "\"parameters\": {...}}}} (only function tools exist here)", where)
-        fn = tool["function"]
-        name = fn.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ToolRequestError(f"{where}.function.name must be 1-64 letters, digits, '_', '-' or '.' "
-                                   f"(got {name!r})", f"{where}.function.name")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise ToolRequestError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
-        description = fn.get("description")
-        if description is not None and not isinstance(description, str):
-            raise ToolRequestError(f"{where}.function.description must be a string", f"{where}.function.description")
-        extra = set(fn) - {"name", "description", "parameters", "strict"}
-        if extra:
-            raise ToolRequestError(f"{where}.function has unknown field {sorted(extra)[0]!r}", where)
-        if any(t.name == name for t in out):
-            raise ToolRequestError(f"{where}: two tools are named {name!r}", f"{where}.function.name")
-        out.append(Tool(name, params, description))
+        checked = _tool(tool, f"tools[{i}]")
+        if any(t.name == checked.name for t in out):
+            raise ToolRequestError(f"tools[{i}]: two tools are named {checked.name!r}", f"tools[{i}].function.name")
+        out.append(checked)
     return out
+
+
+TOOL_KEYS = ("type", "function")
+FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+
+
+def _tool(tool: Any, where: str) -> Tool:
+    """One entry of ``tools``, every key known and of its type: a key the server does not know, or a value of the
+    wrong type, would otherwise go to the template unread (OpenAI answers both with a 400)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise ToolRequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                               "\"parameters\": {...}}}} (only function tools exist here)", where)
+    fn = tool["function"]
+    for keys, value, at in ((TOOL_KEYS, tool, where), (FUNCTION_KEYS, fn, f"{where}.function")):
+        extra = set(value) - set(keys)
+        if extra:
+            raise ToolRequestError(f"{at} has unknown field {sorted(extra)[0]!r}", where)
+    name = fn.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ToolRequestError(f"{where}.function.name must be 1-64 letters, digits, '_', '-' or '.' "
+                               f"(got {name!r})", f"{where}.function.name")
+    params = fn.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(params, dict):
+        raise ToolRequestError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+    description = fn.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ToolRequestError(f"{where}.function.description must be a string", f"{where}.function.description")
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):  # the grammar enforces the schema either way
+        raise ToolRequestError(f"{where}.function.strict must be true or false (got {json.dumps(strict)})",
+                               f"{where}.function.strict")
+    return Tool(name, params, description)
 
 
 def check_tool_choice(choice: Any, tools: Sequence[Tool]) -> str:
