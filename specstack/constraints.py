@@ -98,6 +98,7 @@ class ConstraintState:
         self._ends = np.array(sorted(eog_ids | stop_ids), dtype=np.int64)
         # Whether a row needs a shaped copy at all (a grammar alone only picks among the row's own values).
         self._shapes = bool(len(self._bias_ids) or constraints.penalized or constraints.min_tokens)
+        self.dead_row: int | None = None  # the last verification's first row where nothing was allowed
 
     # -- the draft -----------------------------------------------------------
 
@@ -121,9 +122,15 @@ class ConstraintState:
         """
         state = self.grammar.copy() if self.grammar is not None else None
         choices: list[int] = []
+        self.dead_row = None
         for i in range(len(draft) + 1):
             row = self.shaped(logits[i], context, draft[:i], n_output + i) if self._shapes else logits[i]
-            choices.append(self._argmax(row, state))
+            choice = self._argmax(row, state)
+            if choice is None:  # nothing allowed: the row's token is a placeholder the engine drops (``dead_row``)
+                self.dead_row = i
+                choices.append(self.n_vocab)
+                break
+            choices.append(choice)
             if i == len(draft) or choices[-1] != draft[i]:
                 break
             if state is not None:
@@ -135,6 +142,7 @@ class ConstraintState:
         """p at each of the k + 1 rows, from the shaped logits (the grammar masks the whole vocabulary)."""
         state = self.grammar.copy() if self.grammar is not None else None
         rows = []
+        self.dead_row = None
         for i in range(len(draft) + 1):
             row = self.shaped(logits[i], context, draft[:i], n_output + i)
             if state is not None:
@@ -142,7 +150,9 @@ class ConstraintState:
                 if i < len(draft):
                     state.accept(draft[i])  # drafts are cut to what the grammar allows
             if not np.isfinite(row.max()):
-                row[self._ends] = 0.0  # nothing allowed: end here (llama.cpp would abort)
+                row[self._ends[:1] if len(self._ends) else 0] = 0.0  # nothing allowed: a placeholder token ...
+                if self.dead_row is None:
+                    self.dead_row = i  # ... the engine drops, ending the generation there (``dead_row``)
             rows.append(row)
         return target_probs(np.stack(rows), sampling)
 
@@ -172,9 +182,12 @@ class ConstraintState:
         vals -= counts * self.c.frequency_penalty + self.c.presence_penalty
         out[ids] = vals
 
-    def _argmax(self, row: np.ndarray, state: "Grammar | None") -> int:
-        """The best token the grammar allows: the argmax, then the best few, then the whole vocabulary."""
+    def _argmax(self, row: np.ndarray, state: "Grammar | None") -> int | None:
+        """The best token the grammar allows: the argmax, then the best few, then the whole vocabulary (None where
+        the grammar, the bias and the bans together allow nothing)."""
         best = int(row.argmax())
+        if not np.isfinite(row[best]):
+            return None
         if state is None or state.allowed([best])[0]:
             return best
         for n in TOP_FIRST:
@@ -187,7 +200,7 @@ class ConstraintState:
                     return int(tok)
         masked = np.where(state.mask(), row, -np.inf)
         if not np.isfinite(masked.max()):
-            return int(self._ends[0]) if len(self._ends) else best  # nothing allowed: end here
+            return None
         return int(masked.argmax())
 
     # -- after the step --------------------------------------------------------
@@ -197,6 +210,13 @@ class ConstraintState:
         if self.grammar is not None:
             for tok in token_ids:
                 self.grammar.accept(tok)
+
+
+def dead_end_message(n_output: int) -> str:
+    """What a generation that stopped with reason "constraint" says: nothing the model could write was allowed."""
+    return (f"the constraints allow no token after {n_output} tokens of output (the grammar or JSON schema, with "
+            "logit_bias, ignore_eos or min_tokens banning what it leaves), so the generation cannot go on; loosen "
+            "them so that some token stays allowed")
 
 
 def for_target(constraints: Constraints, n_vocab: int, eog_ids: frozenset[int], stop_ids: frozenset[int],

@@ -63,6 +63,7 @@ class _Work:
     budget: Budget
     draft: Draft = field(default_factory=lambda: Draft.empty(""))
     draft_s: float = 0.0
+    dead_end: bool = False  # the constraints allowed no token at the step's last row: its token is a placeholder
 
 
 def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
@@ -450,9 +451,11 @@ class Engine:
             gen = w.gen
             verify_s = (t2 - t1) * share
             gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s)
-            committed = self._commit(gen, result.token_ids)
+            committed = self._commit(gen, result.token_ids[:-1] if w.dead_end else result.token_ids)
             if gen.constraint is not None and not gen.stats.stop_reason:
                 gen.constraint.commit(committed)
+            if w.dead_end and not gen.stats.stop_reason:
+                gen.stats.stop_reason = "constraint"  # nothing allowed: an error, never a quiet "stop" (or an EOS it bans)
             if gen.config.logprobs is not None:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
@@ -555,13 +558,15 @@ class Engine:
             sampling, constraint = w.gen.config.sampling, w.gen.constraint
             if constraint is not None:
                 result = self._verify_constrained(w, logits, constraint)
+                w.dead_end = constraint.dead_row is not None and len(result.token_ids) == constraint.dead_row + 1
             elif sampling.greedy:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
                 uniforms = w.gen.uniforms.at(len(w.gen.output_ids), len(w.draft.token_ids) + 1)
                 result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng, uniforms)
             self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
-            self._note_logprobs(w.gen, logits, result)
+            self._note_logprobs(w.gen, logits, result if not w.dead_end else
+                                VerifyResult(result.token_ids[:-1] + (0,), result.n_accepted))
             results.append(result)
         return results
 

@@ -29,6 +29,7 @@ from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama import LlamaModel, set_verbose
 from ..llama.api import DEFAULT_CTX
+from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 
 __all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable",
@@ -415,10 +416,20 @@ def grammar_from_args(args: argparse.Namespace) -> str | None:
     if schema is not None:
         from ..llama.grammar import schema_to_gbnf
 
-        return schema_to_gbnf(json.loads(schema))
-    text = _read(args.grammar_file, "--grammar-file") if getattr(args, "grammar_file", None) is not None else args.grammar
+        flag = "-jf" if getattr(args, "json_schema_file", None) is not None else "-j"
+        try:
+            return schema_to_gbnf(json.loads(schema))
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"{flag}: {exc}") from None
+    from_file = getattr(args, "grammar_file", None) is not None
+    text = _read(args.grammar_file, "--grammar-file") if from_file else args.grammar
     if text is not None and not text.strip():
         raise InvalidParameterError("the grammar is empty; leave --grammar out for unconstrained output")
+    if text is not None:
+        try:
+            check_gbnf(text)  # before llama.cpp's parser, which a bad bound hangs or crashes
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"{'--grammar-file' if from_file else '--grammar'}: {exc}") from None
     return text
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..calibration import Calibration
+from ..constraints import dead_end_message
 from ..draft_length import check_k
 from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
@@ -133,6 +134,9 @@ def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, co
         sys.stdout.write("\n")
         print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
     engine.finish_calibration()  # measured to the end, so that the next run starts from the cache
+    if gen.stats.stop_reason == "constraint":
+        print(f"specstack generate: {dead_end_message(len(gen.output_ids))}", file=sys.stderr)
+        return 1
     return 0
 
 

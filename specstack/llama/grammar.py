@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import ctypes
 import json
-from typing import Any, Sequence
+import os
+import queue
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..gbnf import check_gbnf
+from ..json_schema import INT_BOUNDS, KNOWN_FORMATS, SchemaError, check_schema, integer_bounds, integer_range, resolve_ref
 from .backend import llama_cpp_module
 
 # llama_token_data as numpy sees it: id (int32), logit (float), p (float), 12 bytes, no padding.
@@ -26,26 +37,175 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
 def schema_to_gbnf(schema: dict[str, Any] | bool) -> str:
-    """A JSON schema as a GBNF grammar, with llama.cpp's converter (``json_schema_to_gbnf``).
+    """A JSON schema as a GBNF grammar, with llama.cpp's converter (``json_schema_to_gbnf``'s Python port).
 
-    ``True`` or ``{}`` means any JSON value, as OpenAI's ``json_object`` mode; a schema the converter
-    cannot read is an ``InvalidParameterError`` naming the reason.
+    ``True`` or ``{}`` means any JSON value, as OpenAI's ``json_object`` mode.  The schema is checked first
+    (``json_schema.check_schema``: every keyword enforced or refused, no unsatisfiable node, bounds within the
+    limits), and the grammar after (``gbnf.check_gbnf``); what is wrong is an ``InvalidParameterError`` in the
+    schema's words, never the converter's internals.
     """
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     if schema is True or schema == {}:
         schema = {}
+    check_schema(schema)
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter raises plain exceptions (KeyError, ValueError, ...)
-        raise InvalidParameterError(f"the JSON schema cannot be turned into a grammar: {exc!r}") from None
+        converter = _Converter(schema)
+        converter.visit(schema, "")
+        gbnf = converter.format_grammar()
+    except SchemaError:
+        raise
+    except Exception as exc:  # the port raises bare KeyError/AssertionError/ValueError on what it cannot read
+        reason = exc.args[0] if isinstance(exc, AssertionError) and exc.args else str(exc) or type(exc).__name__
+        raise InvalidParameterError(f"the JSON schema cannot be turned into a grammar: {reason}") from None
     # The Python port's string character admits raw control characters, which JSON forbids (llama.cpp's C++
     # converter excludes them): a newline inside a string would make the output unparseable.
-    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    check_gbnf(gbnf)
+    return gbnf
+
+
+def _converter_class() -> type:
+    """llama.cpp's converter with what its Python port lacks: recursive local refs, boolean sub-schemas, integer
+    bounds (as llama.cpp's C++ converter has them)."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class Converter(SchemaConverter):
+        def __init__(self, root: Any) -> None:
+            super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+            self._root = root
+            self._collect_refs(root)
+
+        def _collect_refs(self, node: Any) -> None:
+            """Every local ``$ref`` resolved up front, wherever it stands (the port skips a node's siblings of a
+            ``$ref``, so a ref inside ``$defs`` beside a top-level ``$ref`` was never resolved)."""
+            todo = [node]
+            while todo:
+                n = todo.pop()
+                if isinstance(n, list):
+                    todo.extend(n)
+                elif isinstance(n, dict):
+                    ref = n.get("$ref")
+                    if isinstance(ref, str) and ref not in self._refs:
+                        self._refs[ref] = resolve_ref(self._root, ref, "")
+                    todo.extend(n.values())
+
+        def visit(self, schema: Any, name: str) -> str:
+            if schema is True:
+                schema = {}
+            if isinstance(schema, dict) and schema.get("type") == "integer" and not (
+                    set(schema) & {"$ref", "anyOf", "oneOf", "const", "enum"}) and \
+                    any(k in schema for k in INT_BOUNDS):
+                lo, hi = integer_bounds(schema)
+                rule_name = name + "-" if name in _reserved_names() else name or "root"
+                return self._add_rule(rule_name, integer_range(lo, hi) + " space")
+            if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"] and \
+                    not (set(schema) & {"$ref", "anyOf", "oneOf", "const"}):
+                rule_name = name + "-" if name in _reserved_names() else name or "root"
+                values = [json.dumps(v) for v in schema["enum"]]
+                return self._add_rule(rule_name, literal_trie(values, self._format_literal) + " space")
+            if isinstance(schema, dict) and not (set(schema) & {"$ref", "anyOf", "oneOf", "const", "enum"}):
+                rule = self._bounded(schema, name)
+                if rule is not None:
+                    return rule
+            return super().visit(schema, name)
+
+        def _bounded(self, schema: dict, name: str) -> str | None:
+            """Arrays and strings with length bounds as llama.cpp's C++ converter writes them, ``x{m,n}``, which
+            llama.cpp expands into a chain of rules; the port nests one group per optional place instead, which
+            llama.cpp's recursive parser cannot read past about 1,000."""
+            kind = schema.get("type")
+            rule_name = name + "-" if name in _reserved_names() else name or "root"
+            if kind in (None, "array") and isinstance(schema.get("items"), (dict, bool)) and \
+                    ("minItems" in schema or "maxItems" in schema) and "prefixItems" not in schema:
+                item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
+                body = _repeat(item, schema.get("minItems", 0), schema.get("maxItems"), '"," space')
+                return self._add_rule(rule_name, f'"[" space {body} "]" space')
+            if kind == "string" and ("minLength" in schema or "maxLength" in schema) and "pattern" not in schema \
+                    and schema.get("format") not in KNOWN_FORMATS:
+                from llama_cpp.llama_grammar import PRIMITIVE_RULES
+
+                char = self._add_primitive("char", PRIMITIVE_RULES["char"])
+                body = _repeat(char, schema.get("minLength", 0), schema.get("maxLength"), None)
+                return self._add_rule(rule_name, f'"\\"" {body} "\\"" space')
+            return None
+
+    return Converter
+
+
+def literal_trie(values: Sequence[str], quote: Callable[[str], str]) -> str:
+    """Alternative literals as one GBNF expression with their common prefixes shared.
+
+    llama.cpp keeps one parse stack per alternative still alive, and every token check walks all of them: an enum
+    of 2,000 strings written as 2,000 alternatives made each whole-vocabulary check take 7 s on Gemma 3, where a
+    trie keeps only the alternatives that differ at the current character."""
+    trie: dict = {}
+    for value in dict.fromkeys(values):
+        node = trie
+        for ch in value:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a value ends here
+    return _trie_gbnf(trie, quote)
+
+
+def _trie_gbnf(root: dict, quote: Callable[[str], str]) -> str:
+    """The trie below ``root`` as GBNF, built bottom-up without recursion (a long value must not exhaust Python's)."""
+    order, todo = [], [root]
+    while todo:
+        node = todo.pop()
+        order.append(node)
+        todo.extend(child for key, child in node.items() if key)
+    text: dict[int, str] = {}
+    for node in reversed(order):
+        parts = []
+        for key, child in node.items():
+            if not key:
+                continue
+            rest = text[id(child)]
+            parts.append(quote(key) + (" " + rest if rest else ""))
+        if "" in node and parts:
+            parts.append("")
+        text[id(node)] = parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")" if parts else ""
+    return text[id(root)]
+
+
+def _repeat(item: str, low: int, high: int | None, sep: str | None) -> str:
+    """``item`` low..high times (high None: unbounded), separated by ``sep``, in GBNF's {m,n} form."""
+    if high == 0:
+        return ""
+    if sep is None:
+        return f"{item}{{{low},{'' if high is None else high}}}"
+    rest = f"({sep} {item}){{{max(low - 1, 0)},{'' if high is None else high - 1}}}"
+    # not (item rest)?: llama.cpp counts the group's rules against the ? and refuses past 2000 of them
+    return f"{item} {rest}" if low > 0 else f"({item} {rest} | )"
+
+
+def _Converter(schema: Any) -> Any:
+    global _CONVERTER
+    if _CONVERTER is None:
+        _CONVERTER = _converter_class()
+    return _CONVERTER(schema)
+
+
+_CONVERTER: type | None = None
+
+
+def _reserved_names() -> Any:
+    from llama_cpp.llama_grammar import RESERVED_NAMES
+
+    return RESERVED_NAMES
+
+
+BUILDER_STACK = 256 << 20  # the builder thread's stack: llama.cpp's parser and grammar setup recurse
+CACHED = 32  # start states kept per vocabulary (a role's tools and schemas come back request after request)
+MASK_BUDGET_S = 1.0  # a start state's estimated whole-vocabulary check, at most (a JSON grammar on Gemma 3: 0.04 s)
+SAMPLE_IDS = 4096  # token ids timed to estimate it
+_PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
 
 
 class Grammar:
-    """One GBNF grammar's parse state over one model's vocabulary (llama.cpp's grammar sampler)."""
+    """One GBNF grammar's parse state over one model's vocabulary (llama.cpp's grammar sampler).
+
+    A new grammar is checked (``gbnf.check_gbnf``) and built on the builder thread (``GrammarBuilder``), never
+    on the caller's: that thread has a deep stack, and a role's engine thread keeps decoding while it works."""
 
     def __init__(self, vocab: Any, gbnf: str, n_vocab: int, *, _sampler: Any = None) -> None:
         self._lc = llama_cpp_module()
@@ -53,10 +213,8 @@ class Grammar:
         self.gbnf = gbnf
         self.n_vocab = n_vocab
         if _sampler is None:
-            _sampler = self._lc.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
-            if not _sampler:
-                raise InvalidParameterError("the grammar does not parse (llama.cpp's GBNF parser refused it; "
-                                            "check it with llama.cpp's gbnf-validator or its docs/grammars)")
+            check_gbnf(gbnf)
+            _sampler = BUILDER.run(lambda: _init_sampler(self._lc, vocab, gbnf)).result()
         self._smpl = _sampler
         self._cands: np.ndarray | None = None
 
@@ -100,3 +258,148 @@ class Grammar:
         smpl, self._smpl = getattr(self, "_smpl", None), None
         if smpl:
             self._lc.llama_sampler_free(smpl)
+
+
+def _init_sampler(lc: Any, vocab: Any, gbnf: str) -> Any:
+    """llama.cpp's grammar sampler for ``gbnf``, or an ``InvalidParameterError`` with its parser's reason.
+
+    llama.cpp writes that reason, and the whole grammar after it, straight to the process's stderr; it is caught
+    there (fd 2 goes to a file for the call, and whatever else was written meanwhile is passed back on)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            sampler = lc.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        text = caught.read().decode("utf-8", "replace")
+    match = _PARSE_ERROR.search(text)
+    if match is None and text:
+        sys.stderr.write(text)  # not the parser's: someone else's line
+    if sampler:
+        return sampler
+    reason = match.group(1).strip() if match else _log_reason()
+    raise InvalidParameterError(f"the grammar does not parse: {reason}" if reason else
+                                "the grammar does not parse (llama.cpp's GBNF parser refused it; see its "
+                                "docs/grammars)")
+
+
+def _log_reason() -> str:
+    """The grammar error llama.cpp logged (left recursion, an undefined rule), from the log's recent lines."""
+    from .backend import recent_log
+
+    for line in reversed(recent_log[-5:]):
+        if "grammar" in line:
+            return line.strip()
+    return ""
+
+
+def _checked(grammar: Grammar) -> Grammar:
+    """``grammar`` if a whole-vocabulary check of its start state is affordable; else an ``InvalidParameterError``.
+
+    llama.cpp keeps a parse stack for every alternative alive at once and checks each token against each, so a
+    grammar of thousands of alternatives side by side (a raw GBNF ``a | b | ...``) costs minutes per token, which
+    the text's size alone does not show.  A sample of the vocabulary is timed, and the whole extrapolated."""
+    n = min(SAMPLE_IDS, grammar.n_vocab)
+    ids = np.linspace(0, grammar.n_vocab - 1, n).astype(np.int64).tolist()
+    start = time.perf_counter()
+    state = grammar.copy()  # a step copies the state twice (the draft's walk, the rows'): as dear as its stacks
+    copied = time.perf_counter()
+    state.allowed(ids)
+    estimate = 2 * (copied - start) + (time.perf_counter() - copied) * grammar.n_vocab / n
+    if estimate > MASK_BUDGET_S:
+        raise InvalidParameterError(
+            f"the grammar would take about {estimate:.0f} s a token to check against this model's "
+            f"{grammar.n_vocab:,}-token vocabulary (the limit is {MASK_BUDGET_S:.0f} s): it keeps too many "
+            "alternatives alive at once; share their common prefixes (a | ab becomes a (b)?) or send fewer")
+    return grammar
+
+
+class GrammarBuilder:
+    """One thread, with a deep stack, that builds every grammar in the process, one at a time.
+
+    Building runs llama.cpp's recursive parser and its first stack expansion: a grammar that passed the limits of
+    ``gbnf`` still needs more stack than a server's threads have at the edge of those limits, and a large one
+    takes seconds, which must not hold up a role's engine thread (it decodes every other request)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> Future:
+        """``fn()`` on the builder thread; its result or exception in the future."""
+        future: Future = Future()
+        if threading.current_thread() is self._thread:
+            _settle(future, fn)
+            return future
+        self._start()
+        self._queue.put((future, fn))
+        return future
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            old = threading.stack_size(BUILDER_STACK)
+            try:
+                self._thread = threading.Thread(target=self._serve, name="specstack-grammar", daemon=True)
+                self._thread.start()
+            finally:
+                threading.stack_size(old)
+
+    def _serve(self) -> None:
+        while True:
+            future, fn = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                _settle(future, fn)
+
+
+def _settle(future: Future, fn: Callable[[], Any]) -> None:
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # handed to the caller, who raises it where it asked
+        future.set_exception(exc)
+
+
+BUILDER = GrammarBuilder()
+
+
+class GrammarCache:
+    """A vocabulary's recently built grammars' start states by GBNF text; each use gets its own copy.
+
+    ``prepare`` builds one ahead on the builder thread (a server does this while the request waits, off the
+    engine's thread), so ``get`` on the engine thread only copies it (a clone, well under a millisecond)."""
+
+    def __init__(self, vocab: Any, n_vocab: int) -> None:
+        self._vocab = vocab
+        self._n_vocab = n_vocab
+        self._built: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, gbnf: str) -> Future:
+        """The start state of ``gbnf``, built (or being built) on the builder thread."""
+        with self._lock:
+            future = self._built.get(gbnf)
+            if future is not None and not (future.done() and future.exception() is not None):
+                self._built.move_to_end(gbnf)
+                return future
+            try:
+                check_gbnf(gbnf)
+            except InvalidParameterError as exc:
+                future = Future()
+                future.set_exception(exc)
+                return future
+            future = BUILDER.run(lambda: _checked(Grammar(self._vocab, gbnf, self._n_vocab,
+                                                          _sampler=_init_sampler(llama_cpp_module(), self._vocab, gbnf))))
+            self._built[gbnf] = future
+            while len(self._built) > CACHED:
+                self._built.popitem(last=False)
+            return future
+
+    def get(self, gbnf: str) -> Grammar:
+        """A fresh copy of ``gbnf``'s start state (built now, on the builder thread, if it was not prepared)."""
+        return self.prepare(gbnf).result().copy()

@@ -16,7 +16,9 @@ ATTR_LSTRIP, ATTR_RSTRIP = 1 << 7, 1 << 8
 SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
+    from concurrent.futures import Future
+
+    from .grammar import Grammar, GrammarCache
 
 
 class Vocabulary:
@@ -112,10 +114,20 @@ class Vocabulary:
         return self._eog
 
     def grammar(self, gbnf: str) -> "Grammar":
-        """A GBNF grammar's start state over this vocabulary (llama.cpp's grammar engine)."""
-        from .grammar import Grammar
+        """A GBNF grammar's start state over this vocabulary (llama.cpp's grammar engine), a copy of the cached one."""
+        return self._grammar_cache().get(gbnf)
 
-        return Grammar(self._vocab, gbnf, self.n_vocab)
+    def prepare_grammar(self, gbnf: str) -> "Future[Grammar]":
+        """Build ``gbnf`` ahead, off the caller's thread: a server awaits this before a request reaches the engine."""
+        return self._grammar_cache().prepare(gbnf)
+
+    def _grammar_cache(self) -> "GrammarCache":
+        cache = self.__dict__.get("_grammars")
+        if cache is None:
+            from .grammar import GrammarCache
+
+            cache = self.__dict__.setdefault("_grammars", GrammarCache(self._vocab, self.n_vocab))
+        return cache
 
 
 class VocabModel(Vocabulary):

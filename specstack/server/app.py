@@ -44,7 +44,7 @@ from .inputs import ROLE_ALIASES, chat_messages, completion_prompts
 from .controls import ControlError, ControlFields, request_constraints, stop_strings
 from .prometheus import ServerMetrics
 from .roles import Role, check_mtp
-from .structured import StructuredError, request_grammar
+from .structured import StructuredError, grammar_field, request_grammar
 from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
 from .worker import Job, QueueFull, RoleWorker
 
@@ -825,6 +825,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                             or body.safety_identifier)
         try:
             w.submit(*jobs)
+        if grammar:
+            await prepared(w, grammar, grammar_field(body))
         except QueueFull as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(limits.retry_after_s)}) from None
@@ -844,6 +846,17 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         jobs, first = await start(request, w, body, prompts, chat, grammar)
         outputs = outputs_for(w, jobs, tools)  # chat with tools: each choice read as a message
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    async def prepared(w: RoleBackend, grammar: str, field: str) -> None:
+        """Build the request's grammar on the grammar thread while the request waits, so that the role's engine
+        thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``)."""
+        prepare = getattr(w.target, "prepare_grammar", None)
+        if prepare is None:  # a remote role builds it where it runs
+            return
+        try:
+            await asyncio.wrap_future(prepare(grammar))
+        except SpecstackError as exc:
+            raise ApiError(400, f"{field}: {exc}", param=field) from None
+
         per_prompt = len(jobs) // len(prompts)
         echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in jobs]
         if body.stream:

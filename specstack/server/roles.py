@@ -33,6 +33,7 @@ from typing import Any
 
 from ..draft_length import POLICIES
 from ..calibration import exact_mode
+from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
@@ -169,7 +170,13 @@ class Role:
         given = [k for k in ("grammar", "grammar_file", "json_schema") if getattr(self, k) is not None]
         if len(given) > 1:
             raise InvalidParameterError(f"role {self.name!r}: {' and '.join(given)} both give the role's grammar; keep one")
-        object.__setattr__(self, "_gbnf", self._read_grammar())
+        gbnf = self._read_grammar()
+        if gbnf is not None:
+            try:
+                check_gbnf(gbnf)  # before llama.cpp's parser, which a bad bound hangs or crashes
+            except InvalidParameterError as exc:
+                raise InvalidParameterError(f"role {self.name!r}: {given[0]}: {exc}") from None
+        object.__setattr__(self, "_gbnf", gbnf)
         if self.tool_call_format is not None:
             from .tools import get_format
 

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ..errors import InvalidParameterError
+from ..gbnf import check_gbnf
 from .tools import ToolPlan
 
 RESPONSE_TYPES = ("text", "json_object", "json_schema")
@@ -105,6 +106,10 @@ def request_grammar(*, response_format: dict[str, Any] | None = None, json_schem
         except InvalidParameterError as exc:
             raise StructuredError(f"a tool's parameters cannot be enforced: {exc}", "tools") from None
     if grammar is not None:
+        try:
+            check_gbnf(grammar)  # untrusted: the limits llama.cpp's parser needs, before it sees the text
+        except InvalidParameterError as exc:
+            raise StructuredError(f"grammar: {exc}", "grammar") from None
         return grammar
     if schema is None:
         return None
@@ -112,6 +117,14 @@ def request_grammar(*, response_format: dict[str, Any] | None = None, json_schem
         return schema_to_gbnf(schema)
     except InvalidParameterError as exc:
         raise StructuredError(str(exc), "json_schema" if json_schema is not None else "response_format") from None
+
+
+def grammar_field(body: Any) -> str:
+    """The request field a body's grammar came from, for a refusal found while building it."""
+    for name in ("grammar", "json_schema", "response_format"):
+        if getattr(body, name, None):
+            return name
+    return "tools" if getattr(body, "tools", None) else "grammar"
 
 
 def _object(schema: dict | bool) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..constraints import dead_end_message
 from ..drafters.base import check_name
 from ..drafters.options import DRAFTER_FLAGS, inapplicable
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
@@ -187,6 +188,12 @@ class RoleWorker:
         try:
             self.lossy = lossy_label(experts_info(role.model, role.experts))
             self.template = load_template(role.model, role.chat_template)
+            default_grammar = role.controls().grammar
+            if default_grammar:  # built now: a grammar llama.cpp refuses stops the start, not every request
+                try:
+                    self.target.prepare_grammar(default_grammar).result()
+                except SpecstackError as exc:
+                    raise InvalidParameterError(f"the role's grammar: {exc}") from None
             if self.template.warning:
                 print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
             default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
@@ -296,6 +303,9 @@ class RoleWorker:
 
     def _finish(self, job: Job) -> None:
         gen = job.gen
+        if gen.stats.stop_reason == "constraint":  # nothing allowed: an error the client must see, never a "stop"
+            self._fail(job, 400, dead_end_message(len(gen.output_ids)), "invalid_request_error")
+            return
         self._jobs.remove(job)
         self._release_capacity()
         stats = gen.stats
