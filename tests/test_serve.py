@@ -203,6 +203,43 @@ def test_api_key_is_enforced(server):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def test_v1_health_is_health_and_needs_no_key(server):
+    """llama-server serves /v1/health as /health, both public (issue 37 item 14: it was 401 without the key, 404
+    with it)."""
+    health = httpx.get(server.url + "/health").json()
+    assert httpx.get(server.url + "/v1/health").json() == health  # no key
+    with_key = httpx.get(server.url + "/v1/health", headers={"Authorization": f"Bearer {KEY}"})
+    assert with_key.status_code == 200 and with_key.json() == health
+    assert httpx.get(server.url + "/v1/nothing").status_code == 401  # the rest of /v1 still needs the key
+
+
+def test_every_error_answer_is_counted_by_its_kind(server):
+    """Issue 37 item 16: ``specstack_requests_total`` read 2 after about 100 validation 400s; every 4xx/5xx counts,
+    under its error type, once (a worker's failure too, which the worker counts itself)."""
+    kinds = ("invalid_request_error", "authentication_error", "not_found_error")
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def counts() -> dict[str, float]:
+        text = httpx.get(server.url + "/metrics").text
+        return {k: count_metric(text, f'role="pycoder-6m",status="{k}"') for k in kinds}
+
+    before = counts()
+    bad = [("/v1/completions", {"prompt": "x", "bogus": 1}),  # unknown field (the request model)
+           ("/v1/completions", {"prompt": "x", "max_tokens": "2"}),  # wrong type
+           ("/v1/chat/completions", {"messages": "hi"}),
+           ("/v1/completions", {"prompt": "x", "max_tokens": 10**6}),  # over --max-tokens (the route)
+           ("/v1/completions", {"prompt": "x", "max_tokens": 2, "speculative": {"p_min": 1.5}}),  # the worker's 400
+           ("/tokenize", {"content": 5})]  # llama-server's routes too
+    for path, body in bad:
+        assert httpx.post(server.url + path, json=body, headers=headers).status_code == 400, (path, body)
+    assert httpx.post(server.url + "/v1/completions", content=b"{not json", headers=headers).status_code == 400
+    assert httpx.post(server.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
+    assert httpx.get(server.url + "/v1/nothing", headers=headers).status_code == 404
+    after = counts()
+    assert {k: after[k] - before[k] for k in kinds} == {"invalid_request_error": len(bad) + 1,
+                                                        "authentication_error": 1, "not_found_error": 1}
+
+
 def test_full_queue_answers_429_with_retry_after(server, client):
     """Two slots and one queue place: a fourth concurrent request is refused; the client retries it by itself."""
     headers = {"Authorization": f"Bearer {KEY}"}

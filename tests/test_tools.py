@@ -265,6 +265,36 @@ def test_text_that_is_not_a_call_is_content():
     assert get_format("generic").parse('{"response": "Hi th') == Parsed("Hi th")
 
 
+# One whole call in each format's own words, for the cut-short reading below.
+WHOLE_CALLS = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+    "mistral_v11": '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}',
+    "deepseek": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                 '{"city": "Oslo"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    "deepseek_v3_1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}'
+                      '<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    "glm45": '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>',
+    "gemma": '```tool_code\nget_weather(city="Oslo")\n```',
+    "generic": '{ "tool_call": { "name": "get_weather", "arguments": { "city": "Oslo" } } }',
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_CALLS))
+def test_a_call_cut_short_reads_as_the_text_generated(name):
+    """Issue 37 item 15: a final reading of a call cut short (max_tokens) is the text as generated, never an
+    unfinished call nor the text with the call left out (generic's ``{`` read as empty content, mistral's
+    ``Sure. [TOOL_CALLS][{`` as ``Sure. ``, deepseek's unfinished calls as calls)."""
+    fmt, whole = get_format(name), WHOLE_CALLS[name]
+    assert fmt.parse(whole).calls[0].name == "get_weather"
+    for lead in ("", "Sure. "):
+        cut = [lead + whole[:i] for i in range(1, len(whole) - 1) if (lead + whole[:i]).strip()]
+        wrong = [(text, fmt.parse(text)) for text in cut if fmt.parse(text) != Parsed(text)]
+        # deepseek reads a call whose closing markers are cut off as whole (as llama.cpp's parser does)
+        assert all(p.calls and all(c.done for c in p.calls) for _, p in wrong) and len(wrong) <= 2, wrong[:3]
+
+
 def test_a_marker_still_being_written_is_held_back():
     hermes = get_format("hermes")
     assert hermes.parse("Checking <tool_", partial=True).content == "Checking "

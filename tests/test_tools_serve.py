@@ -140,6 +140,23 @@ def test_the_same_round_trip_streamed(client):
     assert finish == final.choices[0].finish_reason
 
 
+@pytest.mark.parametrize("max_tokens", [1, 5, 20])
+def test_a_required_call_cut_short_answers_the_text_generated(client, max_tokens):
+    """Issue 37 item 15: tool_choice required with a small max_tokens finished ``length`` with empty content and no
+    calls on Gemma (``{`` and ``{ "tool_call`` were read as nothing), though tokens were generated.  The answer is
+    now what was generated, as content (vLLM's answer; neither a call nor nothing), streamed or not, as the
+    bundled model's longer ``{"tool_call": {"name"`` always was."""
+    ask = dict(model="gemma", messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=max_tokens,
+               temperature=0)
+    r = client.chat.completions.create(**ask, logprobs=True)
+    choice = r.choices[0]
+    generated = "".join(t.token for t in choice.logprobs.content)
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == max_tokens
+    assert generated.startswith("{") and choice.message.content == generated and not choice.message.tool_calls
+    content, _, finish = _assemble(client.chat.completions.create(**ask, stream=True))
+    assert content == generated and finish == "length"  # (a stream may have sent a call's name as it came)
+
+
 def test_a_named_function_is_the_one_called(client):
     tools = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"]}}}]

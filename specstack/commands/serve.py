@@ -242,7 +242,10 @@ def check_roles(roles: list, from_config: bool) -> list:
         label = f"role {role.name!r}" if from_config else "-m"
         read_gguf(check_gguf_file(role.model, f"{label} model" if from_config else "model (-m)"), tensors=False)
         role = check_drafter(role, from_config)
-        load_template(role.model, role.chat_template)
+        try:
+            load_template(role.model, role.chat_template)  # a Jinja template is compiled: a syntax error stops here
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"{label}: {exc}" if from_config else str(exc)) from None
         check_grammar(role.model, role.controls().grammar, f"{label}'s grammar" if from_config else "the grammar "
                       "(--grammar, --grammar-file, -j or -jf)")
         checked.append(role)

@@ -3,7 +3,7 @@
 A plain ASGI middleware, outermost, so that refusals before any route (401, 413, 408) are logged too.  A
 route that generates puts the request's usage in ``request.state.usage``; the line is written once the
 response's last byte has gone (a stream's too), or when the request ends without one (a client gone).
-The probes (``GET /health``, ``GET /metrics``) are not logged: a load balancer polls them every second.
+The probes (``GET /health``, ``GET /v1/health``, ``GET /metrics``) are not logged: a load balancer polls them every second.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable
 
-QUIET = {("GET", "/health"), ("GET", "/metrics")}
+QUIET = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/metrics")}
 
 
 def stderr_line(line: str) -> None:

@@ -42,7 +42,7 @@ from .access import AccessLog
 from .chat import ROLES, RenderedChat, chat_tokens, render
 from .inputs import ROLE_ALIASES, chat_messages, completion_prompts
 from .controls import ControlError, ControlFields, request_constraints, stop_strings
-from .prometheus import ServerMetrics
+from .prometheus import AnswerCounter, ServerMetrics, note_answer
 from .roles import Role, check_mtp
 from .structured import StructuredError, grammar_field, request_grammar
 from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
@@ -578,14 +578,16 @@ class Guard:
                          "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
 
 
-# What --api-key guards: the OpenAI routes and llama-server's (``llama_api``); the probes (/health, /metrics) and
-# the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
+# What --api-key guards: the OpenAI routes and llama-server's (``llama_api``); the probes (/health, /v1/health,
+# /metrics) and the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
+PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
 LLAMA_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props",
                          "/slots", "/embedding", "/embeddings"})
 
 
 def needs_key(path: str) -> bool:
-    return path.startswith("/v1/") or path.rstrip("/") in LLAMA_PATHS
+    path = path.rstrip("/")
+    return path not in PUBLIC_PATHS and (path.startswith("/v1/") or path in LLAMA_PATHS)
 
 
 class _BodyTooLarge(Exception):
@@ -714,6 +716,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
 
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)
+    app.add_middleware(AnswerCounter, metrics=metrics, roles=list(workers))  # outside Guard: its refusals count
     if access_log is not None:  # outermost: Guard's refusals are logged too
         app.add_middleware(AccessLog, write=access_log)
 
@@ -725,6 +728,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
             w = next(iter(workers.values()))
         else:
             w = workers[model]
+        note_answer(role=w.role.name)  # the role an error answer from here on is counted under
         if not w.ready.is_set():
             raise ApiError(503, "the model is still loading; retry shortly", "unavailable_error", headers={"Retry-After": "2"})
         if w.load_error:
@@ -732,6 +736,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         return w
 
     @app.get("/health")
+    @app.get("/v1/health")  # llama-server serves both, neither behind the key
     async def health() -> JSONResponse:
         failed = [f"{w.role.name}: {w.load_error}" for w in workers.values() if w.load_error]
         if failed:
@@ -991,9 +996,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                     cancel_all(w, jobs)
                     return None
             try:
-                return await asyncio.wait_for(head.events.get(), timeout=DISCONNECT_POLL_S)
+                event = await asyncio.wait_for(head.events.get(), timeout=DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 continue
+            if event["type"] == "error" and event.get("metered"):
+                note_answer(metered=True)  # the worker counted this failure: its answer is not counted again
+            return event
 
     async def stream(request: Request, w: RoleBackend, jobs: list[Job], event: dict[str, Any], rid: str, chat: bool,
                      include_usage: bool, echoes: list[str] | None = None, per_prompt: int = 1,

@@ -64,9 +64,10 @@ def load_template(model: Path, choice: str | None = None) -> ChatTemplate:
         path = Path(choice).expanduser()
         if path.is_file():
             try:
-                return ChatTemplate("jinja", path.read_text(encoding="utf-8"), f"file {path}")
+                text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise InvalidParameterError(f"cannot read chat template file {path}: {exc}") from None
+            return compiled(ChatTemplate("jinja", text, f"file {path}"))
         names = builtin_chat_templates()
         if choice not in names:
             raise InvalidParameterError(f"chat template {choice!r} is neither a file nor one of llama.cpp's built-in "
@@ -74,8 +75,30 @@ def load_template(model: Path, choice: str | None = None) -> ChatTemplate:
         return ChatTemplate("builtin", choice, f"llama.cpp built-in {choice!r}")
     template = read_gguf(model, tensors=False).get("tokenizer.chat_template")
     if isinstance(template, str) and template.strip():
-        return ChatTemplate("jinja", template, "the GGUF's tokenizer.chat_template")
+        return compiled(ChatTemplate("jinja", template, "the GGUF's tokenizer.chat_template"))
     return ChatTemplate("plain", "", "none (plain ### format)")
+
+
+def compiled(template: ChatTemplate) -> ChatTemplate:
+    """``template`` once its Jinja compiles in the sandbox, else ``InvalidParameterError`` naming where it came
+    from, the line and the parser's reason.
+
+    Compiled at load (``serve`` checks every role's template before it binds the port), as llama-server
+    parses its template at start-up and refuses to run without one that parses: compiled only per request,
+    a syntax error let the server print ``ready`` and answer every chat with a 400 blaming the messages."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        _compile(template.text)
+    except TemplateSyntaxError as exc:
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        reason = f"Jinja syntax error{where}: {exc.message}"
+    except Exception as exc:  # anything else the compiler raises (a template nested past Python's recursion limit)
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        return template
+    raise InvalidParameterError(f"chat template ({template.origin}) does not compile: {reason}; fix it, or pass "
+                                "another with --chat-template NAME or FILE (the role key chat_template)")
 
 
 @dataclass(frozen=True)
@@ -362,7 +385,6 @@ def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str,
             return apply_builtin_chat_template(template.text, [(m["role"], m["content"]) for m in messages])
         except ValueError as exc:
             raise InvalidParameterError(str(exc)) from None
-    env = _environment()
 
     def raise_exception(message: str) -> None:
         raise InvalidParameterError(f"the model's chat template refused the messages: {message}")
@@ -372,11 +394,17 @@ def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str,
     if tools:
         context["tools"] = list(tools)
     try:
-        return env.from_string(template.text).render(**context)
+        return _compile(template.text).render(**context)
     except InvalidParameterError:
         raise
     except Exception as exc:
         raise InvalidParameterError(f"the model's chat template failed on these messages: {exc}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(text: str) -> Any:
+    """A template's compiled form, kept: checked once at load, then rendered for every request."""
+    return _environment().from_string(text)
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,9 +4,19 @@ Names follow vLLM's spec-decode counters (``spec_decode_num_drafts``,
 ``..._num_draft_tokens``, ``..._num_accepted_tokens``, and accepted tokens
 per position), so the usual PromQL works: acceptance rate =
 accepted / draft tokens, mean acceptance length = 1 + accepted / drafts.
+
+``specstack_requests_total`` counts every answer by outcome: ``ok`` and ``cancelled`` generations, and every
+error the server sends (4xx and 5xx) by its kind, the error body's ``type``.  A generation that fails is
+counted where it fails (``RoleWorker``, in its replica under ``--ray``) and its event says so (``metered``);
+every other error answer (a body the API refuses, a missing key, an unknown route, a full queue) is counted
+as it is sent (``AnswerCounter``), so no answer is counted twice or not at all.
 """
 
 from __future__ import annotations
+
+import contextvars
+import json
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -67,3 +77,72 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# What the routes tell ``AnswerCounter`` of the request being answered: ``role`` (the role it went to, once a
+# route has chosen one) and ``metered`` (its error was counted already, by the worker that failed it).  A
+# mutable dict per request, so what a route sets is seen whatever context copies the framework makes.
+ANSWER: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("specstack_answer", default=None)
+
+
+def note_answer(**facts: Any) -> None:
+    """Record ``facts`` (``role=``, ``metered=``) about the request being answered, for ``AnswerCounter``."""
+    answer = ANSWER.get()
+    if answer is not None:
+        answer.update(facts)
+
+
+def error_kind(status: int, body: bytes) -> str:
+    """An error answer's kind: its body's ``error.type`` (OpenAI's and llama-server's shape), else by status."""
+    try:
+        kind = json.loads(body)["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        kind = None
+    if isinstance(kind, str) and kind:
+        return kind
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+class AnswerCounter:
+    """Plain ASGI middleware counting every error answer in ``specstack_requests_total`` by its kind.
+
+    Validation happens in many places before a generation starts (the request model, the routes, Guard's
+    key and size checks, the routing to a role), and only failures inside a worker used to be counted: 100
+    refused bodies left the counter at 2.  Counting the answers as they leave catches every one.  The role
+    is the one the request was routed to, else the only role; a request refused before it could be routed
+    on a server of several roles is counted under ``role=""``.  A 499 is no answer (the client had gone; its
+    generation counts as cancelled)."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics, roles: Sequence[str]) -> None:
+        self.app, self.metrics = app, metrics
+        self.default_role = roles[0] if len(roles) == 1 else ""
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        answer: dict[str, Any] = {}
+        token = ANSWER.set(answer)
+        status: int | None = None
+
+        async def counted(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and status is not None and not answer.get("counted"):
+                answer["counted"] = True  # the first body chunk: JSON error bodies are sent whole
+                self._count(answer, status, message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except BaseException:
+            if status is None:  # Starlette answers an unhandled exception with a plain 500
+                self._count(answer, 500, b"")
+            raise
+        finally:
+            ANSWER.reset(token)
+
+    def _count(self, answer: dict[str, Any], status: int, body: bytes) -> None:
+        if status < 400 or status == 499 or answer.get("metered"):
+            return
+        self.metrics.requests_failed(answer.get("role") or self.default_role, error_kind(status, body))

@@ -379,20 +379,32 @@ class ToolFormat:
 
     def parse(self, text: str, partial: bool = False, tools: Sequence[Tool] = ()) -> Parsed:
         """The message in ``text``: its content and calls.  Final (``partial`` False) text that is not a
-        well-formed call is content, as llama.cpp falls back to."""
+        well-formed call is content, as llama.cpp falls back to; so is a call cut short (``max_tokens``): the
+        text as generated, as vLLM answers, never an unfinished call nor a message with the call's text left
+        out (Gemma's ``{"tool_call": {`` cut at 5 tokens came back as empty content)."""
         try:
-            return self._parse(text, partial, tools)
+            parsed = self._parse(text, partial, tools)
         except (_Invalid, _Incomplete):
             if partial:
                 return Parsed(_hold(text, True, self.markers) if self.markers else "")
-        try:  # cut short (max_tokens): what the partial reading has, if it is text only
+        else:
+            if partial or not self._cut(parsed, text):
+                return parsed
+        try:  # cut short (max_tokens): what the partial reading has, if it is text only (a response, no call)
             cut = self._parse(text, True, tools)
         except (_Invalid, _Incomplete):
             return Parsed(text)
-        return cut if cut.content and not cut.calls else Parsed(text)
+        return cut if cut.content and not cut.calls and not self._cut(cut, text) else Parsed(text)
 
     def _parse(self, text: str, partial: bool, tools: Sequence[Tool]) -> Parsed:
         raise NotImplementedError
+
+    def _cut(self, parsed: Parsed, text: str) -> bool:
+        """Whether a final reading of ``text`` shows a call cut short: a call not finished, or no call at all
+        though a marker that opens one is in the text and the content leaves it out."""
+        if parsed.calls:
+            return not all(call.done for call in parsed.calls)
+        return parsed.content != text and any(marker in text for marker in self.markers)
 
     def new_id(self) -> str:
         return self.id_prefix + "".join(secrets.choice(self.id_alphabet) for _ in range(self.id_length))
@@ -944,7 +956,7 @@ class Generic(ToolFormat):
             return Parsed(text)
         members, end = _object(text, i)
         if not members:
-            if end is not None and not partial:
+            if not partial:  # ``{}``, or an object cut before its first key: not a message
                 raise _Invalid
             return Parsed("")
         m = members[0]

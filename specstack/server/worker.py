@@ -321,8 +321,8 @@ class RoleWorker:
             if not job.gen.done:
                 job.gen.cancel()
         self._release_capacity()
-        self.metrics.requests_failed(self.role.name, kind)
-        job.emit({"type": "error", "status": status, "message": message, "kind": kind, "param": param})
+        self.metrics.requests_failed(self.role.name, kind)  # counted here, so the answer it becomes is not again
+        job.emit({"type": "error", "status": status, "message": message, "kind": kind, "param": param, "metered": True})
 
     def _release_capacity(self) -> None:
         with self._lock:

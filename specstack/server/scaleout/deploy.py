@@ -79,6 +79,8 @@ class Ingress:
         texts: dict[str, str] = {}
         for role_texts in await asyncio.gather(*(b.replica_metrics() for b in self.backends.values())):
             texts.update(role_texts)
+        if self.front is not None:  # the errors the ingress answered itself, before any replica (``AnswerCounter``)
+            texts["ingress"] = self.front.app.state.metrics.render().decode()
         return merge(texts)
 
     async def role_health(self) -> dict[str, tuple[str | None, dict[str, Any]]]:
