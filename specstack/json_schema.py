@@ -268,6 +268,30 @@ def resolve_ref(root: Any, ref: Any, path: str) -> Any:
     return node
 
 
+def embedded(schema: Any) -> Any:
+    """``schema`` with each embedded document's local refs made absolute: a tool's parameters, placed inside a
+    call's schema, keep their own ``$defs``, and their ``#/$defs/x`` meant the parameters, not the call.
+
+    A node below the top that holds ``$defs`` or ``definitions`` is taken as such a document; every ``$ref`` under
+    it gets the node's own pointer in front ("#/$defs/x" becomes "#/properties/arguments/$defs/x")."""
+    def walk(node: Any, pointer: str, base: str) -> Any:
+        if isinstance(node, list):
+            return [walk(v, f"{pointer}/{i}", base) for i, v in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        if pointer and ("$defs" in node or "definitions" in node):
+            base = pointer  # a document of its own from here down
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#") and base:
+                out[key] = "#" + base + value[1:]
+            else:
+                out[key] = walk(value, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}", base)
+        return out
+
+    return walk(schema, "", "")
+
+
 def _children(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
     """Each sub-schema of a node (definitions included: a definition is checked even where no ref uses it)."""
     for key in ("properties", "$defs", "definitions"):

@@ -825,13 +825,13 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     async def start(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
                     grammar: str | None = None) -> tuple[list[Job], dict[str, Any]]:
         """A request's jobs submitted and their first event (``ApiError`` for a refusal, 499 for a client gone)."""
+        if grammar:
+            await prepared(w, grammar, grammar_field(body))
         jobs = make_jobs(w, body, prompts, "messages" if chat else "prompt", grammar)
         token = SESSION.set(request.headers.get("x-session-id") or body.prompt_cache_key or body.user
                             or body.safety_identifier)
         try:
             w.submit(*jobs)
-        if grammar:
-            await prepared(w, grammar, grammar_field(body))
         except QueueFull as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(limits.retry_after_s)}) from None
@@ -846,11 +846,6 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                            code=first.get("code"), headers=first.get("headers"))
         return jobs, first
 
-    async def run(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
-                  grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
-        jobs, first = await start(request, w, body, prompts, chat, grammar)
-        outputs = outputs_for(w, jobs, tools)  # chat with tools: each choice read as a message
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     async def prepared(w: RoleBackend, grammar: str, field: str) -> None:
         """Build the request's grammar on the grammar thread while the request waits, so that the role's engine
         thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``)."""
@@ -862,6 +857,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
         except SpecstackError as exc:
             raise ApiError(400, f"{field}: {exc}", param=field) from None
 
+    async def run(request: Request, w: RoleBackend, body: _Common, prompts: list[list[int]], chat: bool,
+                  grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
+        jobs, first = await start(request, w, body, prompts, chat, grammar)
+        outputs = outputs_for(w, jobs, tools)  # chat with tools: each choice read as a message
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         per_prompt = len(jobs) // len(prompts)
         echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in jobs]
         if body.stream:

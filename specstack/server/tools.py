@@ -1224,9 +1224,10 @@ class _Rules:
         return name
 
     def schema(self, prefix: str, schema: dict[str, Any]) -> str:
+        from ..json_schema import embedded
         from ..llama.grammar import schema_to_gbnf
 
-        for name, body in _rules(schema_to_gbnf(schema)).items():
+        for name, body in _rules(schema_to_gbnf(embedded(schema))).items():  # a tool's own $defs, where it stands
             self.rules[f"{prefix}-{name}"] = _renamed(body, prefix)
         return f"{prefix}-root"
 
