@@ -103,7 +103,8 @@ class _Checker:
             if not isinstance(schema["enum"], list) or not schema["enum"]:
                 raise SchemaError("enum is empty, so no value satisfies it; give at least one value", _join(path, "enum"))
             return {"enum", "type"}
-        if kind in (None, "object") and ("properties" in schema or schema.get("additionalProperties", True) is not True):
+        if kind in (None, "object") and ("properties" in schema or schema.get("required") or
+                                         schema.get("additionalProperties", True) is not True):
             self._object(schema, path)
             return {"type", "properties", "required", "additionalProperties"}
         if kind in (None, "object") and "allOf" in schema:
@@ -148,8 +149,7 @@ class _Checker:
             if schema.get("additionalProperties", True) is False:
                 raise SchemaError(f"property {name!r} is required but additionalProperties false forbids it (it is "
                                   "not among properties), so no value satisfies it", _join(path, "required"))
-            raise SchemaError(f"property {name!r} is required but not among properties, so it cannot be enforced; "
-                              "add it to properties", _join(path, "required"))
+            # otherwise it is enforced as a property of any value (``llama.grammar``'s converter adds it)
 
     def _all_of(self, parts: Any, path: str) -> None:
         if not isinstance(parts, list) or not parts:

@@ -64,7 +64,6 @@ def test_grammars_within_the_limits_pass(gbnf):
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf is enforced only"),
     ({"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": False},
      "additionalProperties false forbids it"),
-    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "not among properties"),
     (False, "schema false allows no value"),
     ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "its schema is false"),
     ({"enum": []}, "enum is empty"),
@@ -83,6 +82,13 @@ def test_annotations_and_unknown_formats_pass():
                                  "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": False},
                                  "age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 150}},
                   "required": ["email"], "x-vendor": {"anything": True}})
+
+
+def test_a_required_name_outside_properties_is_enforced(target):
+    from specstack.llama.grammar import schema_to_gbnf
+
+    gbnf = schema_to_gbnf({"type": "object", "required": ["name"]})
+    assert '"\\"name\\""' in gbnf  # the converter alone made it any object
 
 
 def test_the_schema_path_is_named():

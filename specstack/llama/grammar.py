@@ -91,6 +91,7 @@ def _converter_class() -> type:
         def visit(self, schema: Any, name: str) -> str:
             if schema is True:
                 schema = {}
+            schema = _required_as_properties(schema)
             if isinstance(schema, dict) and schema.get("type") == "integer" and not (
                     set(schema) & {"$ref", "anyOf", "oneOf", "const", "enum"}) and \
                     any(k in schema for k in INT_BOUNDS):
@@ -176,6 +177,22 @@ def _repeat(item: str, low: int, high: int | None, sep: str | None) -> str:
     rest = f"({sep} {item}){{{max(low - 1, 0)},{'' if high is None else high - 1}}}"
     # not (item rest)?: llama.cpp counts the group's rules against the ? and refuses past 2000 of them
     return f"{item} {rest}" if low > 0 else f"({item} {rest} | )"
+
+
+ANY_VALUE = {"type": ["object", "array", "string", "number", "boolean", "null"]}  # the port reads {} as any object
+
+
+def _required_as_properties(schema: Any) -> Any:
+    """An object's required names that ``properties`` does not list, added there as any value: the port enforces
+    ``required`` only among ``properties`` and would drop the rest."""
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object" or \
+            set(schema) & {"$ref", "anyOf", "oneOf", "allOf", "const", "enum"}:
+        return schema
+    required, props = schema.get("required") or [], schema.get("properties") or {}
+    missing = [n for n in required if isinstance(n, str) and n not in props]
+    if not missing or not isinstance(props, dict):
+        return schema
+    return {**schema, "properties": {**props, **{n: ANY_VALUE for n in missing}}}
 
 
 def _Converter(schema: Any) -> Any:
