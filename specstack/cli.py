@@ -50,11 +50,30 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.register("action", "parsers", Subcommands)
 
     def _get_option_tuples(self, option_string: str) -> list:
         if option_string[:1] in self.prefix_chars and option_string[1:2] not in self.prefix_chars:
             return []  # single dash: no known option plus an attached value, no prefix of a longer one
         return super()._get_option_tuples(option_string)
+
+
+class Subcommands(argparse._SubParsersAction):
+    """Subcommands whose unknown options are refused by the subcommand that was given them.
+
+    argparse hands a subcommand's unknown options up to the top-level parser, which refuses them with its own
+    usage (``specstack [-h] COMMAND ...``), so ``bench make-standin -t 1`` never showed make-standin's flags.
+    Here the subcommand's parser refuses them: its usage, its name in the error, exit status 2.  Nested
+    subcommands (``bench make-standin``) are refused by the innermost one, which parses first.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        extras = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if extras:
+            name = values[0]  # type: ignore[index]
+            self._name_parser_map[name].error(f"unrecognized arguments: {' '.join(extras)}")
 
 
 def build_parser() -> argparse.ArgumentParser:

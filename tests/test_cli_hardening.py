@@ -449,3 +449,69 @@ def test_a_roles_file_sets_grammar_penalties_tool_format_and_loading_options(tmp
                           ('tool_call_format = "xml"', "unknown tool-call format 'xml'")):
         with pytest.raises(Exception, match=re.escape(message)):
             load_roles(roles_file(tmp_path, f"[roles.bad]\n{body}\n"))
+
+
+# -- issue 37, item 13: an unknown option after a subcommand is refused with that subcommand's usage -------------
+
+@pytest.mark.parametrize("argv,command,extra", [
+    (["bench", "make-standin", "--layers", "2", "-o", "x.gguf", "-t", "1"], "specstack bench make-standin", "-t 1"),
+    (["generate", "-p", "x", "--chat-template", "x"], "specstack generate", "--chat-template x"),
+    (["bench", "run", "--workload", "x", "--bogus"], "specstack bench run", "--bogus"),
+])
+def test_an_unknown_option_after_a_subcommand_shows_that_subcommands_usage(capsys, argv, command, extra):
+    """argparse handed a subcommand's unknown options to the top-level parser, which printed `usage: specstack
+    [-h] COMMAND ...`: nothing about the flags of the command that was given them."""
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and f"usage: {command} [-h]" in err and f"{command}: error: unrecognized arguments: {extra}" in err
+    assert "usage: specstack [-h]" not in err
+
+
+# -- issue 37, item 18: bench takes -n; a draft's context warning names the context the user gave or the default --
+
+def test_bench_run_takes_n_as_every_requests_token_count(capsys, tmp_path):
+    """The README lists -n among the model flags, and bench refused it; it now sets every request's max_tokens
+    (the name bench's workloads and results give the token count), as `tune -n` does."""
+    from specstack.bench import workloads
+
+    row = json.loads(workloads.resolve("code-grounded").read_text().splitlines()[0])
+    wl = tmp_path / "one.jsonl"
+    wl.write_text(json.dumps({**row, "max_tokens": 64}) + "\n")
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "bench", "run", "--workload", str(wl), "--methods", "none", "-k", "2", "-n", "3",
+                           "--no-cost-curve", "--no-plots", "--no-warmup", "--exact", "off", "-q", "-o", str(out))
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert [r["max_tokens"] for r in results["workload"]["requests"]] == [3]
+    assert {len(run["output_ids"]) for run in results["runs"]} == {3}
+    code, _, err = run_cli(capsys, "bench", "run", "--workload", str(wl), "-n", "0")
+    assert code == 2 and "-n/--max-tokens: must be >= 1" in err
+
+
+def _draft_trained_on(tmp_path: Path, positions: int) -> Path:
+    """A copy of the bundled draft that says it was trained on ``positions`` positions."""
+    import shutil
+
+    import gguf
+
+    path = tmp_path / f"draft-{positions}.gguf"
+    shutil.copy(DEFAULT_DRAFT, path)
+    reader = gguf.GGUFReader(path, "r+")
+    field = reader.fields["llama.context_length"]
+    field.parts[field.data[0]][0] = positions
+    reader.data.flush()
+    del reader
+    return path
+
+
+@pytest.mark.parametrize("flags,said", [([], "the target's 512 positions per sequence (the default; -c sets it)"),
+                                        (["-c", "512"], "the target's 512 positions per sequence (as -c set it)")])
+def test_a_drafts_context_warning_names_the_context_given_or_the_default(capsys, tmp_path, recwarn, flags, said):
+    """`-md` with Gemma 3 warned `draft model ...: --ctx-size 4096 is more than the 512 positions it was trained
+    on` when no --ctx-size was given: the draft takes the target's context, here llama.cpp's default."""
+    draft = _draft_trained_on(tmp_path, 256)
+    code, _, err = run_cli(capsys, "generate", "-p", "def f(", "-n", "2", "--drafter", "draft-model", "-md", str(draft),
+                           "--exact", "off", *flags)
+    assert code == 0, err
+    warned = [str(w.message) for w in recwarn if "positions it was trained on" in str(w.message)]
+    assert len(warned) == 1 and f"draft model {draft.name}: its context, {said}, is more than the 256" in warned[0]
+    assert "--ctx-size" not in warned[0]

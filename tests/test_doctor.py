@@ -206,3 +206,64 @@ def test_render_lines_fixes_up_under_their_message():
         "                   fix: echo always",
     ]
     assert doctor._gib(None) == "?" and doctor._gib(3 * 2**30) == "3.0 GiB"
+
+
+# --- how busy the machine is (issue 37, item 17) -------------------------------------------------------------
+
+PROC_STAT = ("cpu  10 0 10 100 0 0 0 0 0 0\n"
+             "cpu0 4 1 2 50 7 1 1 1 0 0\n"
+             "cpu1 3 0 3 50 0 0 0 0 0 0\n"
+             "intr 5\n")
+
+
+def test_cpu_ticks_count_the_busy_time_of_this_process_cpus():
+    assert sysinfo.cpu_ticks([0], PROC_STAT) == 4 + 1 + 2 + 1 + 1 + 1  # user nice system irq softirq steal
+    assert sysinfo.cpu_ticks([0, 1], PROC_STAT) == 10 + 6  # idle and iowait are not busy
+    assert sysinfo.cpu_ticks([5], PROC_STAT) is None and sysinfo.cpu_ticks([0], "") is None
+
+
+def test_contention_is_the_share_of_the_threads_cores_others_hold():
+    load = sysinfo.CpuLoad(others=1.5, cpus=4, seconds=1.0)
+    assert load.contention(2) == 0.0  # 2 CPUs left free hold the others' 1.5
+    assert load.contention(4) == pytest.approx(1.5 / 4)
+    assert sysinfo.CpuLoad(others=2.0, cpus=2, seconds=1.0).contention(2) == 1.0
+
+
+@pytest.fixture
+def spinners():
+    """A busy machine, made to order: one process per CPU that spins until the test ends."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in sysinfo.allowed_cpus()]
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_doctor_says_when_the_machine_is_busy(capsys, spinners, real_noise_limit):
+    """Timings, and `--exact auto`'s verdict with them, depend on what else runs: doctor says when other
+    processes hold the cores specstack's threads need."""
+    import time
+
+    time.sleep(0.2)  # the spinners are running
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    line = next(row for row in out.splitlines() if "] load" in row)
+    assert line.startswith("[warn] load") and "the machine is busy: other processes used" in line
+    assert f"of the {len(sysinfo.allowed_cpus())} CPU" in line and "timings taken now" in out
+    code = main(["doctor", "--json"])
+    facts = json.loads(capsys.readouterr().out)["facts"]
+    assert facts["cpu_load"]["cpus"] == len(sysinfo.allowed_cpus()) and facts["cpu_load"]["others"] > 0
+
+
+def test_doctor_judges_the_load_by_the_threads_it_would_run(real_noise_limit):
+    quiet = {"others": 0.1, "cpus": 8, "seconds": 0.3, "loadavg": 0.2}
+    c = by_name(doctor.evaluate(facts(cpu_load=quiet)))
+    assert c["load"].status == "ok" and c["load"].message.startswith("quiet: other processes used 0.1 of the 8 CPUs")
+    busy = {"others": 5.5, "cpus": 8, "seconds": 0.3, "loadavg": 6.0}  # 1.5 of the 4 cores its 4 threads need
+    c = by_name(doctor.evaluate(facts(cpu_load=busy)))
+    assert c["load"].status == "warn" and "38% of the cores specstack's 4 thread(s) need" in c["load"].message
+    assert "load" not in by_name(doctor.evaluate(facts()))  # no /proc/stat: no verdict

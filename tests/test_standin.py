@@ -249,6 +249,108 @@ def test_cli_make_standin(tmp_path, capsys):
         args.func(args)
 
 
+# -- issue 37, item 11: the output checked before writing, no partial file left, progress throughout ----------
+
+def _run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from specstack.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_make_standin_refuses_a_missing_folder_before_writing(tmp_path, capsys):
+    """`-o /nonexistent/x.gguf` wrote 2.2 GB before failing; the folder is now checked first, and not created."""
+    out = tmp_path / "nonexistent" / "x.gguf"
+    code, _, err = _run_cli(capsys, "bench", "make-standin", "--width", "2048", "--layers", "22", "--ffn", "5632",
+                            "-o", str(out))
+    assert code == 2 and f"the folder {out.parent} does not exist; create it first (mkdir -p {out.parent})" in err
+    assert not out.parent.exists()
+    code, _, err = _run_cli(capsys, "bench", "make-standin", "--width", "512", "--layers", "8", "-o", str(tmp_path))
+    assert code == 2 and "is a folder; give the stand-in's file name" in err
+
+
+def test_make_standin_refuses_a_stand_in_the_disk_cannot_hold(tmp_path, capsys, monkeypatch):
+    """`--mtp qwen35moe --layers 1000` started a 1.6 TB file: now the size is checked against the free space
+    first, and the message names both and the fix.  (The free space is pinned: the test must not depend on the
+    disk it runs on.)"""
+    import shutil
+    from collections import namedtuple
+
+    from specstack.modelfile.standin import output
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(output.shutil, "disk_usage", lambda path: usage(2**41, 2**41 - 100 * 2**30, 100 * 2**30))
+    out = tmp_path / "x.gguf"
+    code, _, err = _run_cli(capsys, "bench", "make-standin", "--mtp", "qwen35moe", "--layers", "1000", "-o", str(out))
+    assert code == 2 and f"{out} needs 1.5 TiB on disk, but {tmp_path} has 100.0 GiB free" in err
+    assert "write to a folder on a bigger disk (-o), or make a smaller stand-in (fewer --layers" in err
+    code, _, err = _run_cli(capsys, "bench", "make-standin", "--width", "8192", "--layers", "64", "--ftype", "q4_k_m",
+                            "-o", str(out))
+    assert code == 2 and "of F16, then the q4_k_m file beside it while llama.cpp quantizes" in err
+    assert "100.0 GiB free" in err and "a smaller --width or --ffn" in err
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(output.shutil, "disk_usage", shutil.disk_usage)
+
+
+def test_make_standin_shows_the_size_first_and_the_quantization_as_it_goes(tmp_path, capsys):
+    """The quantization after the F16 progress bar was silent for minutes: it has its own progress bar now."""
+    out = tmp_path / "q.gguf"
+    code, said, err = _run_cli(capsys, "bench", "make-standin", "--width", "512", "--layers", "8", "--ftype", "q8_0",
+                               "-o", str(out))
+    assert code == 0 and "wrote" in said and out.is_file()
+    assert f"make-standin: writing {out}: up to" in err and "free" in err.splitlines()[0]
+    assert "make-standin: quantizing to q8_0 0/" in err  # said as it starts
+    assert "make-standin: quantizing to q8_0 " in err and " tensors 100%" in err.splitlines()[-1]
+    assert [p.name for p in tmp_path.iterdir()] == ["q.gguf"]
+
+
+@pytest.mark.parametrize("phase,sig,code", [("make-standin ", "SIGTERM", 143),
+                                            ("make-standin: quantizing", "SIGTERM", 143),
+                                            ("make-standin: quantizing", "SIGINT", 130)])
+def test_a_signal_while_making_a_stand_in_leaves_no_file(tmp_path, phase, sig, code):
+    """SIGTERM left a 6 GB `.partial`; Ctrl-C waited for llama.cpp's whole quantization, whose output then stayed.
+    Signalled while it writes the F16 file or once llama.cpp writes the quantized one, make-standin now stops at
+    once and removes every file."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "t.gguf"
+    argv = ["bench", "make-standin", "--mtp", "qwen35moe", "--layers", "4", "--width", "512", "--experts", "32",
+            "--ftype", "q4_k_m", "--threads", "1", "-o", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "specstack", *argv], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, cwd=Path(__file__).resolve().parents[1])
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(phase):
+            break
+    written = out.with_name(out.name + ".partial") if phase == "make-standin " else out
+    while not (written.exists() or written.with_name(written.name + ".partial").exists()):  # llama.cpp writes
+        assert proc.poll() is None, "".join(seen)
+        time.sleep(0.01)
+    proc.send_signal(getattr(signal, sig))
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == code, "".join(seen) + rest
+    assert list(tmp_path.iterdir()) == []
+    assert ("terminated; the partial files are removed" if sig == "SIGTERM" else "interrupted") in rest
+
+
+def test_from_with_mtp_says_it_gives_only_the_vocabulary(tmp_path, capsys):
+    """`--from` with `--mtp` was taken for the vocabulary without a word: it now says so, in one line."""
+    src = MODELS_DIR / "pycoder-lfm2.gguf"
+    out = tmp_path / "g.gguf"
+    code, _, err = _run_cli(capsys, "bench", "make-standin", "--mtp", "glm4moe", "--layers", "2", "--width", "64",
+                            "--experts", "4", "--from", str(src), "-o", str(out))
+    assert code == 0 and out.is_file()
+    assert f"make-standin: --mtp: --from {src} gives only the vocabulary (4096 tokens); the weights are random" in err
+
+
 def test_moe_standin_keeps_the_routers_choice_and_the_logits(tmp_path):
     """Experts and router are padded like the dense matrices: the router reads the same normalised input,
     picks the same experts, and the stand-in's logits are bit-identical to the source's."""

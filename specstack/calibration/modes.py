@@ -16,7 +16,7 @@ from typing import Sequence
 from ..errors import InvalidParameterError
 from ..llama import INEXACT, BatchShapes, EngineTarget
 from .cache import entry_key, need_dict, need_int, need_seconds
-from .timing import MEASURE_TRIES, filler, steady
+from .timing import MEASURE_TRIES, busy_reason, filler, steady_watched
 
 EXACT_MODES = ("auto", "on", "off")
 # --exact auto keeps exact calls where they cost at most this share of the calls they replace.  Below
@@ -46,6 +46,7 @@ class ExactCost:
     split: float
     rows: int
     noise: float = field(default=0.0, compare=False)  # ``timing_noise`` of the timings (not cached)
+    busy: str = field(default="", compare=False)  # why the machine counted as busy (``timing.busy_reason``), or ""
 
     @classmethod
     def parse(cls, entry: object) -> "ExactCost":
@@ -77,10 +78,22 @@ def auto_verdict(model: EngineTarget, shapes: BatchShapes, cost: ExactCost | Non
         return dataclasses.replace(shapes, why="--exact auto: on, every call shape is exact on this model (free)")
     where = f"{Path(str(model.path)).name} at {model.n_threads} thread{'' if model.n_threads == 1 else 's'}"
     if cost.worst <= AUTO_EXACT_LIMIT:
-        return dataclasses.replace(shapes, why=f"--exact auto: on, exactness costs little on {where} ({cost.describe()})")
-    return dataclasses.replace(INEXACT, why=f"--exact auto: off, exactness would cost too much on {where} "
-                               f"({cost.describe()}; the limit is {100 * AUTO_EXACT_LIMIT:.0f}%); greedy output may "
-                               "differ from plain decoding at near-ties; --exact on keeps it identical")
+        why = f"--exact auto: on, exactness costs little on {where} ({cost.describe()})"
+        return dataclasses.replace(shapes, why=why + _busy_note(cost))
+    why = (f"--exact auto: off, exactness would cost too much on {where} ({cost.describe()}; the limit is "
+           f"{100 * AUTO_EXACT_LIMIT:.0f}%); greedy output may differ from plain decoding at near-ties; --exact on "
+           "keeps it identical")
+    return dataclasses.replace(INEXACT, why=why + _busy_note(cost))
+
+
+def _busy_note(cost: ExactCost) -> str:
+    """What a verdict measured on a busy machine adds to its ``why``: that it was, and that it holds for this run
+    only.  The costs it compares shift with the load (+60% at one start, +3% at the next, on one model), so
+    such a verdict is neither the machine's nor cached as if it were."""
+    if not cost.busy:
+        return ""
+    return (f"; measured while the machine was busy ({cost.busy}), so for this run only (not cached: the next "
+            "start measures again)")
 
 
 def _exact_cost_plan(model: EngineTarget, depth: int = 128, rows: int = 17) -> tuple[int, int]:
@@ -104,14 +117,17 @@ def measure_exact_cost(model: EngineTarget, shapes: BatchShapes, depth: int = 12
 
     Both sides of each comparison run in the same round, so load on a shared machine spreads over both;
     the minimum of the rounds is the least disturbed sample of each.  Timed again while the machine looks
-    busy (``timing.steady``); ``ExactCost.noise`` says how noisy the timings stayed.
+    busy, by the timings' spread or by other processes' CPU use (``timing.steady_watched``); ``ExactCost.noise``
+    says how noisy the timings stayed, ``ExactCost.busy`` why the verdict is a busy machine's, if it is.
     """
     rows, depth = _exact_cost_plan(model, depth, rows)
-    samples, noise = steady(lambda: _time_exact_kinds(model, shapes, depth, rows, reps, budget_s), tries)
-    best = {k: min(v) for k, v in samples.items()}
+    timed = steady_watched(lambda: _time_exact_kinds(model, shapes, depth, rows, reps, budget_s), tries,
+                           threads=model.n_threads)
+    best = {k: min(v) for k, v in timed.samples.items()}
     split = rows > shapes.max_rows  # verification of ``rows`` rows is cut into several calls
     return ExactCost(pad=max(0.0, best["padded"] / best["plain"] - 1),
-                     split=max(0.0, best["split"] / best["whole"] - 1) if split else 0.0, rows=rows, noise=noise)
+                     split=max(0.0, best["split"] / best["whole"] - 1) if split else 0.0, rows=rows,
+                     noise=timed.noise, busy=busy_reason(timed.noise, timed.busy, timed.load, model.n_threads))
 
 
 def _time_exact_kinds(model: EngineTarget, shapes: BatchShapes, depth: int, rows: int, reps: int,

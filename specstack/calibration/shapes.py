@@ -270,6 +270,6 @@ def _exact_shapes(model: EngineTarget, mode: str, use_cache: bool, measure: bool
         if not measure:
             return None
         cost = measure_exact_cost(model, shapes)
-        if use_cache and cacheable(model, "what exactness costs", cost.noise):
+        if use_cache and cacheable(model, "what exactness costs", cost.noise, cost.busy):
             store(path, key, cost.entry())
     return auto_verdict(model, shapes, cost)

@@ -2,7 +2,9 @@
 
 Every measured cost (the cost curve, what exactness costs, bench's t(n)) keeps the fastest of its
 repetitions, as interference only ever adds time.  A timing taken while the machine was busy is measured
-again (``steady``), and not cached if it stays noisy (``timing_noise``, ``cacheable``).
+again (``steady``), and not cached if it stays noisy (``timing_noise``, ``cacheable``).  What exactness costs
+(``--exact auto``'s verdict) also watches the cores (``steady_watched``): other processes' CPU use counts as
+busy by the same limit.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import NamedTuple, Sequence, TypeVar
 
 import numpy as np
 
+from ..host.sysinfo import CpuLoad, CpuWatch
 from ..llama import EngineTarget
 from .cache import say_once
 
@@ -97,6 +100,17 @@ def _spread(times: Sequence[float]) -> float:
     return second / first - 1 if first > 0 else math.inf
 
 
+class Steady(NamedTuple):
+    """Timings taken by ``steady``: the pooled ``samples``, their ``timing_noise``, and, where the cores were
+    watched, ``busy``: the share of the measuring threads' cores that other processes held in the quietest try
+    (``CpuLoad.contention``; 0 unwatched or unknown), with that try's ``load``."""
+
+    samples: dict
+    noise: float
+    busy: float = 0.0
+    load: CpuLoad | None = None
+
+
 def steady(measure: Callable[[], dict[K, list[float]]], tries: int = MEASURE_TRIES,
            quantile: float = 1.0) -> tuple[dict[K, list[float]], float]:
     """Timings from ``measure``, taken again (their samples pooled) while their ``timing_noise`` at ``quantile``
@@ -105,21 +119,56 @@ def steady(measure: Callable[[], dict[K, list[float]]], tries: int = MEASURE_TRI
     Pooling, not replacing: a busy spell that ends mid-measurement leaves quiet timings in the pool, and the
     fastest two are what is judged.  Bounded, since a machine busy for good must still get a cost model.
     """
-    samples = measure()
-    for _ in range(tries - 1):
-        if timing_noise(samples, quantile) <= NOISE_LIMIT:
-            break
+    timed = steady_watched(measure, tries, quantile)
+    return timed.samples, timed.noise
+
+
+def steady_watched(measure: Callable[[], dict[K, list[float]]], tries: int = MEASURE_TRIES, quantile: float = 1.0,
+                   threads: int | None = None) -> Steady:
+    """``steady``, and with ``threads`` the cores watched too: a try during which other processes held more than
+    ``NOISE_LIMIT`` of the cores ``threads`` threads need is taken again as a noisy one is.
+
+    Why both: timings on a machine that stays busy can agree with each other and still be wrong.  Load that
+    delays every call alike passes the noise rule, yet the ratio of two kinds of call comes out wherever it
+    falls: Gemma 3 270M's padded step measured +60% at one start-up and +3% in a bench on the same threads.
+    The pool's fastest timings are the quietest try's (load only adds time), so that try's load is what the
+    result is judged by.
+    """
+    samples: dict[K, list[float]] = {}
+    busy, load = math.inf, None
+    for _ in range(tries):
+        watch = CpuWatch() if threads is not None else None
         more = measure()
-        samples = {k: samples[k] + more.get(k, []) for k in samples}
-    return samples, timing_noise(samples, quantile)
+        samples = {k: samples.get(k, []) + more.get(k, []) for k in more} if samples else more
+        if watch is not None:
+            seen = watch.read()
+            share = 0.0 if seen is None else seen.contention(threads)  # type: ignore[arg-type]
+            if share < busy:
+                busy, load = share, seen
+        if timing_noise(samples, quantile) <= NOISE_LIMIT and (watch is None or busy <= NOISE_LIMIT):
+            break
+    return Steady(samples, timing_noise(samples, quantile), 0.0 if math.isinf(busy) else busy, load)
 
 
-def cacheable(model: EngineTarget, what: str, noise: float) -> bool:
-    """Whether timings with ``noise`` may be cached; where not, it is said once for this run."""
-    if noise <= NOISE_LIMIT:
+def busy_reason(noise: float, busy: float = 0.0, load: CpuLoad | None = None, threads: int | None = None) -> str:
+    """Why timings with this ``noise`` and ``busy`` share (``Steady``) are not a quiet machine's, in words; "" where
+    they are."""
+    reasons = []
+    if noise > NOISE_LIMIT:
+        shown = "an unbounded amount" if math.isinf(noise) else f"{100 * noise:.0f}%"
+        reasons.append(f"repeated timings differed by {shown}")
+    if busy > NOISE_LIMIT and load is not None:
+        reasons.append(load.describe(threads))
+    return "; ".join(reasons)
+
+
+def cacheable(model: EngineTarget, what: str, noise: float, busy: str = "") -> bool:
+    """Whether timings with ``noise`` may be cached, ``busy`` saying why the machine was busy if it was
+    (``busy_reason``, other processes' CPU use included); where not, it is said once for this run."""
+    reason = busy or busy_reason(noise)
+    if not reason:
         return True
-    shown = "an unbounded amount" if math.isinf(noise) else f"{100 * noise:.0f}%"
     say_once(f"noisy:{model.path}", f"the machine was busy while timing {what} of {Path(str(model.path)).name} "
-             f"(repeated timings differed by {shown} after {MEASURE_TRIES} tries); using them for this run only: "
-             "they are not cached, and the next run measures again")
+             f"({reason} after {MEASURE_TRIES} tries); using them for this run only: they are not cached, and the "
+             "next run measures again")
     return False

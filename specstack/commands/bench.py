@@ -7,14 +7,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from types import FrameType
+from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidParameterError
 from ..ui import fmt_bytes
-from .common import add_drafter_flags, add_model_args, flag_given, load_target, methods_with_draft, options_from_args
+from .common import (add_drafter_flags, add_model_args, at_least, flag_given, load_target, methods_with_draft,
+                     options_from_args)
 
 
 def preprocess_argv(argv: Sequence[str] | None) -> list[str]:
@@ -93,6 +99,9 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
                    help="comma-separated temperatures (default 0); > 0 uses a fixed seed per request")
     r.add_argument("--repeat", type=int, default=1, help="passes over the workload; the median run is kept (default 1)")
     r.add_argument("--limit", type=int, default=None, help="run only the first N requests")
+    r.add_argument("-n", "--max-tokens", dest="max_tokens", type=at_least(1), default=None, metavar="N",
+                   help="new tokens per request, for every request (default: each request's max_tokens in the "
+                   "workload)")
     r.add_argument("-s", "--seed", type=int, default=0, help="base of the per-request seeds (default 0)")
     r.add_argument("--top-k", type=int, default=0, help="sampling top-k; 0 = off")
     r.add_argument("--top-p", type=float, default=1.0, help="sampling top-p; 1 = off")
@@ -218,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..bench.config import BenchConfig
     from ..bench.outputs import check_output_dir
     from ..bench.runner import run_bench
-    from ..bench.workloads import load
+    from ..bench.workloads import Workload, load
 
     if args.plots:
         plots.require_plotting()  # before the measurements, not after them
@@ -227,6 +236,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.limit < 1:
             raise InvalidParameterError(f"--limit must be >= 1 (got {args.limit})")
         wl = wl.head(args.limit)
+    if args.max_tokens is not None:
+        wl = Workload(wl.name, wl.path, tuple(replace(r, max_tokens=args.max_tokens) for r in wl.requests))
     if args.llama_cpp_bin is not None and not Path(args.llama_cpp_bin).is_dir():
         raise InvalidParameterError(f"--llama-cpp-bin {args.llama_cpp_bin} is not a folder; build the binaries with "
                                     "scripts/build_llama_bins.sh, which prints the folder")
@@ -312,11 +323,44 @@ def _mtp_layouts() -> str:
     return ", ".join(f"{name}: {lay.model}" for name, lay in LAYOUTS.items())
 
 
+TERMINATED = 128 + signal.SIGTERM  # the exit status shells report for a command ended by SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """SIGTERM (``kill``, a job scheduler, a container stopping) as ``SystemExit(143)`` while a stand-in is
+    written, so that the writers' cleanup runs: by default SIGTERM ends Python at once and left a 6 GB
+    ``.partial`` behind.  A second SIGTERM is ignored while the first one cleans up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(TERMINATED)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code == TERMINATED:
+            print("make-standin: terminated; the partial files are removed", file=sys.stderr, flush=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_make_standin(args: argparse.Namespace) -> int:
+    """``make-standin``: a padded stand-in of ``--from``, or with ``--mtp`` a random-weight MTP one."""
+    with _sigterm_cleans_up():
+        if getattr(args, "mtp", None) is not None:
+            return cmd_make_mtp_standin(args)
+        return _make_padded_standin(args)
+
+
+def _make_padded_standin(args: argparse.Namespace) -> int:
     from ..modelfile.standin import make_standin, plan_standin, read_source_shape
 
-    if getattr(args, "mtp", None) is not None:
-        return cmd_make_mtp_standin(args)
     if getattr(args, "experts", None) is not None:
         raise InvalidParameterError("--experts is for --mtp stand-ins (a padded stand-in keeps its source's experts)")
     if args.width is None:
@@ -362,6 +406,10 @@ def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
     if unused:
         raise InvalidParameterError(f"{', '.join(unused)}: not used with --mtp (the layout fixes them; --width "
                                     "and --experts narrow it)")
+    if flag_given(args, "--from"):
+        n_vocab = vocab_size(Path(args.src))  # also refuses a --from that is no GGUF, before anything is written
+        print(f"make-standin: --mtp: --from {args.src} gives only the vocabulary ({n_vocab} tokens); the weights "
+              f"are random in {args.mtp}'s layout", file=sys.stderr, flush=True)
     shape = make_mtp_standin(args.mtp, args.output, args.layers, args.ftype, width=args.width, experts=args.experts,
                              tokenizer=args.src, threads=args.threads)
     n_vocab = vocab_size(Path(args.src))

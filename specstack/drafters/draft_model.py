@@ -212,6 +212,7 @@ def _open_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
         ModelConfig(
             path=Path(config.draft_model),
             n_ctx=ctx.target.n_ctx,
+            ctx_origin=_ctx_origin(ctx.target),
             n_threads=config.draft_threads or ctx.target.n_threads,
             min_batch=1,  # draft logits need not be batch-invariant
             exact=False,
@@ -220,6 +221,15 @@ def _open_draft(ctx: BuildContext, config: DraftModelConfig) -> LlamaModel:
         ),
         role="draft model",
     )
+
+
+def _ctx_origin(target: object) -> str:
+    """The draft's context (the target's), as a warning should name it: a draft trained on fewer positions was
+    warned about a ``--ctx-size 4096`` that was llama.cpp's default, never given."""
+    target_config = getattr(target, "config", None)
+    given = target_config is not None and getattr(target_config, "n_ctx", None) is not None
+    how = "as -c set it" if given else "the default; -c sets it"
+    return f"its context, the target's {target.n_ctx} positions per sequence ({how}),"  # type: ignore[attr-defined]
 
 
 @register("draft-model")

@@ -67,7 +67,14 @@ def gather_facts() -> dict[str, Any]:
         "cgroup_memory_limit": lim,
         "cgroup_memory_usage": use,
         "governor": sysinfo.cpu_governor(),
+        "cpu_load": _cpu_load(),
     }
+
+
+def _cpu_load() -> dict[str, Any] | None:
+    """Other processes' CPU use over a moment (``sysinfo.cpu_load``), as a dict of ``CpuLoad``'s fields."""
+    load = sysinfo.cpu_load()
+    return None if load is None else asdict(load)
 
 
 def _llama_version() -> str | None:
@@ -99,6 +106,10 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
                             "per core): more threads than cores usually slows llama.cpp down"))
     else:
         checks.append(Check("threads", "ok", msg))
+
+    load = _load_check(f.get("cpu_load"), threads)
+    if load is not None:
+        checks.append(load)
 
     # --- NUMA ----------------------------------------------------------------------------------
     nodes = f["numa_nodes"]
@@ -233,6 +244,26 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
             else:
                 checks.append(Check("memory", "ok", f"the model needs about {_gib(need)}; {mem_line}"))
     return checks
+
+
+def _load_check(load: dict[str, Any] | None, threads: int) -> Check | None:
+    """Whether other processes keep the cores busy: every timing specstack takes then comes out slow and
+    uneven (the ``--exact auto`` verdict, cost curves, bench), by the limit calibration applies to its own
+    timings (``calibration.timing.NOISE_LIMIT``).  None where the CPUs' time cannot be read (not Linux)."""
+    from ..calibration.timing import NOISE_LIMIT
+
+    if load is None:
+        return None
+    seen = sysinfo.CpuLoad(**load)
+    share = seen.contention(threads)
+    said = seen.describe()
+    if share > NOISE_LIMIT:
+        return Check("load", "warn", f"the machine is busy: {said}: {100 * share:.0f}% of the cores specstack's "
+                     f"{threads} thread(s) need; timings taken now (the --exact auto verdict, cost curves, bench) "
+                     "are slowed and uneven, so specstack uses them for that run only",
+                     "measure when the machine is quiet (see top), or leave other work its cores with fewer "
+                     "threads (-t)")
+    return Check("load", "ok", f"quiet: {said}")
 
 
 def run_doctor(model: str | Path | None = None) -> tuple[list[Check], dict[str, Any]]:

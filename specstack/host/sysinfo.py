@@ -1,4 +1,4 @@
-"""What the machine offers for CPU inference: cores, NUMA, memory, CPU features.
+"""What the machine offers for CPU inference: cores, NUMA, memory, CPU features, and how busy it is.
 
 Read-only: nothing here changes a system setting. ``physical_cores()`` is the
 engine's default thread count (llama.cpp runs best with one thread per
@@ -11,6 +11,8 @@ import math
 import os
 import re
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SYS_CPU = Path("/sys/devices/system/cpu")
@@ -223,3 +225,87 @@ def available_memory() -> int | None:
 def cpu_governor() -> str | None:
     text = _read(SYS_CPU / "cpu0" / "cpufreq" / "scaling_governor")
     return text.strip() if text else None
+
+
+# --- how busy the machine is -----------------------------------------------------------------------
+PROC_STAT = Path("/proc/stat")
+
+
+def cpu_ticks(cpus: list[int] | None = None, text: str | None = None) -> int | None:
+    """Clock ticks the CPUs ``cpus`` (default: the ones this process may run on) have spent busy since boot, from
+    /proc/stat: user, nice, system, irq, softirq and steal (a hypervisor's other guests also take the core);
+    None where /proc/stat cannot be read (not Linux)."""
+    text = _read(PROC_STAT) if text is None else text
+    if not text:
+        return None
+    wanted = set(allowed_cpus() if cpus is None else cpus)
+    busy, seen = 0, False
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in wanted):
+            continue
+        fields = [int(x) for x in rest.split()[:8]]
+        fields += [0] * (8 - len(fields))
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        busy += user + nice + system + irq + softirq + steal
+        seen = True
+    return busy if seen else None
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """Other processes' use of the CPUs this process may run on, over ``seconds``: ``others`` CPUs' worth of
+    time (0 .. ``cpus``), and the 1-minute load average (None where unknown)."""
+
+    others: float
+    cpus: int
+    seconds: float
+    loadavg: float | None = None
+
+    def contention(self, threads: int) -> float:
+        """The share (0 .. 1) of the cores that ``threads`` threads need which other processes held: their use
+        beyond the CPUs the threads leave free.  llama.cpp's threads wait for each other at every layer, so one
+        thread that loses its core delays them all."""
+        spare = max(0, self.cpus - threads)
+        return min(1.0, max(0.0, self.others - spare) / max(1, threads))
+
+    def describe(self, threads: int | None = None) -> str:
+        """``other processes used 1.6 of the 2 CPUs, at a load average of 3.02``, for messages."""
+        used = f"other processes used {self.others:.1f} of the {self.cpus} CPU{'' if self.cpus == 1 else 's'}"
+        if threads is not None:
+            used += f" that {threads} thread{'' if threads == 1 else 's'} run on"
+        return used + ("" if self.loadavg is None else f", at a load average of {self.loadavg:.2f}")
+
+
+class CpuWatch:
+    """Other processes' CPU use from its creation to each ``read()``: the CPUs' busy time less this process's own
+    (every thread of it, llama.cpp's included), so a measurement can tell whether it ran on a busy machine.  The
+    load average alone cannot: it counts this process too, and lags a minute behind."""
+
+    def __init__(self) -> None:
+        self.cpus = allowed_cpus()
+        self.t0, self.own0, self.ticks0 = time.perf_counter(), time.process_time(), cpu_ticks(self.cpus)
+
+    def read(self) -> CpuLoad | None:
+        """The load since this watch began; None where the CPUs' time cannot be read or no time has passed."""
+        ticks, seconds = cpu_ticks(self.cpus), time.perf_counter() - self.t0
+        if ticks is None or self.ticks0 is None or seconds <= 0:
+            return None
+        spent = (ticks - self.ticks0) / os.sysconf("SC_CLK_TCK") - (time.process_time() - self.own0)
+        others = min(float(len(self.cpus)), max(0.0, spent / seconds))
+        return CpuLoad(others=others, cpus=len(self.cpus), seconds=seconds, loadavg=load_average())
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, None where the system has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_load(seconds: float = 0.3) -> CpuLoad | None:
+    """Other processes' CPU use over the next ``seconds`` (this process sleeps meanwhile), for ``doctor``."""
+    watch = CpuWatch()
+    time.sleep(seconds)
+    return watch.read()

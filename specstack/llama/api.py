@@ -74,6 +74,9 @@ class ModelConfig:
     load_mtp: bool | None = None
     use_mmap: bool = True  # llama.cpp's --no-mmap: False reads the weights into memory
     use_mlock: bool = False  # llama.cpp's --mlock: keep the weights in RAM
+    # Where n_ctx came from, in the user's words, for the warning when it passes the trained context ("": -c as
+    # given).  A draft model takes the target's context, which the user may never have set.
+    ctx_origin: str = ""
 
     def __post_init__(self) -> None:
         if self.rollback not in STRATEGIES:

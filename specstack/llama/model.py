@@ -195,7 +195,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             raise ModelLoadError(f"context of {total} positions ({per_seq} per sequence x {total // per_seq}) is more "
                                  f"than llama.cpp can address ({_MAX_CTX}); use a smaller --ctx-size")
         if per_seq > self.n_ctx_train:
-            warnings.warn(f"{self.role} {self.path.name}: --ctx-size {per_seq} is more than the {self.n_ctx_train} "
+            given = self.config.ctx_origin or f"--ctx-size {per_seq}"
+            warnings.warn(f"{self.role} {self.path.name}: {given} is more than the {self.n_ctx_train} "
                           "positions it was trained on; output past that may degrade", stacklevel=2)
         self.kv = estimate_kv(self.meta, per_seq, total)
         check_kv_fits(self.kv, self.role, self.path.name, per_seq, self._free_model)

@@ -88,6 +88,8 @@ Modules, one job each (this package re-exports the API other code imports):
 - ``metadata``: the stand-in's GGUF key/values (the source's, with the new shape and epsilon).
 - ``writer``: which tensors, in which order, and writing the F16 stand-in one tensor at a time.
 - ``make``: ``make_standin`` (F16, then llama.cpp's quantizer for q8_0/q4_k_m) and ``quantize_gguf``.
+- ``output``: checks before writing: the output's folder, and whether the files fit its free space.
+- ``quantize``: llama.cpp's quantizer in a child process, with a progress bar, stopped at once by a signal.
 
 Random-weight MTP stand-ins are a different kind (``make-standin --mtp``): no source function is kept, only a
 real MTP model's layout and cost, so they serve cost and losslessness, never acceptance.

@@ -7,34 +7,25 @@ that make this hold).
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 from typing import Callable
 
 from ...errors import InvalidParameterError
-from .shape import FTYPES, StandinError
+from .output import check_output, room_check
+from .quantize import run_quantizer
+from .shape import FTYPES
 from .writer import write_standin_f16
 
+# What a stand-in too big for the disk can give up (the padded kind; ``mtp`` names its own).
+SMALLER = "make a smaller stand-in (fewer --layers, a smaller --width or --ffn)"
 
-def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False) -> Path:
-    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, via target.py)."""
-    from ...llama import quantize
 
-    if ftype not in ("q8_0", "q4_k_m"):
-        raise InvalidParameterError(f"cannot quantize to {ftype!r}; choose one of q8_0, q4_k_m")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = logging.getLogger("llama-cpp-python")  # llama-cpp-python's log callback filters on it
-    old_level = log.level
-    log.setLevel(logging.DEBUG if verbose else logging.ERROR)
-    try:
-        rc = quantize(src, out, ftype, threads=threads)
-    finally:
-        log.setLevel(old_level)
-    if rc != 0:
-        raise StandinError(f"llama.cpp failed to quantize {src} to {ftype} (return code {rc})")
-    return out
+def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose: bool = False,
+                  progress: bool = False) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), in a child process that Ctrl-C
+    and SIGTERM stop at once (``quantize``), with a progress bar of its tensors if ``progress``."""
+    check_output(Path(out))
+    return run_quantizer(Path(src), Path(out), ftype, threads=threads, progress=progress, verbose=verbose)
 
 
 def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f16", *,
@@ -47,22 +38,24 @@ def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f1
     and quantize that with llama.cpp. ``kv_heads`` and ``attn_layers`` (LFM2) are as in
     ``plan_standin``. A quantized gemma3 source: "f16" dequantizes it; its own ftype copies its
     quant blocks (no requantization); any other ftype is refused. Returns ``out``.
+
+    Before writing anything, the output's folder must exist and be writable, and the files must fit in its free
+    space (``output``); a failed or interrupted write leaves no file behind, partial or whole.
     """
     from .source import read_source_shape
 
     out = Path(out)
     if ftype not in FTYPES:
         raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
+    check_output(out)
     kw = {"ffn": ffn, "progress": progress, "kv_heads": kv_heads, "attn_layers": attn_layers, "heads": heads}
-    if ftype == "f16":
-        write_standin_f16(Path(src), out, width, layers, **kw)
+    if ftype == "f16" or read_source_shape(Path(src)).quantized is not None:  # f16, or the source's quant blocks
+        write_standin_f16(Path(src), out, width, layers, ftype_for_checks=ftype,
+                          before_write=room_check(out, None, fix=SMALLER, progress=progress), **kw)
         return out
-    if read_source_shape(Path(src)).quantized is not None:  # keeps the source's quant blocks
-        write_standin_f16(Path(src), out, width, layers, ftype_for_checks=ftype, **kw)
-        return out
-    quantized_from_f16(out, ftype, lambda tmp: write_standin_f16(Path(src), tmp, width, layers,
-                                                               ftype_for_checks=ftype, **kw),
-                       threads=threads, progress=progress)
+    quantized_from_f16(out, ftype, lambda tmp: write_standin_f16(
+        Path(src), tmp, width, layers, ftype_for_checks=ftype,
+        before_write=room_check(out, ftype, fix=SMALLER, progress=progress), **kw), threads=threads, progress=progress)
     return out
 
 
@@ -73,8 +66,6 @@ def quantized_from_f16(out: Path, ftype: str, write_f16: Callable[[Path], object
     tmp = out.with_name(out.name + ".f16.partial")
     try:
         write_f16(tmp)
-        if progress:
-            print(f"make-standin: quantizing to {ftype} with llama.cpp", file=sys.stderr, flush=True)
-        quantize_gguf(tmp, out, ftype, threads=threads)
+        quantize_gguf(tmp, out, ftype, threads=threads, progress=progress)
     finally:
         tmp.unlink(missing_ok=True)

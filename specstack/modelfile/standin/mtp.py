@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -32,12 +32,16 @@ from ...errors import InvalidParameterError, UnsupportedModelError
 from .metadata import copy_field
 from .mtp_layouts import MtpShape, mtp_shape
 from .mtp_tensors import TensorSpec, key_values, tensor_specs
+from .output import check_output, metadata_bytes, room_check
 from .shape import FTYPES
 from .source import open_source, read_field
 from .writer import gguf_file
 
 if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without it
     from gguf import GGUFReader, GGUFWriter
+
+# What a random-weight stand-in too big for the disk can give up.
+SMALLER = "make a smaller stand-in (fewer --layers, a smaller --width, fewer --experts)"
 
 
 def fill(spec: TensorSpec, seed: int = 0) -> np.ndarray:
@@ -102,15 +106,20 @@ def _write_header(writer: GGUFWriter, reader: GGUFReader, shape: MtpShape, specs
         writer.add_tensor_info(spec.name, spec.shape, dtype, spec.nbytes)
 
 
-def write_mtp_f16(shape: MtpShape, tokenizer: Path, out: Path, *, progress: bool = True, seed: int = 0) -> Path:
+def write_mtp_f16(shape: MtpShape, tokenizer: Path, out: Path, *, progress: bool = True, seed: int = 0,
+                  before_write: Callable[[int, int], None] | None = None) -> Path:
     """Write ``shape``'s random-weight F16 GGUF to ``out`` (via ``out.partial``), one tensor at a time: peak
-    memory is the largest tensor (all experts of one matrix: 256 x 512 x 2048 in qwen35moe)."""
+    memory is the largest tensor (all experts of one matrix: 256 x 512 x 2048 in qwen35moe).  ``before_write``
+    is given the file's tensor and other bytes before it is opened (``output.room_check``): it raises to write
+    nothing."""
     from ...ui import Progress
 
     reader = open_source(tokenizer)
     n_vocab = _n_vocab(reader)
     specs = tensor_specs(shape, n_vocab)
     total = sum(s.nbytes for s in specs)
+    if before_write is not None:
+        before_write(total, metadata_bytes(reader.data_offset, len(specs)))
     tick = Progress("make-standin", total / 2**20, unit="MiB", quiet=not progress)  # weighted by bytes
     try:
         with gguf_file(out, shape.arch) as writer:
@@ -137,6 +146,7 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
     vocabulary it takes (default: the bundled target). ``ftype`` "f16" writes it directly; "q8_0" and
     "q4_k_m" write F16 next to ``out`` and quantize that with llama.cpp (``make.quantize_gguf``).
     Returns the shape written. For cost and losslessness only: the weights are random (module docstring).
+    The output's folder and free space are checked before anything is written (``output``).
     """
     from ...paths import DEFAULT_TARGET
     from .make import quantized_from_f16
@@ -145,11 +155,14 @@ def make_mtp_standin(layout: str, out: Path, layers: int, ftype: str = "f16", *,
         raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
     shape = mtp_shape(layout, layers, width, experts, nextn)
     out = Path(out)
+    check_output(out)
     src = Path(tokenizer) if tokenizer is not None else DEFAULT_TARGET
+    room = room_check(out, None if ftype == "f16" else ftype, fix=SMALLER, progress=progress)
     if ftype == "f16":
-        write_mtp_f16(shape, src, out, progress=progress, seed=seed)
+        write_mtp_f16(shape, src, out, progress=progress, seed=seed, before_write=room)
         return shape
-    quantized_from_f16(out, ftype, lambda tmp: write_mtp_f16(shape, src, tmp, progress=progress, seed=seed),
+    quantized_from_f16(out, ftype, lambda tmp: write_mtp_f16(shape, src, tmp, progress=progress, seed=seed,
+                                                             before_write=room),
                        threads=threads, progress=progress)
     return shape
 

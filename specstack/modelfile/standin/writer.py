@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import UnsupportedModelError
 from .metadata import copy_metadata
+from .output import metadata_bytes
 from .pad import kind_shape, layer_tensor, pad2, pad_norm
 from .plan import plan_standin
 from .shape import StandinPlan
@@ -44,8 +45,10 @@ def gguf_file(out: Path, arch: str) -> Iterator[GGUFWriter]:
         writer.close()
         os.replace(tmp, out)
     except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
+        try:
+            writer.close()  # may fail too (a full disk): the half file goes all the same
+        finally:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -120,6 +123,12 @@ def _scaled_epsilon(reader: GGUFReader, plan: StandinPlan) -> float:
 _Info = Callable[[str], tuple[tuple[int, ...], np.dtype, object]]
 
 
+def _nbytes(info: tuple[tuple[int, ...], np.dtype, object]) -> int:
+    """The bytes of a tensor in the file, from its ``_Info`` (quant blocks are bytes of dtype uint8)."""
+    shape, dtype, _ = info
+    return int(np.prod(shape)) * dtype.itemsize
+
+
 def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: float, jobs: list[_Job],
                 progress: bool, info: _Info, file_type: int = 1) -> None:
     """Header, key/values and tensor infos (sizes from ``info``, nothing built yet), then
@@ -132,7 +141,7 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
     copy_metadata(reader, writer, plan, eps, file_type=file_type)
     for name, _ in jobs:
         shape, dtype, raw = info(name)
-        writer.add_tensor_info(name, shape, dtype, int(np.prod(shape)) * dtype.itemsize, raw_dtype=raw)
+        writer.add_tensor_info(name, shape, dtype, _nbytes((shape, dtype, raw)), raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -148,11 +157,14 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
 
 def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int | None = None,
                       ftype_for_checks: str = "f16", progress: bool = True, kv_heads: int | None = None,
-                      attn_layers: int | None = None, heads: int | None = None) -> StandinPlan:
+                      attn_layers: int | None = None, heads: int | None = None,
+                      before_write: Callable[[int, int], None] | None = None) -> StandinPlan:
     """Write the F16 stand-in, one tensor at a time (peak memory: the largest tensor).
 
     A quantized (gemma3) source with ``ftype_for_checks`` its own ftype is written in its own
-    quant blocks instead (``plan.out.quantized``; see the gemma3 module), not in F16."""
+    quant blocks instead (``plan.out.quantized``; see the gemma3 module), not in F16.
+    ``before_write`` is given the file's tensor and other bytes once they are known and before the file is
+    opened (the free-space check of ``output.room_check``): it raises to write nothing."""
     reader = open_source(src)
     plan = plan_standin(read_shape(reader), width, layers, ffn, ftype_for_checks, kv_heads=kv_heads,
                         attn_layers=attn_layers, heads=heads)
@@ -169,6 +181,8 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
         builder = None
         jobs = list(_tensor_jobs(reader, plan))
         info = (lambda name: (*_shape_of(name, plan), None))
+    if before_write is not None:
+        before_write(sum(_nbytes(info(name)) for name, _ in jobs), metadata_bytes(reader.data_offset, len(jobs)))
     with gguf_file(out, plan.src.arch) as writer:
         _write_gguf(writer, reader, plan, eps, jobs, progress, info, file_type)
     if builder is not None and builder.inexact_scales and progress:
