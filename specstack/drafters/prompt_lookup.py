@@ -4,7 +4,9 @@ Saxena 2023 (apoorvumang/prompt-lookup-decoding).  Unlike the reference and
 llama-cpp-python's version, which rescan the whole history every step and
 take the first match, this keeps an incremental index (one dict per n-gram
 length, n-gram -> end position of its most recent occurrence) and prefers
-the longest, most recent match.
+the longest, most recent match.  Each draft carries its evidence: how many tokens
+the match runs back (``match_probs``), so that the cost policy verifies a copy
+of a prompt's line whole, every step, and a coincidence not at all.
 
 Example with n_min=1, n_max=2 and context ``[1, 2, 3, 9, 1, 2]``: the
 suffix ``(1, 2)`` last occurred ending at position 2, so the draft is the
@@ -35,6 +37,9 @@ class PromptLookupConfig:
             )
 
 
+MAX_MATCH = 64  # how far back a match is followed for its length
+
+
 class _Index:
     """One generation's tokens and n-gram index: _index[n][ngram] = j with tokens[j-n:j] == ngram."""
 
@@ -53,15 +58,22 @@ class _Index:
                     table[tuple(toks[j - n : j])] = j
             toks.append(int(t))
 
-    def find(self) -> int | None:
-        """Start position of the continuation of the longest matching suffix, if any."""
+    def find(self) -> tuple[int, int] | None:
+        """(start of the continuation, match length) of the longest matching suffix, if any.
+
+        The match length goes on past ``n_max``, as far back as the earlier occurrence and the context's end agree
+        (up to ``MAX_MATCH``): a line being copied from the prompt matches for dozens of tokens, a common n-gram for
+        a few, and that is the evidence the draft is scored by."""
         toks = self.tokens
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(toks) < n:
                 continue
             j = self.index[n].get(tuple(toks[-n:]))
             if j is not None:
-                return j
+                m, end = n, len(toks)
+                while m < MAX_MATCH and j - m - 1 >= 0 and toks[j - m - 1] == toks[end - m - 1]:
+                    m += 1
+                return j, m
         return None
 
 
@@ -91,10 +103,24 @@ class PromptLookupDrafter:
 
     def _one(self, seq: int, max_tokens: int) -> Draft:
         index = self._seqs.get(seq)
-        j = index.find() if index is not None and max_tokens > 0 else None
-        if j is None:
+        found = index.find() if index is not None and max_tokens > 0 else None
+        if found is None:
             return Draft.empty(self.name)
-        return Draft(token_ids=tuple(index.tokens[j : j + max_tokens]), source=self.name)
+        j, m = found
+        tokens = tuple(index.tokens[j : j + max_tokens])
+        return Draft(token_ids=tokens, source=self.name, probs=match_probs(m, len(tokens)))
+
+
+def match_probs(match: int, n: int) -> tuple[float, ...]:
+    """Path acceptance estimates for n copied tokens after a verbatim match of ``match`` tokens: each token goes on
+    with probability 1 - 1/(match + 2) (Laplace's rule of succession over the match), so a long copy is verified
+    whole and a one-token coincidence barely at all.  The cost policy calibrates these against outcomes."""
+    go_on = 1.0 - 1.0 / (match + 2)
+    out, p = [], 1.0
+    for _ in range(n):
+        p *= go_on
+        out.append(p)
+    return tuple(out)
 
 
 @register("prompt-lookup")
