@@ -15,6 +15,10 @@ code-grounded  the prompt holds code the output naturally re-uses:
 repetitive     groups of requests with shared structure, run in order: one test
                class's header, then the def line of each of its test methods, so
                state kept across requests (the suffix drafter's global tree) can learn.
+grounded-edit  third-party code (functions from packages specstack installs, none of them
+               CPython's), each with a small edit to make and the instruction to return the
+               whole function: the answer copies the prompt, as an agent's edits do.  For
+               models other than the bundled pair (Gemma 3 270M, stand-ins), beside code-complete.
 
 Every prompt is at most MAX_PROMPT_TOKENS tokens and prompt + max_tokens fits the
 models' 512-token context (counted with the bundled target's tokenizer).
@@ -260,6 +264,35 @@ def repetitive(tok: Tokens) -> list[dict]:
     return rows
 
 
+# grounded-edit: (module, function, the edit asked for); every answer may use this many tokens.
+GROUNDED_EDITS = [
+    ("jinja2.utils", "url_quote", "Rename the parameter `obj` to `value` everywhere"),
+    ("httpx._urlparse", "normalize_port", "Rename `default_port` to `scheme_port` everywhere"),
+    ("httpx._urlparse", "validate_path", "Replace the ValueError raised with InvalidURL (already imported)"),
+    ("starlette.datastructures", "make_absolute_url", "Rename `base_url` to `root_url` everywhere"),
+    ("click.utils", "get_text_stream", "Rename the parameter `name` to `stream_name` everywhere"),
+    ("prometheus_client.utils", "floatToGoString", "Rename the function to `float_to_go_string`"),
+]
+GROUNDED_EDIT_TOKENS = 160
+
+
+def grounded_edit() -> list[dict]:
+    """Edits of third-party functions, the whole function to be returned (the models never saw this code)."""
+    import importlib
+    import inspect
+
+    rows = []
+    for module, name, task in GROUNDED_EDITS:
+        src = inspect.getsource(importlib.import_module(module))
+        node = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef) and n.name == name)
+        code = ast.get_source_segment(src, node)
+        prompt = (f"Below is a Python function from the {module.split('.')[0]} package.\n\n```python\n{code}\n```\n\n"
+                  f"Task: {task}. Return the whole function, changed, and nothing else.\n\n```python\n")
+        rows.append({"id": f"{module}:{name}:edit", "category": "edit", "max_tokens": GROUNDED_EDIT_TOKENS,
+                     "prompt": prompt})
+    return rows
+
+
 def write(name: str, rows: list[dict], tok: Tokens) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.jsonl"
@@ -278,6 +311,7 @@ def main() -> None:
     write("code-complete", code_complete(tok), tok)
     write("code-grounded", code_grounded(files, tok), tok)
     write("repetitive", repetitive(tok), tok)
+    write("grounded-edit", grounded_edit(), tok)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,17 @@ def test_bundled_workloads_load_and_fit_the_context(target, name):
         assert 8 <= len(wl.requests) <= 12
 
 
+def test_the_grounded_edit_workload_holds_third_party_functions_to_copy():
+    wl = workloads.load("grounded-edit")
+    assert "grounded-edit" in workloads.bundled() and len(wl.requests) == 6
+    held_out = set((MODELS_DIR / "held_out.txt").read_text().split())
+    for r in wl.requests:
+        module, name, kind = r.id.split(":")
+        assert kind == "edit" and r.category == "edit" and module.split(".")[0] not in ("os", "email", "json")
+        assert f"def {name}(" in r.prompt and r.prompt.rstrip().endswith("```python")  # the answer starts the copy
+        assert r.id.split(":")[0] not in held_out
+
+
 def test_bundled_workloads_come_only_from_held_out_files():
     held_out = set((MODELS_DIR / "held_out.txt").read_text().split())
     for name in BUNDLED:
