@@ -181,6 +181,49 @@ def test_host_prompt_cache_brings_back_the_heads_cache(mtp_target, plain_outputs
     assert again.stats.n_accepted >= 0.8 * first.stats.n_accepted
 
 
+class _Scripted(FixedK):
+    """Draft 4 for a few steps, then plain for 40, then one probe, then real drafts again (a cost policy's course
+    on a prompt where the head stops paying and starts again)."""
+
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.steps = 0
+
+    def budget(self, cap, load=None, tree=False):
+        from specstack.draft_length import Budget
+
+        i, self.steps = self.steps, self.steps + 1
+        if i < 3 or i > 44:
+            return Budget(min(4, cap))
+        if i == 44:
+            return Budget(min(2, cap), probe=True)
+        return Budget(0)
+
+    def fork(self):
+        return self
+
+
+def test_plain_steps_cost_the_head_nothing_and_a_probe_reads_a_window(mtp_target, plain_outputs):
+    """Plain steps used to catch the head up every 8 of them, drafting or not; now they cost it nothing, a probe
+    drafts from the last CATCH_UP pairs in a cache started afresh, and the next real draft catches up from 0."""
+    from specstack.drafters.mtp import CATCH_UP
+
+    mtp_target.reset()
+    drafter = create("mtp", BuildContext(mtp_target))
+    policy = _Scripted()
+    engine = Engine(mtp_target, drafter, policy)
+    rows_at: dict[int, int] = {}  # head rows run by the end of each policy step (budget)
+    gen = engine.generate(PROMPTS[2], GenerationConfig(max_tokens=MAX_TOKENS + 32))
+    for _ in gen:
+        rows_at[policy.steps] = drafter.head.rows
+        if policy.steps == 45:
+            assert drafter.head.pos_min(0) > 0  # the probe's window: the cache starts at the last CATCH_UP pairs
+    assert [rows_at[s] - rows_at[s - 1] for s in range(5, 45)] == [0] * 40  # plain steps: not a row
+    assert 0 < rows_at[45] - rows_at[44] <= CATCH_UP + 1 + 2  # the probe: its window's pairs and its draft rows
+    assert drafter.head.pos_min(0) == 0  # a real draft read the whole context again
+    assert gen.output_ids[:MAX_TOKENS] == plain_outputs[2] and gen.stats.n_accepted > 0
+
+
 def test_loaded_without_nextn_layers_it_refuses_instead_of_aborting():
     model = LlamaModel(ModelConfig(MTP_MODEL, load_mtp=False), role="target")
     assert model.n_nextn == 1 and not model.mtp_loaded

@@ -45,10 +45,13 @@ from ..types import Draft, HiddenRows
 from .base import BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, config_from_options, register
 
 
-# Pairs that plain steps (no draft asked) may leave for the next draft's first call: past this many, ``advance``
-# catches them up in one call. All of them in the draft call made that call a spike the cost policy read as the
-# head's price per token (2.3 ms for one drafted token after 16 plain steps where a draft row costs 0.4 ms here),
-# and it stopped drafting for good; one call per plain step would cost every plain step a call.
+# Pairs a draft's first call takes on (the rest of what plain steps left is caught up in a call of its own, before
+# it): all of them in the draft call made that call a spike the cost policy read as the head's price per token
+# (2.3 ms for one drafted token after 16 plain steps where a draft row costs 0.4 ms here), and it stopped drafting
+# for good. Plain steps themselves cost the head nothing: it used to catch up every 8 plain steps whether or not a
+# draft was ever asked for again, so `mtp@cost` paid for a head it had stopped using. A probe (``Budget.probe``: the
+# policy only asks whether drafting pays now) after a long plain run drafts from the last CATCH_UP pairs alone, in
+# a cache started afresh, as a draft model's probe reads a short window; a real draft catches up in full.
 CATCH_UP = 8
 
 
@@ -69,7 +72,7 @@ class _Seq:
     n_h: int = 0  # rows known for positions [0, n_h)
     n_kv: int = 0  # the MTP cache holds correct pairs for positions [0, n_kv) (or [start, n_kv), see begin)
     dirty: bool = False  # chained draft rows sit at positions >= n_kv
-    drafted: bool = False  # asked for a draft since the last advance
+    window: bool = False  # the cache was started afresh at n_kv for a probe: nothing before it
 
     def put(self, rows: HiddenRows) -> None:
         """Store ``rows`` and forget any past them (they belonged to tokens that were cut)."""
@@ -186,13 +189,9 @@ class MtpDrafter:
         if hidden is not None and len(hidden):
             st.put(hidden)
         st.tokens.extend(int(t) for t in new_ids)
-        asked, st.drafted = st.drafted, False
-        end = min(len(st.tokens) - 1, st.n_h + 1)
         if self.head.shared:
-            st.n_kv = end
-        elif not asked and end - st.n_kv >= CATCH_UP:  # plain steps piled up pairs: in one call now, off the draft path
-            self.head.catch_up([MtpRow(seq, st.n_kv, st.tokens[st.n_kv:end], st.before(st.n_kv, end, self.n_embd))])
-            st.n_kv = end
+            st.n_kv = min(len(st.tokens) - 1, st.n_h + 1)
+        # otherwise the pairs of plain steps wait for the next draft (``_behind``)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         st = self._seqs.get(seq)
@@ -213,8 +212,8 @@ class MtpDrafter:
         restored prefix's end and attend to nothing before it). None where it holds something else."""
         st = self._seqs.get(seq)
         n = len(tokens)
-        if st is None or st.h is None or st.n_h < n or st.tokens[:n] != list(tokens):
-            return None
+        if st is None or st.h is None or st.n_h < n or st.tokens[:n] != list(tokens) or st.window:
+            return None  # (a probe's window holds too little of the prefix to be worth keeping)
         if st.dirty:
             self.head.truncate(seq, st.n_kv)
             st.dirty = False
@@ -250,8 +249,8 @@ class MtpDrafter:
             if st.dirty:
                 self.head.truncate(r.seq, st.n_kv)
                 st.dirty = False
-            st.drafted = True
             n = len(r.context)
+            self._behind(r, st)
             start = min(st.n_kv, n - 1)
             if start < st.n_kv:  # the context is shorter than the cache (a caller's own context): cut back
                 self.head.truncate(r.seq, start)
@@ -267,7 +266,6 @@ class MtpDrafter:
         rows = []
         for r in live:
             st = self._seqs.setdefault(r.seq, _Seq())
-            st.drafted = True
             n = len(r.context)
             rows.append(MtpRow(r.seq, n - 1, [int(r.context[-1])], st.before(n - 1, n, self.n_embd), True))
         # Every row at ``pos0``; the target's KV is the cache, so nothing is left behind to cut (never dirty).
@@ -289,6 +287,26 @@ class MtpDrafter:
                     self._seqs[r.seq].dirty = dirty
             live, rows = going, next_rows
 
+    def _behind(self, r: DraftRequest, st: _Seq) -> None:
+        """Leave at most CATCH_UP pairs for the draft's first call: a probe starts the cache afresh on the last
+        CATCH_UP positions, a real draft catches the rest up in a call of its own (from 0 after a probe's window)."""
+        end = len(r.context) - 1 - CATCH_UP
+        if end <= st.n_kv and not (st.window and not r.budget.probe):
+            return
+        if r.budget.probe:
+            if end > st.n_kv:
+                self.head.reset(r.seq)
+                st.n_kv, st.window = end, True
+            return
+        if st.window:
+            self.head.reset(r.seq)
+            st.n_kv, st.window = 0, False
+        end = max(end, st.n_kv)
+        if end > st.n_kv:
+            pairs = [int(t) for t in r.context[st.n_kv:end]]
+            self.head.catch_up([MtpRow(r.seq, st.n_kv, pairs, st.before(st.n_kv, end, self.n_embd))])
+            st.n_kv = end
+
     def _take(self, r: DraftRequest, d: DraftChain, logits: np.ndarray, t0: float) -> bool:
         """Pick the next token from ``logits`` and offer it to ``r``'s draft; whether to draft one more."""
         tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
@@ -298,7 +316,8 @@ class MtpDrafter:
         """A chained draft's catch-up for ``r``: (first position, tokens, target rows) of the pairs from where the
         cache is correct through the last committed token (llama.cpp's ``id_last`` with ``pending_h``)."""
         st = self._seqs.setdefault(r.seq, _Seq())
-        st.dirty, st.drafted = False, True  # every head's call removes the rows from ``start`` on first
+        st.dirty = False  # every head's call removes the rows from ``start`` on first
+        self._behind(r, st)
         n = len(r.context)
         start = min(st.n_kv, n - 1)
         st.n_kv = n
