@@ -253,7 +253,6 @@ class CostK(_Policy):
         self._probe_interval = probe_every
         self._plain_s = 0.0  # time in plain steps since the last probe
         self._probe_cost_s = 0.0  # what a probe costs beyond the plain steps it stands for (0: not measured yet)
-        self._probes_seen = 0
         self._probing = False  # this step's budget is a probe
         self._steps = 0
         self._overhead_s = 0.0
@@ -279,7 +278,6 @@ class CostK(_Policy):
         if isinstance(child, CostK):
             self._plain_steps, self._probe_interval = child._plain_steps, child._probe_interval
             self._plain_s, self._probe_cost_s = child._plain_s, child._probe_cost_s
-            self._probes_seen = child._probes_seen
             self._overhead_s, self._steps = child._overhead_s, child._steps
             self._best = {}
 
@@ -474,11 +472,8 @@ class CostK(_Policy):
     def _note_probe(self, outcome: StepOutcome) -> None:
         """What the probe cost beyond the plain steps its committed tokens would have taken (a running mean)."""
         plain = self._step_cost(1)
-        net = max(outcome.draft_s + outcome.verify_s + outcome.other_s - (1 + outcome.n_accepted) * plain, 0.0)
-        # The first probe sets the estimate (a mean started from zero made the second probe come at half the
-        # wait: a draft model that never paid cost 6% of a 96-token generation on the bundled pair, 0.94x plain).
-        self._probe_cost_s = net if not self._probes_seen else self._probe_cost_s + 0.5 * (net - self._probe_cost_s)
-        self._probes_seen += 1
+        net = outcome.draft_s + outcome.verify_s + outcome.other_s - (1 + outcome.n_accepted) * plain
+        self._probe_cost_s += 0.5 * (max(net, 0.0) - self._probe_cost_s)
 
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.n_drafted
