@@ -193,25 +193,6 @@ def test_cost_verifies_a_scored_draft_as_far_as_its_scores_pay_and_learns_when_t
     assert trim(p, "s", 12, probs=sure) == 0  # calibration learnt that "sure" means nothing here
 
 
-GEMMA_CURVE = [19.56, 45.78, 50.76, 55.27, 95.75, 98.95, 103.92, 83.38, 95.0, 100.0, 104.0, 108.29, 116.0, 124.0,
-               131.0, 138.07, 169.84]  # Gemma 3 270M, -t 1, t(n) in ms (bench's table): a 2-row call costs 2.3-3.4x
-
-
-def test_the_first_look_is_decided_by_the_drafts_evidence_not_capped_at_a_probe():
-    """Nothing known yet: the policy asks for the longest draft, a scored one is verified as far as its scores pay
-    (a prompt copied verbatim, from the first step), an unscored one only to probe_k, and a model draft stops
-    drafting at probe_k.  It was a 2-token probe whose 2-row call cost 3 plain steps on Gemma, which then barred the
-    next probe for some 150 steps: `prompt-lookup@cost` drafted 8 tokens in 154 steps of a prompt it could copy."""
-    p = CostK(CostModel(GEMMA_CURVE + [GEMMA_CURVE[-1] + 6 * i for i in range(1, 8)]), k_max=16)
-    first = p.budget(64)
-    assert first.max_tokens == 16 and first.probe
-    long_copy = Draft(tuple(range(16)), "prompt-lookup", probs=match_probs(40, 16))
-    assert first.worth(long_copy) >= 8  # far past probe_k: as far as the curve and the scores pay
-    assert first.worth(Draft(tuple(range(16)), "model")) == p.probe_k  # no evidence: a probe's size
-    assert first.worth(Draft((1,), "prompt-lookup", probs=match_probs(1, 1))) == 0  # a coincidence is not verified
-    assert first.keep_going("model", [0.9] * p.probe_k, 1e-4) == Go.LAST
-
-
 def test_prompt_lookup_scores_a_draft_by_how_far_its_match_runs_back():
     from specstack.drafters.prompt_lookup import PromptLookupDrafter
 

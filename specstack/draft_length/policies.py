@@ -325,7 +325,7 @@ class CostK(_Policy):
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         self._looked = self._probing = False
         if not self._sources:
-            return self._first_look(cap, load, tree)
+            return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
         k = max(self._k_for(name, load) for name in self._sources)
         look = self._worth_looking(load)
         if look:
@@ -395,19 +395,6 @@ class CostK(_Policy):
         return self._cached(("cut", name, n, load), lambda: best_k(self.book.conditional(name), lambda k: 0.0,
                                                                    lambda m: self._step_cost(m, load), n, load.tokens))
 
-    def _first_look(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
-        """Nothing known yet: ask for the longest draft, and let its own evidence decide what is verified.
-
-        A scored draft (suffix, prompt lookup, REST) carries per-token evidence, so its first verification is
-        chosen by those scores, not capped at ``probe_k``: a request that copies its prompt is verified in long runs
-        from its first step (the 2-token probe cost 3 plain steps where a 2-row call costs 3.4x a 1-row one, and
-        then barred further probes for ~150 steps).  An unscored draft is cut to ``probe_k``, and a model draft
-        stops after ``probe_k`` tokens (``keep_going``), as a probe would."""
-        budget = self._probe(cap, load, tree)
-        self._looked = True
-        return Budget(min(self.k_max, cap), tree, budget.keep_going, budget.advice, budget.cut,
-                      rows=1 + min(self.probe_k, cap), probe=True)
-
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
         self._probing = True
         advice = Advice(self.book, lambda n: self._step_cost(n, load))
@@ -443,10 +430,8 @@ class CostK(_Policy):
             elif n == self._spent[1] + 1 and self._spent[0] == source:
                 st.chained.observe(draft_s - self._spent[2])
             self._spent = (source, n, draft_s)
-            if n > self.k_max or (self._probing and n > self.probe_k):
+            if n > self.k_max:
                 return Go.DROP
-            if self._probing and n == self.probe_k:
-                return Go.LAST  # a first look at a model draft is a probe's size
             # P(accept token i | tokens < i accepted), learned from this source's own
             # history of (confidence, outcome) pairs: a draft model's confidence is a
             # far better per-token predictor than the average rate at that position.
