@@ -221,23 +221,20 @@ _PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
 class Grammar:
     """One GBNF grammar's parse state over one model's vocabulary (llama.cpp's grammar sampler).
 
-    A new grammar is checked (``gbnf.check_gbnf``) and built on the builder thread (``GrammarBuilder``), never
-    on the caller's: that thread has a deep stack, and a role's engine thread keeps decoding while it works."""
+    Made only by ``GrammarCache`` (checked with ``gbnf.check_gbnf``, built on the builder thread by
+    ``_init_sampler``) and by ``copy``; ``sampler`` is the llama.cpp sampler it owns and frees."""
 
-    def __init__(self, vocab: Any, gbnf: str, n_vocab: int, *, _sampler: Any = None) -> None:
+    def __init__(self, vocab: Any, gbnf: str, n_vocab: int, sampler: Any) -> None:
         self._lc = llama_cpp_module()
         self._vocab = vocab
         self.gbnf = gbnf
         self.n_vocab = n_vocab
-        if _sampler is None:
-            check_gbnf(gbnf)
-            _sampler = BUILDER.run(lambda: _init_sampler(self._lc, vocab, gbnf)).result()
-        self._smpl = _sampler
+        self._smpl = sampler
         self._cands: np.ndarray | None = None
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
-        return Grammar(self._vocab, self.gbnf, self.n_vocab, _sampler=self._lc.llama_sampler_clone(self._smpl))
+        return Grammar(self._vocab, self.gbnf, self.n_vocab, self._lc.llama_sampler_clone(self._smpl))
 
     def allowed(self, token_ids: Sequence[int]) -> list[bool]:
         """Whether each of ``token_ids`` may come next (an end-of-generation token only where the grammar
@@ -411,7 +408,7 @@ class GrammarCache:
                 future.set_exception(exc)
                 return future
             future = BUILDER.run(lambda: _checked(Grammar(self._vocab, gbnf, self._n_vocab,
-                                                          _sampler=_init_sampler(llama_cpp_module(), self._vocab, gbnf))))
+                                                          _init_sampler(llama_cpp_module(), self._vocab, gbnf))))
             self._built[gbnf] = future
             while len(self._built) > CACHED:
                 self._built.popitem(last=False)
