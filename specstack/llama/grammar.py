@@ -28,7 +28,9 @@ import numpy as np
 from ..errors import InvalidParameterError
 from ..gbnf import check_gbnf
 from ..json_schema import INT_BOUNDS, KNOWN_FORMATS, SchemaError, check_schema, integer_bounds, integer_range, resolve_ref
+from . import guidance
 from .backend import llama_cpp_module
+from .guidance import GuidedGrammar
 
 # llama_token_data as numpy sees it: id (int32), logit (float), p (float), 12 bytes, no padding.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -219,7 +221,8 @@ _PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
 
 
 class Grammar:
-    """One GBNF grammar's parse state over one model's vocabulary (llama.cpp's grammar sampler).
+    """One GBNF grammar's parse state over one model's vocabulary (llama.cpp's grammar sampler), for the grammars
+    llguidance cannot read (``GuidedGrammar`` runs the rest).
 
     Made only by ``GrammarCache`` (checked with ``gbnf.check_gbnf``, built on the builder thread by
     ``_init_sampler``) and by ``copy``; ``sampler`` is the llama.cpp sampler it owns and frees."""
@@ -231,6 +234,8 @@ class Grammar:
         self.n_vocab = n_vocab
         self._smpl = sampler
         self._cands: np.ndarray | None = None
+
+    engine = "llama.cpp"
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
@@ -262,6 +267,20 @@ class Grammar:
         if not self.allowed([token_id])[0]:
             raise ValueError(f"token {token_id} is not allowed by the grammar here")
         self._lc.llama_sampler_accept(self._smpl, int(token_id))
+
+    def walk(self, token_ids: Sequence[int]) -> int:
+        """Advance along ``token_ids`` as far as the grammar allows them; how many it took."""
+        for i, tok in enumerate(token_ids):
+            if not self.allowed([tok])[0]:
+                return i
+            self._lc.llama_sampler_accept(self._smpl, int(tok))
+        return len(token_ids)
+
+    def forced(self) -> list[int]:
+        """None proposed: llama.cpp's sampler cannot say what it forces short of a whole-vocabulary check a token."""
+        return []
+
+    error = ""
 
     def _apply(self, data: np.ndarray) -> None:
         lc = self._lc
@@ -386,11 +405,17 @@ class GrammarCache:
     """A vocabulary's recently built grammars' start states by GBNF text; each use gets its own copy.
 
     ``prepare`` builds one ahead on the builder thread (a server does this while the request waits, off the
-    engine's thread), so ``get`` on the engine thread only copies it (a clone, well under a millisecond)."""
+    engine's thread), so ``get`` on the engine thread only copies it (a clone, well under a millisecond).
 
-    def __init__(self, vocab: Any, n_vocab: int) -> None:
+    llama.cpp parses every grammar first, so what is accepted, refused and said about it is llama.cpp's; the state
+    then runs on llguidance (``guidance``: masks in microseconds, forced tokens for drafts), and on llama.cpp's own
+    sampler only where llguidance cannot read the text (``engine`` says which)."""
+
+    def __init__(self, vocab: Any, n_vocab: int, eog_ids: frozenset[int] = frozenset()) -> None:
         self._vocab = vocab
         self._n_vocab = n_vocab
+        self._eog_ids = eog_ids
+        self._tokenizer: Any = None  # llguidance's, built on the first grammar
         self._built: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -407,13 +432,24 @@ class GrammarCache:
                 future = Future()
                 future.set_exception(exc)
                 return future
-            future = BUILDER.run(lambda: _checked(Grammar(self._vocab, gbnf, self._n_vocab,
-                                                          _init_sampler(llama_cpp_module(), self._vocab, gbnf))))
+            future = BUILDER.run(lambda: self._build(gbnf))
             self._built[gbnf] = future
             while len(self._built) > CACHED:
                 self._built.popitem(last=False)
             return future
 
-    def get(self, gbnf: str) -> Grammar:
+    def get(self, gbnf: str) -> "Grammar | GuidedGrammar":
         """A fresh copy of ``gbnf``'s start state (built now, on the builder thread, if it was not prepared)."""
         return self.prepare(gbnf).result().copy()
+
+    def _build(self, gbnf: str) -> "Grammar | GuidedGrammar":
+        """On the builder thread: llama.cpp parses ``gbnf`` (its refusal is the answer), then llguidance runs it."""
+        sampler = _init_sampler(llama_cpp_module(), self._vocab, gbnf)
+        if self._tokenizer is None:
+            self._tokenizer = guidance.tokenizer(llama_cpp_module(), self._vocab, self._n_vocab, self._eog_ids)
+        try:
+            matcher = guidance.compile_gbnf(self._tokenizer, gbnf)
+        except InvalidParameterError:
+            return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
+        llama_cpp_module().llama_sampler_free(sampler)
+        return guidance.GuidedGrammar(matcher, self._n_vocab, gbnf)

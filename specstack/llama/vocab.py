@@ -114,7 +114,8 @@ class Vocabulary:
         return self._eog
 
     def grammar(self, gbnf: str) -> "Grammar":
-        """A GBNF grammar's start state over this vocabulary (llama.cpp's grammar engine), a copy of the cached one."""
+        """A GBNF grammar's start state over this vocabulary (llguidance's engine, llama.cpp's where llguidance
+        cannot read the grammar), a copy of the cached one."""
         return self._grammar_cache().get(gbnf)
 
     def prepare_grammar(self, gbnf: str) -> "Future[Grammar]":
@@ -126,7 +127,8 @@ class Vocabulary:
         if cache is None:
             from .grammar import GrammarCache
 
-            cache = self.__dict__.setdefault("_grammars", GrammarCache(self._vocab, self.n_vocab))
+            cache = self.__dict__.setdefault("_grammars", GrammarCache(self._vocab, self.n_vocab,
+                                                                             self.eog_ids()))
         return cache
 
 

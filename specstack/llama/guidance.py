@@ -1,0 +1,143 @@
+"""llguidance as the constraint engine: a grammar's parse state over a llama.cpp vocabulary, in microseconds.
+
+llama.cpp's grammar sampler checks a token by walking its text through every parse stack alive, so a
+whole-vocabulary mask costs about 32 ms on Gemma 3's 262,144 tokens; llguidance (Microsoft's Rust library, which
+llama.cpp can also build in) computes the same mask from a token trie and a lexer in 0.02-0.1 ms, and says which
+bytes and tokens the grammar forces next (``forced``), which the ``grammar`` draft source proposes.
+
+The grammar text is llama.cpp's GBNF, already parsed by llama.cpp (``grammar._init_sampler``) so what is
+accepted, refused and said about it stays llama.cpp's; llguidance reads the same text (``grammar_from("gbnf")``).
+Two things differ, both on purpose (``docs/constraints.md``): control tokens (``<start_of_turn>``) are never
+text a grammar can match, and the mask costs too little to need ``grammar._checked``'s refusal of grammars with
+thousands of alternatives side by side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+
+_PIECE = 16 * 1024  # a token's longest text, as llguidance.llamacpp reads them
+
+
+def tokenizer(lc: Any, vocab: Any, n_vocab: int, eog_ids: Sequence[int]) -> Any:
+    """llguidance's tokenizer of a llama.cpp vocabulary: every token's bytes (a control token's marked with a
+    leading 0xff, so no grammar text can match it) and llama.cpp's own tokenize.  About 1-2 s for Gemma 3's
+    262,144 tokens here, so ``GrammarCache`` builds it once per vocabulary.  (``llguidance.llamacpp`` does the same
+    through llama.cpp's deprecated per-token attribute call, one warning per token.)"""
+    import llguidance
+
+    buf = ctypes.create_string_buffer(_PIECE + 1)
+    control = lc.LLAMA_TOKEN_ATTR_CONTROL
+    user = lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+    tokens: list[bytes] = []
+    for tok in range(n_vocab):
+        n = lc.llama_token_to_piece(vocab, tok, buf, _PIECE, 0, True)
+        piece = buf.raw[:n] if n > 0 else b""
+        attr = lc.llama_vocab_get_attr(vocab, tok)
+        if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
+            piece = b"\xff" + piece
+        tokens.append(piece)
+    tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=vocab, tokenize_fptr=tokenize,
+                                                eos_token=sorted(eog_ids) or [0])
+
+
+def compile_gbnf(tok: Any, gbnf: str) -> Any:
+    """The start state of ``gbnf`` (an ``LLMatcher``); ``InvalidParameterError`` where llguidance cannot read it."""
+    import llguidance
+
+    try:
+        grammar = llguidance.grammar_from("gbnf", gbnf)
+    except Exception as exc:  # its GBNF reader raises its own error types on what it cannot convert
+        raise InvalidParameterError(f"llguidance cannot read the grammar: {exc}") from None
+    matcher = llguidance.LLMatcher(tok, grammar, log_level=0, limits=_limits())
+    if matcher.is_error():
+        raise InvalidParameterError(f"llguidance cannot read the grammar: {matcher.get_error()}")
+    return matcher
+
+
+def _limits() -> Any:
+    """llguidance's resource limits, widened to what ``gbnf.check_gbnf`` already admits: a rule of thousands of
+    alternatives (an enum written out) is a row of thousands of items, over its default 2,000, and a step may then
+    visit that many per token.  Errors leave the grammar out of their text (it can be 256 KiB)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(max_items_in_row=MAX_ROW_ITEMS, step_max_items=STEP_ITEMS, verbose_errors=False)
+
+
+MAX_ROW_ITEMS = 50_000
+STEP_ITEMS = 500_000  # about 25 ms of one mask at its quoted 20k items/ms, the worst a step may cost
+
+
+class GuidedGrammar:
+    """One grammar's parse state, as ``grammar.Grammar`` has it (``allowed``, ``mask``, ``accept``, ``copy``), plus
+    ``forced``: the tokens the grammar forces next.  The mask is computed once per state and read by every ask."""
+
+    engine = "llguidance"
+
+    def __init__(self, matcher: Any, n_vocab: int, gbnf: str) -> None:
+        self._m = matcher
+        self.n_vocab = n_vocab
+        self.gbnf = gbnf
+        self._bits: np.ndarray | None = None
+
+    def copy(self) -> "GuidedGrammar":
+        """An independent copy of this parse state (a draft is walked on a copy)."""
+        twin = GuidedGrammar(self._m.deep_copy(), self.n_vocab, self.gbnf)
+        twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
+        return twin
+
+    def allowed(self, token_ids: Sequence[int]) -> list[bool]:
+        """Whether each of ``token_ids`` may come next (an end-of-generation token only where the grammar can end)."""
+        if len(token_ids) == 0:
+            return []
+        ids = np.asarray(token_ids, dtype=np.int64)
+        bits = self._mask_bits()
+        inside = (ids >= 0) & (ids < self.n_vocab)
+        safe = np.where(inside, ids, 0)
+        return (inside & ((bits[safe >> 5] >> (safe & 31).astype(np.uint32)) & 1).astype(bool)).tolist()
+
+    def mask(self) -> np.ndarray:
+        """A [n_vocab] bool array: which tokens the grammar allows next."""
+        bits = self._mask_bits()
+        return np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
+
+    def accept(self, token_id: int) -> None:
+        """Advance by one token, which must be allowed."""
+        if not self.allowed([token_id])[0] or not self._m.consume_token(int(token_id)):
+            raise ValueError(f"token {token_id} is not allowed by the grammar here")
+        self._bits = None
+
+    def walk(self, token_ids: Sequence[int]) -> int:
+        """Advance along ``token_ids`` as far as the grammar allows them; how many it took."""
+        if len(token_ids) == 0:
+            return 0
+        if not self.allowed([token_ids[0]])[0]:  # llguidance's own check would put the state in error
+            return 0
+        n = self._m.try_consume_tokens([int(t) for t in token_ids])
+        self._bits = None
+        return n
+
+    def forced(self) -> list[int]:
+        """The tokens every continuation the grammar allows starts with, tokenized as the model's tokenizer would
+        (llguidance stops before a token the bytes after the forced ones could still merge into)."""
+        if self._m.is_stopped():
+            return []
+        return list(self._m.compute_ff_tokens())
+
+    @property
+    def error(self) -> str:
+        """llguidance's reason where it gave up on this state (a resource limit), "" otherwise."""
+        return self._m.get_error().strip().splitlines()[0] if self._m.is_error() else ""
+
+    def _mask_bits(self) -> np.ndarray:
+        if self._bits is None:
+            bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.uint32)
+            self._m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            self._bits = bits
+        return self._bits
