@@ -30,7 +30,7 @@ import numpy as np
 
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
-from .drafters.base import Drafter, DraftRequest, needs_hidden
+from .drafters.base import Drafter, DraftRequest, needs_hidden, reads_context
 from .constraints import ConstraintState, for_target
 from .drafters.grammar import with_forced
 from .drafters.none import NAME as PLAIN  # the ``none`` drafter is plain decoding: no grammar drafts either
@@ -525,13 +525,21 @@ class Engine:
                 grammar = w.gen.constraint.grammar if w.gen.constraint is not None else None
                 if grammar is not None and w.gen.config.grammar_drafts and w.gen.drafter.name != PLAIN:
                     t1 = self.clock()  # cut at the grammar's first refusal, then what it forces after that
-                    draft = with_forced(draft.best_chain(), grammar, w.budget.max_tokens)
+                    draft = with_forced(draft.best_chain(), grammar, w.budget.max_tokens, self._ask(w.gen))
                     w.draft_s += self.clock() - t1
                     grammar = None  # walked
                 if draft.token_ids:
                     w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
                 if grammar is not None and w.draft.token_ids:  # cut at the grammar's first refusal
                     w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
+
+    @staticmethod
+    def _ask(gen: Generation) -> Callable[[Sequence[int], int], Draft] | None:
+        """How the grammar source asks ``gen``'s drafter for a draft after tokens it appended (None: it cannot)."""
+        drafter = gen.drafter
+        if not reads_context(drafter):
+            return None
+        return lambda extra, n: drafter.propose([DraftRequest(gen.seq, [*gen.context, *extra], Budget(n))])[0]
 
     def _fit(self, draft: Draft, budget: Budget, sampling: SamplingParams) -> Draft:
         """Cut a draft to the budget; a tree also to what the target can verify exactly in one call.

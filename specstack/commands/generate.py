@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "llama.cpp's -n -1)")
     p.add_argument("--ignore-eos", action="store_true", help="never end at the end-of-generation token (llama.cpp's "
                    "--ignore-eos): generate all -n tokens")
+    p.add_argument("--no-grammar-drafts", dest="grammar_drafts", action="store_false",
+                   help="under a grammar or JSON schema, do not draft the tokens it forces (the 'grammar' source, on by "
+                   "default with every drafter but none); for comparing, the output is the same either way")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + statistics) instead of streaming")
     p.add_argument("--profile", type=Path, default=None, help="apply a profile from `specstack tune` (explicit flags still win)")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     check_grammar(args.model, controls.grammar)  # a grammar that does not parse fails before the load
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
-                              constraints=controls)
+                              constraints=controls, grammar_drafts=args.grammar_drafts)
     check_k(args.k)  # the policy's own check of -k and --k-max, before the load rather than after it
     if args.k_max is not None:
         check_k(args.k_max, "k_max")

@@ -15,6 +15,12 @@ target's hidden rows (``types.HiddenRows``) of the tokens the target kept,
 at ``begin`` (the prompt's) and at every ``advance`` (the verification's
 accepted rows; rows of rejected drafts never arrive).
 
+A drafter that can draft after any context extending its generation's (prompt
+lookup, suffix trees: ``DraftRequest.context`` may run past the committed tokens)
+declares ``reads_context = True``: the grammar source (``drafters.grammar``) then
+asks it again after the forced tokens it appended, so structure and copied text
+alternate in one draft.
+
 A drafter whose per-sequence state is expensive to rebuild (an MTP head's KV)
 may also offer ``save_prefix(seq, tokens) -> (state, bytes) | None`` and
 ``restore_prefix(seq, state)``: the engine's host prompt cache then keeps that
@@ -82,6 +88,12 @@ class HiddenDrafter(Drafter, Protocol):
 def needs_hidden(drafter: Drafter) -> bool:
     """Whether ``drafter`` reads the target's hidden rows (declared by a ``needs_hidden`` attribute; default no)."""
     return bool(getattr(drafter, "needs_hidden", False))
+
+
+def reads_context(drafter: Drafter) -> bool:
+    """Whether ``drafter`` drafts after a context longer than its generation's committed one (declared by a
+    ``reads_context`` attribute; default no: a model's draft needs its own state to match the context)."""
+    return bool(getattr(drafter, "reads_context", False))
 
 
 def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, seq: int = 0) -> Draft:

@@ -17,7 +17,7 @@ generation's own drafter as the other source; each token keeps its source in ``D
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ..types import Draft
 
@@ -35,28 +35,75 @@ class Forcing(Protocol):
     def forced(self) -> list[int]: ...
 
 
-def with_forced(draft: Draft, grammar: Forcing, cap: int) -> Draft:
-    """``draft`` cut at its first token ``grammar`` refuses, then the grammar's forced tokens after it, within
-    ``cap`` tokens in all.  ``grammar`` is the committed state; it is walked on a copy."""
+Ask = Callable[[Sequence[int], int], Draft]  # (tokens after the committed ones, budget) -> the other source's draft
+ROUNDS = 4  # forced text and the other source's text alternate at most this often in one draft
+
+
+def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None) -> Draft:
+    """``draft`` cut at its first token ``grammar`` refuses, then the grammar's forced tokens after it, then (where
+    ``ask`` is given: a source that drafts after any context, as prompt lookup and suffix trees do) that source's
+    draft after those, and so on, within ``cap`` tokens in all.  ``grammar`` is the committed state; it is walked on
+    a copy."""
     state = grammar.copy()
-    n = state.walk(draft.token_ids[:cap])
-    base = draft.truncated(n)
-    forced = state.forced()[: max(cap - n, 0)] if n < cap else []
-    if not forced:
-        return base
-    origins = tuple(base.origin(i) for i in range(n)) + (SOURCE,) * len(forced)
-    return Draft(token_ids=tuple(base.token_ids) + tuple(forced), source=base.source if n else SOURCE,
-                 probs=_path_probs(base, n, len(forced)), origins=origins)
+    chain = _Chain()
+    chain.add(draft, state.walk(draft.token_ids[:cap]))
+    for _ in range(ROUNDS):
+        forced = state.forced()[: cap - len(chain)]
+        chain.force(forced)
+        if ask is None or len(chain) >= cap or not forced:
+            break
+        more = ask(chain.tokens, cap - len(chain))
+        taken = state.walk(more.token_ids[: cap - len(chain)])
+        if not taken:
+            break
+        chain.add(more, taken)
+    return chain.draft(draft)
 
 
-def _path_probs(base: Draft, n: int, n_forced: int) -> tuple[float, ...] | None:
-    """Path acceptance estimates of ``base``'s first ``n`` tokens followed by ``n_forced`` forced ones; None where
-    ``base`` drafted tokens without estimates (a model's draft is priced by its source's record instead)."""
-    if n and base.probs is None:
-        return None
-    probs = list(base.probs[:n]) if n else []
-    path = probs[-1] if probs else 1.0
-    for _ in range(n_forced):
-        path *= FORCED_SCORE
-        probs.append(path)
-    return tuple(probs)
+class _Chain:
+    """A draft being put together from several sources: tokens, each one's source, path acceptance estimates."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.origins: list[str] = []
+        self.probs: list[float] | None = []
+        self.forced = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, part: Draft, n: int) -> None:
+        """The first ``n`` tokens of ``part``, with its estimates scaled to follow the path so far."""
+        if n == 0:
+            return
+        self.tokens.extend(part.token_ids[:n])
+        self.origins.extend(part.origin(i) for i in range(n))
+        scores = part.scores()
+        if scores is None or self.probs is None:
+            self.probs = None  # a model's draft is priced by its source's record instead
+            return
+        path = self.probs[-1] if self.probs else 1.0
+        for p in scores[:n]:
+            path *= p
+            self.probs.append(path)
+
+    def force(self, forced: Sequence[int]) -> None:
+        self.tokens.extend(forced)
+        self.origins.extend([SOURCE] * len(forced))
+        self.forced += len(forced)
+        if self.probs is not None:
+            path = self.probs[-1] if self.probs else 1.0
+            for _ in forced:
+                path *= FORCED_SCORE
+                self.probs.append(path)
+
+    def draft(self, first: Draft) -> Draft:
+        """The chain as one draft, named for its first token's source; ``first`` itself where nothing was added."""
+        if not self.forced:
+            return first.truncated(len(self.tokens)) if len(self.tokens) <= len(first) and \
+                all(o == first.source for o in self.origins) else self._as_draft(self.origins[0])
+        return self._as_draft(self.origins[0])
+
+    def _as_draft(self, source: str) -> Draft:
+        return Draft(token_ids=tuple(self.tokens), source=source,
+                     probs=None if self.probs is None else tuple(self.probs), origins=tuple(self.origins))

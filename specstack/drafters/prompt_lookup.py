@@ -58,20 +58,22 @@ class _Index:
                     table[tuple(toks[j - n : j])] = j
             toks.append(int(t))
 
-    def find(self) -> tuple[int, int] | None:
-        """(start of the continuation, match length) of the longest matching suffix, if any.
+    def find(self, after: Sequence[int] = ()) -> tuple[int, int] | None:
+        """(start of the continuation, match length) of the longest matching suffix, if any; ``after``: tokens that
+        follow the indexed ones in the context asked about (a draft so far), not indexed themselves.
 
         The match length goes on past ``n_max``, as far back as the earlier occurrence and the context's end agree
         (up to ``MAX_MATCH``): a line being copied from the prompt matches for dozens of tokens, a common n-gram for
         a few, and that is the evidence the draft is scored by."""
         toks = self.tokens
+        tail = list(toks[-MAX_MATCH - 1:]) + [int(t) for t in after] if after else toks
         for n in range(self.n_max, self.n_min - 1, -1):
-            if len(toks) < n:
+            if len(tail) < n:
                 continue
-            j = self.index[n].get(tuple(toks[-n:]))
+            j = self.index[n].get(tuple(tail[-n:]))
             if j is not None:
-                m, end = n, len(toks)
-                while m < MAX_MATCH and j - m - 1 >= 0 and toks[j - m - 1] == toks[end - m - 1]:
+                m, back = n, len(tail)
+                while m < MAX_MATCH and j - m - 1 >= 0 and m < back and toks[j - m - 1] == tail[back - m - 1]:
                     m += 1
                 return j, m
         return None
@@ -98,12 +100,17 @@ class PromptLookupDrafter:
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._seqs.pop(seq, None)
 
-    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        return [self._one(r.seq, r.budget.max_tokens) for r in requests]
+    reads_context = True  # drafts after any context that extends the generation's (``Drafter.reads_context``)
 
-    def _one(self, seq: int, max_tokens: int) -> Draft:
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [self._one(r.seq, r.context, r.budget.max_tokens) for r in requests]
+
+    def _one(self, seq: int, context: Sequence[int], max_tokens: int) -> Draft:
         index = self._seqs.get(seq)
-        found = index.find() if index is not None and max_tokens > 0 else None
+        if index is None or max_tokens <= 0:
+            return Draft.empty(self.name)
+        after = context[len(index.tokens):] if len(context) > len(index.tokens) else ()
+        found = index.find(after)
         if found is None:
             return Draft.empty(self.name)
         j, m = found

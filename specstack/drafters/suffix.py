@@ -128,6 +128,8 @@ class SuffixDrafter:
         local.extend(_LOCAL, prompt)
         self._gens[seq] = _Generation(prompt, [], local, SuffixMatcher(self.global_tree, prompt))
 
+    reads_context = True  # drafts after any context (``_states`` matches one that is not the generation's)
+
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         out = []
         for r in requests:

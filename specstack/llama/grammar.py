@@ -452,4 +452,4 @@ class GrammarCache:
         except InvalidParameterError:
             return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
         llama_cpp_module().llama_sampler_free(sampler)
-        return guidance.GuidedGrammar(matcher, self._n_vocab, gbnf)
+        return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf)

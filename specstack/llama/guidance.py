@@ -47,6 +47,10 @@ def tokenizer(lc: Any, vocab: Any, n_vocab: int, eog_ids: Sequence[int]) -> Any:
                                                 eos_token=sorted(eog_ids) or [0])
 
 
+_HEADER = "%llguidance {}"
+_NO_FORCING = '%llguidance {"no_forcing": true}'
+
+
 def compile_gbnf(tok: Any, gbnf: str) -> Any:
     """The start state of ``gbnf`` (an ``LLMatcher``); ``InvalidParameterError`` where llguidance cannot read it."""
     import llguidance
@@ -55,6 +59,11 @@ def compile_gbnf(tok: Any, gbnf: str) -> Any:
         grammar = llguidance.grammar_from("gbnf", gbnf)
     except Exception as exc:  # its GBNF reader raises its own error types on what it cannot convert
         raise InvalidParameterError(f"llguidance cannot read the grammar: {exc}") from None
+    if not grammar.startswith(_HEADER):
+        raise InvalidParameterError("llguidance cannot read the grammar: its GBNF reader wrote no options header")
+    # Every token whose text the grammar allows, as llama.cpp's sampler: by default llguidance allows only the
+    # canonical token where the grammar forces text ("name" after '{"', never "n"), which would change the output.
+    grammar = _NO_FORCING + grammar[len(_HEADER):]
     matcher = llguidance.LLMatcher(tok, grammar, log_level=0, limits=_limits())
     if matcher.is_error():
         raise InvalidParameterError(f"llguidance cannot read the grammar: {matcher.get_error()}")
@@ -80,15 +89,16 @@ class GuidedGrammar:
 
     engine = "llguidance"
 
-    def __init__(self, matcher: Any, n_vocab: int, gbnf: str) -> None:
+    def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str) -> None:
         self._m = matcher
+        self._tok = tokenizer
         self.n_vocab = n_vocab
         self.gbnf = gbnf
         self._bits: np.ndarray | None = None
 
     def copy(self) -> "GuidedGrammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
-        twin = GuidedGrammar(self._m.deep_copy(), self.n_vocab, self.gbnf)
+        twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf)
         twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
         return twin
 
@@ -124,11 +134,12 @@ class GuidedGrammar:
         return n
 
     def forced(self) -> list[int]:
-        """The tokens every continuation the grammar allows starts with, tokenized as the model's tokenizer would
-        (llguidance stops before a token the bytes after the forced ones could still merge into)."""
+        """The tokens every continuation the grammar allows starts with: the forced bytes tokenized as the model's
+        tokenizer would, stopping before a token that the bytes after them could still merge into."""
         if self._m.is_stopped():
             return []
-        return list(self._m.compute_ff_tokens())
+        forced = self._m.compute_ff_bytes()
+        return list(self._tok.tokenize_partial(forced)[0]) if forced else []
 
     @property
     def error(self) -> str:

