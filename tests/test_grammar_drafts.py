@@ -147,3 +147,35 @@ def test_on_gemma_forced_tokens_are_accepted_and_the_output_is_plain_decodings(g
     assert gen.output_ids == plain.output_ids
     assert gen.stats.by_source[SOURCE].n_accepted > 0
     _walk_and_compare(gemma, grammar, plain.text)
+
+
+def test_forced_text_and_a_copy_from_the_prompt_alternate_in_one_draft(target):
+    """After the forced opening, prompt lookup drafts the call it saw in the prompt; the grammar walks along, so the
+    whole draft is text the grammar allows."""
+    from specstack.draft_length import Budget
+    from specstack.drafters.base import DraftRequest
+
+    prompt = target.tokenize('x = make_record(name="abc", size=12, ok=True)\ny = ', add_special=False)
+    drafter = create("prompt-lookup", BuildContext(target))
+    drafter.begin(prompt, 0)
+    ask = lambda extra, n: drafter.propose([DraftRequest(0, [*prompt, *extra], Budget(n))])[0]  # noqa: E731
+    grammar = target.grammar(CALL_GBNF)
+    draft = with_forced(Draft.empty(drafter.name), grammar, 64, ask)
+    text = target.detokenize(draft.token_ids)
+    assert text.startswith('make_record(name="abc", size=12, ok=True)'), text
+    assert grammar.copy().walk(draft.token_ids) == len(draft)
+    origins = [draft.origin(i) for i in range(len(draft))]
+    assert origins[0] == SOURCE and drafter.name in origins and draft.source == SOURCE
+
+
+def test_a_grammar_llguidance_cannot_read_runs_on_llama_cpps_engine(target):
+    """A token reference (``<[id]>``) is llama.cpp's GBNF only: that grammar keeps llama.cpp's sampler, proposes no
+    forced tokens, and still constrains speculation to plain decoding's output."""
+    token = target.tokenize("def", add_special=False)[0]
+    grammar = f'root ::= <[{token}]> " " [a-z]{{1,8}} "(" [a-z]{{0,4}} ")"'
+    state = target.grammar(grammar)
+    assert state.engine == "llama.cpp" and state.forced() == []
+    plain = _run(target, "none", 1, grammar, max_tokens=16, prompt="def f(a):\n    return a\n\n\n")
+    spec = _run(target, "prompt-lookup", 8, grammar, max_tokens=16, prompt="def f(a):\n    return a\n\n\n")
+    assert spec.output_ids == plain.output_ids and plain.output_ids[0] == token
+    assert SOURCE not in spec.stats.by_source

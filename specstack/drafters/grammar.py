@@ -40,15 +40,21 @@ ROUNDS = 4  # forced text and the other source's text alternate at most this oft
 
 
 def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None) -> Draft:
-    """``draft`` cut at its first token ``grammar`` refuses, then the grammar's forced tokens after it, then (where
-    ``ask`` is given: a source that drafts after any context, as prompt lookup and suffix trees do) that source's
-    draft after those, and so on, within ``cap`` tokens in all.  ``grammar`` is the committed state; it is walked on
-    a copy."""
+    """The grammar's forced tokens and the other source's draft, alternating, within ``cap`` tokens in all.
+
+    Where the grammar forces text after the committed tokens and the other source can draft after any context
+    (``ask``: prompt lookup, suffix trees), the forced tokens come first, the likeliest of all, then that source's
+    draft after them, then what the grammar forces after that, and so on.  Otherwise ``draft`` (the other source's,
+    from the committed tokens) comes first, cut at its first token the grammar refuses, and the forced tokens follow.
+    ``grammar`` is the committed state; it is walked on a copy."""
     state = grammar.copy()
     chain = _Chain()
-    chain.add(draft, state.walk(draft.token_ids[:cap]))
-    for _ in range(ROUNDS):
+    forced = state.forced()[:cap] if ask is not None else []
+    if not forced:
+        chain.add(draft, state.walk(draft.token_ids[:cap]))
         forced = state.forced()[: cap - len(chain)]
+    for _ in range(ROUNDS):
+        forced = forced[: state.walk(forced)]  # the state moves past them (each spells forced text: allowed)
         chain.force(forced)
         if ask is None or len(chain) >= cap or not forced:
             break
@@ -57,6 +63,7 @@ def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None
         if not taken:
             break
         chain.add(more, taken)
+        forced = state.forced()[: cap - len(chain)]
     return chain.draft(draft)
 
 
