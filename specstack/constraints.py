@@ -42,7 +42,10 @@ class Constraints:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans the token
     min_tokens: int = 0  # no end of generation (or stop token) before this many output tokens
     ignore_eos: bool = False  # end-of-generation tokens are banned (llama-server's ignore_eos)
-    grammar: str | None = None  # GBNF, enforced by llama.cpp's grammar engine
+    grammar: str | None = None  # GBNF (llama.cpp's), enforced by llguidance (``llama.guidance``)
+    # Lazy grammar (llama.cpp's grammar_lazy): free text until the output contains one of these words, then the
+    # grammar, which must match from the trigger on (a tool call's opening, under tool_choice "auto").
+    grammar_triggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.repeat_penalty > 0.0 and np.isfinite(self.repeat_penalty)):
@@ -63,6 +66,8 @@ class Constraints:
             raise InvalidParameterError(f"min_tokens must be >= 0 (got {self.min_tokens})")
         if self.grammar is not None and not self.grammar.strip():
             raise InvalidParameterError("grammar is empty; leave it out for unconstrained output")
+        if self.grammar_triggers and (self.grammar is None or not all(self.grammar_triggers)):
+            raise InvalidParameterError("grammar_triggers need a grammar, and each trigger some text")
 
     @property
     def penalized(self) -> bool:
@@ -83,10 +88,15 @@ class ConstraintState:
     """
 
     def __init__(self, constraints: Constraints, n_vocab: int, eog_ids: frozenset[int],
-                 stop_ids: frozenset[int] = frozenset(), grammar: "Grammar | None" = None) -> None:
+                 stop_ids: frozenset[int] = frozenset(), grammar: "Grammar | None" = None,
+                 token_bytes: Callable[[int], bytes] | None = None) -> None:
         self.c = constraints
         self.n_vocab = n_vocab
-        self.grammar = grammar
+        # A lazy grammar waits (``_lazy``) with the output's text until a trigger; then ``grammar`` is its state.
+        self._lazy = _Lazy(grammar, constraints.grammar_triggers, token_bytes) if constraints.grammar_triggers \
+            and grammar is not None else None
+        self.grammar = None if self._lazy is not None else grammar
+        self._waiting = b""  # a lazy grammar's output text so far, while no trigger has come
         bias = {t: b for t, b in constraints.logit_bias}
         bad = [t for t in bias if t >= n_vocab]
         if bad:
@@ -115,7 +125,7 @@ class ConstraintState:
 
         Row i conditions on ``context + draft[:i]``; a row past a disagreement is never needed.
         """
-        state = self.grammar.copy() if self.grammar is not None else None
+        state, waiting = self._start()
         choices: list[int] = []
         self.dead_row = None
         for i in range(len(draft) + 1):
@@ -128,22 +138,21 @@ class ConstraintState:
             choices.append(choice)
             if i == len(draft) or choices[-1] != draft[i]:
                 break
-            if state is not None:
-                state.accept(draft[i])
+            state, waiting = self._next(state, waiting, draft[i])
         return choices
 
     def probs(self, logits: np.ndarray, draft: Sequence[int], context: Sequence[int], n_output: int,
               sampling: SamplingParams) -> np.ndarray:
         """p at each of the k + 1 rows, from the shaped logits (the grammar masks the whole vocabulary)."""
-        state = self.grammar.copy() if self.grammar is not None else None
+        state, waiting = self._start()
         rows = []
         self.dead_row = None
         for i in range(len(draft) + 1):
             row = self.shaped(logits[i], context, draft[:i], n_output + i)
             if state is not None:
                 row[~state.mask()] = -np.inf
-                if i < len(draft):
-                    state.accept(draft[i])  # drafts are cut to what the grammar allows
+            if i < len(draft) and np.isfinite(row[draft[i]]):  # past a refused token the rows are never read
+                state, waiting = self._next(state, waiting, draft[i])
             if not np.isfinite(row.max()):
                 row[self._ends[:1] if len(self._ends) else 0] = 0.0  # nothing allowed: a placeholder token ...
                 if self.dead_row is None:
@@ -201,10 +210,55 @@ class ConstraintState:
     # -- after the step --------------------------------------------------------
 
     def commit(self, token_ids: Sequence[int]) -> None:
-        """Advance the grammar by this step's committed tokens (each was allowed where it stands)."""
-        if self.grammar is not None:
-            for tok in token_ids:
-                self.grammar.accept(tok)
+        """Advance the grammar by this step's committed tokens (each was allowed where it stands); a lazy grammar
+        wakes at its trigger."""
+        if self.grammar is None and self._lazy is None:
+            return
+        for tok in token_ids:
+            self.grammar, self._waiting = self._next(self.grammar, self._waiting, tok)
+
+    # -- the grammar's progress along tokens ---------------------------------------------------------------------
+
+    def _start(self) -> "tuple[Grammar | None, bytes]":
+        """A copy of the committed grammar state (None: no grammar, or a lazy one still waiting) and the text a
+        waiting one has seen."""
+        return (self.grammar.copy() if self.grammar is not None else None), self._waiting
+
+    def _next(self, state: "Grammar | None", waiting: bytes, tok: int) -> "tuple[Grammar | None, bytes]":
+        """The grammar's progress after ``tok``: the state advanced, or a lazy grammar's text grown, and its state
+        from the trigger on where ``tok`` completed one."""
+        if state is not None:
+            state.accept(tok)
+            return state, waiting
+        if self._lazy is None:
+            return None, waiting
+        return self._lazy.after(waiting, tok)
+
+
+class _Lazy:
+    """A lazy grammar's trigger watch: the output's text until one of the trigger words appears, then the grammar
+    from there (llama.cpp's ``grammar_lazy``: the token that completes the trigger is free; the grammar is fed the
+    text from the trigger's start, and constrains every token after)."""
+
+    def __init__(self, grammar: "Grammar", triggers: Sequence[str], token_bytes: Callable[[int], bytes] | None) -> None:
+        if token_bytes is None or not hasattr(grammar, "feed"):
+            raise InvalidParameterError("a lazy grammar (grammar_triggers) needs llguidance to read the grammar; "
+                                        "this one runs on llama.cpp's engine: send it without triggers")
+        self.grammar = grammar  # the start state, copied at each wake
+        self.triggers = [t.encode() for t in triggers]
+        self.longest = max(len(t) for t in self.triggers)
+        self.token_bytes = token_bytes
+
+    def after(self, waiting: bytes, tok: int) -> "tuple[Grammar | None, bytes]":
+        piece = self.token_bytes(tok)
+        text = waiting + piece
+        start = max(0, len(waiting) - self.longest + 1)  # a trigger ends in the new piece, or was seen before
+        hits = [i for i in (text.find(t, start) for t in self.triggers) if i >= 0]
+        if not hits:
+            return None, text
+        state = self.grammar.copy()
+        state.feed(text[min(hits):])  # text the grammar does not allow leaves a state that allows nothing
+        return state, b""
 
 
 def dead_end_message(n_output: int) -> str:
@@ -215,7 +269,8 @@ def dead_end_message(n_output: int) -> str:
 
 
 def for_target(constraints: Constraints, n_vocab: int, eog_ids: frozenset[int], stop_ids: frozenset[int],
-               grammar_factory: Callable[[str], "Grammar"] | None) -> ConstraintState | None:
+               grammar_factory: Callable[[str], "Grammar"] | None,
+               token_bytes: Callable[[int], bytes] | None = None) -> ConstraintState | None:
     """The state a generation starts with, or None when its constraints change nothing."""
     if not constraints.active:
         return None
@@ -224,4 +279,4 @@ def for_target(constraints: Constraints, n_vocab: int, eog_ids: frozenset[int], 
         if grammar_factory is None:
             raise InvalidParameterError("this target cannot enforce a grammar")
         grammar = grammar_factory(constraints.grammar)
-    return ConstraintState(constraints, n_vocab, eog_ids, stop_ids, grammar)
+    return ConstraintState(constraints, n_vocab, eog_ids, stop_ids, grammar, token_bytes)

@@ -179,3 +179,37 @@ def test_a_grammar_llguidance_cannot_read_runs_on_llama_cpps_engine(target):
     spec = _run(target, "prompt-lookup", 8, grammar, max_tokens=16, prompt="def f(a):\n    return a\n\n\n")
     assert spec.output_ids == plain.output_ids and plain.output_ids[0] == token
     assert SOURCE not in spec.stats.by_source
+
+
+LAZY_PROMPT = 'def f(a):\n    return a\n\n\ndef g(b):\n    return b\n\n\ndef h(c):\n'
+
+
+def _lazy(target, drafter: str, k: int, constraints: Constraints, max_tokens: int = 40):
+    engine = Engine(target, create(drafter, BuildContext(target)), FixedK(k))
+    return engine.generate(LAZY_PROMPT, GenerationConfig(max_tokens=max_tokens, constraints=constraints)).run()
+
+
+def test_a_lazy_grammar_is_free_text_until_its_trigger_then_the_grammar_and_speculation_keeps_it_exact(target):
+    """llama.cpp's grammar_lazy: the output is free until it contains the trigger, and from the trigger's start on it
+    must match the grammar; drafts that run across the trigger are verified row by row with the grammar waking
+    where plain decoding's would."""
+    free = _lazy(target, "none", 1, Constraints())
+    lazy = Constraints(grammar='root ::= "return " [0-9]{1,3} "\\n"', grammar_triggers=("return",))
+    plain = _lazy(target, "none", 1, lazy)
+    at = free.text.index("return")
+    assert plain.text[:at] == free.text[:at] and plain.text[at:].startswith("return ") and plain.text[at + 7].isdigit()
+    assert plain.stats.stop_reason == "eos"  # the grammar ended the answer, where free text went on
+    drafted = 0
+    for drafter, k in (("prompt-lookup", 8), ("suffix", 16)):
+        gen = _lazy(target, drafter, k, lazy)
+        assert gen.output_ids == plain.output_ids, f"{drafter} diverged from lazily constrained plain decoding"
+        drafted += gen.stats.n_accepted
+    assert drafted > 0
+    never = Constraints(grammar='root ::= "x"', grammar_triggers=("@@never@@",))
+    assert _lazy(target, "prompt-lookup", 8, never).output_ids == free.output_ids  # no trigger: free text throughout
+
+
+def test_a_trigger_that_the_grammar_refuses_ends_the_generation_as_a_dead_end(target):
+    bad = Constraints(grammar='root ::= "yield " [0-9]', grammar_triggers=("return",))
+    gen = _lazy(target, "none", 1, bad)
+    assert gen.stats.stop_reason == "constraint" and gen.text.endswith("return")

@@ -95,11 +95,13 @@ class GuidedGrammar:
         self.n_vocab = n_vocab
         self.gbnf = gbnf
         self._bits: np.ndarray | None = None
+        self._dead = False  # fed text it does not allow (``feed``): nothing is allowed
 
     def copy(self) -> "GuidedGrammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
         twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf)
         twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
+        twin._dead = self._dead
         return twin
 
     def allowed(self, token_ids: Sequence[int]) -> list[bool]:
@@ -133,10 +135,19 @@ class GuidedGrammar:
         self._bits = None
         return n
 
+    def feed(self, text: bytes) -> bool:
+        """Advance by ``text`` (whole tokens' bytes: a lazy grammar's trigger and what followed it in the same
+        tokens); where the grammar does not allow it, the state allows nothing from then on.  Whether it did."""
+        ids = list(self._tok.tokenize_bytes(text)) if text else []
+        if self.walk(ids) == len(ids):
+            return True
+        self._dead = True
+        return False
+
     def forced(self) -> list[int]:
         """The tokens every continuation the grammar allows starts with: the forced bytes tokenized as the model's
         tokenizer would, stopping before a token that the bytes after them could still merge into."""
-        if self._m.is_stopped():
+        if self._dead or self._m.is_stopped():
             return []
         forced = self._m.compute_ff_bytes()
         return list(self._tok.tokenize_partial(forced)[0]) if forced else []
@@ -147,6 +158,8 @@ class GuidedGrammar:
         return self._m.get_error().strip().splitlines()[0] if self._m.is_error() else ""
 
     def _mask_bits(self) -> np.ndarray:
+        if self._dead:
+            return np.zeros((self.n_vocab + 31) // 32, dtype=np.uint32)
         if self._bits is None:
             bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.uint32)
             self._m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
