@@ -1,4 +1,4 @@
-"""GBNF grammars as untrusted input: the checks a grammar passes before llama.cpp's grammar engine sees it.
+"""GBNF grammars as untrusted input: the checks a grammar passes before llama.cpp's GBNF parser sees it.
 
 llama.cpp's GBNF parser trusts its input.  A repetition ``x{3,1}`` (maximum below minimum) wraps an unsigned
 count and allocates until the process is killed; a repetition over 2000 is silently made unbounded (``x{0,5000}``

@@ -88,12 +88,10 @@ def _walk_and_compare(vocab, gbnf: str, text: str) -> int:
     native = g.Grammar(vocab._vocab, gbnf, vocab.n_vocab, g._init_sampler(lc, vocab._vocab, gbnf))
     ids = vocab.tokenize(text, add_special=False)
     # Where the engines differ, on purpose (docs/constraints.md): bytes that begin no UTF-8 sequence (0xF5-0xFF),
-    # which llama.cpp reads as a 4-byte lead, and control tokens (Gemma's <start_of_image>, <unused0> ...), whose
-    # markup llama.cpp matches as text inside a JSON string while the answer's text never shows it.
+    # which llama.cpp reads as a 4-byte lead, and control tokens (Gemma's <start_of_turn>, <eos> ...), whose markup
+    # llama.cpp matches as text inside a JSON string while the answer's text never shows it.
     def markup(t: int) -> bool:
-        attr, text = lc.llama_vocab_get_attr(vocab._vocab, t), vocab.special_text(t)
-        return bool(attr & lc.LLAMA_TOKEN_ATTR_CONTROL) or bool(
-            attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">"))
+        return bool(lc.llama_vocab_get_attr(vocab._vocab, t) & lc.LLAMA_TOKEN_ATTR_CONTROL)
 
     eog = sorted(vocab.eog_ids())
     apart = np.array([any(b >= 0xF5 for b in vocab.token_bytes(t)) or markup(t) for t in range(vocab.n_vocab)])

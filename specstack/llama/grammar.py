@@ -1,11 +1,13 @@
-"""llama.cpp's grammar engine: which tokens a GBNF grammar allows next, and JSON schemas as grammars.
+"""GBNF grammars over a model's vocabulary: which tokens a grammar allows next, and JSON schemas as grammars.
 
-Constrained decoding goes through llama.cpp's own grammar sampler (the one ``llama-server`` uses
-for ``grammar``, ``json_schema`` and ``response_format``), never a hand-written constraint. A
-``Grammar`` is one parse state: ``allowed`` asks about a few candidate ids (what the greedy path
-needs: the constrained argmax is almost always among the top logits), ``mask`` about the whole
-vocabulary (what sampling needs), ``accept`` advances the state by one token, and ``copy`` forks it,
-so a draft can be walked without touching the committed state.
+Grammars are llama.cpp's GBNF (what ``llama-server`` takes for ``grammar``, ``json_schema`` and
+``response_format``, JSON schemas through llama.cpp's converter), parsed by llama.cpp first, so what is
+accepted and refused is llama.cpp's; the parse state then runs on llguidance (``guidance.GuidedGrammar``), or on
+llama.cpp's own grammar sampler (``Grammar``) where llguidance cannot read the text (``GrammarCache``).  Either
+state answers the same questions: ``allowed`` about a few candidate ids (what the greedy path needs: the
+constrained argmax is almost always among the top logits), ``mask`` about the whole vocabulary (what sampling
+needs), ``accept`` and ``walk`` advance it, ``forced`` says which tokens it forces next (the grammar draft
+source), and ``copy`` forks it, so a draft can be walked without touching the committed state.
 """
 
 from __future__ import annotations

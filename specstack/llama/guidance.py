@@ -27,19 +27,21 @@ _PIECE = 16 * 1024  # a token's longest text, as llguidance.llamacpp reads them
 def tokenizer(lc: Any, vocab: Any, n_vocab: int, eog_ids: Sequence[int]) -> Any:
     """llguidance's tokenizer of a llama.cpp vocabulary: every token's bytes (a control token's marked with a
     leading 0xff, so no grammar text can match it) and llama.cpp's own tokenize.  About 1-2 s for Gemma 3's
-    262,144 tokens here, so ``GrammarCache`` builds it once per vocabulary.  (``llguidance.llamacpp`` does the same
-    through llama.cpp's deprecated per-token attribute call, one warning per token.)"""
+    262,144 tokens here, so ``GrammarCache`` builds it once per vocabulary.
+
+    ``llguidance.llamacpp`` also marks user-defined tokens written ``<...>``; here they stay text, as llama.cpp's
+    grammar sampler reads them: a tool-call grammar's ``<tool_call>`` is then the model's own ``<tool_call>``
+    token, where it has one, as with llama.cpp's engine.  (That module also calls llama.cpp's deprecated attribute
+    function, one warning per token.)"""
     import llguidance
 
     buf = ctypes.create_string_buffer(_PIECE + 1)
     control = lc.LLAMA_TOKEN_ATTR_CONTROL
-    user = lc.LLAMA_TOKEN_ATTR_USER_DEFINED
     tokens: list[bytes] = []
     for tok in range(n_vocab):
         n = lc.llama_token_to_piece(vocab, tok, buf, _PIECE, 0, True)
         piece = buf.raw[:n] if n > 0 else b""
-        attr = lc.llama_vocab_get_attr(vocab, tok)
-        if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
+        if lc.llama_vocab_get_attr(vocab, tok) & control:
             piece = b"\xff" + piece
         tokens.append(piece)
     tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value

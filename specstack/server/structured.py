@@ -3,8 +3,8 @@
 OpenAI's ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema":
 ...}}``), llama-server's ``json_schema`` and ``grammar`` (GBNF) fields, and a chat request's tools
 (``tool_choice: required`` or a named function: a grammar forcing the call; ``auto`` with the generic
-format: a call or a response, as llama.cpp) become ``Constraints.grammar``, which llama.cpp's grammar engine
-applies at every draft position (``specstack.constraints``).  JSON schemas go through llama.cpp's
+format: a call or a response, as llama.cpp) become ``Constraints.grammar``, which the grammar engine
+(llguidance, ``llama.guidance``) applies at every draft position (``specstack.constraints``).  JSON schemas go through llama.cpp's
 converter (``llama.grammar.schema_to_gbnf``).  As llama-server: ``json_object`` without a schema is any JSON
 object; a grammar and a schema together, or a grammar with tools, are refused.
 """
