@@ -149,7 +149,7 @@ class Engine:
         if bad:
             raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
         return for_target(config.constraints, target.n_vocab, self._eog, frozenset(config.stop_token_ids),
-                          getattr(target, "grammar", None), getattr(target, "token_bytes", None))
+                          getattr(target, "grammar", None), target.token_bytes)
 
     def cancel(self, gen: Generation) -> None:
         """Stop a generation between steps; its KV cells and drafter state are freed."""
