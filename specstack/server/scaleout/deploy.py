@@ -28,7 +28,8 @@ from ray.serve.config import BackpressureConfig, DeploymentActorConfig, RequestR
 from ...errors import InvalidParameterError
 from ...host.sysinfo import allowed_cpus
 from ...llama import default_threads
-from ..app import Limits, create_app, error
+from ..app import Limits, create_app
+from ..responses import error
 from ..roles import Role
 from .metrics_merge import merge
 from .remote import RemoteRole

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...llama import VocabModel
-from ..app import SESSION
+from ..session import SESSION
 from ..chat import load_template
 from ..roles import Role
 from ..worker import Job
@@ -34,7 +34,7 @@ LIVE_S = 5 * PULL_S  # a replica whose metrics are older than this counts as dow
 
 @dataclass(frozen=True)
 class ShapesView:
-    """A replica's measured exactness, as ``app.exactness`` reads ``target.shapes``."""
+    """A replica's measured exactness, as ``responses.exactness`` reads ``target.shapes``."""
 
     settled: bool
     exact: bool

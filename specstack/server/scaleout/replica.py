@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import Gauge
 
 from ...generation import GenerationConfig
-from ..app import exactness
+from ..responses import exactness
 from ..prometheus import ServerMetrics
 from ..roles import Role
 from ..worker import Job, QueueFull, RoleWorker

@@ -1,0 +1,226 @@
+"""A request turned into jobs: its prompts, tools, grammar and choices read and checked, one ``Job`` per choice.
+
+Module functions with explicit inputs (the role's backend, the body, the limits), so each can be imported and
+tested alone; every route, OpenAI's and llama-server's, goes through them, so every check, limit, constraint
+and speculation setting holds on all of them.  Each refusal is an ``ApiError`` that names its field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from fastapi import Request
+
+from ..drafters.base import check_name
+from ..drafters.options import check_drafter_options, inapplicable
+from ..errors import SpecstackError
+from ..generation import GenerationConfig
+from ..sampling import SamplingParams
+from .backends import Limits, RoleBackend
+from .chat import RenderedChat, render
+from .controls import ControlError, request_constraints, stop_strings
+from .inputs import chat_messages, completion_prompts
+from .responses import ApiError
+from .roles import Role, check_mtp
+from .schema import requested_choices, requested_tokens, wanted_logprobs
+from .structured import StructuredError, request_grammar
+from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
+from .worker import Job
+
+
+def prompt_ids(prompt: Any, target: Any) -> list[list[int]]:
+    """A completions ``prompt`` as one token list per prompt (``inputs.completion_prompts``)."""
+    try:
+        return completion_prompts(prompt, target)
+    except SpecstackError as exc:
+        raise ApiError(400, str(exc), param="prompt") from None
+
+
+def tools_for(body: Any, w: RoleBackend) -> ToolPlan | None:
+    """A chat request's tools (None: none, or tool_choice none): which, how the model must call them, and the
+    format its calls are read in (the role's ``tool_call_format``, else read from its chat template)."""
+    if getattr(body, "tools", None) is None and getattr(body, "tool_choice", None) is None:
+        return None
+    template = w.template
+    source = template.text if template is not None and template.kind == "jinja" else None
+    try:
+        p = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, source,
+                      getattr(w.role, "tool_call_format", None))
+    except ToolRequestError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    except SpecstackError as exc:  # the role's tool_call_format names no format
+        raise ApiError(500, f"role {w.role.name!r}: {exc}", "server_error") from None
+    return p if p.active else None
+
+
+def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> RenderedChat:
+    """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
+    ``developer`` messages are system messages, as llama-server and vLLM read them.  The request's tools
+    (``tools_for``) go to the template, with their format's instruction and example where it has them."""
+    tools = tools if tools is not None else tools_for(body, w)
+    try:
+        # the keys each message was sent with (a template may test whether one is defined), but no refusal
+        messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
+        if tools is None:
+            return render(messages, w.template)
+        return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
+                      system_note=tools.format.system_note)
+    except SpecstackError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+
+
+def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
+    """The GBNF a body's own fields ask for (``grammar``, ``json_schema``, ``response_format``, a chat's
+    ``tools``: ``structured.request_grammar``); None: the role's default, "": none (tools own the output)."""
+    try:
+        grammar = request_grammar(response_format=body.response_format, json_schema=body.json_schema,
+                                  grammar=body.grammar, tools=tools)
+    except StructuredError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    # An explicit free request (``grammar: ""``, ``response_format`` text) turns a role's default grammar off.
+    fmt = body.response_format if isinstance(body.response_format, dict) else {}
+    free = body.grammar == "" or fmt.get("type") == "text"
+    return "" if grammar is None and (tools is not None or free) else grammar
+
+
+async def prepare_grammar(w: RoleBackend, grammar: str, field: str) -> None:
+    """Build the request's grammar on the grammar thread while the request waits, so that the role's engine
+    thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``)."""
+    prepare = getattr(w.target, "prepare_grammar", None)
+    if prepare is None:  # a remote role builds it where it runs
+        return
+    try:
+        await asyncio.wrap_future(prepare(grammar))
+    except SpecstackError as exc:
+        raise ApiError(400, f"{field}: {exc}", param=field) from None
+
+
+def session_key(request: Request, body: Any) -> str | None:
+    """The request's session, which a scale-out backend routes by: the ``x-session-id`` header, else the body's
+    prompt_cache_key, user or safety_identifier."""
+    return request.headers.get("x-session-id") or body.prompt_cache_key or body.user or body.safety_identifier
+
+
+def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
+              grammar: str | None = None) -> list[Job]:
+    """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
+    (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
+    with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
+    from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
+    for (None: the role's default grammar, if any; ``controls.request_constraints``)."""
+    n = _choices(body, prompts, limits, prompt_field)
+    _check_prompts(prompts, w.target, limits, prompt_field)
+    max_tokens = _max_tokens(body, limits)
+    spec = _speculative(body, w.role)
+    config = _generation_config(body, w, grammar, max_tokens)
+    sampling, seed = config.sampling, config.sampling.seed
+    events: asyncio.Queue = asyncio.Queue()
+    deadline = time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None
+    seeded = seed is not None and seed >= 0
+    loop = asyncio.get_running_loop()
+    return [Job(ids, config if i == 0 else dataclasses.replace(
+                    config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed)),
+                spec, loop, events, deadline, index=p * n + i)
+            for p, ids in enumerate(prompts) for i in range(n)]
+
+
+def _choices(body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str) -> int:
+    """Choices per prompt (``n`` or ``n_cmpl``), all prompts' together within ``limits.max_n``."""
+    n = requested_choices(body)
+    if n * len(prompts) > limits.max_n:
+        field = "n_cmpl" if body.n_cmpl is not None else "n"
+        if len(prompts) > 1:
+            raise ApiError(400, f"{len(prompts)} prompts x {field} {n} are {n * len(prompts)} choices; this server "
+                                f"allows at most {limits.max_n} per request", param=prompt_field)
+        raise ApiError(400, f"{field} is {n}; this server allows at most {limits.max_n} choices per request",
+                       param=field)
+    return n
+
+
+def _check_prompts(prompts: list[list[int]], target: Any, limits: Limits, prompt_field: str) -> None:
+    """Each prompt not empty, within the context (and ``limits.max_prompt_tokens``), its ids in the vocabulary."""
+    limit = min(limits.max_prompt_tokens or target.capacity - 1, target.capacity - 1)
+    for p, ids in enumerate(prompts):
+        where = f"{prompt_field}[{p}]" if len(prompts) > 1 else prompt_field
+        if not ids:
+            raise ApiError(400, f"the prompt is empty ({where})", param=prompt_field)
+        if len(ids) > limit:
+            raise ApiError(400, f"the prompt ({where}) has {len(ids)} tokens; this model's context allows "
+                                f"{limit} (prompt plus at least one new token)",
+                           param=prompt_field, code="context_length_exceeded")
+        if any(not 0 <= t < target.n_vocab for t in ids):
+            raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1} ({where})", param=prompt_field)
+
+
+def _max_tokens(body: Any, limits: Limits) -> int:
+    max_tokens, tokens_field = requested_tokens(body, limits.default_max_tokens)
+    if max_tokens > limits.max_tokens:
+        raise ApiError(400, f"{tokens_field} is {max_tokens}; this server allows at most {limits.max_tokens}",
+                       param=tokens_field)
+    return max_tokens
+
+
+def _speculative(body: Any, role: Role) -> dict[str, Any]:
+    """The request's ``speculative`` settings, checked against the drafters' configs and the role: refused here,
+    before the job is queued, rather than by the engine thread."""
+    spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
+    if "drafter" in spec:
+        check_drafter(spec["drafter"], role)
+    try:
+        check_drafter_options(spec)
+    except SpecstackError as exc:
+        raise ApiError(400, str(exc), param="speculative") from None
+    drafter = spec.get("drafter", role.drafter)
+    unused = inapplicable(drafter, set(spec))
+    if unused is not None:
+        raise ApiError(400, f"speculative.{unused.dest} applies to drafter {' or '.join(sorted(unused.configs))}, "
+                       f"not {drafter!r}; leave it out or choose one of those", param=f"speculative.{unused.dest}")
+    if spec.get("tree") and not role.spec().verifies_trees:  # it would silently be verified as a chain
+        raise ApiError(400, f"speculative.tree: role {role.name!r} cannot verify token trees (a role verifies them "
+                       "with tree = true and parallel = 1 in its roles file); leave tree out",
+                       param="speculative.tree")
+    return spec
+
+
+def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_tokens: int) -> GenerationConfig:
+    """The first choice's ``GenerationConfig``: the logit controls over the role's defaults, stops and sampling."""
+    try:
+        constraints, stop_ids = request_constraints(body, w.role.controls(), grammar, vocab=w.target,
+                                                    max_tokens=max_tokens)
+        stops = stop_strings(body)
+    except ControlError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    seed = body.seed if body.seed is not None else w.role.seed
+    try:
+        sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                  min_p=body.min_p, seed=seed)
+        return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
+                                logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
+    except SpecstackError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def check_drafter(name: str, role: Role) -> None:
+    """A request's drafter: a known name, and mtp only where the role's model has a NextN head (refused here,
+    from the GGUF's metadata, rather than by the engine thread once the job is queued)."""
+    try:
+        check_name(name, "speculative.drafter")
+        check_mtp(role.model, name, f"speculative.drafter {name!r} on role {role.name!r}",
+                  "mtp needs a model with NextN layers: ask for a role whose model has them")
+    except SpecstackError as exc:
+        raise ApiError(400, str(exc), param="speculative.drafter") from None
+
+
+def outputs_for(w: RoleBackend, jobs: list[Job], tools: ToolPlan | None,
+                preserved: dict[tuple[str, str], dict[int, str]]) -> list[ChoiceOutput] | None:
+    """Each chat choice's output read as a message when the request has tools (None: plain text); ``preserved``
+    caches each (role, format)'s control-token markers."""
+    if tools is None:
+        return None
+    key = (w.role.name, tools.format.name)
+    if key not in preserved:
+        preserved[key] = preserved_tokens(w.target, tools.format.markers)
+    return [ChoiceOutput(tools, w.target, job, preserved[key]) for job in jobs]

@@ -1,0 +1,217 @@
+"""llama-server's native shapes: a /completion result with its ``timings`` and ``generation_settings``, the
+defaults ``/props`` and ``/slots`` report, and token pieces as llama-server spells them.  Shaping only: the
+routes are ``routes/llama_server.py``, the events come from ``session``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import __version__
+from ..draft_length import DEFAULT_K_MAX
+from .backends import Limits, RoleBackend
+from .responses import summary, total_usage
+from .worker import Job
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # what llama-server reports for "random" (-1)
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "timeout": "limit",
+             "cancelled": "none", "": "none"}
+
+
+def piece_bytes(target: Any, token: int) -> bytes:
+    """A token's text as llama-server's pieces show it: special tokens spelled out (``<start_of_turn>``)."""
+    raw = target.token_bytes(token)
+    if raw:
+        return raw
+    vocab = target if hasattr(target, "special_text") else getattr(target, "vocab", None)
+    return vocab.special_text(token).encode("utf-8") if vocab is not None else raw
+
+
+def piece_text(target: Any, token: int) -> str | list[int]:
+    """A token's piece as text, or its bytes where they are not whole UTF-8 (llama-server's ``with_pieces``)."""
+    raw = piece_bytes(target, token)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def native_text(target: Any, ids: list[int]) -> str:
+    """Token ids as text, special tokens spelled out (``/detokenize``, a result's ``prompt``)."""
+    return b"".join(piece_bytes(target, t) for t in ids).decode("utf-8", errors="replace")
+
+
+
+
+def default_params(role: Any, limits: Any) -> dict[str, Any]:
+    """A role's generation defaults under llama-server's names (``/props``, ``/slots``): what a request that
+    sets nothing gets here."""
+    controls = role.controls()
+    return {"n_predict": limits.default_max_tokens, "seed": LLAMA_DEFAULT_SEED if role.seed is None else role.seed,
+            "temperature": 1.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+            **controls.settings(), "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+            "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
+            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stop": [], "max_tokens": limits.default_max_tokens,
+            "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": False, "n_probs": 0, "min_keep": 0,
+            "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+            "speculative.n_max": role.k_max or DEFAULT_K_MAX, "speculative.n_min": 0,
+            "speculative": {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max},
+            "timings_per_token": False, "post_sampling_probs": False, "lora": []}
+
+
+def request_params(job: Any, role: Any, limits: Any) -> dict[str, Any]:
+    """``generation_settings``: the defaults with what this request set (``GenerationConfig``)."""
+    config = job.config
+    c, s = config.constraints, config.sampling
+    return {**default_params(role, limits), "n_predict": config.max_tokens, "max_tokens": config.max_tokens,
+            "seed": LLAMA_DEFAULT_SEED if s.seed is None or s.seed < 0 else s.seed, "temperature": s.temperature,
+            "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": c.repeat_penalty,
+            "repeat_last_n": c.repeat_last_n, "frequency_penalty": c.frequency_penalty,
+            "presence_penalty": c.presence_penalty, "ignore_eos": c.ignore_eos, "grammar": c.grammar or "",
+            "logit_bias": [[t, b if b != float("-inf") else False] for t, b in c.logit_bias],
+            "min_tokens": c.min_tokens, "stop": list(config.stop), "stop_token_ids": list(config.stop_token_ids),
+            "n_probs": config.logprobs or 0,
+            "speculative": {"drafter": job.speculative.get("drafter", role.drafter),
+                            "k_policy": job.speculative.get("k_policy", role.k_policy),
+                            "k": job.speculative.get("k", role.k), "k_max": job.speculative.get("k_max", role.k_max)}}
+
+
+
+
+def _template(w: Any) -> str:
+    t = w.template
+    return "" if t is None or t.kind == "plain" else t.text
+
+
+def _special(target: Any, attr: str) -> str:
+    token = getattr(target, attr, None)
+    return piece_bytes(target, token).decode("utf-8", "replace") if token is not None and token >= 0 else ""
+
+
+
+
+def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
+    """``GET /props``: the role's defaults, slots, model, template and special tokens, as llama-server has them."""
+    from ..llama.backend import llama_version
+
+    params = default_params(w.role, limits)
+    return {
+        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": w.target.n_ctx,
+                                        "speculative": w.role.drafter != "none", "is_processing": False,
+                                        "params": params, "prompt": "",
+                                        "next_token": {"has_next_token": False, "has_new_line": False, "n_remain": -1,
+                                                       "n_decoded": 0, "stopping_word": ""}},
+        "total_slots": w.role.parallel, "model_path": str(w.role.model), "model_alias": w.role.name,
+        "chat_template": _template(w), "chat_template_caps": {},
+        "bos_token": _special(w.target, "bos_id"), "eos_token": _special(w.target, "eos_id"),
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"specstack {__version__} (llama-cpp-python {llama_version() or 'unknown'})",
+        "is_sleeping": False}
+
+
+def busy_slots(w: RoleBackend) -> dict[int, Job]:
+    """The role's running jobs by the slot (sequence) each holds: read, never changed, from here."""
+    busy: dict[int, Any] = {}
+    for job in list(getattr(w, "_jobs", ())):
+        seq = getattr(job.gen, "seq", None)
+        if seq is not None:
+            busy[seq] = job
+    return busy
+
+
+def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[dict[str, Any]]:
+    """``GET /slots``: one entry per slot of the role, busy or not, and how far its generation is (no prompt text)."""
+    out = []
+    for i in range(w.role.parallel):
+        job = busy.get(i)
+        params = request_params(job, w.role, limits) if job is not None else default_params(w.role, limits)
+        decoded = len(job.gen.output_ids) if job is not None else 0
+        out.append({"id": i, "id_task": job.index if job is not None else -1, "n_ctx": w.target.n_ctx,
+                    "speculative": w.role.drafter != "none", "is_processing": job is not None, "params": params,
+                    "next_token": {"has_next_token": job is not None, "has_new_line": False,
+                                   "n_remain": job.config.max_tokens - decoded if job is not None else -1,
+                                   "n_decoded": decoded, "stopping_word": ""}})
+    return out
+
+
+class Native:
+    """A native request's choices as they arrive: text, token ids and probabilities per choice."""
+
+    def __init__(self, limits: Limits, w: RoleBackend, jobs: list[Job], per_prompt: int) -> None:
+        self.limits, self.w, self.jobs, self.per_prompt = limits, w, jobs, per_prompt
+        self.texts = [""] * len(jobs)
+        self.ids: list[list[int]] = [[] for _ in jobs]
+        self.probs: list[list[dict[str, Any]]] = [[] for _ in jobs]
+        self.slot = [-1] * len(jobs)
+        self.started = time.perf_counter()
+
+    def add(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Take one event; a delta's part of the stream chunk (its text, ids and probabilities)."""
+        i = event["index"]
+        job = self.jobs[i]
+        gen = getattr(job, "gen", None)
+        if gen is not None and self.slot[i] < 0 and gen.seq is not None:
+            self.slot[i] = gen.seq
+        if event["type"] != "delta":
+            if gen is not None:  # the ids the text shows (a stop string's tokens left out), as usage counts them
+                self.ids[i] = list(gen.output_ids[: event["usage"]["completion_tokens"]])
+            return {}
+        n = len(event["tokens"])
+        new = list(gen.output_ids[len(self.ids[i]): len(self.ids[i]) + n]) if gen is not None else []
+        self.ids[i] += new
+        self.texts[i] += event["text"]
+        probs = [self._prob(lp) for lp in event.get("logprobs") or ()]
+        self.probs[i] += probs
+        return {"content": event["text"], "tokens": new, **({"completion_probabilities": probs} if probs else {})}
+
+    def _prob(self, lp: Any) -> dict[str, Any]:
+        target = self.w.target
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            raw = piece_bytes(target, token)
+            return {"id": token, "logprob": logprob, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
+
+        return {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+    def usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
+        return total_usage(finals, self.per_prompt)
+
+    def result(self, i: int, final: dict[str, Any], streamed: bool) -> dict[str, Any]:
+        """llama-server's final result of choice ``i`` (``to_json_non_oaicompat``); a stream's last chunk carries
+        no content (it came in the chunks before)."""
+        job, stats, usage = self.jobs[i], final["stats"], final["usage"]
+        text = self.texts[i]
+        reason = stats.get("stop_reason", "")
+        times = stats.get("time_s", {})
+        prompt_n = usage["prompt_tokens"]
+        cached = stats.get("reused_prompt_tokens", 0)
+        prefill_ms = times.get("prefill", 0.0) * 1000
+        predicted = usage["completion_tokens"]
+        predicted_ms = max(0.0, times.get("total", 0.0) * 1000 - prefill_ms - times.get("queue", 0.0) * 1000)
+        out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
+               "id_slot": self.slot[i], "stop": True, "model": self.w.role.name, "tokens_predicted": predicted,
+               "tokens_evaluated": prompt_n, "generation_settings": request_params(job, self.w.role, self.limits),
+               "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
+               "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
+               "tokens_cached": cached,
+               "timings": {"cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prefill_ms,
+                           "prompt_per_token_ms": prefill_ms / max(1, prompt_n - cached),
+                           "prompt_per_second": (prompt_n - cached) / (prefill_ms / 1000) if prefill_ms else 0.0,
+                           "predicted_n": predicted, "predicted_ms": predicted_ms,
+                           "predicted_per_token_ms": predicted_ms / max(1, predicted),
+                           "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
+                           "draft_n": stats.get("n_drafted", 0), "draft_n_accepted": stats.get("n_accepted", 0)},
+               "speculative": summary(stats)}
+        if job.config.logprobs is not None and not streamed:
+            out["completion_probabilities"] = self.probs[i]
+        return out
+
+    def _stopping_word(self, i: int, reason: str) -> str:
+        """The stop string that ended choice ``i``: the text stops where it begins."""
+        gen = getattr(self.jobs[i], "gen", None)
+        if reason != "stop" or gen is None:
+            return ""
+        whole = self.w.target.detokenize(gen.output_ids)
+        at = len(self.texts[i])
+        return next((s for s in self.jobs[i].config.stop if whole.startswith(s, at)), "")

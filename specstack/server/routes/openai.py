@@ -1,0 +1,75 @@
+"""OpenAI's generating routes: ``POST /v1/completions`` and ``POST /v1/chat/completions``, streamed or whole.
+
+A request's ``speculative`` object overrides its role's defaults (``drafter``, ``k_policy``, ``k``, ``k_max``
+and drafter options); every response reports what speculation did."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from .. import session
+from ..backends import RoleBackend, served
+from ..chat import chat_tokens
+from ..jobs import chat_prompt, grammar_for, outputs_for, prompt_ids, tools_for
+from ..responses import LogprobsOut, final_body, total_usage
+from ..schema import ChatRequest, CompletionRequest, unsupported
+from ..streams import OpenAIChunks, openai_stream
+from ..tools import ToolPlan
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    unsupported(body)
+    w = served(request).backend(body.model)
+    return await answer(request, w, body, prompt_ids(body.prompt, w.target), chat=False, grammar=grammar_for(body))
+
+
+@router.post("/v1/chat/completions")
+async def chat(body: ChatRequest, request: Request) -> Response:
+    unsupported(body)
+    w = served(request).backend(body.model)
+    tools = tools_for(body, w)
+    return await answer(request, w, body, [chat_tokens(chat_prompt(body, w, tools), w.target)], chat=True,
+                        grammar=grammar_for(body, tools), tools=tools)
+
+
+async def answer(request: Request, w: RoleBackend, body: Any, prompts: list[list[int]], chat: bool,
+                 grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
+    """The request run on its role: a stream of chunks, or the whole response once every choice is done."""
+    state = served(request)
+    run = await session.start(request, w, body, prompts, state.limits, chat, grammar)
+    outputs = outputs_for(w, run.jobs, tools, state.preserved)  # chat with tools: each choice read as a message
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    per_prompt = len(run.jobs) // len(prompts)
+    echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in run.jobs]
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        shape = OpenAIChunks(run, rid, chat, include_usage, echoes, per_prompt, outputs)
+        return EventSourceResponse(openai_stream(shape), ping=15)
+    texts = list(echoes)
+    logprobs = [LogprobsOut(w.target, chat, len(echo)) for echo in echoes]
+
+    def take(event: dict[str, Any]) -> None:
+        if event["type"] == "delta":
+            i = event["index"]
+            texts[i] += event["text"]
+            logprobs[i].add(event)
+            if outputs is not None:
+                outputs[i].add(event, deltas=False)
+
+    finals = await run.collect(take)
+    if finals is None:
+        return Response(status_code=499)
+    request.state.usage = total_usage(finals, per_prompt)  # for the access log
+    for output in outputs or ():
+        output.finish()
+    wanted = run.jobs[0].config.logprobs is not None
+    return JSONResponse(final_body(rid, w.role.name, texts, finals, chat,
+                                   [lp.body() for lp in logprobs] if wanted else None, per_prompt, outputs))

@@ -1,0 +1,57 @@
+"""What watches and introduces the server: ``/health`` (and llama-server's ``/v1/health``), ``/metrics``,
+``/v1/models`` and the live page at ``/``.  The probes are open without the API key (``guards``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from ..backends import served
+from ..responses import error, exactness
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+router = APIRouter()
+
+
+@router.get("/health")
+@router.get("/v1/health")  # llama-server serves both, neither behind the key
+async def health(request: Request) -> JSONResponse:
+    state = served(request)
+    workers = state.workers
+    failed = [f"{w.role.name}: {w.load_error}" for w in workers.values() if w.load_error]
+    if failed:
+        return error(503, "; ".join(failed), "unavailable_error", code="503")
+    if not all(w.ready.is_set() for w in workers.values()):
+        return error(503, "Loading model", "unavailable_error", code="503")
+    extra = await state.role_health() if state.role_health is not None else {}
+    down = [f"{name}: {why}" for name, (why, _) in extra.items() if why]
+    if down:
+        return error(503, "; ".join(down), "unavailable_error", code="503")
+    return JSONResponse({"status": "ok", "roles": {
+        w.role.name: {"exact": exactness(w), "lossy": getattr(w, "lossy", None),
+                      **extra.get(w.role.name, (None, {}))[1]} for w in workers.values()}})
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> Response:
+    state = served(request)
+    body = await state.render_metrics() if state.render_metrics is not None else state.metrics.render()
+    return Response(body, media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": [
+        {"id": w.role.name, "object": "model", "created": 0, "owned_by": "specstack",
+         "speculative": {"drafter": w.role.drafter, "k_policy": w.role.k_policy, "k": w.role.k,
+                         "parallel": w.role.parallel, "exact": exactness(w)},
+         "chat_template": w.template.origin if w.template else None,
+         "n_ctx": w.target.n_ctx if w.target else None}
+        for w in served(request).workers.values()]})
+
+
+@router.get("/")
+async def page() -> FileResponse:
+    return FileResponse(STATIC / "index.html", media_type="text/html")

@@ -1,0 +1,119 @@
+"""Server-sent event bodies from a ``Session``'s events: OpenAI's chunks (``chat.completion.chunk`` or
+``text_completion``, a finish chunk per choice, usage and ``[DONE]``) and llama-server's native chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import aclosing
+from typing import Any, AsyncIterator
+
+from .native import Native
+from .responses import LogprobsOut, chunk, summary, total_usage
+from .session import Event, Session
+from .tools import ChoiceOutput
+
+
+class OpenAIChunks:
+    """One OpenAI stream's shape: its id, object, model and options, and each choice's text offset."""
+
+    def __init__(self, session: Session, rid: str, chat: bool, include_usage: bool, echoes: list[str] | None = None,
+                 per_prompt: int = 1, outputs: list[ChoiceOutput] | None = None) -> None:
+        self.session, self.rid, self.chat, self.include_usage = session, rid, chat, include_usage
+        self.echoes = echoes or [""] * len(session.jobs)
+        self.offsets = [len(echo) for echo in self.echoes]  # text_offset of each choice's next token
+        self.per_prompt, self.outputs = per_prompt, outputs
+        self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.model = session.backend.role.name
+
+    def piece(self, i: int, choice: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+        return chunk(self.rid, self.obj, self.created, self.model, {**choice, "index": i}, self.include_usage, extra)
+
+    def opening(self) -> list[str]:
+        """Each choice's first chunks: chat's assistant role, completions' echo (even when no token follows)."""
+        out = []
+        for i, echo in enumerate(self.echoes):
+            if self.chat:
+                out.append(self.piece(i, {"delta": {"role": "assistant"}, "finish_reason": None}))
+            if echo:
+                out.append(self.piece(i, {"text": echo, "logprobs": None, "finish_reason": None}))
+        return out
+
+    def delta(self, event: Event) -> list[str]:
+        """A delta's chunks: its text (or, with tools, what the re-read message gained), logprobs and tokens."""
+        i = event["index"]
+        lp = None
+        if event.get("logprobs") is not None:
+            out = LogprobsOut(self.session.backend.target, self.chat, self.offsets[i])
+            out.add(event)
+            lp = out.body()
+        self.offsets[i] += len(event["text"])
+        if self.outputs is not None:
+            return [self.piece(i, {"delta": delta, "logprobs": lp if n == 0 else None, "finish_reason": None},
+                               {"tokens": event["tokens"]} if n == 0 else None)
+                    for n, delta in enumerate(self.outputs[i].add(event))]
+        choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if self.chat
+                  else {"text": event["text"], "logprobs": lp})
+        return [self.piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})]
+
+    def done(self, event: Event) -> list[str]:
+        """A choice's finish chunk (with tools: the message's last deltas first), speculation's summary in it."""
+        i, reason, out = event["index"], event["finish_reason"], []
+        if self.outputs is not None:
+            out = [self.piece(i, {"delta": delta, "logprobs": None, "finish_reason": None})
+                   for delta in self.outputs[i].finish()]
+            reason = self.outputs[i].finish_reason(reason)
+        choice = {"delta": {}} if self.chat else {"text": "", "logprobs": None}
+        return out + [self.piece(i, {**choice, "finish_reason": reason}, {"speculative": summary(event["stats"])})]
+
+    def closing(self) -> list[str]:
+        """After the last choice: the usage chunk (each prompt counted once), if asked for, and ``[DONE]``."""
+        usage = total_usage(self.session.finals(), self.per_prompt)
+        self.session.request.state.usage = usage  # for the access log
+        tail = [json.dumps({"id": self.rid, "object": self.obj, "created": self.created, "model": self.model,
+                            "choices": [], "usage": usage})] if self.include_usage else []
+        return tail + ["[DONE]"]
+
+
+async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
+    """The choices' chunks as they come, each with its ``index``; every choice ends with its finish chunk, the
+    usage chunk and ``[DONE]`` follow the last; an error ends the stream with OpenAI's error object."""
+    try:
+        for piece in shape.opening():
+            yield piece
+        async with aclosing(shape.session.events()) as events:
+            async for event in events:
+                kind = event["type"]
+                if kind == "error":
+                    yield json.dumps({"error": {"message": event["message"], "type": event["kind"],
+                                                "param": event.get("param"), "code": event["status"]}})
+                    return
+                for piece in shape.delta(event) if kind == "delta" else shape.done(event):
+                    yield piece
+        for piece in shape.closing():
+            yield piece
+    finally:
+        if not shape.session.complete:
+            shape.session.cancel_unfinished()  # the client went away mid-stream
+
+
+async def native_stream(session: Session, native: Native) -> AsyncIterator[str]:
+    """SSE chunks as llama-server sends them: one per delta (``stop: false``), then each choice's final result
+    (``stop: true``); no ``[DONE]``, as the native route has none."""
+    async with aclosing(session.events()) as events:
+        async for event in events:
+            i = event["index"]
+            if event["type"] == "error":
+                yield json.dumps({"error": {"code": event["status"], "message": event["message"],
+                                            "type": event["kind"], "param": event.get("param")}})
+                return
+            part = native.add(event)
+            if event["type"] == "delta":
+                yield json.dumps({"index": i, **part, "stop": False, "id_slot": native.slot[i],
+                                  "tokens_predicted": len(native.ids[i]),
+                                  "tokens_evaluated": len(session.jobs[i].prompt_ids)})
+            else:
+                yield json.dumps(native.result(i, event, streamed=True))
+    if session.complete:
+        session.request.state.usage = native.usage(session.finals())
