@@ -30,11 +30,11 @@ from typing import Any, Sequence
 
 from ..draft_length import DraftLengthPolicy, FixedK
 from ..draft_length.costs import CostModel
-from ..drafters import BuildContext, Drafter, create
+from ..drafters import Drafter
 from ..engine import Engine
 from ..errors import InvalidParameterError, SpecstackError
 from ..generation import GenerationConfig
-from ..loading import build_policy
+from ..loading import build_drafter, build_policy
 from ..sampling import SamplingParams
 from ..ui import markdown_table
 from .config import adaptive_start
@@ -88,7 +88,7 @@ def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | No
 
 
 def _drafter(method: str, target: RecordedTarget, options: dict[str, Any], seed: int) -> Drafter:
-    return create(method.split("@")[0], BuildContext(target=target, options={**options, "seed": seed}, temperature=0.0))
+    return build_drafter(method.split("@")[0], target, {**options, "seed": seed})
 
 
 def _config(request: dict[str, Any], max_tokens: int | None = None) -> GenerationConfig:

@@ -20,9 +20,9 @@ import json
 import sys
 from typing import Any
 
-from ..loading import build_policy
+from ..loading import build_drafter, build_policy
 from ..draft_length import DraftLengthPolicy, FixedK
-from ..drafters import BuildContext, Drafter, create
+from ..drafters import Drafter
 from ..engine import Engine
 from ..errors import ContextOverflowError
 from ..generation import Generation, GenerationConfig
@@ -177,7 +177,7 @@ def _generate(engine: Engine, tok: Tokenized, temp: float, config: BenchConfig,
 def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int) -> Drafter:
     """A fresh drafter for ``method`` (the part before '@'), seeded per request."""
     options = {**config.drafter_options, "seed": seed}
-    return create(method.split("@")[0], BuildContext(target=target, options=options, temperature=temp))
+    return build_drafter(method.split("@")[0], target, options, temp)
 
 
 def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy:

@@ -27,14 +27,14 @@ from typing import Any
 from ..constraints import dead_end_message
 from ..drafters.base import check_name
 from ..drafters.options import DRAFTER_FLAGS, inapplicable
-from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
+from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy
 from ..draft_length.costs import CostModel
-from ..drafters import BuildContext, create
 from ..drafters.base import Drafter
 from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import InvalidParameterError, SpecstackError
-from ..loading import build_engine, experts_info, load_calibrated, lossy_label, role_draft
+from ..loading import (build_drafter, build_engine, build_policy, experts_info, load_calibrated, lossy_label,
+                       role_draft)
 from ..llama import LlamaModel
 from .chat import ChatTemplate, load_template
 from .prometheus import ServerMetrics
@@ -216,7 +216,7 @@ class RoleWorker:
         key = json.dumps([spec["drafter"], sampled, sorted((k, str(v)) for k, v in options.items())])
         drafter = self._drafters.get(key)
         if drafter is None:
-            drafter = self._drafters[key] = create(spec["drafter"], BuildContext(self.target, options, 1.0 if sampled else 0.0))
+            drafter = self._drafters[key] = build_drafter(spec["drafter"], self.target, options, 1.0 if sampled else 0.0)
         return drafter
 
     def _draft_model(self) -> Path:
@@ -236,8 +236,8 @@ class RoleWorker:
         key = json.dumps([spec["k_policy"], spec["k"], spec.get("k_max")])
         policy = self._policies.get(key)
         if policy is None:
-            policy = self._policies[key] = make_policy(spec["k_policy"], spec["k"], costs=self._costs,
-                                                       k_max=spec.get("k_max"))  # one calibration per role, shared
+            policy = self._policies[key] = build_policy(spec["k_policy"], spec["k"], k_max=spec.get("k_max"),
+                                                        costs=self._costs)  # one calibration per role, shared
         return policy
 
     def _drain_inbox(self) -> None:
