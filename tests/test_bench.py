@@ -128,7 +128,7 @@ def test_missing_matplotlib_is_reported_before_any_measurement(capsys, tmp_path,
         raise AssertionError("the target was loaded before the plotting check")
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    monkeypatch.setattr(bench_cmd, "load_target", no_target)
+    monkeypatch.setattr(bench_cmd, "target_from_args", no_target)
     code, out, err = run_cli(capsys, "bench", "run", "--workload", "code-grounded", "-o", str(tmp_path / "o"))
     assert code == 2 and "pip install matplotlib" in err and "--no-plots" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()

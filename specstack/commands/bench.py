@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidParameterError
 from ..ui import fmt_bytes
-from .common import (add_drafter_flags, add_model_args, at_least, flag_given, load_target, methods_with_draft,
+from .common import (add_drafter_flags, add_model_args, at_least, flag_given, target_from_args, methods_with_draft,
                      options_from_args)
 
 
@@ -251,7 +251,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
     check_output_dir(outdir)  # before measuring: a bad -o found after the run would lose all of it
-    target = load_target(args)
+    target = target_from_args(args)
     n_cfg = len(config.configurations())
     print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "
           f"temperature(s) x {config.repeat} repeat(s) on {target.path.name}, {target.n_threads} threads -> {outdir}",

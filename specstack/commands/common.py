@@ -17,12 +17,11 @@ from ..calibration import EXACT_MODES, Calibration
 from ..draft_length.costs import CostModel
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
 from ..drafters import available
-from ..drafters.base import Drafter, check_name
+from ..drafters.base import check_name
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
-from ..loading import (DEFAULT_TREE_BRANCHES, TargetSpec, announce_load, bundled_draft_check, bundled_draft_fits,
-                       experts_info, lossy_label, resolve_draft)
-from ..loading import build_drafter as _build_drafter, build_policy as _build_policy, load_calibrated as _load_calibrated
+from .. import loading
+from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, experts_info, resolve_draft
 from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
@@ -32,9 +31,7 @@ from ..llama.api import DEFAULT_CTX
 from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 
-__all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable",
-           "announce_load", "lossy_label", "resolve_draft", "bundled_draft_check",
-           "bundled_draft_fits"]
+__all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable"]
 
 
 def at_least(minimum: float, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
@@ -143,11 +140,20 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
 
 
-def preflight(args: argparse.Namespace) -> None:
-    """Every argument that needs no model, checked before the target loads (a load and its first shape probe
-    take minutes for a big model): drafter names, drafter flags that the chosen drafters would ignore, their
-    values (named by flag), and the draft model's file where a drafter reads it."""
+def preflight(args: argparse.Namespace, grammar: str | None = None) -> None:
+    """Every check that needs no model, in one place and once, before the target loads (a load and its first
+    shape probe take minutes for a big model): the grammar on the model's vocabulary, -fa against --exact, the
+    drafters (``check_drafters``: names, MTP metadata, the bundled draft's fit, options), and the thread count."""
+    check_grammar(args.model, grammar)
     settle_flash_attn(args)
+    check_drafters(args)
+    warn_threads(args.threads)
+
+
+def check_drafters(args: argparse.Namespace) -> None:
+    """Drafter names, drafter flags that the chosen drafters would ignore, their values (named by flag), a
+    model's MTP head where mtp drafts, and the draft model's file where a drafter reads it (``resolve_draft``:
+    the bundled draft only where it fits the target)."""
     name = getattr(args, "drafter", None)
     if name is None:
         return
@@ -235,20 +241,19 @@ def target_spec(args: argparse.Namespace, slots: int = 1) -> TargetSpec:
                       **loading_options(args))
 
 
-def load_target(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
-    """The target of the command's flags (``loading.load_target``), after every check that needs no model."""
-    return load_calibrated(args, slots).target
+def target_from_args(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
+    """The target of the command's flags (``calibrated_from_args``'s)."""
+    return calibrated_from_args(args, slots).target
 
 
-def load_calibrated(args: argparse.Namespace, slots: int = 1, n_max: int | None = None,
-                    background: bool = False) -> Calibration:
+def calibrated_from_args(args: argparse.Namespace, slots: int = 1, n_max: int | None = None,
+                         background: bool = False, grammar: str | None = None) -> Calibration:
     """The target of the command's flags and its calibration (``loading.load_calibrated``), after every check
-    that needs no model: a cost curve of ``n_max`` rows, and with ``background`` what the cache lacks measured
-    beside the first generations."""
-    preflight(args)
+    that needs no model (``preflight``, ``grammar`` among them): a cost curve of ``n_max`` rows, and with
+    ``background`` what the cache lacks measured beside the first generations."""
+    preflight(args, grammar)
     set_verbose(getattr(args, "verbose", False))
-    warn_threads(args.threads)
-    return _load_calibrated(target_spec(args, slots), n_max=n_max, background=background)
+    return loading.load_calibrated(target_spec(args, slots), n_max=n_max, background=background)
 
 
 def warn_threads(threads: int) -> None:
@@ -264,7 +269,7 @@ def experts(args: argparse.Namespace) -> dict[str, Any] | None:
     return experts_info(args.model, getattr(args, "experts", None))
 
 
-def build_policy(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
+def policy_from_args(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
     """The --k-policy object; the cost policy prices with ``costs``, or calibrates t(n) first (cached on disk).
 
     The cost policy chooses every step's k itself, so a -k given with it is not used:
@@ -274,7 +279,7 @@ def build_policy(args: argparse.Namespace, target: LlamaModel, costs: CostModel 
     if name == "cost" and getattr(args, "k_given", False):
         print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
               f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-    return _build_policy(name, args.k, k_max=args.k_max, costs=costs, target=target)  # shapes settled (--exact)
+    return loading.build_policy(name, args.k, k_max=args.k_max, costs=costs, target=target)  # shapes settled
 
 
 def cost_curve_rows(args: argparse.Namespace) -> int | None:
@@ -297,10 +302,6 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     because the runner gives each request its own.
     """
     return {k: v for k, v in drafter_options(args).items() if v is not None and k != "seed"}
-
-
-def build_drafter(name: str, target: LlamaModel, args: argparse.Namespace) -> Drafter:
-    return _build_drafter(name, target, drafter_options(args), getattr(args, "temp", 0.0))
 
 
 # -- llama.cpp's flags, where specstack means the same ------------------------------------------------------------

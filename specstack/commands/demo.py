@@ -18,7 +18,7 @@ from ..bench.workloads import Request, Workload
 from ..paths import DATA_DIR
 from ..prompts import held_out_prompts
 from ..ui import table
-from .common import add_model_args, load_target, methods_with_draft, options_from_args
+from .common import add_model_args, target_from_args, methods_with_draft, options_from_args
 from .generate import describe_shapes
 
 # Rows after plain decoding (which always runs first: speedups are relative to it).
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     methods = methods_with_draft(args, list(METHODS), False, "demo")
     config = BenchConfig(workload=wl, methods=methods, ks=[args.k], k_max=args.k_max or DEFAULT_K_MAX,
                          drafter_options=options_from_args(args), cost_curve=False)
-    target = load_target(args)
+    target = target_from_args(args)
     draft = args.model_draft.name if args.model_draft else "none"
     print(f"target {target.path.name}, draft {draft}, {target.n_threads} threads, greedy; "
           f"fixed rows k={args.k}, '+cost' rows choose k per step from measured costs", file=sys.stderr)

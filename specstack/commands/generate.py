@@ -15,20 +15,18 @@ from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..llama import BatchShapes
-from ..loading import build_engine
+from ..loading import build_engine, lossy_label
 from ..ui import table
 from .common import (
     add_drafter_args,
     add_model_args,
     add_sampling_args,
-    build_drafter,
-    build_policy,
-    check_grammar,
+    calibrated_from_args,
     controls_from_args,
     cost_curve_rows,
+    drafter_options,
     experts,
-    load_calibrated,
-    lossy_label,
+    policy_from_args,
     sampling_from_args,
 )
 
@@ -97,7 +95,6 @@ def run(args: argparse.Namespace) -> int:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
     controls = dataclasses.replace(controls_from_args(args), ignore_eos=args.ignore_eos)
-    check_grammar(args.model, controls.grammar)  # a grammar that does not parse fails before the load
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
                               constraints=controls, grammar_drafts=args.grammar_drafts)
@@ -105,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.k_max is not None:
         check_k(args.k_max, "k_max")
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
-    calibration = load_calibrated(args, n_max=cost_curve_rows(args), background=True)
+    # (a grammar that does not parse fails before the load: ``preflight``, with every other check)
+    calibration = calibrated_from_args(args, n_max=cost_curve_rows(args), background=True, grammar=controls.grammar)
     try:
         return generate(args, calibration, prompt, config)
     except BaseException:  # Ctrl-C or an error: its thread stops at its next turn and frees its context first
@@ -120,8 +118,8 @@ def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, co
     if lossy_label(moe):
         print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)
     target = calibration.target
-    engine = build_engine(calibration, build_drafter(args.drafter, target, args),
-                          build_policy(args, target, calibration.costs))
+    engine = build_engine(calibration, args.drafter, policy_from_args(args, target, calibration.costs),
+                          drafter_options=drafter_options(args), temperature=getattr(args, "temp", 0.0))
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()

@@ -16,8 +16,9 @@ from typing import Any
 from ..calibration import EXACT_MODES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
-from .common import (add_control_args, add_loading_args, at_least, bundled_draft_check, bundled_draft_fits,
-                     check_grammar, controls_from_args, flag_given, json_schema_text, resolve_draft, settle_flash_attn)
+from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
+from .common import (add_control_args, add_loading_args, at_least, check_grammar, controls_from_args, flag_given,
+                     json_schema_text, settle_flash_attn)
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
 # None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.

@@ -23,7 +23,7 @@ from ..errors import InvalidParameterError
 from ..profiles import write_profile
 from ..ui import table
 from .bench import add_ks_arg
-from .common import add_model_args, flag_given, load_target, methods_with_draft, options_from_args
+from .common import add_model_args, flag_given, target_from_args, methods_with_draft, options_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     wl = sample(load(args.workload), args.prompts, args.max_tokens)
     config = BenchConfig(workload=wl, methods=methods(args), ks=args.k, k_max=args.k_max or DEFAULT_K_MAX,
                          drafter_options=options_from_args(args), cost_curve=False)
-    target = load_target(args)
+    target = target_from_args(args)
     results = run_bench(config, target, label="tune")
     if results["interrupted"]:
         return 130  # a profile from part of the sample would be chosen on too little
