@@ -103,8 +103,10 @@ def test_the_library_never_imports_the_cli():
 
 
 def _import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
-    """specstack's modules and what each imports (``from .x import y``, ``import specstack.x``), at module level
-    or inside functions, ``if TYPE_CHECKING:`` blocks left out; and which edges come from inside a function.
+    """specstack's modules and what each imports (``from .x import y``, ``import specstack.x``, and lazily through
+    ``import_module``/``importlib.import_module``), at module level or inside functions, ``if TYPE_CHECKING:``
+    blocks left out; and which edges come from inside a function.  An ``import_module`` name built at run time
+    (an f-string) stands for every module its constant start names (``f".commands.{name}"``: each command).
     Importing ``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b`` first, so those count too, except a
     package that holds the importing module (its ``__init__`` is already running)."""
     modules = {}
@@ -122,9 +124,13 @@ def _import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
                         for n in ast.walk(node)}
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(tree):
-            if id(node) in skipped or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            if id(node) in skipped:
                 continue
-            if isinstance(node, ast.ImportFrom):
+            if isinstance(node, ast.Call) and (lazy := _lazy_import(node, package, modules)) is not None:
+                names = lazy
+            elif not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -143,6 +149,28 @@ def _import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
                         if id(node) in in_functions:
                             deferred.add((mod, target))
     return edges, deferred
+
+
+def _lazy_import(node: ast.Call, package: str, modules: dict) -> list[str] | None:
+    """The modules an ``import_module(NAME, __package__)`` call may import (None: the call is no such import)."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called != "import_module" or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        name, exact = arg.value, True
+    elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        name, exact = arg.values[0].value, False  # f".commands.{name}": every module under .commands
+    else:
+        raise AssertionError(f"{package}: import_module of a name this test cannot read: {ast.unparse(arg)}")
+    if name.startswith("."):
+        dots = len(name) - len(name.lstrip("."))
+        base = ".".join(package.split(".")[: len(package.split(".")) - dots + 1])
+        name = base + "." + name[dots:] if name[dots:] else base
+    if exact:
+        return [name]
+    return [m for m in modules if m.startswith(name) and m != name.rstrip(".")]
 
 
 def _a_circle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -169,6 +197,7 @@ def test_no_import_circle_in_the_package():
     imports calibration, calibration never the engine: it hands back what the engine applies)."""
     edges, _deferred = _import_graph()
     assert _a_circle(edges) is None
+    assert "specstack.commands.generate" in edges["specstack.cli"]  # seen through import_module
     assert "specstack.engine" in edges["specstack.loading"] and "specstack.calibration" in edges["specstack.engine"]
     calibration = {m for m in edges if m.startswith("specstack.calibration")}
     assert not any(t in ("specstack.engine", "specstack.loading", "specstack.generation")
@@ -190,3 +219,23 @@ def test_build_engine_puts_a_loaded_target_its_drafter_policy_and_calibration_to
         assert len(engine.generate("def f(x):\n", GenerationConfig(max_tokens=8)).run().output_ids) == 8
     finally:
         calibration.target.close()
+
+
+def test_the_server_is_in_layers_and_its_routes_apart():
+    """The server's route modules import no other route module (each is thin: schema -> jobs -> session ->
+    responses), the session layer is the one both generating surfaces run through, and nothing below the
+    server (the engine, loading, the drafters) imports it."""
+    edges, _deferred = _import_graph()
+    routes = {m for m in edges if m.startswith("specstack.server.routes.")}
+    assert {"specstack.server.routes.openai", "specstack.server.routes.llama_server"} <= routes
+    for m in routes:
+        assert not edges[m] & (routes - {m}), m
+        assert "specstack.server.app" not in edges[m], m
+    for m in ("specstack.server.routes.openai", "specstack.server.routes.llama_server"):
+        assert "specstack.server.session" in edges[m]
+    core = [m for m in edges if not m.startswith(("specstack.server", "specstack.commands", "specstack.cli"))
+            and m != "specstack"]
+    assert not [m for m in core for t in edges[m] if t.startswith("specstack.server")]
+    tools = {m for m in edges if m.startswith("specstack.server.tools.formats.")} - {"specstack.server.tools.formats"}
+    for m in tools:  # a tool-call format is one module: it imports no other format but the one it extends
+        assert len(edges[m] & tools) <= 1, m
