@@ -143,11 +143,12 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 def preflight(args: argparse.Namespace, grammar: str | None = None) -> None:
     """Every check that needs no model, in one place and once, before the target loads (a load and its first
     shape probe take minutes for a big model): the grammar on the model's vocabulary, -fa against --exact, the
-    drafters (``check_drafters``: names, MTP metadata, the bundled draft's fit, options), and the thread count."""
+    drafters (``check_drafters``: names, MTP metadata, the bundled draft's fit, options), and the thread count.
+    The two that ask llama.cpp (the grammar, the threads) come first, together."""
     check_grammar(args.model, grammar)
+    warn_threads(args.threads)
     settle_flash_attn(args)
     check_drafters(args)
-    warn_threads(args.threads)
 
 
 def check_drafters(args: argparse.Namespace) -> None:
