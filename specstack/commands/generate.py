@@ -15,7 +15,7 @@ from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..llama import BatchShapes
-from ..loading import build_engine, lossy_label
+from ..loading import build_drafter, build_engine, lossy_label
 from ..ui import table
 from .common import (
     add_drafter_args,
@@ -115,11 +115,12 @@ def run(args: argparse.Namespace) -> int:
 def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, config: GenerationConfig) -> int:
     """Stream (or print as JSON) one generation, then finish the one-time background measurement, if any."""
     moe = experts(args)
-    if lossy_label(moe):
-        print(f"specstack generate: {lossy_label(moe)}", file=sys.stderr)
+    lossy = lossy_label(moe)
+    if lossy:
+        print(f"specstack generate: {lossy}", file=sys.stderr)
     target = calibration.target
-    engine = build_engine(calibration, args.drafter, policy_from_args(args, target, calibration.costs),
-                          drafter_options=drafter_options(args), temperature=getattr(args, "temp", 0.0))
+    drafter = build_drafter(args.drafter, target, drafter_options(args), getattr(args, "temp", 0.0))
+    engine = build_engine(calibration, drafter, policy_from_args(args, target, calibration.costs))
     gen = engine.generate(prompt, config)
     if args.json:
         gen.run()
