@@ -384,7 +384,7 @@ def add_control_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
     g.add_argument("--frequency-penalty", type=float, default=default(0.0), metavar="X",
                    help="subtract X per occurrence in that window (-2..2; default 0)")
     g.add_argument("--grammar", default=None, metavar="GBNF", help="constrain the output with a GBNF grammar "
-                   "(llama.cpp's grammar engine, exact under speculation)")
+                   "(llama.cpp's GBNF, run by llguidance; the tokens it forces are drafted; exact under speculation)")
     g.add_argument("--grammar-file", type=Path, default=None, metavar="FILE", help="read the GBNF grammar from FILE")
     g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
                    help="constrain the output to JSON matching this JSON schema (e.g. '{}' for any JSON object)")

@@ -1,7 +1,7 @@
 """The drafters' options: each flag, the config fields it sets, and the checks a request's options get.
 
 Declared once here, beside the drafters: the CLI adds a flag per entry (``commands.common``), the server
-builds a request's ``speculative`` keys from the same entries (``server.app``), and both check values
+builds a request's ``speculative`` keys from the same entries (``server.schema``), and both check values
 through the drafters' own config dataclasses.
 """
 
