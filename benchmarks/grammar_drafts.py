@@ -66,9 +66,10 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in Gemma's turn markup")
+    ap.add_argument("--exact", choices=("auto", "on", "off"), default="auto", help="as generate's --exact")
     args = ap.parse_args()
     model = LlamaModel(ModelConfig(args.model, n_ctx=2048, n_threads=args.threads), role="target")
-    ensure_shapes(model, "on")
+    ensure_shapes(model, args.exact)  # --exact auto, the default: padded plain steps only where they cost little
     cases = {name: schema_to_gbnf(s) for name, s in SCHEMAS.items()} | {"GBNF call": CALL}
     modes = [("plain", "none", True), ("no grammar drafts", args.drafter, False), ("grammar drafts", args.drafter, True)]
     rows = []

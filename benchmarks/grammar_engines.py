@@ -16,6 +16,7 @@ import statistics
 import time
 from typing import Any
 
+from specstack.calibration import ensure_shapes
 from specstack.constraints import Constraints
 from specstack.generation import GenerationConfig
 from specstack.llama import LlamaModel, ModelConfig
@@ -81,6 +82,7 @@ def main() -> None:
         args.model = assemble()
     g.GrammarCache._build = _native_first(g.GrammarCache._build)
     model = LlamaModel(ModelConfig(args.model, n_ctx=1024, n_threads=args.threads), role="target")
+    ensure_shapes(model, "off")  # plain decoding: one-row steps, whatever exactness would pad them to
     prompt = (f"<start_of_turn>user\nDescribe this invoice as a JSON object.\n\n{DOCUMENT}<end_of_turn>\n"
               "<start_of_turn>model\n")
     gbnf = g.schema_to_gbnf(SCHEMA)
