@@ -105,12 +105,9 @@ class _Chain:
                 self.probs.append(path)
 
     def draft(self, first: Draft) -> Draft:
-        """The chain as one draft, named for its first token's source; ``first`` itself where nothing was added."""
+        """The chain as one draft, named for its first token's source; ``first`` cut to its walked part where nothing
+        was forced (the other source is asked again only after forced text)."""
         if not self.forced:
-            return first.truncated(len(self.tokens)) if len(self.tokens) <= len(first) and \
-                all(o == first.source for o in self.origins) else self._as_draft(self.origins[0])
-        return self._as_draft(self.origins[0])
-
-    def _as_draft(self, source: str) -> Draft:
-        return Draft(token_ids=tuple(self.tokens), source=source,
+            return first.truncated(len(self.tokens))
+        return Draft(token_ids=tuple(self.tokens), source=self.origins[0],
                      probs=None if self.probs is None else tuple(self.probs), origins=tuple(self.origins))

@@ -123,17 +123,15 @@ class GuidedGrammar:
 
     def accept(self, token_id: int) -> None:
         """Advance by one token, which must be allowed."""
-        if not self.allowed([token_id])[0] or not self._m.consume_token(int(token_id)):
+        if self._dead or not self._m.consume_token(int(token_id)):  # no mask needed: consuming says it
             raise ValueError(f"token {token_id} is not allowed by the grammar here")
         self._bits = None
 
     def walk(self, token_ids: Sequence[int]) -> int:
         """Advance along ``token_ids`` as far as the grammar allows them; how many it took."""
-        if len(token_ids) == 0:
+        if len(token_ids) == 0 or self._dead:
             return 0
-        if not self.allowed([token_ids[0]])[0]:  # llguidance's own check would put the state in error
-            return 0
-        n = self._m.try_consume_tokens([int(t) for t in token_ids])
+        n = self._m.try_consume_tokens([int(t) for t in token_ids])  # stops at a refused token, no error state
         self._bits = None
         return n
 
