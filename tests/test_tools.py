@@ -186,6 +186,21 @@ def test_the_required_grammar_admits_the_call_and_then_only_the_end(family, voca
     assert not fresh.allowed(vocab.tokenize("Sure", add_special=False)[:1])[0] and eos is not None
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_under_auto_a_call_s_opening_word_is_where_its_grammar_starts(family):
+    """``tool_choice: auto`` on a format whose calls open with a word: the grammar is the required one, lazy from
+    that word (``triggers``), and the family's own call begins with it (so the grammar, which the test above walks
+    from the first byte, matches from the trigger on).  Formats without one (Llama 3's bare JSON; the generic
+    format, a call or a response from the first token) have no triggers."""
+    _, fmt, text = FAMILIES[family]
+    auto, required = (plan(TOOLS, c, None, None, format_name=fmt) for c in ("auto", "required"))
+    if fmt in ("llama3", "generic"):
+        assert auto.triggers == ()
+        return
+    assert auto.triggers and auto.grammar() == required.grammar() and required.triggers == ()
+    assert any(text.startswith(t) for t in auto.triggers), (text, auto.triggers)
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_a_named_function_s_grammar_admits_only_that_function(fmt, vocab):
     p = plan(TOOLS, {"type": "function", "function": {"name": "get_time"}}, None, None, format_name=fmt)
@@ -403,7 +418,12 @@ def test_tools_and_tool_choice_are_checked():
         plan(None, "required", None, None)
     assert not plan(TOOLS, "none", None, None).active and plan(TOOLS, "none", None, None).grammar() is None
     assert plan(TOOLS, None, None, None).choice == "auto" and plan(None, None, None, None).choice == "none"
-    assert plan(TOOLS, "auto", None, _template("qwen3").text).grammar() is None  # free output, parsed
+    auto = plan(TOOLS, "auto", None, _template("qwen3").text)  # free text until <tool_call>, then the call's grammar
+    assert auto.triggers == ("<tool_call>",) and auto.grammar() == plan(TOOLS, "required", None,
+                                                                        _template("qwen3").text).grammar()
+    assert plan(TOOLS, "required", None, _template("qwen3").text).triggers == ()  # forced from the first token
+    llama3 = plan(TOOLS, "auto", None, _template("llama3.3").text)  # a bare JSON call opens with no word of its
+    assert llama3.format.name == "llama3" and llama3.triggers == () and llama3.grammar() is None  # own: free, parsed
 
 
 def test_structured_output_fields_become_one_grammar(vocab):

@@ -224,3 +224,65 @@ def test_apply_template_shows_the_tools_prompt(server):
     r = httpx.post(server.url + "/apply-template", json={"messages": QUESTION, "tools": TOOLS, "tool_choice": "none"},
                    timeout=60)
     assert "get_weather" not in r.json()["prompt"]
+
+
+# -- tool_choice auto on a format with an opening word: a lazy grammar --------------------------------------------
+
+QWEN3_TEMPLATE = "tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja"  # Hermes calls: <tool_call>{...}</tool_call>
+
+
+def _call(city: str, unit: str, i: int) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": city, "unit": unit})}}]}
+
+
+# Two earlier turns show the model (which knows no tools) the calls it writes; it copies the pattern for Berlin.
+FEW_SHOT = [{"role": "system", "content": "You are a weather assistant. Call get_weather for every city asked about."},
+            {"role": "user", "content": "Weather in Paris, celsius?"}, _call("Paris", "celsius", 1),
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+            {"role": "assistant", "content": "It is 21 degrees in Paris."},
+            {"role": "user", "content": "Weather in Oslo, fahrenheit?"}, _call("Oslo", "fahrenheit", 2),
+            {"role": "tool", "tool_call_id": "call_2", "content": '{"temp": 40}'},
+            {"role": "assistant", "content": "It is 40 degrees in Oslo."},
+            {"role": "user", "content": "Weather in Berlin, celsius?"}]
+
+
+@pytest.fixture(scope="module")
+def hermes_client():
+    from pathlib import Path
+
+    from test_gemma import _gemma_path
+    from test_serve import Server
+
+    from specstack.server.app import Limits, create_app
+    from specstack.server.roles import Role
+
+    template = str(Path(__file__).parent.parent / QWEN3_TEMPLATE)
+    role = Role(name="gemma", model=_gemma_path(), ctx=2048, parallel=1, chat_template=template, exact="on", threads=1)
+    with Server(create_app([role], Limits(max_tokens=256))) as s:
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_hermes_call_is_grammar_drafted_and_plain_decodings_under_auto_and_required(hermes_client, choice):
+    """Under ``auto`` the output is free until ``<tool_call>``, then the call's grammar (lazy, as llama.cpp's
+    grammar_lazy): the call ends the answer (before, Gemma ran on past ``</tool_call>`` into a made-up tool
+    response until max_tokens).  The grammar's forced tokens are drafted and accepted, and the tokens are
+    constrained plain decoding's (``drafter: none``) under --exact on, as under ``required``."""
+    def ask(drafter: str):
+        r = hermes_client.chat.completions.create(model="gemma", messages=FEW_SHOT, tools=TOOLS, tool_choice=choice,
+                                                  max_tokens=64, temperature=0, logprobs=True,
+                                                  extra_body={"speculative": {"drafter": drafter}})
+        return r, [t.token for t in r.choices[0].logprobs.content], r.model_extra["speculative"]
+
+    plain, plain_tokens, plain_spec = ask("none")
+    choice0 = plain.choices[0]
+    assert choice0.finish_reason == "tool_calls" and plain_spec["stop_reason"] == "eos", (plain_tokens, plain_spec)
+    (call,) = choice0.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Berlin"
+    assert "".join(plain_tokens).startswith("<tool_call>") and plain_spec["n_drafted"] == 0
+    for drafter in ("prompt-lookup", "suffix"):
+        r, tokens, spec = ask(drafter)
+        assert tokens == plain_tokens, f"{drafter} under tool_choice {choice} diverged from plain decoding"
+        assert r.choices[0].message.tool_calls[0].function.arguments == call.function.arguments
+        assert spec["by_source"]["grammar"]["accepted"] > 0, spec

@@ -86,14 +86,15 @@ def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
     return "" if grammar is None and (tools is not None or free) else grammar
 
 
-async def prepare_grammar(w: RoleBackend, grammar: str, field: str) -> None:
+async def prepare_grammar(w: RoleBackend, grammar: str, field: str) -> Any:
     """Build the request's grammar on the grammar thread while the request waits, so that the role's engine
-    thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``)."""
+    thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``); its start state,
+    or None where a remote role builds it where it runs."""
     prepare = getattr(w.target, "prepare_grammar", None)
-    if prepare is None:  # a remote role builds it where it runs
-        return
+    if prepare is None:
+        return None
     try:
-        await asyncio.wrap_future(prepare(grammar))
+        return await asyncio.wrap_future(prepare(grammar))
     except SpecstackError as exc:
         raise ApiError(400, f"{field}: {exc}", param=field) from None
 
@@ -105,17 +106,18 @@ def session_key(request: Request, body: Any) -> str | None:
 
 
 def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
-              grammar: str | None = None) -> list[Job]:
+              grammar: str | None = None, triggers: tuple[str, ...] = ()) -> list[Job]:
     """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
     (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
     with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
     from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
-    for (None: the role's default grammar, if any; ``controls.request_constraints``)."""
+    for (None: the role's default grammar, if any; ``controls.request_constraints``), lazy after ``triggers``
+    (a tool call's opening words under ``tool_choice: auto``) where there are any."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
     max_tokens = _max_tokens(body, limits)
     spec = _speculative(body, w.role)
-    config = _generation_config(body, w, grammar, max_tokens)
+    config = _generation_config(body, w, grammar, max_tokens, triggers)
     sampling, seed = config.sampling, config.sampling.seed
     events: asyncio.Queue = asyncio.Queue()
     deadline = time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None
@@ -185,11 +187,14 @@ def _speculative(body: Any, role: Role) -> dict[str, Any]:
     return spec
 
 
-def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_tokens: int) -> GenerationConfig:
+def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_tokens: int,
+                       triggers: tuple[str, ...] = ()) -> GenerationConfig:
     """The first choice's ``GenerationConfig``: the logit controls over the role's defaults, stops and sampling."""
     try:
         constraints, stop_ids = request_constraints(body, w.role.controls(), grammar, vocab=w.target,
                                                     max_tokens=max_tokens)
+        if triggers and constraints.grammar:
+            constraints = dataclasses.replace(constraints, grammar_triggers=triggers)
         stops = stop_strings(body)
     except ControlError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None

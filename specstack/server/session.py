@@ -106,12 +106,17 @@ class Session:
 
 
 async def start(request: Request, w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, chat: bool,
-                grammar: str | None = None) -> Session:
+                grammar: str | None = None, triggers: tuple[str, ...] = ()) -> Session:
     """A request's jobs made (``jobs.make_jobs``), submitted, and their first event read: ``ApiError`` for a
-    refusal (429 when the queue is full), 499 for a client gone before it."""
+    refusal (429 when the queue is full), 499 for a client gone before it.  ``triggers``: the grammar is lazy,
+    free text until one of them (a tool call under ``tool_choice: auto``)."""
     if grammar:
-        await prepare_grammar(w, grammar, grammar_field(body))
-    jobs = make_jobs(w, body, prompts, limits, "messages" if chat else "prompt", grammar)
+        built = await prepare_grammar(w, grammar, grammar_field(body))
+        if triggers and built is not None and not built.lazy:
+            # only llguidance waits for a trigger; llama.cpp's engine would force the call from the first token,
+            # so the output stays free and parsed, as it was before lazy grammars
+            grammar, triggers = "", ()
+    jobs = make_jobs(w, body, prompts, limits, "messages" if chat else "prompt", grammar, triggers)
     token = SESSION.set(session_key(request, body))
     try:
         w.submit(*jobs)

@@ -44,7 +44,8 @@ async def answer(request: Request, w: RoleBackend, body: Any, prompts: list[list
                  grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
     """The request run on its role: a stream of chunks, or the whole response once every choice is done."""
     state = served(request)
-    run = await session.start(request, w, body, prompts, state.limits, chat, grammar)
+    run = await session.start(request, w, body, prompts, state.limits, chat, grammar,
+                              tools.triggers if tools is not None else ())
     outputs = outputs_for(w, run.jobs, tools, state.preserved)  # chat with tools: each choice read as a message
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     per_prompt = len(run.jobs) // len(prompts)

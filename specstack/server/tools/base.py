@@ -35,6 +35,10 @@ class ToolFormat(ABC):
     detect_order = 100  # where ``detect_format`` asks this format (lower first): a template that two formats'
     # tests match is the more specific one's (GLM's ``<tool_call>`` with ``<arg_key>`` before Hermes')
     markers: tuple[str, ...] = ()  # texts that may be control tokens: the output keeps them for the parser
+    # The words that open a call, from which ``grammar`` matches: under ``tool_choice: auto`` the output is free
+    # until one of them, then the call's grammar (a lazy grammar, llama.cpp's ``grammar_lazy``).  () where a
+    # call has no opening word (Llama 3's bare JSON): ``auto`` is then free text, read by the parser.
+    triggers: tuple[str, ...] = ()
     system_note = ""  # added to the system message when tools are on (the generic format's instruction)
     id_alphabet = string.ascii_letters + string.digits
     id_length = 24
@@ -87,8 +91,9 @@ class ToolFormat(ABC):
         return g.text()
 
     def auto_grammar(self, tools: Sequence[Tool], parallel: bool, response: dict | None) -> str | None:
-        """The grammar for ``tool_choice: auto`` (None: the output is free and parsed)."""
-        return None
+        """The grammar for ``tool_choice: auto`` from the first token (None: the output is free until a trigger,
+        then ``grammar``; free and parsed where the format has no ``triggers``)."""
+        return self.grammar(tools, parallel) if self.triggers else None
 
     def example(self, parallel: bool = False) -> str:
         """A call in this format, for the tools' system message of a template that does not describe tools."""

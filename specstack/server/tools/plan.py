@@ -96,8 +96,15 @@ class ToolPlan:
         """Tools are rendered and the output parsed."""
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def triggers(self) -> tuple[str, ...]:
+        """Under ``auto``, the words after which ``grammar`` applies (a lazy grammar: free text before them);
+        () where the grammar applies from the first token, or there is none."""
+        return self.format.triggers if self.active and self.choice == "auto" else ()
+
     def grammar(self, response: dict | None = None) -> str | None:
-        """The grammar the output follows (None: free output): a forced call for required or a named function."""
+        """The grammar the output follows (None: free output): a forced call for required or a named function;
+        under ``auto`` the format's (a call or a response from the start, or a call after ``triggers``)."""
         if not self.active:
             return None
         if self.choice == "auto":

@@ -24,6 +24,7 @@ class DeepSeek(ToolFormat):
     name = "deepseek"
     detect_order = 20
     markers = DS_BEGIN + (DS_CALL, DS_SEP, DS_CALL_END, DS_END)
+    triggers = DS_BEGIN[:1]  # every call's grammar starts with it
 
     def _parse(self, text: str, partial: bool, tools: Sequence[Tool]) -> Parsed:
         hits = [(text.find(b), b) for b in DS_BEGIN if text.find(b) >= 0]

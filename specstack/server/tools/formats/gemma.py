@@ -19,6 +19,7 @@ class Pythonic(ToolFormat):
     name = "gemma"
     detect_order = 80
     markers = ("```tool_code",)
+    triggers = ("```tool_code",)  # every call's grammar starts with it
     _fence = re.compile(r"```tool_code[ \t]*\n(.*?)\n?```", re.S)
 
     def _parse(self, text: str, partial: bool, tools: Sequence[Tool]) -> Parsed:

@@ -18,6 +18,7 @@ class Glm45(ToolFormat):
     name = "glm45"
     detect_order = 30
     markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    triggers = ("<tool_call>",)  # every call's grammar starts with it
     _call = re.compile(r"<tool_call>\s*([^\n<]+?)\s*(?:\n|(?=<arg_key>)|(?=</tool_call>))(.*?)</tool_call>", re.S)
     _arg = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 

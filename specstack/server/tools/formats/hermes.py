@@ -15,6 +15,7 @@ class Hermes(ToolFormat):
     name = "hermes"
     detect_order = 40
     markers = ("<tool_call>", "</tool_call>")
+    triggers = ("<tool_call>",)  # every call's grammar starts with it
     _open = "<tool_call>"
     _close = "</tool_call>"
 

@@ -16,6 +16,7 @@ class Mistral(ToolFormat):
     name = "mistral"
     detect_order = 70
     markers = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    triggers = ("[TOOL_CALLS]",)  # every call's grammar starts with it
     id_prefix = ""
     id_length = 9  # Nemo's template refuses any other id
 
