@@ -14,6 +14,7 @@ from .backend import init_backend, llama_cpp_module, check_gguf_file
 ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED = 1 << 0, 1 << 3, 1 << 4
 ATTR_LSTRIP, ATTR_RSTRIP = 1 << 7, 1 << 8
 SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED
+FIM_NAMES = ("pre", "suf", "mid", "rep", "sep")  # llama.h's llama_vocab_fim_*: fill-in-the-middle tokens
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -106,6 +107,12 @@ class Vocabulary:
     def is_eog(self, token: int) -> bool:
         """End of generation (EOS, EOT, ...) as the model's vocabulary defines it."""
         return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+
+    def fim_ids(self) -> dict[str, int | None]:
+        """The fill-in-the-middle tokens the GGUF names (``pre``, ``suf``, ``mid``, ``rep``, ``sep``; None where
+        it names none), as llama-server's ``/infill`` reads them."""
+        return {name: (None if t < 0 else t) for name in FIM_NAMES
+                for t in (int(getattr(self._lc, f"llama_vocab_fim_{name}")(self._vocab)),)}
 
     def eog_ids(self) -> frozenset[int]:
         """All end-of-generation ids, computed once so the loop tests set membership."""

@@ -1,7 +1,7 @@
 """llama-server's own routes, on the same roles and workers as OpenAI's.
 
 ``POST /completion`` (and ``/completions``) in llama.cpp's native shape, streaming included, with its
-``timings``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``; ``GET /props`` and the read-only
+``timings``; ``POST /infill`` (fill in the middle, ``server.infill``) on the same path; ``POST /tokenize``, ``/detokenize``, ``/apply-template``; ``GET /props`` and the read-only
 ``GET /slots``; ``/v1/embeddings`` (and ``/embedding``, ``/embeddings``) answer 501, since no role is
 loaded for embeddings.  Each route picks its role by the body's (or the query's) ``model``, as llama-server's
 router does, else the first role.  A generation goes through ``session.start`` (the role's worker), so every
@@ -20,6 +20,7 @@ from sse_starlette.sse import EventSourceResponse
 from .. import session
 from ..backends import served
 from ..jobs import chat_prompt, grammar_for, prompt_ids
+from ..infill import InfillRequest, infill_prompt
 from ..native import Native, busy_slots, native_text, piece_text, props_body, slot_entries
 from ..responses import ApiError, error
 from ...sampling import MAX_LOGPROBS
@@ -33,6 +34,8 @@ OPENAI_ONLY = {"echo": "the prompt comes back as 'prompt'", "logprobs": "ask for
                "best_of": "ask for n_cmpl", "suffix": "insertion is not implemented",
                "stream_options": "the last chunk always carries the timings",
                "max_completion_tokens": "ask for n_predict"}
+INFILL_BATCH = 2048  # llama-server's default -b: an infill prompt's prefix and suffix are cut to fit it, and its
+# extra files to the context left after it and twice n_predict (none in a context of 2048 or less, as llama-server)
 NO_EMBEDDINGS = ("specstack serve has no embedding role: every role loads its model for generation (llama.cpp's "
                  "--embeddings mode is not offered), so it computes no embeddings; serve them with "
                  "`llama-server --embeddings`")
@@ -132,7 +135,26 @@ async def completion(body: CompletionRequest, request: Request) -> Response:
     body = native_body(body, state.limits.max_tokens)
     unsupported(body)
     w = state.backend(body.model)
-    prompts = prompt_ids(body.prompt, w.target)
+    return await native_answer(request, w, body, prompt_ids(body.prompt, w.target))
+
+
+@router.post("/infill")
+async def infill(body: InfillRequest, request: Request) -> Response:
+    """llama-server's fill-in-the-middle (``server.infill``): the FIM prompt from ``input_prefix``,
+    ``input_suffix`` and ``input_extra``, then ``/completion``'s path, speculation included."""
+    state = served(request)
+    body = native_body(body, state.limits.max_tokens)
+    unsupported(body)
+    w = state.backend(body.model)
+    n_predict = body.n_predict or state.limits.default_max_tokens
+    n_ctx = w.target.capacity
+    prompt = infill_prompt(w.target, body, INFILL_BATCH, n_predict, n_ctx)
+    return await native_answer(request, w, body, [prompt])
+
+
+async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[int]]) -> Response:
+    """The prompts run on role ``w`` and answered in llama-server's native shape, streamed or whole."""
+    state = served(request)
     run = await session.start(request, w, body, prompts, state.limits, chat=False, grammar=grammar_for(body))
     native = Native(state.limits, w, run.jobs, len(run.jobs) // len(prompts))
     if body.stream:
