@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
         "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, and request defaults seed, repeat_penalty, "
-        "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema (see docs/serve.md)",
+        "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
+        "min_p, and p_min (draft-model/mtp) (see docs/serve.md)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
