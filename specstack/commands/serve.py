@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSTACK_API_KEY, else none); "
                    "/health stays open. An empty key is refused")
-    p.add_argument("-to", "--timeout", type=at_least(0, float), default=600.0,
+    p.add_argument("--timeout", "-to", type=at_least(0, float), default=600.0,
                    help="seconds a request may take before it is stopped (default 600, as llama-server's -to; 0 = none)")
     p.add_argument("--max-tokens", type=at_least(1), default=4096, help="largest max_tokens a request may ask for (default 4096)")
     p.add_argument("--max-prompt-tokens", type=at_least(0), default=0, help="longest prompt in tokens (default: the context)")
