@@ -515,3 +515,87 @@ def test_a_drafts_context_warning_names_the_context_given_or_the_default(capsys,
     warned = [str(w.message) for w in recwarn if "positions it was trained on" in str(w.message)]
     assert len(warned) == 1 and f"draft model {draft.name}: its context, {said}, is more than the 256" in warned[0]
     assert "--ctx-size" not in warned[0]
+
+
+# -- issue 41 item 1: llama-server's flags, with their meanings or refused saying why ------------------------
+
+
+@pytest.mark.parametrize("spec_type,drafter", [
+    ("draft-simple", "draft-model"), ("draft-mtp", "mtp"), ("ngram-simple", "prompt-lookup"),
+    ("ngram-map-k4v", "prompt-lookup"), ("ngram-mod", "suffix"), ("none", "none"),
+    ("ngram-mod,ngram-map-k,draft-simple", "cascade:suffix,prompt-lookup,draft-model"),
+])
+def test_spec_type_names_the_drafter_that_does_the_job(spec_type, drafter):
+    from specstack.commands.llama_server_flags import drafter_for_spec_type
+
+    assert drafter_for_spec_type(spec_type) == drafter
+
+
+def test_llama_servers_speculation_and_sampling_flags_set_the_role(capsys):
+    role = serve_roles("--spec-type", "ngram-mod", "--spec-draft-n-max", "8", "--spec-draft-n-min", "2",
+                       "--temp", "0.7", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.1", "--typical", "1")[0]
+    assert (role.drafter, role.k, role.k_max) == ("suffix", 8, 8)
+    assert role.sampling() == {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.1}
+    assert serve_roles("--draft-max", "6")[0].k_max == 6 and serve_roles("--spec-draft-n-max", "99")[0].k == 62
+    role = serve_roles("-md", str(DEFAULT_DRAFT), "--draft-p-min", "0.5")[0]
+    assert role.drafter == "draft-model" and role.speculative()["p_min"] == 0.5
+    assert "p_min" not in role.speculative("prompt-lookup")  # a request that drafts without the draft model
+
+
+def test_md_alone_drafts_with_the_draft_model_and_says_so(capsys):
+    assert serve_roles("-md", str(DEFAULT_DRAFT))[0].drafter == "draft-model"
+    assert "drafts with draft-model, as llama-server does" in capsys.readouterr().err
+    assert serve_roles("-md", str(DEFAULT_DRAFT), "--drafter", "prompt-lookup")[0].drafter == "prompt-lookup"
+    assert serve_roles("-md", str(DEFAULT_DRAFT), "--spec-type", "ngram-mod")[0].drafter == "suffix"
+    assert "as llama-server does" not in capsys.readouterr().err
+
+
+def test_llama_servers_no_op_flags_are_accepted():
+    args = parsed("serve", "--metrics", "--slots", "-cb", "--no-webui", "-v", "-to", "30", "--cache-reuse", "256",
+                  "--no-context-shift", "-kvu", "--swa-full", "-ctk", "f16", "-ctv", "f16", "-fa", "--jinja")
+    assert args.slots and args.verbose and args.timeout == 30 and args.flash_attn == "on"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["-hf", "ggml-org/x"], "-hf cannot apply to specstack serve: specstack downloads nothing"),
+    (["--lora", "a.gguf"], "--lora cannot apply to specstack serve: LoRA adapters are not supported"),
+    (["--mmproj", "p.gguf"], "--mmproj cannot apply to specstack serve: multimodal projectors"),
+    (["--models-dir", "m"], "--models-dir cannot apply to specstack serve: the router"),
+    (["-ctk", "q8_0"], "only f16 (the default) is taken"),
+    (["--typical", "0.9"], "typical sampling is not implemented"),
+    (["--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not offered"),
+    (["--spec-type", "ngram-x"], "is not one of llama-server's types"),
+    (["--spec-type", "ngram-mod", "--drafter", "suffix"], "each choose the drafter"),
+    (["--spec-draft-n-max", "8", "--k-max", "4"], "--spec-draft-n-max 8 sets k and k_max, and --k-max"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--temp", "-1"], "argument --temp/--temperature: must be >= 0"),
+])
+def test_llama_server_flags_that_cannot_apply_are_refused_in_one_line(capsys, flags, message):
+    code, err = serve_cli(capsys, *flags)
+    assert code == 2 and message in err and "unrecognized arguments" not in err
+
+
+def test_api_key_file_gives_the_key(capsys, tmp_path):
+    from specstack.commands.serve import check_api_key
+
+    key = tmp_path / "key"
+    key.write_text("\nsecret\n")
+    args = parsed("serve", "--api-key-file", str(key))
+    args.argv = ["--api-key-file", str(key)]
+    check_api_key(args)
+    assert args.api_key == "secret"
+    key.write_text("a\nb\n")
+    code, err = serve_cli(capsys, "--api-key-file", str(key))
+    assert code == 2 and "holds 2 keys" in err
+
+
+def test_a_roles_file_sets_sampling_defaults_and_p_min(tmp_path):
+    from specstack.server.roles import load_roles
+
+    role = load_roles(roles_file(tmp_path, '[roles.a]\ntemperature = 0.6\ntop_k = 30\nmin_p = 0.1\n'
+                                           'drafter = "draft-model"\np_min = 0.4\n'))[0]
+    assert role.sampling() == {"temperature": 0.6, "top_k": 30, "min_p": 0.1} and role.speculative()["p_min"] == 0.4
+    for body, message in (("top_p = 2.0", "top_p must be in (0, 1]"), ('temperature = "hot"', "must be a number"),
+                          ("p_min = 0.5", "p_min applies to drafter draft-model or mtp")):
+        with pytest.raises(Exception, match=re.escape(message)):
+            load_roles(roles_file(tmp_path, f"[roles.bad]\n{body}\n"))

@@ -49,7 +49,7 @@ def server():
     """Two roles of the bundled model: the first named by an alias, the second with penalties and a JSON schema as
     its defaults.  --exact on: outputs are compared with plain decoding token for token."""
     first = dataclasses.replace(default_roles(parallel=2, exact="on")[0], name=ALIAS)
-    strict = Role(name="strict", parallel=1, exact="on", json_schema=json.dumps(SCHEMA), **PENALTIES)
+    strict = Role(name="strict", parallel=1, exact="on", json_schema=json.dumps(SCHEMA), top_k=7, **PENALTIES)
     lines: list[str] = []
     app = create_app([first, strict], Limits(max_tokens=256), api_key=KEY, access_log=lines.append)
     with Server(app) as s:
@@ -301,3 +301,106 @@ def test_request_constraints_read_every_form_and_name_the_field(target):
         with pytest.raises(ControlError) as e:
             request_constraints(body, vocab=target)
         assert e.value.param == param, body
+
+
+# -- issue 41 item 2: llama-server's request fields, defaults and bodies -------------------------------------
+
+def test_completion_samples_with_llama_servers_defaults_unless_the_role_sets_one(http):
+    """/completion: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 where the request sets none (they were
+    OpenAI's 1 / 0 / 1 / 0); a role's own default wins, and so does the request's."""
+    llama = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "seed": 1}).json()
+    assert {k: r["generation_settings"][k] for k in llama} == llama
+    params = http.get("/props").json()["default_generation_settings"]["params"]
+    assert {k: params[k] for k in llama} == llama
+    strict = http.get("/props", params={"model": "strict"}).json()["default_generation_settings"]["params"]
+    assert strict["top_k"] == 7 and strict["temperature"] == 0.8
+    own = http.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "top_k": 3, "min_p": 0}).json()
+    assert own["generation_settings"]["top_k"] == 3 and own["generation_settings"]["min_p"] == 0
+
+
+def test_llama_servers_request_fields_are_accepted_or_refused_by_name(http):
+    ok = [("/v1/completions", {"prompt": "def f(", "max_tokens": -1, "temperature": 0, "stop": ["\n"]}),
+          ("/completion", {"prompt": "def f(", "n_predict": 4, "timings_per_token": True, "return_progress": True,
+                           "typ_p": 1.0, "reasoning_format": "auto"}),
+          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                    "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
+                                    "reasoning_format": "none"})]
+    for path, body in ok:
+        r = http.post(path, json=body)
+        assert r.status_code == 200, (path, r.text)
+    refused = [({"typ_p": 0.9}, "typ_p"), ({"reasoning_format": "deepseek"}, "reasoning_format"),
+               ({"max_tokens": 0}, "max_tokens"), ({"samplers": ["temperature", "top_k"]}, "samplers")]
+    for fields, param in refused:
+        r = http.post("/v1/completions", json={"prompt": "x", **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
+        assert param in r.json()["error"]["message"]
+
+
+def test_max_tokens_minus_one_runs_to_the_servers_most(http):
+    r = http.post("/v1/completions", json={"prompt": REPEATS, "max_tokens": -1, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 256  # Limits(max_tokens=256)
+
+
+def test_a_samplers_chain_without_penalties_turns_them_off(http, target):
+    """llama-server builds its chain from ``samplers`` alone: a repeat_penalty beside a chain without
+    "penalties" does nothing there, and now here (it was a 400 that never named the penalty)."""
+    free = plain(target, REPEATS, 32).output_ids
+    r = http.post("/completion", json={"prompt": REPEATS, "n_predict": 32, "temperature": 0, **PENALTIES,
+                                       "samplers": ["top_k", "top_p", "min_p", "temperature"]})
+    assert r.status_code == 200 and r.json()["tokens"] == free
+    # the role "strict" has penalties as defaults: a chain without them turns those off too
+    strict = http.post("/completion", json={"model": "strict", "prompt": REPEATS, "n_predict": 8, "temperature": 0,
+                                            "grammar": "", "samplers": "kpmt"})
+    assert strict.json()["tokens"] == free[:8]
+
+
+def test_the_dotted_speculative_keys_are_k_and_p_min(http):
+    r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "temperature": 0, "speculative.n_max": 3,
+                                       "speculative.n_min": 2}).json()
+    assert r["generation_settings"]["speculative"]["k"] == 3 and r["generation_settings"]["speculative"]["k_max"] == 3
+    p_min = http.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "speculative.p_min": 0.5})
+    assert p_min.status_code == 400 and p_min.json()["error"]["param"] == "speculative.p_min"
+    assert "draft-model" in p_min.json()["error"]["message"]
+    ok = http.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "speculative.p_min": 0.5,
+                                        "speculative": {"drafter": "draft-model"}})
+    assert ok.status_code == 200, ok.text
+    both = http.post("/completion", json={"prompt": PROMPT, "speculative.n_max": 3, "speculative": {"k": 5}})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "speculative.n_max"
+    bad = http.post("/completion", json={"prompt": PROMPT, "speculative.n_max": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "speculative.n_max"
+
+
+def test_a_body_without_a_json_content_type_is_read_as_json(server):
+    """curl -d sends application/x-www-form-urlencoded: llama-server reads the body as JSON, and so does this."""
+    bodies = {"/completion": {"prompt": PROMPT, "n_predict": 2, "temperature": 0},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+    for path, body in bodies.items():
+        for kind in ("application/x-www-form-urlencoded", None):
+            headers = {**AUTH, **({"Content-Type": kind} if kind else {})}
+            r = httpx.post(server.url + path, content=json.dumps(body).encode(), headers=headers, timeout=120)
+            assert r.status_code == 200, (path, kind, r.text)
+    r = httpx.post(server.url + "/completion", content=b"prompt=hi", headers=AUTH, timeout=60)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
+
+
+def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(tmp_path):
+    from specstack.server.jobs import template_kwargs
+    from specstack.server.schema import ChatRequest
+
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}"
+                    "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
+                    "{% if reasoning_effort is defined %}[{{ reasoning_effort }}]{% endif %}")
+    template = load_template(Role(name="x").model, str(path))
+    messages = [{"role": "user", "content": "hi"}]
+
+    def rendered(**fields) -> str:
+        body = ChatRequest(messages=messages, **fields)
+        return render(messages, template, extra=template_kwargs(body)).text
+
+    assert rendered() == "hi"
+    assert rendered(chat_template_kwargs={"enable_thinking": False}) == "hi/no_think"
+    assert rendered(reasoning_effort="high") == "hi[high]"
+    assert rendered(reasoning_effort="none") == "hi/no_think"

@@ -116,7 +116,7 @@ SCHEMA = [
     SchemaField("parallel_tool_calls", False, "no", neutral=True, honoured=True, routes=CHAT),
     SchemaField("prediction", {"type": "content", "content": "def f(x):"}, "def f(x):", routes=CHAT),
     SchemaField("prompt_cache_key", "prefix-1", 5, honoured=True, routes=CHAT),
-    SchemaField("reasoning_effort", "low", 5, routes=CHAT),
+    SchemaField("reasoning_effort", "low", 5, honoured=True, routes=CHAT),  # a template variable, as llama-server
     SchemaField("response_format", {"type": "json_object"}, "json", neutral={"type": "text"}, honoured=True,
                 routes=CHAT),
     SchemaField("safety_identifier", "user-1", 5, honoured=True, routes=CHAT),
@@ -139,6 +139,7 @@ SCHEMA = [
     SchemaField("n_cmpl", 2, "2", honoured=True),
     SchemaField("n_cache_reuse", 256, True, neutral=0),
     SchemaField("typical_p", 0.5, "0.5", neutral=1.0),
+    SchemaField("typ_p", 0.5, "0.5", neutral=1.0),
     SchemaField("repeat_penalty", 1.1, "1.1", neutral=1.0, honoured=True),
     SchemaField("repeat_last_n", 128, "64", neutral=64, honoured=True),
     SchemaField("dry_multiplier", 0.8, "0.8", neutral=0.0),
@@ -162,8 +163,10 @@ SCHEMA = [
     SchemaField("return_tokens", True, "yes", neutral=False),
     SchemaField("samplers", ["temperature", "top_k"], 5,
                 neutral=["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
-    SchemaField("timings_per_token", True, "yes", neutral=False),
-    SchemaField("return_progress", True, 1, neutral=False),
+    SchemaField("timings_per_token", True, "yes", neutral=False, honoured=True),  # accepted, documented unused
+    SchemaField("return_progress", True, 1, neutral=False, honoured=True),
+    SchemaField("speculative.n_max", 3, "3", honoured=True),
+    SchemaField("speculative.n_min", 2, "2", honoured=True),
     SchemaField("sse_ping_interval", 5, "5"),
     SchemaField("post_sampling_probs", True, 1, neutral=False),
     SchemaField("response_fields", ["content"], "content", neutral=[]),
@@ -172,9 +175,9 @@ SCHEMA = [
     SchemaField("multimodal_data", ["AA=="], "x", neutral=[]),
     # llama-server chat options
     SchemaField("chat_template", "chatml", 5, routes=CHAT),
-    SchemaField("chat_template_kwargs", {"enable_thinking": False}, "x", neutral={}, routes=CHAT),
+    SchemaField("chat_template_kwargs", {"enable_thinking": False}, "x", neutral={}, honoured=True, routes=CHAT),
     SchemaField("add_generation_prompt", False, "no", neutral=True, routes=CHAT),
-    SchemaField("reasoning_format", "deepseek", 5, neutral="none", routes=CHAT),
+    SchemaField("reasoning_format", "deepseek", 5, neutral="auto"),
     SchemaField("reasoning_control", True, "yes", neutral=False, routes=CHAT),
     # vLLM
     SchemaField("repetition_penalty", 1.2, "1.2", neutral=1.0, honoured=True),
@@ -239,16 +242,16 @@ def test_refusals_say_why_and_what_would_do(http):
     ("kpmt", {"top_p": 0.9}, True),  # llama-server's one-letter form
     (["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"], {}, True),
     (["top_p", "temperature"], {}, True),  # top_k and min_p left out, and off anyway
-    (["top_p", "temperature"], {"top_k": 5}, False),  # top_k left out of the chain but set: it would not apply
+    (["top_p", "temperature"], {"top_k": 5}, True),  # top_k left out of the chain: off, as in llama-server
     (["min_p", "top_k", "temperature"], {}, False),  # another order than this server's
     (["top_k", "top_k", "temperature"], {}, False),
     (["top_k", "infill"], {}, False),
-    (["top_k", "temperature"], {"repeat_penalty": 1.2}, False),  # penalties left out of the chain but set
+    (["top_k", "temperature"], {"repeat_penalty": 1.2}, True),  # penalties left out of the chain: off
     (["penalties", "top_k", "temperature"], {"repeat_penalty": 1.2}, True),
     (["top_k", "penalties", "temperature"], {"repeat_penalty": 1.2}, False),  # penalties come first here
     (["magic"], {}, False),
 ])
-def test_a_samplers_chain_is_honoured_only_when_it_is_the_one_applied(http, samplers, extra, ok):
+def test_a_samplers_chain_is_honoured_when_its_order_is_the_one_applied(http, samplers, extra, ok):
     status, param, _ = answer(http, "completions", {"samplers": samplers, **extra})
     assert (status, param) == ((200, None) if ok else (400, "samplers"))
 

@@ -330,7 +330,8 @@ def add_loading_args(g: argparse._ActionsContainer, unset: bool = False) -> None
                    metavar="N", help=f"layers offloaded to a GPU: {ON_CPU}, so 0 is accepted (as in llama.cpp command "
                    "lines) and any other value refused")
     g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=tuple(FLASH_ATTN), default=default("auto"),
-                   help="flash attention: auto (default: on exactly where --exact is off, since exact call shapes are "
+                   nargs="?", const="on",  # a bare -fa is on, as older llama.cpp command lines write it
+                   help="flash attention: bare -fa is on; auto (default: on exactly where --exact is off, since exact call shapes are "
                    "measured without it), on (needs exactness off: with --exact auto it runs as --exact off, with "
                    "--exact on it is refused) or off")
     g.add_argument("-b", "--batch-size", dest="batch_size", type=at_least(1), default=default(2048), metavar="N",

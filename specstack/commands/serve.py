@@ -19,6 +19,8 @@ from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
 from .common import (add_control_args, add_loading_args, at_least, check_grammar, controls_from_args, flag_given,
                      json_schema_text, settle_flash_attn)
+from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags,
+                                 speculation_values)
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
 # None (the Role's own default applies), so a flag given beside --config, which it cannot change, is told apart.
@@ -35,10 +37,12 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--repeat-last-n", "repeat_last_n", "repeat_last_n"),
               ("--presence-penalty", "presence_penalty", "presence_penalty"),
               ("--frequency-penalty", "frequency_penalty", "frequency_penalty"), ("--grammar", "grammar", "grammar"),
-              ("--grammar-file", "grammar_file", "grammar_file"), ("-j", "json_schema", "json_schema"))
+              ("--grammar-file", "grammar_file", "grammar_file"), ("-j", "json_schema", "json_schema"),
+              ("--temp", "temperature", "temperature"), ("--top-k", "top_k", "top_k"), ("--top-p", "top_p", "top_p"),
+              ("--min-p", "min_p", "min_p"), ("--spec-draft-p-min", "p_min", "p_min"))
 # Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
 ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
-              ("-a", "alias"))
+              ("-a", "alias"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"))
 READY_POLL_S = 0.1
 
 
@@ -61,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
         "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, and request defaults seed, repeat_penalty, "
-        "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema (see docs/serve.md)",
+        "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
+        "min_p, and p_min (draft-model/mtp) (see docs/serve.md)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
@@ -74,14 +79,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSTACK_API_KEY, else none); "
                    "/health stays open. An empty key is refused")
-    p.add_argument("--timeout", type=at_least(0, float), default=600.0,
-                   help="seconds a request may take before it is stopped (default 600; 0 = none)")
+    p.add_argument("--timeout", "-to", type=at_least(0, float), default=600.0,
+                   help="seconds a request may take before it is stopped (default 600, as llama-server's -to; 0 = none)")
     p.add_argument("--max-tokens", type=at_least(1), default=4096, help="largest max_tokens a request may ask for (default 4096)")
     p.add_argument("--max-prompt-tokens", type=at_least(0), default=0, help="longest prompt in tokens (default: the context)")
     p.add_argument("--max-body", type=at_least(1), default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--drafter", default=None, help="default drafter without --config (default prompt-lookup)")
     p.add_argument("--k-policy", default=None, help="default k policy without --config (default cost)")
-    p.add_argument("-k", "--draft-max", dest="k", type=at_least(1), default=None,
+    p.add_argument("-k", dest="k", type=at_least(1), default=None,
                    help="default k without --config: draft tokens per step under --k-policy fixed, the start of window "
                    "and heuristic (default 4; the roles file's k; a request's speculative.k)")
     p.add_argument("--k-max", type=at_least(1), default=None,
@@ -136,8 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "(default: each request its own random one; -1: random)")
     llama.add_argument("--jinja", action="store_true", help="accepted for llama-server command lines: the GGUF's Jinja "
                        "chat template is always what chat uses (sandboxed), tools included")
-    llama.add_argument("--no-slots", dest="slots", action="store_false", help="turn GET /slots off")
+    llama.add_argument("--no-slots", dest="slots", action="store_false", default=True, help="turn GET /slots off")
     add_loading_args(llama, unset=True)
+    add_llama_server_args(p, llama)
     add_control_args(p, unset=True)
     ray = p.add_argument_group("scale-out on Ray Serve (pip install 'specstack[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve each role as a Ray Serve deployment of replicas, "
@@ -176,6 +182,8 @@ def build_roles(args: argparse.Namespace):
     settle_flash_attn(args)  # -fa on: exactness off, or refused under --exact on
     controls_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
     values = {key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None}
+    check_sampling_flags(args)
+    values.update(speculation_values(args))  # --spec-type, --spec-draft-n-max, -md alone: llama-server's meanings
     if args.batch_size is not None or args.ubatch_size is not None:  # llama.cpp: n_ubatch = min(-b, -ub)
         values["ubatch_size"] = min(args.batch_size or 2048, args.ubatch_size or 512)
     schema = json_schema_text(args) if args.json_schema_file is not None else None
@@ -190,7 +198,8 @@ def build_roles(args: argparse.Namespace):
     return default_roles(**values)
 
 
-ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names"}
+ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names",
+             "spec_type": "drafter", "n_max": "k and k_max"}
 
 
 def ctx_per_slot(total: int, slots: int, model: Path) -> int:
@@ -222,7 +231,12 @@ def default_tokens(args: argparse.Namespace) -> int:
 
 
 def check_api_key(args: argparse.Namespace) -> None:
-    """An empty key would leave /v1 open while the user believes it is protected: refuse it, naming its source."""
+    """An empty key would leave /v1 open while the user believes it is protected: refuse it, naming its source.
+    llama-server's --api-key-file gives it from a file (beside --api-key it is refused: two keys)."""
+    if args.api_key_file is not None:
+        if flag_given(args, "--api-key"):
+            raise InvalidParameterError("--api-key and --api-key-file each give the API key; pass one of them")
+        args.api_key = api_key_from_file(args.api_key_file)
     if args.api_key is None or args.api_key.strip():
         return
     source = "--api-key" if flag_given(args, "--api-key") else "$SPECSTACK_API_KEY (set but empty)"
@@ -291,6 +305,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
                                     "--ray only; add --ray or leave them out")
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
+    if args.verbose:  # -v: llama.cpp's own log, as llama-server prints it
+        from ..llama import set_verbose
+
+        set_verbose(True)
     if not 0 < args.port < 65536:
         raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
     try:

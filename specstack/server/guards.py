@@ -55,6 +55,7 @@ class Guard:
             if body is None:  # the client went away
                 return None
             receive = _replay(body, receive)
+            scope = as_json(scope, headers.get("content-type"))
         return await self.app(scope, receive, send)
 
     async def _read_body(self, receive: Any) -> bytes | None:
@@ -82,6 +83,17 @@ class Guard:
 PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
 LLAMA_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props",
                          "/slots", "/embedding", "/embeddings"})
+
+
+def as_json(scope: dict, content_type: str | None) -> dict:
+    """A body sent without a JSON content type read as JSON, as llama-server reads every body (``curl -d`` sends
+    application/x-www-form-urlencoded; without this FastAPI took the body as bytes and answered 400 on every
+    route).  A body that is not JSON is then the schema's 400, which says how to send it."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        return scope
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 def needs_key(path: str) -> bool:

@@ -28,7 +28,14 @@ from .roles import Role, check_mtp
 from .schema import requested_choices, requested_tokens, wanted_logprobs
 from .structured import StructuredError, request_grammar
 from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
+from .unimplemented import PENALTIES_OFF, SAMPLER_OFF, samplers_left_out
 from .worker import Job
+
+
+# A request's sampling where it, its role and its route set none: OpenAI's (no filter, temperature 1) and
+# llama-server's (common.h's defaults, on its own /completion)
+OPENAI_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+LLAMA_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
 def prompt_ids(prompt: Any, target: Any) -> list[list[int]]:
@@ -64,12 +71,27 @@ def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> Ren
     try:
         # the keys each message was sent with (a template may test whether one is defined), but no refusal
         messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
+        extra = template_kwargs(body)
         if tools is None:
-            return render(messages, w.template)
+            return render(messages, w.template, extra=extra)
         return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
-                      system_note=tools.format.system_note)
+                      system_note=tools.format.system_note, extra=extra)
     except SpecstackError as exc:
         raise ApiError(400, str(exc), param="messages") from None
+
+
+def template_kwargs(body: Any) -> dict[str, Any] | None:
+    """A chat request's template variables, as llama-server passes them: ``chat_template_kwargs`` (such as
+    ``enable_thinking``), and OpenAI's ``reasoning_effort`` as the variable of that name, where "none" means
+    ``enable_thinking: false`` instead."""
+    kwargs = dict(getattr(body, "chat_template_kwargs", None) or {})
+    effort = getattr(body, "reasoning_effort", None)
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif effort:
+        kwargs["reasoning_effort"] = effort
+    return kwargs or None
 
 
 def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
@@ -158,7 +180,11 @@ def _check_prompts(prompts: list[list[int]], target: Any, limits: Limits, prompt
 
 
 def _max_tokens(body: Any, limits: Limits) -> int:
+    """The tokens a request may generate; -1 (llama-server's "until the end") is the most this server allows
+    (--max-tokens; the context's end stops a generation earlier, as in llama-server)."""
     max_tokens, tokens_field = requested_tokens(body, limits.default_max_tokens)
+    if max_tokens == -1:
+        return limits.max_tokens
     if max_tokens > limits.max_tokens:
         raise ApiError(400, f"{tokens_field} is {max_tokens}; this server allows at most {limits.max_tokens}",
                        param=tokens_field)
@@ -168,7 +194,7 @@ def _max_tokens(body: Any, limits: Limits) -> int:
 def _speculative(body: Any, role: Role) -> dict[str, Any]:
     """The request's ``speculative`` settings, checked against the drafters' configs and the role: refused here,
     before the job is queued, rather than by the engine thread."""
-    spec = body.speculative.model_dump(exclude_none=True) if body.speculative else {}
+    spec = _dotted(body, body.speculative.model_dump(exclude_none=True) if body.speculative else {})
     if "drafter" in spec:
         check_drafter(spec["drafter"], role)
     try:
@@ -187,11 +213,40 @@ def _speculative(body: Any, role: Role) -> dict[str, Any]:
     return spec
 
 
+def _dotted(body: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's dotted keys in the ``speculative`` settings: ``speculative.n_max`` drafts at most n tokens a
+    step (k and k_max), ``speculative.p_min`` is the draft's p_min; a value the object also sets must agree."""
+    dotted = {"speculative.n_max": (body.spec_n_max, ("k", "k_max")), "speculative.p_min": (body.spec_p_min, ("p_min",))}
+    for name, (value, keys) in dotted.items():
+        if value is None:
+            continue
+        for key in keys:
+            if spec.get(key, value) != value:
+                raise ApiError(400, f"{name} ({value}) and speculative.{key} ({spec[key]}) disagree; send one of them",
+                               param=name)
+            spec[key] = value
+    return spec
+
+
+def sampling_for(body: Any, role: Role) -> dict[str, Any]:
+    """temperature, top_k, top_p and min_p: the request's, else the role's (serve --temp, ...), else OpenAI's
+    (llama-server's /completion fills in its own first: ``routes.llama_server.native_body``); a sampler that the
+    request's ``samplers`` chain leaves out is off, as llama-server builds its chain from that list alone."""
+    values = {**OPENAI_SAMPLING, **role.sampling()}
+    values.update({k: getattr(body, k) for k in OPENAI_SAMPLING if getattr(body, k) is not None})
+    values.update({k: SAMPLER_OFF[k] for k in samplers_left_out(getattr(body, "samplers", None)) if k in SAMPLER_OFF})
+    return values
+
+
 def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_tokens: int,
                        triggers: tuple[str, ...] = ()) -> GenerationConfig:
     """The first choice's ``GenerationConfig``: the logit controls over the role's defaults, stops and sampling."""
+    defaults = w.role.controls()
+    if "penalties" in samplers_left_out(getattr(body, "samplers", None)):  # off, the role's default penalties too
+        body = body.model_copy(update=dict.fromkeys((*PENALTIES_OFF, "repetition_penalty")))
+        defaults = dataclasses.replace(defaults, **PENALTIES_OFF)
     try:
-        constraints, stop_ids = request_constraints(body, w.role.controls(), grammar, vocab=w.target,
+        constraints, stop_ids = request_constraints(body, defaults, grammar, vocab=w.target,
                                                     max_tokens=max_tokens)
         if triggers and constraints.grammar:
             constraints = dataclasses.replace(constraints, grammar_triggers=triggers)
@@ -200,8 +255,7 @@ def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_token
         raise ApiError(400, str(exc), param=exc.param) from None
     seed = body.seed if body.seed is not None else w.role.seed
     try:
-        sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                  min_p=body.min_p, seed=seed)
+        sampling = SamplingParams(**sampling_for(body, w.role), seed=seed)
         return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
                                 logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
     except SpecstackError as exc:

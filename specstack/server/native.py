@@ -10,6 +10,7 @@ from typing import Any
 from .. import __version__
 from ..draft_length import DEFAULT_K_MAX
 from .backends import Limits, RoleBackend
+from .jobs import LLAMA_SAMPLING
 from .responses import summary, total_usage
 from .worker import Job
 
@@ -44,12 +45,12 @@ def native_text(target: Any, ids: list[int]) -> str:
 
 
 def default_params(role: Any, limits: Any) -> dict[str, Any]:
-    """A role's generation defaults under llama-server's names (``/props``, ``/slots``): what a request that
-    sets nothing gets here."""
+    """A role's generation defaults under llama-server's names (``/props``, ``/slots``): what a request to
+    /completion that sets nothing gets here (the sampling: the role's, else llama-server's)."""
     controls = role.controls()
     return {"n_predict": limits.default_max_tokens, "seed": LLAMA_DEFAULT_SEED if role.seed is None else role.seed,
-            "temperature": 1.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": 0, "top_p": 1.0,
-            "min_p": 0.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+            **{**LLAMA_SAMPLING, **role.sampling()}, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+            "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
             **controls.settings(), "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
             "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
             "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stop": [], "max_tokens": limits.default_max_tokens,

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..draft_length import POLICIES
+from ..drafters.options import check_drafter_options, inapplicable
+from ..sampling import SamplingParams
 from ..calibration import exact_mode
 from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
@@ -90,6 +92,14 @@ class Role:
     grammar: str | None = None
     grammar_file: Path | None = None
     json_schema: Any = None
+    # Sampling defaults (serve's --temp, --top-k, --top-p, --min-p); None: the route's own default, llama-server's
+    # (0.8, 40, 0.95, 0.05) on its /completion, OpenAI's (1, off, off, off) on /v1/* (``jobs.sampling_defaults``)
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    # The draft's confidence floor (draft-model, mtp; serve's --spec-draft-p-min); None: the drafter's default
+    p_min: float | None = None
     # How the role's model writes tool calls (``server.tools``); None: detected from the chat template
     tool_call_format: str | None = None
 
@@ -99,6 +109,19 @@ class Role:
                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                           tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1,
                           flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock)
+
+    def speculative(self, drafter: str | None = None) -> dict[str, Any]:
+        """The role's speculation settings for a generation drafting with ``drafter`` (None: the role's own):
+        its p_min only where that drafter reads one."""
+        chosen = drafter or self.drafter
+        spec: dict[str, Any] = {"drafter": chosen, "k_policy": self.k_policy, "k": self.k, "k_max": self.k_max}
+        if self.p_min is not None and inapplicable(chosen, {"p_min"}) is None:
+            spec["p_min"] = self.p_min
+        return spec
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling defaults this role sets (only those it sets: the route fills the rest)."""
+        return {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
 
     def controls(self) -> ControlDefaults:
         """What a request of this role gets for each logit control it does not set (``controls``)."""
@@ -170,6 +193,7 @@ class Role:
         given = [k for k in ("grammar", "grammar_file", "json_schema") if getattr(self, k) is not None]
         if len(given) > 1:
             raise InvalidParameterError(f"role {self.name!r}: {' and '.join(given)} both give the role's grammar; keep one")
+        self._check_sampling()
         gbnf = self._read_grammar()
         if gbnf is not None:
             try:
@@ -182,6 +206,25 @@ class Role:
 
             try:
                 get_format(self.tool_call_format)
+            except InvalidParameterError as exc:
+                raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
+
+    def _check_sampling(self) -> None:
+        """The sampling defaults in a request's ranges (``SamplingParams``), and p_min where the drafter reads it."""
+        for key in ("temperature", "top_p", "min_p", "p_min"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be a number (got {value!r})")
+        try:
+            SamplingParams(**self.sampling())
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
+        if self.p_min is not None:
+            if inapplicable(self.drafter, {"p_min"}) is not None:
+                raise InvalidParameterError(f"role {self.name!r}: p_min applies to drafter draft-model or mtp, which "
+                                            f"{self.drafter!r} does not use; leave it out or choose one of those")
+            try:
+                check_drafter_options({"p_min": self.p_min})
             except InvalidParameterError as exc:
                 raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
 
@@ -238,10 +281,11 @@ class Role:
 
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",
-             "rollback_depth", "ubatch_size", "seed", "repeat_last_n")
+             "rollback_depth", "ubatch_size", "seed", "repeat_last_n", "top_k")
 ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template", "grammar", "tool_call_format")
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
 # What a server can draft with on any model, where a role or a request asks for mtp on one without NextN layers

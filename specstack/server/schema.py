@@ -62,13 +62,16 @@ class _Common(ControlFields):
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(None, strict=True)
-    # strict: JSON true is not 1 (max_tokens: true used to mean one token), nor 2.0 an integer
-    max_tokens: int | None = Field(None, ge=1, strict=True)
+    # strict: JSON true is not 1 (max_tokens: true used to mean one token), nor 2.0 an integer; -1: as many as
+    # the server allows (llama-server's "until the end"; ``requested_tokens``)
+    max_tokens: int | None = Field(None, ge=-1, strict=True)
     n_predict: int | None = Field(None, strict=True)  # llama-server's name for max_tokens (``requested_tokens``)
-    temperature: float = Field(1.0, ge=0, le=100, strict=True)
-    top_p: float = Field(1.0, gt=0, le=1, strict=True)
-    top_k: int = Field(0, ge=0, strict=True)
-    min_p: float = Field(0.0, ge=0, le=1, strict=True)
+    # None: the role's default (serve --temp, ...), else the route's: llama-server's on /completion, OpenAI's on
+    # /v1/* (``jobs.sampling_for``)
+    temperature: float | None = Field(None, ge=0, le=100, strict=True)
+    top_p: float | None = Field(None, gt=0, le=1, strict=True)
+    top_k: int | None = Field(None, ge=0, strict=True)
+    min_p: float | None = Field(None, ge=0, le=1, strict=True)
     seed: int | None = Field(None, strict=True)
     # Session keys for routing (``SESSION``) when no x-session-id is sent: OpenAI's prompt_cache_key groups
     # requests that share a prefix; user (deprecated) and safety_identifier name the end user.
@@ -81,6 +84,15 @@ class _Common(ControlFields):
     n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")
     n_cmpl: int | None = Field(None, ge=1, strict=True)  # llama-server's name for n
     speculative: Speculative | None = None
+    # llama-server's dotted speculation keys (its /props lists them): n_max is k and k_max, p_min the draft's
+    # confidence floor, n_min accepted and not used (a short draft is verified all the same; ``jobs._speculative``)
+    spec_n_max: int | None = Field(None, alias="speculative.n_max", ge=1, le=MAX_DRAFT, strict=True)
+    spec_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, strict=True)
+    spec_p_min: float | None = Field(None, alias="speculative.p_min", ge=0, le=1, strict=True)
+    # llama-server's reports: accepted and not used (timings come with each result's end, prompt progress is not
+    # streamed; docs/serve.md)
+    timings_per_token: bool | None = Field(None, strict=True)
+    return_progress: bool | None = Field(None, strict=True)
     # Structured output (``structured``): OpenAI's response_format, llama-server's json_schema and grammar (GBNF)
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
@@ -165,8 +177,12 @@ class _ChatFields(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = Field(None, strict=True)
-    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=-1, strict=True)
     logprobs: bool = Field(False, strict=True)
+    # Template variables (``enable_thinking``, ...), rendered into the role's Jinja template as llama-server does;
+    # OpenAI's reasoning_effort goes in as the variable of that name ("none": enable_thinking false)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = Field(None, strict=True)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
 
 
@@ -225,8 +241,8 @@ def requested_tokens(body: _Common, default: int = 16) -> tuple[int, str]:
     if any(v != value for _, v in given):
         raise ApiError(400, f"{' and '.join(n for n, _ in given)} disagree ({', '.join(str(v) for _, v in given)}); "
                             "send one of them", param=name)
-    if value < 1:
-        raise ApiError(400, f"{name} must be >= 1 (got {value}); this server has no unlimited generation", param=name)
+    if value < 1 and value != -1:
+        raise ApiError(400, f"{name} must be >= 1, or -1 for as many as the server allows (got {value})", param=name)
     return value, name
 
 
@@ -252,14 +268,19 @@ def field_path(loc: Any) -> str | None:
 
 
 def _tail(loc: Any) -> tuple:
-    """The part of an error location from the first union member tag on (empty when there is none)."""
+    """The part of an error location from the first union member tag on (empty when there is none); a dotted
+    key (llama-server's ``speculative.n_max``) is a field."""
     for i, part in enumerate(loc):
-        if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS):
+        if isinstance(part, str) and (not _is_key(part) or part in _TYPE_TAGS):
             return tuple(loc[i:])
     return ()
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_key(part: str) -> bool:
+    return all(word.isidentifier() for word in part.split("."))
 
 
 def _invalid_text(value: Any, where: str = "") -> str | None:
@@ -293,7 +314,9 @@ def invalid_response(exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return error(400, f"the request body is not valid JSON: {first.get('msg')}", param=None, code="invalid_json")
+        return error(400, f"the request body is not valid JSON ({first.get('msg')}): send one JSON object, e.g. "
+                     "curl -H 'Content-Type: application/json' -d '{\"prompt\": \"...\"}'", param=None,
+                     code="invalid_json")
     param = field_path(first.get("loc", ()))
     if first.get("type") == "extra_forbidden":  # OpenAI's words for a field it does not know
         return error(400, f"Unrecognized request argument supplied: {param}", param=param)

@@ -53,29 +53,36 @@ _SAMPLER_BY_NAME = {alias: name for name, aliases in SAMPLER_NAMES.items() for a
 # off in a request (penalties: every penalty field left out or at its neutral value).
 SAMPLER_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
 SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-_PENALTIES_OFF = {"repeat_penalty": 1.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+PENALTIES_OFF = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 # Samplers that do nothing at the neutral values this server requires of their settings (``UNIMPLEMENTED``).
 SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma")
 
 
-def _sampler_off(name: str, body: Any) -> bool:
-    if name == "penalties":
-        return all(getattr(body, f) in (None, off) for f, off in _PENALTIES_OFF.items()) or body.repeat_last_n == 0
-    return getattr(body, name) == SAMPLER_OFF[name]
+def _chain(value: str | list[str]) -> list[str | None]:
+    """A ``samplers`` value (names, or llama.cpp's one-letter string) as canonical names (None: unknown)."""
+    names = list(value) if isinstance(value, str) else value
+    return [_SAMPLER_BY_NAME.get(n) for n in names]
 
 
 def samplers_as_applied(value: str | list[str], body: Any) -> bool:
-    """A llama-server ``samplers`` chain is honoured when it is the chain this server applies: its active
-    samplers in this server's order, each at most once, and every sampler it leaves out at its off value
-    (a sampler not in the chain is not used).  Idle samplers may stand anywhere."""
-    names = list(value) if isinstance(value, str) else value
-    chain = [_SAMPLER_BY_NAME.get(n) for n in names]
+    """A llama-server ``samplers`` chain is honoured when its active samplers come in this server's order, each at
+    most once (idle ones may stand anywhere): a sampler it leaves out is off, as in llama-server
+    (``samplers_left_out``; ``jobs`` applies that)."""
+    chain = _chain(value)
     if None in chain or "infill" in chain:
         return False
     active = [n for n in chain if n not in SAMPLER_IDLE]
-    if len(set(active)) != len(active) or active != [n for n in SAMPLER_ORDER if n in active]:
-        return False
-    return all(_sampler_off(n, body) for n in SAMPLER_ORDER if n not in active)
+    return len(set(active)) == len(active) and active == [n for n in SAMPLER_ORDER if n in active]
+
+
+def samplers_left_out(value: str | list[str] | None) -> tuple[str, ...]:
+    """The samplers this server applies that a ``samplers`` chain leaves out, so off (none when no chain is sent):
+    llama.cpp builds its chain from that list alone, so a left-out penalty or top_k does nothing there either,
+    and without ``temperature`` it samples at 1."""
+    if value is None:
+        return ()
+    chain = set(_chain(value))
+    return tuple(n for n in SAMPLER_ORDER if n not in chain)
 
 
 def _best_of_is_n(value: int, body: Any) -> bool:
@@ -113,7 +120,6 @@ UNIMPLEMENTED = (
     Unimplemented("prediction", OBJECT, (), "predicted outputs are not implemented", ("chat",)),
     Unimplemented("store", B, (False,), NOT_STORED, ("chat",)),
     Unimplemented("metadata", dict[S, S], ({},), NOT_STORED + ", so there is nothing to tag", ("chat",)),
-    Unimplemented("reasoning_effort", S, (), "there is no reasoning control", ("chat",)),
     Unimplemented("verbosity", S, (), "there is no verbosity control", ("chat",)),
     Unimplemented("service_tier", S, ("auto", "default"), "there is one service tier", ("chat",)),
     Unimplemented("web_search_options", OBJECT, (), "there is no web search", ("chat",)),
@@ -126,6 +132,7 @@ UNIMPLEMENTED = (
     Unimplemented("dynatemp_range", F, (0,), SAMPLER),
     Unimplemented("dynatemp_exponent", F, (1,), SAMPLER),
     Unimplemented("typical_p", F, (1,), SAMPLER),
+    Unimplemented("typ_p", F, (1,), SAMPLER),  # llama.cpp's sampler name for typical_p
     Unimplemented("xtc_probability", F, (0,), SAMPLER),
     Unimplemented("xtc_threshold", F, (0.1,), SAMPLER),
     Unimplemented("mirostat", I, (0,), SAMPLER),
@@ -134,7 +141,8 @@ UNIMPLEMENTED = (
     Unimplemented("top_n_sigma", F, (-1,), SAMPLER),
     Unimplemented("min_keep", I, (0,), SAMPLER),
     Unimplemented("samplers", S | list[S], samplers_as_applied,
-                  f"the only chain applied here is {', '.join(SAMPLER_ORDER)} (a sampler left out must be off)"),
+                  f"the chain applied here is {', '.join(SAMPLER_ORDER)} in that order (a sampler left out is off); "
+                  "a chain in another order, or with a sampler not implemented here, cannot be honoured"),
     Unimplemented("n_probs", I, (0,), LOGPROBS),
     Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
@@ -144,8 +152,6 @@ UNIMPLEMENTED = (
     Unimplemented("n_keep", I, (0, -1), "the context is never shifted"),
     Unimplemented("n_indent", I, (0,), "indentation limits are not implemented"),
     Unimplemented("return_tokens", B, (False,), "token ids are not returned (streamed chunks carry specstack.tokens)"),
-    Unimplemented("return_progress", B, (False,), "prompt progress is not reported"),
-    Unimplemented("timings_per_token", B, (False,), "timings come once per response, under speculative"),
     Unimplemented("sse_ping_interval", F, (), "streams are pinged every 15 s"),
     Unimplemented("response_fields", list[S], ([],), "responses are always whole"),
     Unimplemented("lora", list[Any], ([],), "LoRA adapters are not supported"),
@@ -153,8 +159,9 @@ UNIMPLEMENTED = (
     Unimplemented("multimodal_data", list[Any], ([],), TEXT_ONLY),
     # llama-server's chat fields
     Unimplemented("chat_template", S, (), TEMPLATE, ("chat",)),
-    Unimplemented("chat_template_kwargs", OBJECT, ({},), TEMPLATE, ("chat",)),
     Unimplemented("add_generation_prompt", B, (True,), "the assistant's turn is always opened", ("chat",)),
-    Unimplemented("reasoning_format", S, ("none",), "reasoning is not parsed out of the text", ("chat",)),
+    # llama-server's default "auto" leaves the text whole for a model without reasoning markers, as here
+    Unimplemented("reasoning_format", S, ("none", "auto"), "reasoning is not parsed out of the text yet (it stays "
+                  "in content, as llama-server's \"none\" leaves it)"),
     Unimplemented("reasoning_control", B, (False,), "there is no reasoning control", ("chat",)),
 )

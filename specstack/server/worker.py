@@ -196,7 +196,7 @@ class RoleWorker:
                     raise InvalidParameterError(f"the role's grammar: {exc}") from None
             if self.template.warning:
                 print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
-            default = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max}
+            default = role.speculative()
             self.engine = build_engine(calibration, self._drafter(default, 0.0), self._policy(default),
                                        prompt_cache_bytes=role.cache_mb << 20, batch_tokens=role.batch_tokens or None,
                                        prefill_cap=role.prefill_cap)
@@ -254,7 +254,7 @@ class RoleWorker:
 
     def _start(self, job: Job) -> None:
         role = self.role
-        spec = {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max, **job.speculative}
+        spec = {**role.speculative(job.speculative.get("drafter")), **job.speculative}
         try:
             drafter = self._drafter(spec, job.config.sampling.temperature)
             policy = self._policy(spec).fork()

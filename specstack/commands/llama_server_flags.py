@@ -1,0 +1,217 @@
+"""llama-server's flags on ``specstack serve``: its command lines run with the binary's name swapped.
+
+Three kinds, each declared here once and listed in docs/serve.md's table:
+
+- flags with a meaning here, mapped onto specstack's: ``--spec-type`` onto drafters (``SPEC_TYPES``; a
+  comma list is a cascade), ``--spec-draft-n-max`` onto k and k_max, ``--spec-draft-p-min`` onto the
+  draft's p_min, the sampling flags onto the role's request defaults, ``-md`` alone onto draft-model;
+- flags naming what specstack always does (``--metrics``, ``-cb``, ``--no-context-shift``, ...): accepted,
+  their help saying why nothing changes;
+- flags that cannot apply here (``-hf``, ``--lora``, ``--mmproj``, the router's): refused in one line that
+  says why and what to use (``REFUSED``), never the bare "unrecognized arguments" they used to get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..draft_length import MAX_DRAFT
+from ..errors import InvalidParameterError
+from .common import at_least
+
+# llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
+SPEC_TYPES = {
+    "none": "none",
+    "draft-simple": "draft-model",  # a separate draft model (-md)
+    "draft-mtp": "mtp",  # the target's own NextN (multi-token prediction) layers
+    # n-gram lookups in the request's own tokens: prompt lookup matches the last n-gram in prompt and output
+    "ngram-simple": "prompt-lookup", "ngram-map-k": "prompt-lookup", "ngram-map-k4v": "prompt-lookup",
+    # statistics shared across requests: the suffix drafter's tree holds every slot's prompts and outputs
+    "ngram-mod": "suffix", "ngram-cache": "suffix",
+}
+NOT_OFFERED = ("draft-eagle3", "draft-dflash", "draft-dspark")  # drafts reading the target's hidden states
+
+# Flags that cannot apply here: (flags, takes a value, why and what to use instead)
+REFUSED = (
+    (("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), True,
+     "specstack downloads nothing: fetch the GGUF (huggingface-cli download REPO FILE) and pass -m FILE (-md for "
+     "a draft)"),
+    (("--lora", "--lora-scaled"), True, "LoRA adapters are not supported: merge the adapter into the GGUF "
+     "(llama.cpp's export-lora) and serve that with -m"),
+    (("-mm", "--mmproj", "-mmu", "--mmproj-url"), True, "multimodal projectors are not supported (specstack serves "
+     "text only): serve vision models with llama-server"),
+    (("--models-dir", "--models-preset", "--models-max"), True, "the router (several models loaded on demand) is "
+     "not offered: list the models as roles in a --config roles file (each loaded at start)"),
+    (("--context-shift",), False, "the context is never shifted here: a generation stops at the context limit "
+     "(finish_reason length); give a larger -c"),
+)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class Refuse(argparse.Action):
+    """A llama-server flag that cannot apply here: refused at once, in one line saying why and what to use."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "", **kwargs: Any) -> None:
+        self.why = why
+        super().__init__(option_strings, dest, default=None, help=f"refused: {why}", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} cannot apply to specstack serve: {self.why}")
+
+
+def typical(text: str) -> float:
+    """--typical: 1 (off, llama.cpp's default) is what specstack samples with; typical sampling is not offered."""
+    value = at_least(0, float)(text)
+    if value != 1.0:
+        raise argparse.ArgumentTypeError(f"locally typical sampling is not implemented here, so 1 (off) is the only "
+                                         f"value taken (got {text}); leave --typical out or pass 1")
+    return value
+
+
+def cache_type(text: str) -> str:
+    """-ctk/-ctv: the KV cache's type; f16 (llama.cpp's default) is the one specstack's exact shapes are measured on."""
+    if text not in CACHE_TYPES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(CACHE_TYPES)} (got {text!r})")
+    if text != "f16":
+        raise argparse.ArgumentTypeError(f"only f16 (the default) is taken: specstack's exact call shapes and its "
+                                         f"KV memory estimate are measured on an F16 cache, and a {text} cache is not "
+                                         "offered yet; leave the flag out or pass f16")
+    return text
+
+
+def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentGroup) -> None:
+    """llama-server's flags beyond the loading and penalty ones (``common.add_loading_args``,
+    ``add_control_args``): speculation, sampling defaults, the no-ops and the refusals."""
+    spec = p.add_argument_group("llama-server's speculation flags (mapped onto drafters and k; see docs/serve.md)")
+    spec.add_argument("--spec-type", default=None, metavar="TYPE[,TYPE...]",
+                      help="llama-server's speculation types, as the drafter without --config: draft-simple = "
+                      "draft-model, draft-mtp = mtp, ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/"
+                      "ngram-cache = suffix, none = none; a comma list is a cascade of them in that order "
+                      "(cascade:suffix,draft-model)")
+    spec.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", dest="n_max", type=at_least(1),
+                      default=None, metavar="N", help=f"most tokens drafted per step, as llama-server's: -k N and "
+                      f"--k-max N (the cost policy drafts up to N; at most {MAX_DRAFT})")
+    spec.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="n_min", type=at_least(0),
+                      default=None, metavar="N", help="accepted, not used: llama-server drops drafts shorter than N; "
+                      "here every draft is verified, and the cost policy already drafts only where it pays "
+                      "(it changes speed only, never the output)")
+    spec.add_argument("--spec-draft-p-min", "--draft-p-min", dest="p_min", type=float, default=None, metavar="P",
+                      help="draft-model/mtp: stop drafting when the draft's confidence is below P (the role's p_min; "
+                      "a request's speculative.p_min)")
+    sampling = p.add_argument_group("sampling defaults (a request's own value wins; see docs/serve.md)")
+    sampling.add_argument("--temp", "--temperature", dest="temperature", type=at_least(0, float), default=None,
+                          metavar="T", help="temperature of a request that gives none (the role's temperature; "
+                          "default: llama-server's 0.8 on /completion, OpenAI's 1 on /v1/*)")
+    sampling.add_argument("--top-k", dest="top_k", type=at_least(0), default=None, metavar="N",
+                          help="top_k of a request that gives none (default: 40 on /completion, 0 = off on /v1/*)")
+    sampling.add_argument("--top-p", dest="top_p", type=float, default=None, metavar="P",
+                          help="top_p of a request that gives none (default: 0.95 on /completion, 1 = off on /v1/*)")
+    sampling.add_argument("--min-p", dest="min_p", type=float, default=None, metavar="P",
+                          help="min_p of a request that gives none (default: 0.05 on /completion, 0 = off on /v1/*)")
+    sampling.add_argument("--typical", "--typical-p", dest="typical_p", type=typical, default=None, metavar="P",
+                          help="accepted at 1 (off, the default) only: typical sampling is not implemented")
+    llama.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default=None, metavar="TYPE",
+                       help="the K cache's type: f16 (the default) only")
+    llama.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default=None, metavar="TYPE",
+                       help="the V cache's type: f16 (the default) only")
+    llama.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
+                       help="read the API key from FILE (its one non-empty line), as --api-key")
+    llama.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
+                       help="show llama.cpp's own log")
+    noop = p.add_argument_group("llama-server's flags for what specstack always does (accepted, nothing changes)")
+    noop.add_argument("--metrics", action="store_true", help="/metrics (Prometheus) is always on")
+    noop.add_argument("--slots", dest="slots", action="store_true", default=True, help="GET /slots is on unless "
+                      "--no-slots")
+    noop.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true",
+                      help="continuous batching is always on: the -np slots decode together, requests joining and "
+                      "leaving between steps")
+    noop.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true",
+                      help="there is no llama.cpp web UI to turn off (the page at / is a read-only status page)")
+    noop.add_argument("--no-context-shift", dest="no_context_shift", action="store_true",
+                      help="the context is never shifted: a generation stops at the context limit")
+    noop.add_argument("--cache-reuse", dest="cache_reuse", type=at_least(0), default=None, metavar="N",
+                      help="a prompt's cached prefix is always reused (--cache-ram); chunks are never moved by KV "
+                      "shifting, so N changes nothing")
+    noop.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
+                      help="the KV layout follows --exact: one stream per slot where exactness holds, one unified "
+                      "cache otherwise")
+    noop.add_argument("--swa-full", dest="swa_full", action="store_true",
+                      help="sliding-window layers always keep a full-size cache here (llama.cpp's context default)")
+    refused = p.add_argument_group("llama-server's flags that cannot apply here (refused, saying what to use)")
+    for flags, takes_value, why in REFUSED:
+        shape = {"metavar": "VALUE"} if takes_value else {"nargs": 0}
+        refused.add_argument(*flags, action=Refuse, why=why, dest=argparse.SUPPRESS, **shape)
+
+
+def speculation_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The role keys that --spec-type, --spec-draft-n-max and -md alone set (llama-server's meanings)."""
+    values: dict[str, Any] = {}
+    if args.spec_type is not None:
+        if args.drafter is not None:
+            raise InvalidParameterError(f"--spec-type {args.spec_type} and --drafter {args.drafter} each choose the "
+                                        "drafter; pass one of them")
+        values["drafter"] = drafter_for_spec_type(args.spec_type)
+    elif args.model_draft is not None and args.drafter is None:
+        print(f"specstack serve: note: -md {args.model_draft} without --drafter or --spec-type drafts with "
+              "draft-model, as llama-server does (--drafter prompt-lookup keeps the draft for requests only)",
+              file=sys.stderr, flush=True)
+        values["drafter"] = "draft-model"
+    if args.n_max is not None:
+        given = [f for f, a in (("-k", "k"), ("--k-max", "k_max")) if getattr(args, a) is not None]
+        if given:
+            raise InvalidParameterError(f"--spec-draft-n-max {args.n_max} sets k and k_max, and {' and '.join(given)} "
+                                        "set them too; pass one of them")
+        if args.n_max > MAX_DRAFT:
+            print(f"specstack serve: note: --spec-draft-n-max {args.n_max} drafts at most {MAX_DRAFT} tokens a step "
+                  "here (the longest draft specstack verifies)", file=sys.stderr, flush=True)
+        values["k"] = values["k_max"] = min(args.n_max, MAX_DRAFT)
+    return values
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """--temp, --top-k, --top-p and --min-p in a request's ranges, refused in the words typed (``--top-p must be
+    in (0, 1]``), before the role would name its key."""
+    from ..sampling import SamplingParams
+
+    given = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k) is not None}
+    try:
+        SamplingParams(**given)
+    except InvalidParameterError as exc:
+        word, _, rest = str(exc).partition(" ")
+        flag = "--temp" if word == "temperature" else f"--{word.replace('_', '-')}"
+        raise InvalidParameterError(f"{flag} {rest}") from None
+
+
+def drafter_for_spec_type(text: str) -> str:
+    """``--spec-type`` as a drafter name: one type is its drafter, a list a cascade in the order given; ``none``
+    anywhere in the list is no speculation (as llama-server reads it)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise InvalidParameterError("--spec-type is empty; give one of " + ", ".join(SPEC_TYPES))
+    for name in names:
+        if name in NOT_OFFERED:
+            raise InvalidParameterError(f"--spec-type {name} is not offered: specstack has no drafts that read the "
+                                        "target's hidden states; use draft-simple (a draft model, -md) or draft-mtp")
+        if name not in SPEC_TYPES:
+            raise InvalidParameterError(f"--spec-type {name!r} is not one of llama-server's types: "
+                                        f"{', '.join([*SPEC_TYPES, *NOT_OFFERED])}")
+    if "none" in names:
+        return "none"
+    drafters = list(dict.fromkeys(SPEC_TYPES[n] for n in names))
+    return drafters[0] if len(drafters) == 1 else "cascade:" + ",".join(drafters)
+
+
+def api_key_from_file(path: Path) -> str:
+    """--api-key-file: the file's one non-empty line (llama-server takes several; one key is served here)."""
+    try:
+        lines = [line.strip() for line in path.expanduser().read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"--api-key-file {path}: cannot read it ({exc})") from None
+    if len(lines) != 1:
+        raise InvalidParameterError(f"--api-key-file {path} holds {len(lines)} keys; specstack serve takes exactly "
+                                    "one (write one key on one line)")
+    return lines[0]
