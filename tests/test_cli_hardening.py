@@ -552,8 +552,19 @@ def test_md_alone_drafts_with_the_draft_model_and_says_so(capsys):
 
 def test_llama_servers_no_op_flags_are_accepted():
     args = parsed("serve", "--metrics", "--slots", "-cb", "--no-webui", "-v", "-to", "30", "--cache-reuse", "256",
-                  "--no-context-shift", "-kvu", "--swa-full", "-ctk", "f16", "-ctv", "f16", "-fa", "--jinja")
+                  "--no-context-shift", "-kvu", "--swa-full", "-ctk", "f16", "-ctv", "f16", "-fa", "--jinja",
+                  "--no-jinja", "--no-mmproj", "--sleep-idle-seconds", "60", "--no-cache-idle-slots",
+                  "--cors-origins", "localhost")
     assert args.slots and args.verbose and args.timeout == 30 and args.flash_attn == "on"
+    assert args.no_webui and args.cors_origins == "localhost"
+
+
+def test_several_aliases_and_tags_name_one_role():
+    """llama-server's ``-a A,B,C`` (the id is the first in sorted order, every alias picks the model) and ``--tags``."""
+    role = serve_roles("-a", "tinyllama-2,fim,code", "--tags", "chat,fim,small")[0]
+    assert role.name == "code" and set(role.aliases) == {"tinyllama-2", "fim", "code"}
+    assert role.tags == ("chat", "fim", "small")
+    assert serve_roles("-a", "one")[0].aliases == ()
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -561,6 +572,10 @@ def test_llama_servers_no_op_flags_are_accepted():
     (["--lora", "a.gguf"], "--lora cannot apply to specstack serve: LoRA adapters are not supported"),
     (["--mmproj", "p.gguf"], "--mmproj cannot apply to specstack serve: multimodal projectors"),
     (["--models-dir", "m"], "--models-dir cannot apply to specstack serve: the router"),
+    (["--embedding"], "--embedding cannot apply to specstack serve: every role loads its model for generation"),
+    (["--pooling", "mean"], "--pooling cannot apply to specstack serve: embeddings are not offered"),
+    (["--slot-save-path", "/tmp"], "--slot-save-path cannot apply to specstack serve: saving and restoring"),
+    (["--grp-attn-n", "4"], "--grp-attn-n cannot apply to specstack serve: self-extend"),
     (["-ctk", "q8_0"], "only f16 (the default) is taken"),
     (["--typical", "0.9"], "typical sampling is not implemented"),
     (["--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not offered"),

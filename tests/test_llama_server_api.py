@@ -404,3 +404,30 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(tmp_path):
     assert rendered(chat_template_kwargs={"enable_thinking": False}) == "hi/no_think"
     assert rendered(reasoning_effort="high") == "hi[high]"
     assert rendered(reasoning_effort="none") == "hi/no_think"
+
+
+def test_aliases_tags_cors_the_x_api_key_and_no_ui_as_llama_server():
+    """``-a A,B`` and ``--tags`` in /models (every alias picks the role), llama-server's CORS (any Origin echoed, a
+    preflight answered before the key), ``X-Api-Key`` as the key, and ``--no-ui`` turning the page off."""
+    role = dataclasses.replace(default_roles(parallel=1, exact="on")[0], name="code", aliases=("code", "fim"),
+                               tags=("chat", "small"))
+    app = create_app([role], Limits(max_tokens=8), api_key=KEY, cors_origins="*", page=False)
+    with Server(app) as s, httpx.Client(base_url=s.url, timeout=120) as http:
+        models = http.get("/models", headers=AUTH).json()["data"]
+        assert [(m["id"], set(m["aliases"]), m["tags"]) for m in models] == [("code", {"code", "fim"}, ["chat", "small"])]
+        r = http.post("/completion", json={"model": "fim", "prompt": "def f(", "n_predict": 2}, headers={"X-Api-Key": KEY})
+        assert r.status_code == 200 and r.json()["model"] == "code", r.text
+        assert http.post("/completion", json={"prompt": "x"}, headers={"X-Api-Key": "wrong"}).status_code == 401
+        pre = http.options("/completions", headers={"Origin": "http://web.example", "Access-Control-Request-Method":
+                                                    "POST"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://web.example"
+        assert pre.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+        assert http.get("/health", headers={"Origin": "http://a.b"}).headers["access-control-allow-origin"] == "http://a.b"
+        assert http.get("/").status_code == 404
+    local = create_app([role], Limits(max_tokens=8), cors_origins="localhost")
+    with Server(local) as s, httpx.Client(base_url=s.url, timeout=120) as http:
+        assert http.get("/health", headers={"Origin": "http://[::1]:3000"}).headers["access-control-allow-origin"] == \
+            "http://[::1]:3000"
+        assert "access-control-allow-origin" not in http.get("/health", headers={"Origin": "http://localhost.evil.com"}).headers
+        assert http.get("/").status_code == 200

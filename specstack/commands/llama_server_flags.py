@@ -47,6 +47,15 @@ REFUSED = (
      "not offered: list the models as roles in a --config roles file (each loaded at start)"),
     (("--context-shift",), False, "the context is never shifted here: a generation stops at the context limit "
      "(finish_reason length); give a larger -c"),
+    (("--embedding", "--embeddings", "--reranking", "--rerank"), False, "every role loads its model for generation; "
+     "embeddings and reranking are not offered (/v1/embeddings answers 501): serve them with llama-server"),
+    (("--pooling",), True, "embeddings are not offered here (--embedding), so there is nothing to pool: serve them "
+     "with llama-server"),
+    (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only); "
+     "a finished prompt's KV is kept in host memory instead (--cache-ram)"),
+    (("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"), True, "self-extend (grouped attention) is not offered: it "
+     "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
+     "with a longer trained context"),
 )
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -130,7 +139,19 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       help="continuous batching is always on: the -np slots decode together, requests joining and "
                       "leaving between steps")
     noop.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true",
-                      help="there is no llama.cpp web UI to turn off (the page at / is a read-only status page)")
+                      help="turn the page at / off (404), as llama-server's web UI (here a read-only status page)")
+    noop.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                      help="llama-server's CORS: * (default) echoes any caller's Origin, localhost only localhost "
+                      "origins, anything else is sent as it is in Access-Control-Allow-Origin")
+    noop.add_argument("--no-jinja", dest="no_jinja", action="store_true",
+                      help="accepted: a chat template here is rendered as Jinja (sandboxed) or by a built-in name "
+                      "(--chat-template), with or without it")
+    noop.add_argument("--no-mmproj", dest="no_mmproj", action="store_true",
+                      help="no multimodal projector is ever loaded (text only)")
+    noop.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(0), default=None,
+                      metavar="S", help="accepted, nothing changes: the models stay loaded while the server runs")
+    noop.add_argument("--no-cache-idle-slots", dest="no_cache_idle_slots", action="store_true",
+                      help="accepted: finished prompts' KV is kept in host memory by --cache-ram (0: off)")
     noop.add_argument("--no-context-shift", dest="no_context_shift", action="store_true",
                       help="the context is never shifted: a generation stops at the context limit")
     noop.add_argument("--cache-reuse", dest="cache_reuse", type=at_least(0), default=None, metavar="N",

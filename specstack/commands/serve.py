@@ -42,7 +42,7 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--min-p", "min_p", "min_p"), ("--spec-draft-p-min", "p_min", "p_min"))
 # Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
 ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
-              ("-a", "alias"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"))
+              ("-a", "alias"), ("--tags", "tags"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"))
 READY_POLL_S = 0.1
 
 
@@ -134,6 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     llama.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model name without --config: the role's "
                        "name in responses and /v1/models, and the name requests pick it by (default: the model file's "
                        "name)")
+    llama.add_argument("--tags", default=None, metavar="A,B", help="labels of the model without --config, shown under "
+                       "'tags' in /v1/models (llama-server's); -a takes several names the same way (A,B: the id is the "
+                       "first in sorted order, and every one picks the model)")
     llama.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None, metavar="N",
                        help="tokens a request generates when it gives no max_tokens (default 16, as OpenAI's "
                        "completions; -1: --max-tokens)")
@@ -191,14 +194,26 @@ def build_roles(args: argparse.Namespace):
         values["json_schema"] = schema
     if args.ctx_size is not None:
         values["ctx"] = ctx_per_slot(args.ctx_size, values.get("parallel", 4), values.get("model", DEFAULT_TARGET))
+    if args.tags is not None:
+        values["tags"] = names_list(args.tags, "--tags")
     if args.alias is not None:
-        if not args.alias.strip():
-            raise InvalidParameterError("--alias is empty; give the name clients should ask for, or leave it out")
-        return [Role(name=args.alias, **values)]
+        aliases = names_list(args.alias, "--alias")
+        # llama-server's model id is the first alias in sorted order; every alias picks the model
+        return [Role(name=min(aliases), aliases=aliases if len(aliases) > 1 else (), **values)]
     return default_roles(**values)
 
 
+def names_list(text: str, flag: str) -> tuple[str, ...]:
+    """A comma list of names (llama-server's -a A,B and --tags), none of them empty."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise InvalidParameterError(f"{flag} is empty or has an empty name (got {text!r}); give the names clients "
+                                    "should ask for, comma-separated, or leave it out")
+    return names
+
+
 ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names",
+             "tags": "tags",
              "spec_type": "drafter", "n_max": "k and k_max"}
 
 
@@ -325,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server.access import stderr_line
 
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
-                     slots=args.slots)
+                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui)
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)

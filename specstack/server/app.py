@@ -19,6 +19,7 @@ from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .access import AccessLog
+from .cors import Cors
 from .backends import HealthProbe, Limits, RoleBackend, Served
 from .guards import Guard, http_options
 from .prometheus import AnswerCounter, ServerMetrics
@@ -34,13 +35,14 @@ __all__ = ["Limits", "RoleBackend", "create_app"]
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
                backends: dict[str, RoleBackend] | None = None, render_metrics: Callable[[], Any] | None = None,
                role_health: HealthProbe | None = None, access_log: Callable[[str], None] | None = None,
-               slots: bool = True) -> FastAPI:
+               slots: bool = True, cors_origins: str = "*", page: bool = True) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
     ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
     /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
-    none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``)."""
+    none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``), ``page=False`` the page at /
+    (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``)."""
     metrics = ServerMetrics()
     workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
 
@@ -58,11 +60,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.workers, app.state.metrics = workers, metrics
     app.state.http_options = http_options()  # what uvicorn serves it with (`specstack serve`: the header limit)
-    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health)
+    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page)
     add_error_handlers(app)
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)
     app.add_middleware(AnswerCounter, metrics=metrics, roles=list(workers))  # outside Guard: its refusals count
+    app.add_middleware(Cors, origins=cors_origins)  # outside Guard: a browser's preflight carries no key
     if access_log is not None:  # outermost: Guard's refusals are logged too
         app.add_middleware(AccessLog, write=access_log)
     for routes in (probes, openai, llama_server):

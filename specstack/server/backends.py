@@ -67,11 +67,14 @@ class Served:
     render_metrics: Callable[[], Awaitable[bytes]] | None = None
     role_health: HealthProbe | None = None
     preserved: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    page: bool = True  # the live page at / (llama-server's --no-ui turns it off)
 
     def backend(self, model: str | None) -> RoleBackend:
         """The role a request names (``model``; none or an unknown one with a single role: that role), ready
         to take it: 404 for an unknown model among several, 503 while it loads or when it failed to."""
         workers = self.workers
+        if model is not None and model not in workers:  # another of a role's names (llama-server's -a A,B)
+            model = next((name for name, w in workers.items() if model in w.role.aliases), model)
         if model is None or model not in workers:
             if model is not None and len(workers) > 1:
                 raise ApiError(404, f"model {model!r} is not served here; choose one of: {', '.join(workers)}",

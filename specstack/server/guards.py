@@ -40,8 +40,10 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and needs_key(scope["path"]) and not authorized(headers.get("authorization"), self.api_key):
-            return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
+        if self.api_key and needs_key(scope["path"]) and not authorized(headers.get("authorization"), self.api_key,
+                                                                        headers.get("x-api-key")):
+            return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY')",
+                               "authentication_error",
                                code="invalid_api_key")(scope, receive, send)
         if scope.get("method") in ("POST", "PUT", "PATCH"):
             try:
@@ -81,8 +83,8 @@ class Guard:
 # What --api-key guards: the OpenAI routes and llama-server's (``routes/llama_server``); the probes (/health, /v1/health,
 # /metrics) and the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
 PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
-LLAMA_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props",
-                         "/slots", "/embedding", "/embeddings"})
+LLAMA_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
+                         "/props", "/slots", "/embedding", "/embeddings", "/models"})
 
 
 def as_json(scope: dict, content_type: str | None) -> dict:
@@ -105,8 +107,11 @@ class _BodyTooLarge(Exception):
     """A body that grew past --max-body while it was read."""
 
 
-def authorized(header: str | None, key: str) -> bool:
-    """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235: auth schemes are case-insensitive)."""
+def authorized(header: str | None, key: str, api_key_header: str | None = None) -> bool:
+    """``Authorization: Bearer KEY``, the scheme in any case (RFC 7235: auth schemes are case-insensitive), or
+    Anthropic's ``X-Api-Key: KEY`` when there is no Authorization header (llama-server takes both)."""
+    if header is None and api_key_header is not None:
+        return hmac.compare_digest(api_key_header.strip().encode(), key.encode())
     scheme, _, token = (header or "").strip().partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 

@@ -85,6 +85,9 @@ class Role:
     # Request defaults, used where a request gives none (``controls.ControlDefaults``): the sampling seed, the
     # penalties, and one grammar (GBNF text, a GBNF file, or a JSON schema: an inline table or JSON text)
     seed: int | None = None
+    # llama-server's -a A,B,C and --tags: more names requests may pick the role by, and labels /v1/models shows
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0

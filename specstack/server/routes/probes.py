@@ -42,9 +42,12 @@ async def prometheus(request: Request) -> Response:
 
 
 @router.get("/v1/models")
+@router.get("/models")
 async def models(request: Request) -> JSONResponse:
+    """The roles as OpenAI's model list, with llama-server's ``aliases`` and ``tags``."""
     return JSONResponse({"object": "list", "data": [
         {"id": w.role.name, "object": "model", "created": 0, "owned_by": "specstack",
+         "aliases": list(w.role.aliases or (w.role.name,)), "tags": list(w.role.tags),
          "speculative": {"drafter": w.role.drafter, "k_policy": w.role.k_policy, "k": w.role.k,
                          "parallel": w.role.parallel, "exact": exactness(w)},
          "chat_template": w.template.origin if w.template else None,
@@ -53,5 +56,7 @@ async def models(request: Request) -> JSONResponse:
 
 
 @router.get("/")
-async def page() -> FileResponse:
+async def page(request: Request) -> Response:
+    if not served(request).page:  # --no-ui
+        return error(404, "Not Found (the page is off: --no-ui)", "not_found_error")
     return FileResponse(STATIC / "index.html", media_type="text/html")
