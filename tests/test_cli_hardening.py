@@ -584,6 +584,9 @@ def test_several_aliases_and_tags_name_one_role():
     (["--spec-draft-n-max", "8", "--k-max", "4"], "--spec-draft-n-max 8 sets k and k_max, and --k-max"),
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--temp", "-1"], "argument --temp/--temperature: must be >= 0"),
+    (["--reasoning-budget", "256"], "a thinking budget is not implemented here"),
+    (["--reasoning", "maybe"], "must be on, off or auto"),
+    (["--reasoning-format", "r1"], "argument --reasoning-format: invalid choice: 'r1'"),
 ])
 def test_llama_server_flags_that_cannot_apply_are_refused_in_one_line(capsys, flags, message):
     code, err = serve_cli(capsys, *flags)

@@ -325,11 +325,14 @@ def test_llama_servers_request_fields_are_accepted_or_refused_by_name(http):
                            "typ_p": 1.0, "reasoning_format": "auto"}),
           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                                     "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
-                                    "reasoning_format": "none"})]
+                                    "reasoning_format": "none"}),
+          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                    "reasoning_format": "deepseek-legacy"}),
+          ("/v1/completions", {"prompt": "def f(", "max_tokens": 2, "reasoning_format": "deepseek"})]
     for path, body in ok:
         r = http.post(path, json=body)
         assert r.status_code == 200, (path, r.text)
-    refused = [({"typ_p": 0.9}, "typ_p"), ({"reasoning_format": "deepseek"}, "reasoning_format"),
+    refused = [({"typ_p": 0.9}, "typ_p"), ({"reasoning_format": "think"}, "reasoning_format"),
                ({"max_tokens": 0}, "max_tokens"), ({"samplers": ["temperature", "top_k"]}, "samplers")]
     for fields, param in refused:
         r = http.post("/v1/completions", json={"prompt": "x", **fields})

@@ -177,7 +177,7 @@ SCHEMA = [
     SchemaField("chat_template", "chatml", 5, routes=CHAT),
     SchemaField("chat_template_kwargs", {"enable_thinking": False}, "x", neutral={}, honoured=True, routes=CHAT),
     SchemaField("add_generation_prompt", False, "no", neutral=True, routes=CHAT),
-    SchemaField("reasoning_format", "deepseek", 5, neutral="auto"),
+    SchemaField("reasoning_format", "deepseek", 5, neutral="auto", honoured=True),
     SchemaField("reasoning_control", True, "yes", neutral=False, routes=CHAT),
     # vLLM
     SchemaField("repetition_penalty", 1.2, "1.2", neutral=1.0, honoured=True),

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..draft_length import MAX_DRAFT
 from ..errors import InvalidParameterError
+from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
 from .common import at_least
 
 # llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
@@ -92,6 +93,29 @@ def cache_type(text: str) -> str:
     return text
 
 
+# llama.cpp's is_truthy / is_falsey / is_autoy words for --reasoning
+REASONING_WORDS = {"on": "on", "enabled": "on", "true": "on", "1": "on", "off": "off", "disabled": "off",
+                   "false": "off", "0": "off", "auto": "auto", "-1": "auto"}
+
+
+def reasoning_mode(text: str) -> str:
+    """-rea/--reasoning: on, off or auto (llama.cpp's words for them too)."""
+    try:
+        return REASONING_WORDS[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"must be on, off or auto (got {text!r})") from None
+
+
+def reasoning_budget(text: str) -> int:
+    """--reasoning-budget: -1 (unrestricted, llama.cpp's default) is the only value taken."""
+    value = at_least(-1)(text)
+    if value != -1:
+        raise argparse.ArgumentTypeError(f"a thinking budget is not implemented here, so -1 (unrestricted) is the "
+                                         f"only value taken (got {text}); leave --reasoning-budget out, or bound the "
+                                         "whole answer with max_tokens")
+    return value
+
+
 def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentGroup) -> None:
     """llama-server's flags beyond the loading and penalty ones (``common.add_loading_args``,
     ``add_control_args``): speculation, sampling defaults, the no-ops and the refusals."""
@@ -123,6 +147,18 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                           help="min_p of a request that gives none (default: 0.05 on /completion, 0 = off on /v1/*)")
     sampling.add_argument("--typical", "--typical-p", dest="typical_p", type=typical, default=None, metavar="P",
                           help="accepted at 1 (off, the default) only: typical sampling is not implemented")
+    reasoning = p.add_argument_group("reasoning (a thinking model's <think> block; see docs/serve.md)")
+    reasoning.add_argument("--reasoning-format", dest="reasoning_format", choices=REASONING_FORMATS, default=None,
+                           help="how chat answers return a thinking model's <think> block: none (left in content), "
+                           "deepseek (in message.reasoning_content), deepseek-legacy (both), auto (as deepseek; the "
+                           "default); a request's reasoning_format wins (the role's reasoning_format)")
+    reasoning.add_argument("-rea", "--reasoning", dest="reasoning", type=reasoning_mode, default=None,
+                           metavar="on|off|auto", help="ask the chat template to think (on: enable_thinking true, off: "
+                           "false) unless a request's chat_template_kwargs says; auto (default): the template's own "
+                           "(the role's reasoning)")
+    reasoning.add_argument("--reasoning-budget", dest="reasoning_budget", type=reasoning_budget, default=None,
+                           metavar="N", help="accepted at -1 (unrestricted, the default) only: a thinking budget is "
+                           "not implemented")
     llama.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default=None, metavar="TYPE",
                        help="the K cache's type: f16 (the default) only")
     llama.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default=None, metavar="TYPE",

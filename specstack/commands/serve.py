@@ -39,7 +39,8 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--frequency-penalty", "frequency_penalty", "frequency_penalty"), ("--grammar", "grammar", "grammar"),
               ("--grammar-file", "grammar_file", "grammar_file"), ("-j", "json_schema", "json_schema"),
               ("--temp", "temperature", "temperature"), ("--top-k", "top_k", "top_k"), ("--top-p", "top_p", "top_p"),
-              ("--min-p", "min_p", "min_p"), ("--spec-draft-p-min", "p_min", "p_min"))
+              ("--min-p", "min_p", "min_p"), ("--spec-draft-p-min", "p_min", "p_min"),
+              ("--reasoning-format", "reasoning_format", "reasoning_format"), ("--reasoning", "reasoning", "reasoning"))
 # Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
 ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
               ("-a", "alias"), ("--tags", "tags"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"))
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
         "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, and request defaults seed, repeat_penalty, "
         "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
-        "min_p, and p_min (draft-model/mtp) (see docs/serve.md)",
+        "min_p, p_min (draft-model/mtp), reasoning_format and reasoning (see docs/serve.md)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")

@@ -27,7 +27,8 @@ from .responses import ApiError
 from .roles import Role, check_mtp
 from .schema import requested_choices, requested_tokens, wanted_logprobs
 from .structured import StructuredError, request_grammar
-from .tools import ChoiceOutput, ToolPlan, ToolRequestError, plan as tool_plan, preserved_tokens
+from .tools import (ChoiceOutput, Reasoning, ToolPlan, ToolRequestError, forced_opening, plan as tool_plan,
+                    preserved_tokens, template_tags)
 from .unimplemented import PENALTIES_OFF, SAMPLER_OFF, samplers_left_out
 from .worker import Job
 
@@ -71,7 +72,7 @@ def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> Ren
     try:
         # the keys each message was sent with (a template may test whether one is defined), but no refusal
         messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
-        extra = template_kwargs(body)
+        extra = template_kwargs(body, w.role)
         if tools is None:
             return render(messages, w.template, extra=extra)
         return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
@@ -80,11 +81,16 @@ def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> Ren
         raise ApiError(400, str(exc), param="messages") from None
 
 
-def template_kwargs(body: Any) -> dict[str, Any] | None:
+def template_kwargs(body: Any, role: Role | None = None) -> dict[str, Any] | None:
     """A chat request's template variables, as llama-server passes them: ``chat_template_kwargs`` (such as
     ``enable_thinking``), and OpenAI's ``reasoning_effort`` as the variable of that name, where "none" means
-    ``enable_thinking: false`` instead."""
-    kwargs = dict(getattr(body, "chat_template_kwargs", None) or {})
+    ``enable_thinking: false`` instead.  A role's ``reasoning`` on or off (serve --reasoning) is the default
+    ``enable_thinking``, as llama-server's."""
+    kwargs = {}
+    thinking = getattr(role, "reasoning", None)
+    if thinking in ("on", "off"):
+        kwargs["enable_thinking"] = thinking == "on"
+    kwargs.update(getattr(body, "chat_template_kwargs", None) or {})
     effort = getattr(body, "reasoning_effort", None)
     if effort == "none":
         kwargs["enable_thinking"] = False
@@ -273,13 +279,31 @@ def check_drafter(name: str, role: Role) -> None:
         raise ApiError(400, str(exc), param="speculative.drafter") from None
 
 
-def outputs_for(w: RoleBackend, jobs: list[Job], tools: ToolPlan | None,
-                preserved: dict[tuple[str, str], dict[int, str]]) -> list[ChoiceOutput] | None:
-    """Each chat choice's output read as a message when the request has tools (None: plain text); ``preserved``
-    caches each (role, format)'s control-token markers."""
-    if tools is None:
+def reasoning_for(body: Any, w: RoleBackend, prompt: RenderedChat) -> Reasoning | None:
+    """How a chat request's output is split into thinking and content (``tools.reasoning``): its
+    ``reasoning_format``, else the role's (serve --reasoning-format), else llama-server's default ``auto``; None
+    where nothing is split off: a template that shows no reasoning tags, or ``none`` on a prompt that does not
+    open the think block."""
+    template = w.template
+    tags = template_tags(template.text if template is not None and template.kind == "jinja" else None)
+    if tags is None:
         return None
-    key = (w.role.name, tools.format.name)
+    fmt = getattr(body, "reasoning_format", None) or getattr(w.role, "reasoning_format", None) or "auto"
+    opening = forced_opening(prompt.text, tags[0])
+    if fmt == "none" and not opening:
+        return None
+    return Reasoning(tags[0], tags[1], fmt, opening, stream=bool(getattr(body, "stream", False)))
+
+
+def outputs_for(w: RoleBackend, jobs: list[Job], tools: ToolPlan | None,
+                preserved: dict[tuple[str, ...], dict[int, str]], reasoning: Reasoning | None = None,
+                always: bool = False) -> list[ChoiceOutput] | None:
+    """Each chat choice's output read as a message when the request has tools or its model thinks (None: plain
+    text, unless ``always``); ``preserved`` caches each (role, format, tags)'s control-token markers."""
+    if tools is None and reasoning is None and not always:
+        return None
+    tags = (reasoning.start, reasoning.end) if reasoning is not None else ()
+    key = (w.role.name, tools.format.name if tools is not None else "", *tags)
     if key not in preserved:
-        preserved[key] = preserved_tokens(w.target, tools.format.markers)
-    return [ChoiceOutput(tools, w.target, job, preserved[key]) for job in jobs]
+        preserved[key] = preserved_tokens(w.target, (*(tools.format.markers if tools is not None else ()), *tags))
+    return [ChoiceOutput(tools, w.target, job, preserved[key], reasoning) for job in jobs]

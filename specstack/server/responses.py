@@ -104,7 +104,8 @@ def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, An
                outputs: list[ChoiceOutput] | None = None) -> dict[str, Any]:
     """A whole response: one choice per text (``index`` in order), the usage over all, and speculation's
     summary (per choice under ``speculative.choices`` when there are several).  With ``outputs`` (a chat with
-    tools) each choice's message is its text read back: content and tool_calls."""
+    tools, or a model that thinks) each choice's message is its text read back: reasoning_content, content and
+    tool_calls."""
     choices = []
     for i, (text, event) in enumerate(zip(texts, finals)):
         lp = logprobs[i] if logprobs is not None else None

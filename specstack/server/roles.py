@@ -42,6 +42,7 @@ from ..profiles import load_profile, read_toml
 from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from .controls import ControlDefaults
+from .tools.reasoning import FORMATS as REASONING_FORMATS
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class Role:
     p_min: float | None = None
     # How the role's model writes tool calls (``server.tools``); None: detected from the chat template
     tool_call_format: str | None = None
+    # llama-server's reasoning settings (serve --reasoning-format, --reasoning): how a thinking model's <think> block
+    # is returned (none, auto, deepseek, deepseek-legacy; None: auto, a request's reasoning_format wins), and
+    # whether the template is asked to think (on/off: enable_thinking true/false; auto or None: the template's own)
+    reasoning_format: str | None = None
+    reasoning: str | None = None
 
     def spec(self) -> TargetSpec:
         """The role's target as ``loading.load_target`` builds it: every model option ``generate`` has."""
@@ -204,6 +210,11 @@ class Role:
             except InvalidParameterError as exc:
                 raise InvalidParameterError(f"role {self.name!r}: {given[0]}: {exc}") from None
         object.__setattr__(self, "_gbnf", gbnf)
+        for key, allowed in (("reasoning_format", REASONING_FORMATS), ("reasoning", REASONING_MODES)):
+            value = getattr(self, key)
+            if value is not None and value not in allowed:
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be one of {', '.join(allowed)} "
+                                            f"(got {value!r})")
         if self.tool_call_format is not None:
             from .tools import get_format
 
@@ -285,7 +296,9 @@ class Role:
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",
              "rollback_depth", "ubatch_size", "seed", "repeat_last_n", "top_k")
-ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template", "grammar", "tool_call_format")
+ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template", "grammar", "tool_call_format",
+                "reasoning_format", "reasoning")
+REASONING_MODES = ("on", "off", "auto")
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")

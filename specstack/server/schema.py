@@ -23,6 +23,7 @@ from ..sampling import MAX_LOGPROBS
 from .chat import ROLES
 from .controls import ControlFields
 from .inputs import ROLE_ALIASES
+from .tools.reasoning import FORMATS as REASONING_FORMATS
 from .responses import ApiError, error
 from .unimplemented import UNIMPLEMENTED
 
@@ -97,6 +98,9 @@ class _Common(ControlFields):
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = Field(None, strict=True)
+    # llama-server's: how a thinking model's <think> block is returned (``tools.reasoning``); chat routes parse it,
+    # the completion routes return the text as generated whatever it says (as llama-server's /completion)
+    reasoning_format: Optional[Literal[REASONING_FORMATS]] = None
 
 
 class _CompletionFields(_Common):

@@ -160,8 +160,5 @@ UNIMPLEMENTED = (
     # llama-server's chat fields
     Unimplemented("chat_template", S, (), TEMPLATE, ("chat",)),
     Unimplemented("add_generation_prompt", B, (True,), "the assistant's turn is always opened", ("chat",)),
-    # llama-server's default "auto" leaves the text whole for a model without reasoning markers, as here
-    Unimplemented("reasoning_format", S, ("none", "auto"), "reasoning is not parsed out of the text yet (it stays "
-                  "in content, as llama-server's \"none\" leaves it)"),
     Unimplemented("reasoning_control", B, (False,), "there is no reasoning control", ("chat",)),
 )

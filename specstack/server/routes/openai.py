@@ -15,11 +15,11 @@ from sse_starlette.sse import EventSourceResponse
 from .. import session
 from ..backends import RoleBackend, served
 from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, outputs_for, prompt_ids, tools_for
+from ..jobs import chat_prompt, grammar_for, outputs_for, prompt_ids, reasoning_for, tools_for
 from ..responses import LogprobsOut, final_body, total_usage
 from ..schema import ChatRequest, CompletionRequest, unsupported
 from ..streams import OpenAIChunks, openai_stream
-from ..tools import ToolPlan
+from ..tools import Reasoning, ToolPlan
 
 router = APIRouter()
 
@@ -36,17 +36,20 @@ async def chat(body: ChatRequest, request: Request) -> Response:
     unsupported(body)
     w = served(request).backend(body.model)
     tools = tools_for(body, w)
-    return await answer(request, w, body, [chat_tokens(chat_prompt(body, w, tools), w.target)], chat=True,
-                        grammar=grammar_for(body, tools), tools=tools)
+    prompt = chat_prompt(body, w, tools)
+    return await answer(request, w, body, [chat_tokens(prompt, w.target)], chat=True,
+                        grammar=grammar_for(body, tools), tools=tools, reasoning=reasoning_for(body, w, prompt))
 
 
 async def answer(request: Request, w: RoleBackend, body: Any, prompts: list[list[int]], chat: bool,
-                 grammar: str | None = None, tools: ToolPlan | None = None) -> Response:
+                 grammar: str | None = None, tools: ToolPlan | None = None,
+                 reasoning: Reasoning | None = None) -> Response:
     """The request run on its role: a stream of chunks, or the whole response once every choice is done."""
     state = served(request)
     run = await session.start(request, w, body, prompts, state.limits, chat, grammar,
                               tools.triggers if tools is not None else ())
-    outputs = outputs_for(w, run.jobs, tools, state.preserved)  # chat with tools: each choice read as a message
+    # chat with tools or a thinking model: each choice read as a message (reasoning split off, then calls)
+    outputs = outputs_for(w, run.jobs, tools, state.preserved, reasoning)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     per_prompt = len(run.jobs) // len(prompts)
     echoes = [w.target.detokenize(job.prompt_ids) if getattr(body, "echo", False) else "" for job in run.jobs]

@@ -35,15 +35,17 @@ arguments are not JSON text send them whole when the call is complete).  Text th
 The package, by layer: ``types`` (Tool, ToolCall, Parsed, the request error), ``scan`` (the partial-JSON
 scanner) and ``pycalls`` (Python call syntax), ``rules`` (GBNF composition), ``base`` (the abstract
 ``ToolFormat`` and the registry), ``formats/`` (one module per format), ``plan`` (a request's tools and
-tool_choice checked, its format chosen) and ``stream`` (a choice's deltas and message as it streams).
+tool_choice checked, its format chosen), ``reasoning`` (the ``<think>`` block split off first, as llama-server's
+``reasoning_format``) and ``stream`` (a choice's deltas and message as it streams).
 """
 
 from .base import FORMATS, ToolFormat, detect_format, get_format
 from .plan import ToolPlan, check_tool_choice, check_tools, plan
+from .reasoning import FORMATS as REASONING_FORMATS, Reasoning, forced_opening, template_tags
 from .stream import ChoiceOutput, ToolStream, output_text, preserved_tokens
 from .types import Parsed, Tool, ToolCall, ToolRequestError
 from . import formats  # noqa: F401  (registers every format)
 
-__all__ = ["FORMATS", "ChoiceOutput", "Parsed", "Tool", "ToolCall", "ToolFormat", "ToolPlan", "ToolRequestError",
-           "ToolStream", "check_tool_choice", "check_tools", "detect_format", "get_format", "output_text", "plan",
-           "preserved_tokens"]
+__all__ = ["FORMATS", "REASONING_FORMATS", "ChoiceOutput", "Parsed", "Reasoning", "Tool", "ToolCall", "ToolFormat",
+           "ToolPlan", "ToolRequestError", "ToolStream", "check_tool_choice", "check_tools", "detect_format",
+           "forced_opening", "get_format", "output_text", "plan", "preserved_tokens", "template_tags"]

@@ -8,22 +8,37 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .plan import ToolPlan
-from .types import ToolCall
+from .reasoning import Reasoning
+from .types import Parsed, ToolCall
 
 @dataclass
 class ToolStream:
-    """One choice's message as it streams: ``update`` with the whole text so far gives the OpenAI deltas."""
+    """One choice's message as it streams: ``update`` with the whole text so far gives the OpenAI deltas.
 
-    plan: ToolPlan
+    The thinking (``reasoning``: a model that thinks) is split off first, and the calls (``plan``: a request
+    with tools) are read from the content after it; without either the text is the content."""
+
+    plan: ToolPlan | None
     content: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     new_id: Callable[[], str] | None = None
+    reasoning: Reasoning | None = None
+    thinking: str = ""  # the reasoning_content so far
 
     def update(self, text: str, final: bool = False) -> list[dict[str, Any]]:
-        parsed = self.plan.parse(text, partial=not final)
         deltas: list[dict[str, Any]] = []
-        content = parsed.content if final else parsed.content.rstrip()  # whitespace waits: a call may strip it
+        head = ""
+        if self.reasoning is not None:
+            split = self.reasoning.split(text, partial=not final)
+            text, head = split.content, split.head if self.reasoning.inline else ""
+            if split.reasoning != self.thinking and split.reasoning.startswith(self.thinking):
+                if self.reasoning.deltas:
+                    deltas.append({"reasoning_content": split.reasoning[len(self.thinking):]})
+                self.thinking = split.reasoning
+        parsed = self.plan.parse(text, partial=not final) if self.plan is not None else Parsed(text)
+        content = head + parsed.content
+        content = content if final else content.rstrip()  # whitespace waits: a call may strip it
         if content != self.content and content.startswith(self.content):
             deltas.append({"content": content[len(self.content):]})
             self.content = content
@@ -36,7 +51,7 @@ class ToolStream:
                     deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments[len(old.arguments):]}}]})
                 self.calls[i] = call
             elif i == len(self.calls):
-                self.ids.append((self.new_id or self.plan.format.new_id)())
+                self.ids.append((self.new_id or self.plan.format.new_id)())  # type: ignore[union-attr]
                 self.calls.append(call)
                 deltas.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
                                                "function": {"name": call.name, "arguments": call.arguments}}]})
@@ -45,6 +60,8 @@ class ToolStream:
     def message(self) -> dict[str, Any]:
         """The finished message in OpenAI's shape (``content`` None when there are calls and no text)."""
         out: dict[str, Any] = {"role": "assistant", "content": self.content if (self.content or not self.calls) else None}
+        if self.thinking and self.reasoning is not None and self.reasoning.extract:
+            out["reasoning_content"] = self.thinking
         if self.calls:
             out["tool_calls"] = [{"id": self.ids[i], "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}}
@@ -81,11 +98,13 @@ def output_text(ids: Sequence[int], vocab: Any, preserved: dict[int, str], final
 class ChoiceOutput:
     """One chat choice's output read as a message, for the routes: the events' text (control-token markers
     written out from the generation's ids where the vocabulary has them as tokens), the deltas a stream
-    sends, and the final message and finish reason."""
+    sends, and the final message and finish reason.  ``plan``: the request's tools (None: none);
+    ``reasoning``: how its thinking is split off (None: the model's text is not parsed for it)."""
 
-    def __init__(self, plan: ToolPlan, vocab: Any, job: Any, preserved: dict[int, str]) -> None:
+    def __init__(self, plan: ToolPlan | None, vocab: Any, job: Any, preserved: dict[int, str],
+                 reasoning: Reasoning | None = None) -> None:
         self.plan, self.vocab, self.job, self.preserved = plan, vocab, job, preserved
-        self.stream = ToolStream(plan)
+        self.stream = ToolStream(plan, reasoning=reasoning)
         self.text = ""
         self.n_tokens = 0
 

@@ -1,0 +1,75 @@
+"""OpenAI's Responses API: ``POST /v1/responses`` (and llama-server's ``/responses``), the text and function-tool
+subset, run as the chat request it translates to (``responses_api``): the same template, tools, reasoning split,
+limits and speculation as ``/v1/chat/completions``, answered as a response object or its stream of events."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from .. import session
+from ..backends import served
+from ..chat import chat_tokens
+from ..jobs import chat_prompt, grammar_for, outputs_for, reasoning_for, tools_for
+from ..responses import total_usage
+from ..responses_api import ResponseShape, chat_request
+from ..schema import unsupported
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+@router.post("/responses")
+async def responses(request: Request, body: Any = Body(...)) -> Response:
+    chat = chat_request(body)
+    unsupported(chat)
+    state = served(request)
+    w = state.backend(chat.model)
+    tools = tools_for(chat, w)
+    prompt = chat_prompt(chat, w, tools)
+    run = await session.start(request, w, chat, [chat_tokens(prompt, w.target)], state.limits, True,
+                              grammar_for(chat, tools), tools.triggers if tools is not None else ())
+    (output,) = outputs_for(w, run.jobs, tools, state.preserved, reasoning_for(chat, w, prompt), always=True)
+    shape = ResponseShape(w.role.name, body, output)
+    if chat.stream:
+        return EventSourceResponse(_events(run, shape), ping=15)
+
+    def take(event: dict[str, Any]) -> None:
+        if event["type"] == "delta":
+            output.add(event, deltas=False)
+
+    finals = await run.collect(take)
+    if finals is None:
+        return Response(status_code=499)
+    request.state.usage = total_usage(finals)  # for the access log
+    output.finish()
+    return JSONResponse(shape.whole(finals[0]))
+
+
+async def _events(run: session.Session, shape: ResponseShape) -> AsyncIterator[dict[str, Any]]:
+    """The response's events as they come; an error ends the stream with a ``error`` event."""
+    try:
+        for event in shape.opening():
+            yield event
+        async with aclosing(run.events()) as events:
+            async for event in events:
+                if event["type"] == "error":
+                    yield shape.event("error", code=str(event["status"]), message=event["message"],
+                                      param=event.get("param"))
+                    return
+                if event["type"] == "delta":
+                    for piece in shape.deltas(shape.output.add(event)):
+                        yield piece
+                else:
+                    for piece in shape.deltas(shape.output.finish()):
+                        yield piece
+                    run.request.state.usage = total_usage([event])
+                    for piece in shape.closing(event):
+                        yield piece
+    finally:
+        if not run.complete:
+            run.cancel_unfinished()  # the client went away mid-stream
