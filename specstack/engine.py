@@ -38,7 +38,7 @@ from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs, token_logprobs
-from .llama.api import EngineTarget
+from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget
 from .llama.batching import Segment
 from .types import Draft, HiddenRows, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
@@ -90,6 +90,10 @@ class Engine:
                  batch_tokens: int | None = None, prefill_cap: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.target = target
+        # The optional capabilities (``llama.target``), checked once: hidden rows for a drafter that reads them,
+        # a grammar for a request's constraints.
+        self._take_hidden = target.take_hidden if isinstance(target, HiddenRowsTarget) else None
+        self._grammar = target.grammar if isinstance(target, GrammarTarget) else None
         # Every time the engine measures (steps, drafts, prefill, first token) is read from ``clock``: the wall
         # clock, or a replayed run's (``bench.recorded.RecordedTarget.clock``: its target calls as priced).
         self.clock = clock
@@ -149,7 +153,7 @@ class Engine:
         if bad:
             raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
         return for_target(config.constraints, target.n_vocab, self._eog, frozenset(config.stop_token_ids),
-                          getattr(target, "grammar", None), target.token_bytes)
+                          self._grammar, target.token_bytes)
 
     def cancel(self, gen: Generation) -> None:
         """Stop a generation between steps; its KV cells and drafter state are freed."""
@@ -394,8 +398,7 @@ class Engine:
     def _hidden(self, seq: int) -> HiddenRows | None:
         """The target's hidden rows kept for ``seq`` since the last call here (``llama.hidden``), for a drafter that
         reads them (``Drafter.needs_hidden``); None where the target keeps none (no such drafter)."""
-        take = getattr(self.target, "take_hidden", None)
-        return take(seq) if take is not None else None
+        return self._take_hidden(seq) if self._take_hidden is not None else None
 
     def _release(self, gen: Generation, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""

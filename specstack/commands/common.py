@@ -27,7 +27,7 @@ from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama import LlamaModel, set_verbose
-from ..llama.api import DEFAULT_CTX
+from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 

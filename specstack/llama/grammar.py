@@ -238,6 +238,7 @@ class Grammar:
         self._cands: np.ndarray | None = None
 
     engine = "llama.cpp"
+    supports_lazy = False  # a lazy grammar (triggers) is fed the trigger's text, which llama.cpp's sampler cannot take
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""

@@ -90,6 +90,7 @@ class GuidedGrammar:
     ``forced``: the tokens the grammar forces next.  The mask is computed once per state and read by every ask."""
 
     engine = "llguidance"
+    supports_lazy = True  # ``feed`` takes a lazy grammar's trigger text (``constraints._Lazy``)
 
     def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str) -> None:
         self._m = matcher
