@@ -133,7 +133,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability; 0 = off")
     g.add_argument("-s", "--seed", type=int, default=None, help="random seed for reproducible sampling (-1: random, as llama.cpp)")
-    add_control_args(p)
+    add_constraint_args(p)
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -366,7 +366,7 @@ def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> 
         args.exact = "off"
 
 
-def add_control_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
+def add_constraint_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
     """llama.cpp's penalty and grammar flags (``constraints.Constraints``, exact under speculation).  ``unset``:
     every default None (``serve``: the role's defaults then apply)."""
 
@@ -435,7 +435,7 @@ def grammar_from_args(args: argparse.Namespace) -> str | None:
     return text
 
 
-def controls_from_args(args: argparse.Namespace) -> Constraints:
+def constraints_from_args(args: argparse.Namespace) -> Constraints:
     """The ``Constraints`` of the penalty and grammar flags (their ranges checked, named by flag); a flag left
     unset (``serve``'s) counts as off."""
     values = {"repeat_penalty": 1.0, "repeat_last_n": 64, "frequency_penalty": 0.0, "presence_penalty": 0.0}

@@ -22,7 +22,7 @@ from .common import (
     add_model_args,
     add_sampling_args,
     calibrated_from_args,
-    controls_from_args,
+    constraints_from_args,
     cost_curve_rows,
     drafter_options,
     experts,
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
-    controls = dataclasses.replace(controls_from_args(args), ignore_eos=args.ignore_eos)
+    controls = dataclasses.replace(constraints_from_args(args), ignore_eos=args.ignore_eos)
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
                               constraints=controls, grammar_drafts=args.grammar_drafts)
