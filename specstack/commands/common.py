@@ -21,7 +21,7 @@ from ..drafters.base import check_name
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
-from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, experts_info, resolve_draft
+from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, resolve_draft
 from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
@@ -263,11 +263,6 @@ def warn_threads(threads: int) -> None:
     from ..llama.backend import usable_threads
 
     usable_threads(threads)
-
-
-def experts(args: argparse.Namespace) -> dict[str, Any] | None:
-    """An MoE target's experts as the flags run it (``loading.experts_info``; None for a dense target)."""
-    return experts_info(args.model, getattr(args, "experts", None))
 
 
 def policy_from_args(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:

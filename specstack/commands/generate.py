@@ -15,7 +15,7 @@ from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..llama import BatchShapes
-from ..loading import build_drafter, build_engine, lossy_label
+from ..loading import build_drafter, build_engine, experts_of, lossy_label
 from ..ui import table
 from .common import (
     add_drafter_args,
@@ -25,7 +25,6 @@ from .common import (
     constraints_from_args,
     cost_curve_rows,
     drafter_options,
-    experts,
     policy_from_args,
     sampling_from_args,
 )
@@ -114,11 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, config: GenerationConfig) -> int:
     """Stream (or print as JSON) one generation, then finish the one-time background measurement, if any."""
-    moe = experts(args)
+    target = calibration.target
+    moe = experts_of(target.meta, getattr(args, "experts", None))  # the metadata the load read
     lossy = lossy_label(moe)
     if lossy:
         print(f"specstack generate: {lossy}", file=sys.stderr)
-    target = calibration.target
     drafter = build_drafter(args.drafter, target, drafter_options(args), getattr(args, "temp", 0.0))
     engine = build_engine(calibration, drafter, policy_from_args(args, target, calibration.costs))
     gen = engine.generate(prompt, config)
