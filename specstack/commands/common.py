@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
 from ..draft_length.costs import CostModel
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
@@ -193,7 +194,7 @@ def check_drafters(args: argparse.Namespace) -> None:
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
     """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs
     draft-model, the one drafter that reads -md."""
-    return any("draft-model" in check_name(n.partition("@")[0], where) for n in names)
+    return any("draft-model" in check_name(split_method(n)[0], where) for n in names)
 
 
 def flag_given(args: argparse.Namespace, *flags: str) -> bool:
