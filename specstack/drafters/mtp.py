@@ -393,9 +393,7 @@ def check_mtp_meta(meta: "GGUFInfo", name: str, where: str = "--drafter mtp", as
     no second -md). Return the assistant GGUF to draft with (``assistant``, for a target whose head ships apart:
     gemma4), else None (the target's own NextN layers; an ``assistant`` given for such a target is not this
     drafter's: None)."""
-    from ..modelfile.archs import mtp_assistant_arch
-
-    wanted = mtp_assistant_arch(meta.architecture)
+    wanted = meta.mtp_assistant_arch
     if wanted is not None:
         return _check_assistant(name, meta.architecture, wanted, assistant, where, alternatives)
     if meta.nextn_layers == 0:
