@@ -116,7 +116,7 @@ class MtpDrafter:
     name = "mtp"
     needs_hidden = True
 
-    def __init__(self, target, temperature: float, config: MtpConfig) -> None:
+    def __init__(self, target: MtpTarget, temperature: float, config: MtpConfig) -> None:
         self.config = config
         self.head = target.open_mtp(config.draft_model) if config.draft_model is not None else target.open_mtp()
         target.want_hidden()

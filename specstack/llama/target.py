@@ -175,11 +175,15 @@ class GrammarTarget(Protocol):
 
 
 @runtime_checkable
-class MtpTarget(Protocol):
+class MtpTarget(HiddenRowsTarget, Protocol):
     """A loaded target whose NextN (multi-token-prediction) head ``--drafter mtp`` drafts from, with the GGUF
-    metadata it was loaded from (read once, at load: the drafter checks the head against it)."""
+    metadata it was loaded from (read once, at load: the drafter checks the head against it).  The head reads
+    the target's hidden rows, so such a target keeps them once asked (``want_hidden``)."""
 
     meta: "GGUFInfo"
 
     def open_mtp(self, assistant: Path | None = None) -> Any:
         """The head's context over this target (``llama.mtp.MtpContext``)."""
+
+    def want_hidden(self) -> None:
+        """From now on keep every call's hidden rows for ``take_hidden``."""
