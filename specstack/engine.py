@@ -270,7 +270,8 @@ class Engine:
         KV (the other choices of an ``n > 1`` request, so a shared prompt is prefilled once) or the host
         prompt cache's, both copied as llama.cpp's per-sequence state, which computes what a prefill would.
         What the slot held goes to the host cache first, when it would be lost, with what its drafter kept
-        for it (``save_prefix``), which a restore hands to the next generation's drafter (``keeper``, where it keeps such state)."""
+        for it (``save_prefix``), which a restore hands to the next generation's drafter (``keeper``: None
+        where it keeps no such state)."""
         here = reusable(self.target, slot.cached, slot.prefilled, prompt)
         source, there = None, here
         if not self.target.is_recurrent:  # a recurrent state has moved past the prompt by the time it is copied

@@ -31,7 +31,8 @@ from .model import LlamaModel
 from .vocab import VocabModel
 
 __all__ = [
-    "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target", "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
+    "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target",
+    "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
     "llama_version", "quantize", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
     "plan_calls", "LlamaModel", "VocabModel",
 ]
