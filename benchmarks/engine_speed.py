@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from specstack.bench.config import split_method
 from specstack.drafters.base import DraftRequest
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -60,7 +61,7 @@ def load(args, slots: int = 1, exact: str = "on") -> LlamaModel:
 
 def engine_for(target: LlamaModel, method: str, args) -> Engine:
     """METHOD or METHOD@POLICY, as in `specstack bench --methods`; each cost policy has its own cost model."""
-    name, _, policy = method.partition("@")
+    name, policy = split_method(method)
     drafter = AlwaysWrong(target.n_vocab) if name == "always-wrong" else name
     return build_engine(target, drafter, policy or None, drafter_options={"draft_model": args.model_draft})
 

@@ -241,7 +241,7 @@ class _Lazy:
     text from the trigger's start, and constrains every token after)."""
 
     def __init__(self, grammar: "Grammar", triggers: Sequence[str], token_bytes: Callable[[int], bytes] | None) -> None:
-        if token_bytes is None or not hasattr(grammar, "feed"):
+        if token_bytes is None or not grammar.supports_lazy:
             raise InvalidParameterError("a lazy grammar (grammar_triggers) needs llguidance to read the grammar; "
                                         "this one runs on llama.cpp's engine: send it without triggers")
         self.grammar = grammar  # the start state, copied at each wake

@@ -30,15 +30,14 @@ import numpy as np
 
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
 from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
-from .drafters.base import Drafter, DraftRequest, needs_hidden, reads_context
+from .drafters.base import Drafter, DraftRequest, PrefixDrafter
 from .constraints import ConstraintState, for_target
 from .drafters.grammar import with_forced
-from .drafters.none import NAME as PLAIN  # the ``none`` drafter is plain decoding: no grammar drafts either
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, target_probs, token_logprobs
-from .llama.api import EngineTarget
+from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget
 from .llama.batching import Segment
 from .types import Draft, HiddenRows, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
@@ -54,7 +53,7 @@ class _Slot:
     writes: int = 0  # the target's write count for this sequence when ``cached`` was last true
     gen: Generation | None = None
     released: float = 0.0  # for least-recently-used reuse
-    drafter: Drafter | None = None  # the drafter of the last generation here (it may keep state for ``cached``)
+    keeper: PrefixDrafter | None = None  # the last generation's drafter where it keeps state for ``cached``
 
 
 @dataclass
@@ -70,8 +69,7 @@ class _Work:
 
 def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
     """(state, bytes) the slot's last drafter keeps for the slot's cached prefix (``save_prefix``), or (None, 0)."""
-    save = getattr(slot.drafter, "save_prefix", None)
-    got = save(slot.seq, slot.cached) if save is not None else None
+    got = slot.keeper.save_prefix(slot.seq, slot.cached) if slot.keeper is not None else None
     return (None, 0) if got is None else got
 
 
@@ -90,6 +88,10 @@ class Engine:
                  batch_tokens: int | None = None, prefill_cap: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.target = target
+        # The optional capabilities (``llama.target``), checked once: hidden rows for a drafter that reads them,
+        # a grammar for a request's constraints.
+        self._take_hidden = target.take_hidden if isinstance(target, HiddenRowsTarget) else None
+        self._grammar = target.grammar if isinstance(target, GrammarTarget) else None
         # Every time the engine measures (steps, drafts, prefill, first token) is read from ``clock``: the wall
         # clock, or a replayed run's (``bench.recorded.RecordedTarget.clock``: its target calls as priced).
         self.clock = clock
@@ -149,7 +151,7 @@ class Engine:
         if bad:
             raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
         return for_target(config.constraints, target.n_vocab, self._eog, frozenset(config.stop_token_ids),
-                          getattr(target, "grammar", None), target.token_bytes)
+                          self._grammar, target.token_bytes)
 
     def cancel(self, gen: Generation) -> None:
         """Stop a generation between steps; its KV cells and drafter state are freed."""
@@ -257,18 +259,19 @@ class Engine:
             slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
-                self._swap(slot, gen.prompt_ids, gen.drafter)
+                self._swap(slot, gen.prompt_ids, gen.traits.prefix)
                 self._start(gen, slot, reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids))
             except BaseException:
                 self.cancel(gen)
                 raise
 
-    def _swap(self, slot: _Slot, prompt: Sequence[int], drafter: Drafter) -> None:
+    def _swap(self, slot: _Slot, prompt: Sequence[int], keeper: PrefixDrafter | None) -> None:
         """Bring into ``slot`` the longest reusable prefix of ``prompt`` held elsewhere: a running sibling's
         KV (the other choices of an ``n > 1`` request, so a shared prompt is prefilled once) or the host
         prompt cache's, both copied as llama.cpp's per-sequence state, which computes what a prefill would.
         What the slot held goes to the host cache first, when it would be lost, with what its drafter kept
-        for it (``save_prefix``), which a restore hands to the next generation's ``drafter``."""
+        for it (``save_prefix``), which a restore hands to the next generation's drafter (``keeper``: None
+        where it keeps no such state)."""
         here = reusable(self.target, slot.cached, slot.prefilled, prompt)
         source, there = None, here
         if not self.target.is_recurrent:  # a recurrent state has moved past the prompt by the time it is copied
@@ -294,9 +297,8 @@ class Engine:
         slot.cached, slot.prefilled = list(tokens), prefilled
         if source is saved:
             cache.hits += 1
-            restore = getattr(drafter, "restore_prefix", None)
-            if saved.drafter is not None and restore is not None:
-                restore(slot.seq, saved.drafter)
+            if saved.drafter is not None and keeper is not None:
+                keeper.restore_prefix(slot.seq, saved.drafter)
         else:
             self.sibling_copies += 1
 
@@ -382,7 +384,7 @@ class Engine:
         gen.status = "running"
         slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
         hidden = self._hidden(slot.seq)  # the target's rows of the prompt it computed (from the reused prefix on)
-        if needs_hidden(gen.drafter):  # indexing the prompt is prompt processing, like the prefill
+        if gen.traits.needs_hidden:  # indexing the prompt is prompt processing, like the prefill
             gen.drafter.begin(gen.prompt_ids, slot.seq, hidden=hidden)
         else:
             gen.drafter.begin(gen.prompt_ids, slot.seq)
@@ -394,8 +396,7 @@ class Engine:
     def _hidden(self, seq: int) -> HiddenRows | None:
         """The target's hidden rows kept for ``seq`` since the last call here (``llama.hidden``), for a drafter that
         reads them (``Drafter.needs_hidden``); None where the target keeps none (no such drafter)."""
-        take = getattr(self.target, "take_hidden", None)
-        return take(seq) if take is not None else None
+        return self._take_hidden(seq) if self._take_hidden is not None else None
 
     def _release(self, gen: Generation, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
@@ -414,7 +415,7 @@ class Engine:
                 self.target.reset(slot.seq)
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
-            slot.gen, slot.released, slot.drafter = None, self.clock(), gen.drafter if keep_cache else None
+            slot.gen, slot.released, slot.keeper = None, self.clock(), gen.traits.prefix if keep_cache else None
             slot.writes = self.target.writes[slot.seq]
 
     def _finish(self, gen: Generation) -> None:
@@ -463,7 +464,7 @@ class Engine:
                 gen.logprobs.extend(gen.step_logprobs[: len(committed)])
             gen.origins.extend(w.draft.origin(i) if i < result.n_accepted else "target" for i in range(len(committed)))
             hidden = self._hidden(gen.seq)  # the kept rows: pending and the accepted draft (``_verify`` cut the rest)
-            if needs_hidden(gen.drafter):
+            if gen.traits.needs_hidden:
                 gen.drafter.advance(committed, result.n_accepted, gen.seq, hidden=hidden)
             else:
                 gen.drafter.advance(committed, result.n_accepted, gen.seq)
@@ -498,7 +499,7 @@ class Engine:
                     BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
             # A drafter that reads hidden rows gets chains: a tree's accepted path is not where its rows were kept.
             tree = (gen.config.sampling.greedy and gen.constraint is None and target.unified and target.n_slots == 1 and target.n_seq_max > 1
-                    and not needs_hidden(gen.drafter)
+                    and not gen.traits.needs_hidden
                     and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
@@ -523,7 +524,7 @@ class Engine:
             for w, draft in zip(group, drafts):
                 w.draft_s = spent
                 grammar = w.gen.constraint.grammar if w.gen.constraint is not None else None
-                if grammar is not None and w.gen.config.grammar_drafts and w.gen.drafter.name != PLAIN:
+                if grammar is not None and w.gen.config.grammar_drafts and w.gen.traits.drafts:
                     t1 = self.clock()  # cut at the grammar's first refusal, then what it forces after that
                     draft = with_forced(draft.best_chain(), grammar, w.budget.max_tokens, self._ask(w.gen))
                     w.draft_s += self.clock() - t1
@@ -537,7 +538,7 @@ class Engine:
     def _ask(gen: Generation) -> Callable[[Sequence[int], int], Draft] | None:
         """How the grammar source asks ``gen``'s drafter for a draft after tokens it appended (None: it cannot)."""
         drafter = gen.drafter
-        if not reads_context(drafter):
+        if not gen.traits.reads_context:
             return None
         return lambda extra, n: drafter.propose([DraftRequest(gen.seq, [*gen.context, *extra], Budget(n))])[0]
 

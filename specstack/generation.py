@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .draft_length import DraftLengthPolicy
-from .drafters.base import Drafter
+from .drafters.base import Drafter, DrafterTraits
 from .constraints import Constraints, ConstraintState
 from .errors import InvalidParameterError
 from .metrics import GenerationStats
@@ -105,6 +105,7 @@ class Generation:
         self.prompt_ids = prompt_ids
         self.config = config
         self.drafter = drafter
+        self.traits = DrafterTraits.of(drafter)  # what it declares beyond ``Drafter``, read once
         self.policy = policy
         self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
         self.seq: int | None = None  # the target sequence (slot) while running

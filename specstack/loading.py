@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .calibration import Calibration, calibrate, calibrate_target, exact_mode
 from .draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
@@ -27,6 +27,9 @@ from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from .llama import LlamaModel, ModelConfig
 from .llama.recurrent import DEFAULT_DEPTH
 
+if TYPE_CHECKING:
+    from .modelfile.meta import GGUFInfo
+
 DEFAULT_TREE_BRANCHES = 8
 
 
@@ -35,7 +38,7 @@ class TargetSpec:
     """Every option of a target model, as ``generate``'s flags and a roles file's keys give them.
 
     ``experts`` below the model's own count is lossy: the output is no longer the model's
-    (``experts_info`` labels it). ``tree_branches`` are the llama.cpp sequences a tree draft may use; only
+    (``experts_of`` labels it). ``tree_branches`` are the llama.cpp sequences a tree draft may use; only
     a one-slot target verifies trees (a multi-slot one asks drafters for chains).
     """
 
@@ -118,14 +121,12 @@ def announce_load(model: LlamaModel, prefix: str = "specstack") -> None:
           f"sequence{kv}", file=sys.stderr, flush=True)
 
 
-def experts_info(model: Path, experts: int | None) -> dict[str, Any] | None:
-    """An MoE target's experts: how many it has, uses by default, and runs with; ``lossy`` if fewer.
+def experts_of(meta: "GGUFInfo", experts: int | None) -> dict[str, Any] | None:
+    """An MoE target's experts, from its GGUF metadata (``meta``: a loaded target's ``LlamaModel.meta``, read once
+    at load): how many it has, uses by default, and runs with; ``lossy`` if fewer.
 
     None for a dense target. Every output of a reduced-expert run carries this label (``lossy_label``).
     """
-    from .modelfile.meta import read_gguf
-
-    meta = read_gguf(model, tensors=False)
     if not meta.expert_count:
         return None
     used = meta.expert_used_count

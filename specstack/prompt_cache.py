@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .llama.api import EngineTarget
+from .llama.target import EngineTarget
 
 MIN_REUSE = 32  # a shorter shared prefix does not earn a cached slot over the least recently used one
 

@@ -336,7 +336,7 @@ def parsed(*argv: str):
 
 
 def test_llama_cpps_flags_reach_the_target_spec():
-    from specstack.commands.common import controls_from_args, preflight, target_spec
+    from specstack.commands.common import constraints_from_args, preflight, target_spec
 
     args = parsed("generate", "-p", "x", "-ngl", "0", "-fa", "off", "-b", "256", "-ub", "1024", "--mlock", "--no-mmap",
                   "-s", "7", "--n-predict", "9", "--repeat-penalty", "1.2", "--repeat-last-n", "-1",
@@ -345,7 +345,7 @@ def test_llama_cpps_flags_reach_the_target_spec():
     spec = target_spec(args)
     assert (spec.flash_attn, spec.batch, spec.mlock, spec.mmap) == (False, 256, True, False)  # n_ubatch = min(-b, -ub)
     assert args.seed == 7 and args.max_tokens == 9
-    c = controls_from_args(args)
+    c = constraints_from_args(args)
     assert (c.repeat_penalty, c.repeat_last_n, c.presence_penalty, c.frequency_penalty) == (1.2, -1, 0.5, 0.25)
     default = target_spec(parsed("generate", "-p", "x"))
     assert (default.flash_attn, default.batch, default.mlock, default.mmap) == (None, 512, False, True)

@@ -24,7 +24,7 @@ from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.server.app import Limits, create_app
 from specstack.server.chat import load_template, render
-from specstack.server.controls import ControlError, parse_logit_bias, request_constraints
+from specstack.server.request_constraints import ConstraintError, parse_logit_bias, request_constraints
 from specstack.server.inputs import completion_prompts
 from specstack.server.roles import Role, default_roles
 from test_serve import KEY, PROMPT, Server
@@ -298,7 +298,7 @@ def test_request_constraints_read_every_form_and_name_the_field(target):
                         ({"frequency_penalty": 3}, "frequency_penalty"), ({"repeat_last_n": -2}, "repeat_last_n"),
                         ({"logit_bias": {"1": True}}, "logit_bias"), ({"logit_bias": [[1]]}, "logit_bias"),
                         ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"min_tokens": -1}, "min_tokens")):
-        with pytest.raises(ControlError) as e:
+        with pytest.raises(ConstraintError) as e:
             request_constraints(body, vocab=target)
         assert e.value.param == param, body
 

@@ -68,10 +68,25 @@ class BenchConfig:
         ``METHOD@POLICY`` (e.g. ``prompt-lookup@cost``) runs once with an
         adaptive k policy up to k_max (default: the largest --k); its k is that cap.
         """
-        out: list[tuple[str, int]] = [(PLAIN, 0)]
-        for m in self.methods:
-            out += [(m, self.k_max or max(self.ks))] if "@" in m else [(m, k) for k in self.ks]
-        return out
+        return configurations(self.methods, self.ks, self.k_max)
+
+
+def split_method(method: str) -> tuple[str, str | None]:
+    """A bench method, ``DRAFTER`` or ``DRAFTER@POLICY`` (``prompt-lookup@cost``), as (drafter, policy): the
+    one reading of the '@' (the runner, replay, tune, the peers and the CLI's -md check all ask it). None: no
+    '@', a fixed k per --k; a policy runs once, adaptive up to k_max."""
+    drafter, at, policy = method.partition("@")
+    return drafter, (policy if at else None)
+
+
+def configurations(methods: list[str] | tuple[str, ...], ks: list[int] | tuple[int, ...],
+                   k_max: int | None = None) -> list[tuple[str, int]]:
+    """(method, k) in run order: plain first (the reference), then each method at every k, or once at its cap
+    (``k_max``, default the largest k) where it names a policy (``split_method``)."""
+    out: list[tuple[str, int]] = [(PLAIN, 0)]
+    for m in methods:
+        out += [(m, k_max or max(ks))] if split_method(m)[1] is not None else [(m, k) for k in ks]
+    return out
 
 
 def adaptive_start(k_max: int) -> int:

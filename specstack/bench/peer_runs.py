@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
-from .config import BenchConfig
+from .config import BenchConfig, split_method
 from .records import Tokenized
 from .results import PLAIN
 
@@ -30,7 +30,7 @@ _EOS_MARKS = (" [end of text]", "[end of text]", "<|endoftext|>")
 def peer_methods(config: BenchConfig, known: Sequence[str]) -> list[str]:
     """The peer methods to run: config.peers ("auto", "all" or names) checked against ``known``."""
     if config.peers in (["auto"], []):
-        methods = [PLAIN, *(m.split("@")[0] for m in config.methods)]  # prompt-lookup@cost -> prompt-lookup
+        methods = [PLAIN, *(split_method(m)[0] for m in config.methods)]  # prompt-lookup@cost -> prompt-lookup
         names = list(dict.fromkeys(p for m in methods for p in PEERS_FOR.get(m, ())))
     elif config.peers == ["all"]:
         names = list(known)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..draft_length.costs import CostModel
 from ..errors import ContextOverflowError, InvalidParameterError, SpecstackError
-from ..llama.api import ModelConfig
+from ..llama.target import ModelConfig
 from ..llama.batching import BatchShapes, Segment, decode_calls
 from ..llama.recurrent import RewindStats
 from .results import PLAIN

@@ -37,7 +37,7 @@ from ..generation import GenerationConfig
 from ..loading import build_drafter, build_policy
 from ..sampling import SamplingParams
 from ..ui import markdown_table
-from .config import adaptive_start
+from .config import adaptive_start, configurations as bench_configurations, split_method
 from .recorded import RecordedTarget, recorded_outputs
 from .report import pct
 from .results import ALL, PLAIN, categories, representative_runs
@@ -66,18 +66,14 @@ def _units(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def configurations(methods: Sequence[str], ks: Sequence[int], k_max: int | None = None) -> list[tuple[str, int]]:
     """(method, k) as ``BenchConfig.configurations`` orders them: plain first, ``METHOD@POLICY`` once at k_max."""
-    out: list[tuple[str, int]] = [(PLAIN, 0)]
-    for m in dict.fromkeys(methods):
-        if m != PLAIN:
-            out += [(m, k_max or max(ks))] if "@" in m else [(m, k) for k in ks]
-    return out
+    return bench_configurations([m for m in dict.fromkeys(methods) if m != PLAIN], ks, k_max)
 
 
 def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | None) -> DraftLengthPolicy:
     """As the bench's: a fixed k or the policy after '@', capped at k; ``cost`` prices with the run's curve."""
-    if "@" not in method:
+    name = split_method(method)[1]
+    if name is None:
         return FixedK(max(k, 1))
-    name = method.split("@", 1)[1]
     costs = None
     if name == "cost":
         if not curve:
@@ -88,7 +84,7 @@ def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | No
 
 
 def _drafter(method: str, target: RecordedTarget, options: dict[str, Any], seed: int) -> Drafter:
-    return build_drafter(method.split("@")[0], target, {**options, "seed": seed})
+    return build_drafter(split_method(method)[0], target, {**options, "seed": seed})
 
 
 def _config(request: dict[str, Any], max_tokens: int | None = None) -> GenerationConfig:

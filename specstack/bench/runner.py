@@ -29,7 +29,7 @@ from ..generation import Generation, GenerationConfig
 from ..sampling import SamplingParams
 from ..llama import LlamaModel
 from ..ui import Progress
-from .config import BenchConfig, adaptive_start, request_seed
+from .config import BenchConfig, adaptive_start, request_seed, split_method
 from .peer_runs import PeerRunner, load_peers
 from .records import Tokenized, load_average, mismatch_record, new_results, run_record
 from .results import PLAIN
@@ -177,13 +177,13 @@ def _generate(engine: Engine, tok: Tokenized, temp: float, config: BenchConfig,
 def _build(method: str, target: LlamaModel, config: BenchConfig, temp: float, seed: int) -> Drafter:
     """A fresh drafter for ``method`` (the part before '@'), seeded per request."""
     options = {**config.drafter_options, "seed": seed}
-    return build_drafter(method.split("@")[0], target, options, temp)
+    return build_drafter(split_method(method)[0], target, options, temp)
 
 
 def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy:
     """A fixed k (plain: k = 0, a valid policy all the same) or the adaptive policy named after '@', capped at k
     and built exactly as ``generate --k-policy NAME --k-max k`` builds it."""
-    if "@" not in method:
+    name = split_method(method)[1]
+    if name is None:
         return FixedK(max(k, 1))
-    name = method.split("@", 1)[1]
     return build_policy(name, adaptive_start(k), k_max=k, target=target)

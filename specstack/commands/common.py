@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
 from ..draft_length.costs import CostModel
 from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
@@ -21,13 +22,13 @@ from ..drafters.base import check_name
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
-from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, experts_info, resolve_draft
+from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, resolve_draft
 from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama import LlamaModel, set_verbose
-from ..llama.api import DEFAULT_CTX
+from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 
@@ -133,7 +134,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability; 0 = off")
     g.add_argument("-s", "--seed", type=int, default=None, help="random seed for reproducible sampling (-1: random, as llama.cpp)")
-    add_control_args(p)
+    add_constraint_args(p)
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -193,7 +194,7 @@ def check_drafters(args: argparse.Namespace) -> None:
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
     """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs
     draft-model, the one drafter that reads -md."""
-    return any("draft-model" in check_name(n.partition("@")[0], where) for n in names)
+    return any("draft-model" in check_name(split_method(n)[0], where) for n in names)
 
 
 def flag_given(args: argparse.Namespace, *flags: str) -> bool:
@@ -263,11 +264,6 @@ def warn_threads(threads: int) -> None:
     from ..llama.backend import usable_threads
 
     usable_threads(threads)
-
-
-def experts(args: argparse.Namespace) -> dict[str, Any] | None:
-    """An MoE target's experts as the flags run it (``loading.experts_info``; None for a dense target)."""
-    return experts_info(args.model, getattr(args, "experts", None))
 
 
 def policy_from_args(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
@@ -367,7 +363,7 @@ def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> 
         args.exact = "off"
 
 
-def add_control_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
+def add_constraint_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
     """llama.cpp's penalty and grammar flags (``constraints.Constraints``, exact under speculation).  ``unset``:
     every default None (``serve``: the role's defaults then apply)."""
 
@@ -436,7 +432,7 @@ def grammar_from_args(args: argparse.Namespace) -> str | None:
     return text
 
 
-def controls_from_args(args: argparse.Namespace) -> Constraints:
+def constraints_from_args(args: argparse.Namespace) -> Constraints:
     """The ``Constraints`` of the penalty and grammar flags (their ranges checked, named by flag); a flag left
     unset (``serve``'s) counts as off."""
     values = {"repeat_penalty": 1.0, "repeat_last_n": 64, "frequency_penalty": 0.0, "presence_penalty": 0.0}

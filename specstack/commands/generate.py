@@ -15,17 +15,16 @@ from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..llama import BatchShapes
-from ..loading import build_drafter, build_engine, lossy_label
+from ..loading import build_drafter, build_engine, experts_of, lossy_label
 from ..ui import table
 from .common import (
     add_drafter_args,
     add_model_args,
     add_sampling_args,
     calibrated_from_args,
-    controls_from_args,
+    constraints_from_args,
     cost_curve_rows,
     drafter_options,
-    experts,
     policy_from_args,
     sampling_from_args,
 )
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
     prompt = read_prompt(args)
-    controls = dataclasses.replace(controls_from_args(args), ignore_eos=args.ignore_eos)
+    controls = dataclasses.replace(constraints_from_args(args), ignore_eos=args.ignore_eos)
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
                               constraints=controls, grammar_drafts=args.grammar_drafts)
@@ -114,11 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, config: GenerationConfig) -> int:
     """Stream (or print as JSON) one generation, then finish the one-time background measurement, if any."""
-    moe = experts(args)
+    target = calibration.target
+    moe = experts_of(target.meta, getattr(args, "experts", None))  # the metadata the load read
     lossy = lossy_label(moe)
     if lossy:
         print(f"specstack generate: {lossy}", file=sys.stderr)
-    target = calibration.target
     drafter = build_drafter(args.drafter, target, drafter_options(args), getattr(args, "temp", 0.0))
     engine = build_engine(calibration, drafter, policy_from_args(args, target, calibration.costs))
     gen = engine.generate(prompt, config)

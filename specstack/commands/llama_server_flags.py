@@ -118,7 +118,7 @@ def reasoning_budget(text: str) -> int:
 
 def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentGroup) -> None:
     """llama-server's flags beyond the loading and penalty ones (``common.add_loading_args``,
-    ``add_control_args``): speculation, sampling defaults, the no-ops and the refusals."""
+    ``add_constraint_args``): speculation, sampling defaults, the no-ops and the refusals."""
     spec = p.add_argument_group("llama-server's speculation flags (mapped onto drafters and k; see docs/serve.md)")
     spec.add_argument("--spec-type", default=None, metavar="TYPE[,TYPE...]",
                       help="llama-server's speculation types, as the drafter without --config: draft-simple = "

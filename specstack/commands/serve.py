@@ -17,7 +17,7 @@ from ..calibration import EXACT_MODES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
-from .common import (add_control_args, add_loading_args, at_least, check_grammar, controls_from_args, flag_given,
+from .common import (add_constraint_args, add_loading_args, at_least, check_grammar, constraints_from_args, flag_given,
                      json_schema_text, settle_flash_attn)
 from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags,
                                  speculation_values)
@@ -148,7 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     llama.add_argument("--no-slots", dest="slots", action="store_false", default=True, help="turn GET /slots off")
     add_loading_args(llama, unset=True)
     add_llama_server_args(p, llama)
-    add_control_args(p, unset=True)
+    add_constraint_args(p, unset=True)
     ray = p.add_argument_group("scale-out on Ray Serve (pip install 'specstack[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve each role as a Ray Serve deployment of replicas, "
                      "requests routed to the replica holding their prefix or session; the same API")
@@ -184,7 +184,7 @@ def build_roles(args: argparse.Namespace):
                 "--config out")
         return load_roles(args.config)
     settle_flash_attn(args)  # -fa on: exactness off, or refused under --exact on
-    controls_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
+    constraints_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
     values = {key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None}
     check_sampling_flags(args)
     values.update(speculation_values(args))  # --spec-type, --spec-draft-n-max, -md alone: llama-server's meanings

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.results import ALL, PLAIN, aggregate
-from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start
+from ..bench.config import DEFAULT_K_MAX, BenchConfig, adaptive_start, split_method
 from ..bench.outputs import check_output_file
 from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
@@ -83,7 +83,7 @@ class Setting:
         """The setting a bench configuration measured: METHOD is DRAFTER or DRAFTER@POLICY, and an
         adaptive configuration's k is its cap, so the profile records the k it started from (none for
         ``cost``: it does not use one)."""
-        drafter, _, policy = method.partition("@")
+        drafter, policy = split_method(method)
         if not policy:
             return cls(drafter, "fixed", k)
         return cls(drafter, policy, None if policy == "cost" else adaptive_start(k))

@@ -9,22 +9,22 @@ of all generations in a step at once, so a draft model can batch them.
 Each request carries the policy's ``Budget``: drafters never decide draft
 length themselves.  Drafters never see the target's logits.
 
-A drafter that conditions on the target (an MTP head; EAGLE-3 later) declares
-``needs_hidden = True`` (``HiddenDrafter``): the engine then hands it the
-target's hidden rows (``types.HiddenRows``) of the tokens the target kept,
-at ``begin`` (the prompt's) and at every ``advance`` (the verification's
-accepted rows; rows of rejected drafts never arrive).
+What every drafter does is ``Drafter``.  What some drafters do beyond it is declared, each a small protocol
+of its own, and read once per generation (``DrafterTraits.of``), never probed at every step:
 
-A drafter that can draft after any context extending its generation's (prompt
-lookup, suffix trees: ``DraftRequest.context`` may run past the committed tokens)
-declares ``reads_context = True``: the grammar source (``drafters.grammar``) then
-asks it again after the forced tokens it appended, so structure and copied text
-alternate in one draft.
-
-A drafter whose per-sequence state is expensive to rebuild (an MTP head's KV)
-may also offer ``save_prefix(seq, tokens) -> (state, bytes) | None`` and
-``restore_prefix(seq, state)``: the engine's host prompt cache then keeps that
-state beside the target's KV and hands it back when it restores the prefix.
+- ``HiddenDrafter``: conditions on the target (an MTP head; EAGLE-3 later), ``needs_hidden = True``: the
+  engine hands it the target's hidden rows (``types.HiddenRows``) of the tokens the target kept, at
+  ``begin`` (the prompt's) and at every ``advance`` (the verification's accepted rows; rows of rejected
+  drafts never arrive).
+- ``ContextDrafter``: drafts after any context extending its generation's (prompt lookup, suffix trees:
+  ``DraftRequest.context`` may run past the committed tokens), ``reads_context = True``: the grammar source
+  (``drafters.grammar``) then asks it again after the forced tokens it appended, so structure and copied
+  text alternate in one draft.
+- ``PrefixDrafter``: per-sequence state expensive to rebuild (an MTP head's KV), kept by
+  ``save_prefix(seq, tokens) -> (state, bytes) | None`` and ``restore_prefix(seq, state)``: the engine's
+  host prompt cache keeps that state beside the target's KV and hands it back when it restores the prefix.
+- ``PlainDrafter``: ``drafts = False``, never proposes (``none``): plain decoding, so the engine drafts no
+  grammar's forced tokens for it either.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ class DraftRequest:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source.  Generations are told apart by ``seq`` (0 when there is one)."""
+    """A draft source.  Generations are told apart by ``seq`` (0 when there is one).
+
+    What a drafter may declare beyond these (hidden rows, drafting after any context, prefix state, not
+    drafting at all) are the protocols ``HiddenDrafter``, ``ContextDrafter``, ``PrefixDrafter`` and
+    ``PlainDrafter``, read once per generation into ``DrafterTraits``."""
 
     name: str
 
@@ -85,15 +89,52 @@ class HiddenDrafter(Drafter, Protocol):
         accepted draft; the last one is the row the step's own target token came from)."""
 
 
+@runtime_checkable
+class ContextDrafter(Protocol):
+    """A drafter that drafts after a context longer than its generation's committed one (``reads_context``
+    True); without it a drafter is not asked so: a model's draft needs its own state to match the context."""
+
+    reads_context: bool
+
+
+@runtime_checkable
+class PrefixDrafter(Protocol):
+    """A drafter whose state for a sequence's prefix the host prompt cache keeps beside the target's KV."""
+
+    def save_prefix(self, seq: int, tokens: Sequence[int]) -> tuple[Any, int] | None:
+        """(state, bytes) kept for ``seq``'s cached ``tokens``, or None where nothing is worth keeping."""
+
+    def restore_prefix(self, seq: int, saved: Any) -> None:
+        """The state ``save_prefix`` gave, for the prefix the engine restored into ``seq``."""
+
+
+@runtime_checkable
+class PlainDrafter(Protocol):
+    """A drafter that declares whether it drafts at all (``drafts`` False: ``none``, plain decoding)."""
+
+    drafts: bool
+
+
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafter declares beyond ``Drafter``, read once (``of``) where a generation takes it."""
+
+    needs_hidden: bool = False
+    reads_context: bool = False
+    drafts: bool = True
+    prefix: PrefixDrafter | None = None  # the drafter itself where it keeps prefix state
+
+    @classmethod
+    def of(cls, drafter: Drafter) -> "DrafterTraits":
+        return cls(needs_hidden=isinstance(drafter, HiddenDrafter) and bool(drafter.needs_hidden),
+                   reads_context=isinstance(drafter, ContextDrafter) and bool(drafter.reads_context),
+                   drafts=not isinstance(drafter, PlainDrafter) or bool(drafter.drafts),
+                   prefix=drafter if isinstance(drafter, PrefixDrafter) else None)
+
+
 def needs_hidden(drafter: Drafter) -> bool:
-    """Whether ``drafter`` reads the target's hidden rows (declared by a ``needs_hidden`` attribute; default no)."""
-    return bool(getattr(drafter, "needs_hidden", False))
-
-
-def reads_context(drafter: Drafter) -> bool:
-    """Whether ``drafter`` drafts after a context longer than its generation's committed one (declared by a
-    ``reads_context`` attribute; default no: a model's draft needs its own state to match the context)."""
-    return bool(getattr(drafter, "reads_context", False))
+    """Whether ``drafter`` reads the target's hidden rows (``HiddenDrafter``; a cascade or fusion passes them on)."""
+    return isinstance(drafter, HiddenDrafter) and bool(drafter.needs_hidden)
 
 
 def propose_one(drafter: Drafter, context: Sequence[int], budget: Budget | int, seq: int = 0) -> Draft:

@@ -34,15 +34,19 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..llama.mtp import MtpRow
+from ..llama.target import MtpTarget
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
 from .base import BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, config_from_options, register
+
+if TYPE_CHECKING:
+    from ..modelfile.meta import GGUFInfo
 
 
 # Pairs a draft's first call takes on (the rest of what plain steps left is caught up in a call of its own, before
@@ -112,7 +116,7 @@ class MtpDrafter:
     name = "mtp"
     needs_hidden = True
 
-    def __init__(self, target, temperature: float, config: MtpConfig) -> None:
+    def __init__(self, target: MtpTarget, temperature: float, config: MtpConfig) -> None:
         self.config = config
         self.head = target.open_mtp(config.draft_model) if config.draft_model is not None else target.open_mtp()
         target.want_hidden()
@@ -374,17 +378,22 @@ ALTERNATIVES = "prompt-lookup, suffix, rest (with --datastore) or draft-model (w
 
 def check_mtp_model(path, where: str = "--drafter mtp", assistant: Path | None = None,
                     alternatives: str = ALTERNATIVES) -> Path | None:
-    """Refuse, from the GGUF's metadata alone (milliseconds, before any load or measurement), a model whose NextN
-    layers this llama.cpp cannot draft from: one line naming the model and ``alternatives``, the drafters that can
-    work where it is asked (a server has no datastore and no second -md). Return the
-    assistant GGUF to draft with (``assistant``, for a target whose head ships apart: gemma4), else None (the
-    target's own NextN layers; an ``assistant`` given for such a target is not this drafter's: None)."""
-    from ..modelfile.archs import mtp_assistant_arch
+    """``check_mtp_meta`` on the GGUF at ``path``, its metadata read here (milliseconds, before any load)."""
     from ..modelfile.meta import read_gguf
 
-    meta = read_gguf(path, tensors=False)
-    name = getattr(path, "name", str(path))
-    wanted = mtp_assistant_arch(meta.architecture)
+    return check_mtp_meta(read_gguf(path, tensors=False), getattr(path, "name", str(path)), where, assistant,
+                          alternatives)
+
+
+def check_mtp_meta(meta: "GGUFInfo", name: str, where: str = "--drafter mtp", assistant: Path | None = None,
+                   alternatives: str = ALTERNATIVES) -> Path | None:
+    """Refuse, from a model's GGUF metadata (``meta``, read once by the caller: ``check_mtp_model``, or the loaded
+    target's own), a model whose NextN layers this llama.cpp cannot draft from: one line naming the model
+    (``name``) and ``alternatives``, the drafters that can work where it is asked (a server has no datastore and
+    no second -md). Return the assistant GGUF to draft with (``assistant``, for a target whose head ships apart:
+    gemma4), else None (the target's own NextN layers; an ``assistant`` given for such a target is not this
+    drafter's: None)."""
+    wanted = meta.mtp_assistant_arch
     if wanted is not None:
         return _check_assistant(name, meta.architecture, wanted, assistant, where, alternatives)
     if meta.nextn_layers == 0:
@@ -444,9 +453,11 @@ def note_mtp(path, command: str = "specstack") -> None:
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(MtpConfig, ctx.options)
     assistant = None
-    if ctx.target.path is not None:
+    if isinstance(ctx.target, MtpTarget):  # the metadata it was loaded from: not read again
+        assistant = check_mtp_meta(ctx.target.meta, ctx.target.path.name, assistant=config.draft_model)
+    elif ctx.target.path is not None:
         assistant = check_mtp_model(ctx.target.path, assistant=config.draft_model)
     config = replace(config, draft_model=assistant)  # -md read by draft-model in a cascade is not the head's
-    if not hasattr(ctx.target, "open_mtp"):
+    if not isinstance(ctx.target, MtpTarget):
         raise UnsupportedModelError("--drafter mtp drafts from a loaded target's NextN head (not a replay)")
     return MtpDrafter(ctx.target, ctx.temperature, config)

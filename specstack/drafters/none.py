@@ -3,7 +3,8 @@
 Running the baseline through the same loop as speculation means the same
 evaluation path, sampling and statistics: an honest comparison.  It is plain
 under a grammar too: the engine drafts a grammar's forced tokens
-(``drafters.grammar``) for every drafter but this one.
+(``drafters.grammar``) for every drafter but this one, which declares ``drafts = False``
+(``base.PlainDrafter``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ NAME = "none"
 
 class NoDrafter:
     name = NAME
+    drafts = False  # plain decoding: no grammar drafts either
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         pass

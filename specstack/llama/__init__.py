@@ -7,24 +7,32 @@ after a rejected draft.  The same class serves as target and as draft model.
 
 Modules, one job each:
 
-- ``api``: ``ModelConfig`` and the ``Target``/``EngineTarget`` protocols (no llama_cpp)
+- ``target``: the target contract (no llama_cpp): ``ModelConfig``, what every target does (``Target``,
+  ``EngineTarget``) and the optional capabilities (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``)
 - ``batching``: exact call shapes (``BatchShapes``) and the call plan (``plan_calls``), pure
 - ``recurrent``: the rollback/checkpoint plan for recurrent and hybrid models, pure
-- ``backend``: importing llama_cpp, its backend and log, GGUF file checks, quantizing, system info
+- ``backend``: importing llama_cpp (and its staging API, ``ext_module``), its backend and log, GGUF file
+  checks, quantizing, system info
+- ``kv``: the KV cache's size before llama.cpp allocates it
 - ``model``: ``LlamaModel`` loading, context, batches and calls
 - ``memory``: sequences: reset, truncate, recurrent rollback and checkpoints, saved copies
 - ``tree``: token trees in one batch
 - ``vocab``: tokenizer (``Vocabulary``, and ``VocabModel`` for a vocabulary-only load)
+- ``hidden``: the target's hidden rows kept for a drafter that reads them (``HiddenRowsTarget``)
+- ``mtp``: a target's multi-token-prediction head on a context of its own (``MtpTarget``)
+- ``grammar``: GBNF grammars over a vocabulary, JSON schemas as grammars, llama.cpp's grammar engine
+- ``guidance``: llguidance, the grammar engine that runs what it can read
 """
 
-from .api import EngineTarget, ModelConfig, Target
+from .target import EngineTarget, GrammarTarget, HiddenRowsTarget, ModelConfig, MtpTarget, Target
 from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_verbose, system_info
 from .batching import INEXACT, PLAIN_ROWS, BatchShapes, Piece, Segment, plan_calls
 from .model import LlamaModel
 from .vocab import VocabModel
 
 __all__ = [
-    "EngineTarget", "ModelConfig", "Target", "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
+    "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target",
+    "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
     "llama_version", "quantize", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
     "plan_calls", "LlamaModel", "VocabModel",
 ]

@@ -36,6 +36,15 @@ def llama_cpp_module():
     return llama_cpp
 
 
+def ext_module():
+    """``llama_cpp.llama_cpp_ext``: llama.cpp's staging API (``src/llama-ext.h``) as llama-cpp-python wraps it.
+    Here, beside ``llama_cpp_module``, because both the target's hidden rows (``hidden``) and the MTP context
+    (``mtp``) call it, and ``mtp`` imports the model that ``hidden`` is part of."""
+    import llama_cpp.llama_cpp_ext as ext
+
+    return ext
+
+
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (off by default: it is very chatty)."""
     _log_state["verbose"] = verbose

@@ -238,7 +238,7 @@ class Grammar:
         self._cands: np.ndarray | None = None
 
     engine = "llama.cpp"
-    lazy = False  # cannot wait for a trigger: llama.cpp's sampler is not fed text (a lazy grammar needs llguidance)
+    supports_lazy = False  # a lazy grammar (triggers) is fed the trigger's text, which llama.cpp's sampler cannot take
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""

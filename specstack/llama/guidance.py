@@ -90,7 +90,7 @@ class GuidedGrammar:
     ``forced``: the tokens the grammar forces next.  The mask is computed once per state and read by every ask."""
 
     engine = "llguidance"
-    lazy = True  # can wait for a trigger (``feed``): a lazy grammar, llama.cpp's grammar_lazy
+    supports_lazy = True  # ``feed`` takes a lazy grammar's trigger text (``constraints._Lazy``)
 
     def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str) -> None:
         self._m = matcher

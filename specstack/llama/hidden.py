@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..types import HiddenRows
+from .backend import ext_module
 
 
 class HiddenStates:
@@ -33,8 +34,6 @@ class HiddenStates:
         """From now on keep every call's hidden rows (``take_hidden``); needs a model with NextN layers loaded."""
         if self._staged is not None:
             return
-        from .mtp import ext_module
-
         ext_module().llama_set_embeddings_nextn(self._ctx, True, False)
         self.n_embd_out = int(self._lc.llama_model_n_embd_out(self._model))
         self._staged = {}
@@ -45,8 +44,6 @@ class HiddenStates:
 
     def _stage_hidden(self, entries: list[tuple[int, int, int, int]], n_rows: int) -> None:
         """After a call of ``n_rows``: per (seq, first position, tokens, rows with pads) the rows of its tokens."""
-        from .mtp import ext_module
-
         ptr = ext_module().llama_get_embeddings_nextn(self._ctx)
         if not ptr:
             return

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UnsupportedModelError
-from .api import ModelConfig
+from .target import ModelConfig
 from .batching import BatchShapes
 from .recurrent import Memory, RollbackError, RewindStats, SeqLog, Strategy, needs_checkpoint, plan_cut
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
-from .api import DEFAULT_CTX, ModelConfig
+from .target import DEFAULT_CTX, ModelConfig
 from .kv import KVEstimate, check_kv_fits, estimate_kv
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)

@@ -35,16 +35,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from .backend import ext_module
 
 if TYPE_CHECKING:
     from .model import LlamaModel
-
-
-def ext_module():
-    """``llama_cpp.llama_cpp_ext``: llama.cpp's staging API (``src/llama-ext.h``) as llama-cpp-python wraps it."""
-    import llama_cpp.llama_cpp_ext as ext
-
-    return ext
 
 
 @dataclass

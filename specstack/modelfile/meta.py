@@ -130,6 +130,12 @@ class GGUFInfo(GGUFFile):
         return archs.mtp_mode(self.architecture) if self.nextn_layers > 0 else None
 
     @property
+    def mtp_assistant_arch(self) -> str | None:
+        """The architecture of the separate MTP head this model drafts with (``archs.mtp_assistant_arch``:
+        gemma4's ``gemma4-assistant``); None where its head, if any, is in this GGUF."""
+        return archs.mtp_assistant_arch(self.architecture)
+
+    @property
     def is_recurrent(self) -> bool:
         """Purely recurrent (state-space / RWKV): its state cannot be cut back by position."""
         return archs.is_recurrent(self.architecture)

@@ -24,7 +24,6 @@ show of tools, calls and tool results is written into the messages (``template_c
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import re
@@ -36,6 +35,7 @@ from typing import Any, Literal, Protocol, Sequence
 from ..errors import InvalidParameterError
 from ..modelfile.meta import read_gguf
 from ..llama import apply_builtin_chat_template, builtin_chat_templates
+from .sandbox import compile_template
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -89,7 +89,7 @@ def compiled(template: ChatTemplate) -> ChatTemplate:
     from jinja2 import TemplateSyntaxError
 
     try:
-        _compile(template.text)
+        compile_template(template.text)
     except TemplateSyntaxError as exc:
         where = f" at line {exc.lineno}" if exc.lineno else ""
         reason = f"Jinja syntax error{where}: {exc.message}"
@@ -394,45 +394,11 @@ def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str,
     if tools:
         context["tools"] = list(tools)
     try:
-        return _compile(template.text).render(**context)
+        return compile_template(template.text).render(**context)
     except InvalidParameterError:
         raise
     except Exception as exc:
         raise InvalidParameterError(f"the model's chat template failed on these messages: {exc}") from None
-
-
-@functools.lru_cache(maxsize=16)
-def _compile(text: str) -> Any:
-    """A template's compiled form, kept: checked once at load, then rendered for every request."""
-    return _environment().from_string(text)
-
-
-@functools.lru_cache(maxsize=1)
-def _environment() -> Any:
-    """The sandbox templates render in, as transformers and llama.cpp set it up: ``tojson`` without HTML
-    escaping, ``{% break %}``/``{% continue %}``, ``{% generation %}`` blocks, ``strftime_now``."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.Scope(body, lineno=lineno)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols", Generation])
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env.filters["tojson"] = tojson
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env
 
 
 _MARKER = re.compile("specstack[0-9a-f]{16}m([0-9]+)e")

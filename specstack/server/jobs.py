@@ -21,7 +21,7 @@ from ..generation import GenerationConfig
 from ..sampling import SamplingParams
 from .backends import Limits, RoleBackend
 from .chat import RenderedChat, render
-from .controls import ControlError, request_constraints, stop_strings
+from .request_constraints import ConstraintError, request_constraints, stop_strings
 from .inputs import chat_messages, completion_prompts
 from .responses import ApiError
 from .roles import Role, check_mtp
@@ -139,7 +139,7 @@ def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limit
     (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
     with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
     from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
-    for (None: the role's default grammar, if any; ``controls.request_constraints``), lazy after ``triggers``
+    for (None: the role's default grammar, if any; ``request_constraints``), lazy after ``triggers``
     (a tool call's opening words under ``tool_choice: auto``) where there are any."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
@@ -257,7 +257,7 @@ def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_token
         if triggers and constraints.grammar:
             constraints = dataclasses.replace(constraints, grammar_triggers=triggers)
         stops = stop_strings(body)
-    except ControlError as exc:
+    except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     seed = body.seed if body.seed is not None else w.role.seed
     try:

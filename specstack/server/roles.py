@@ -41,7 +41,7 @@ from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
 from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
-from .controls import ControlDefaults
+from .request_constraints import ConstraintDefaults
 from .tools.reasoning import FORMATS as REASONING_FORMATS
 
 
@@ -83,7 +83,7 @@ class Role:
     ubatch_size: int = 512
     mmap: bool = True
     mlock: bool = False
-    # Request defaults, used where a request gives none (``controls.ControlDefaults``): the sampling seed, the
+    # Request defaults, used where a request gives none (``request_constraints.ConstraintDefaults``): the sampling seed, the
     # penalties, and one grammar (GBNF text, a GBNF file, or a JSON schema: an inline table or JSON text)
     seed: int | None = None
     # llama-server's -a A,B,C and --tags: more names requests may pick the role by, and labels /v1/models shows
@@ -132,9 +132,9 @@ class Role:
         """The sampling defaults this role sets (only those it sets: the route fills the rest)."""
         return {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
 
-    def controls(self) -> ControlDefaults:
-        """What a request of this role gets for each logit control it does not set (``controls``)."""
-        return ControlDefaults(repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+    def controls(self) -> ConstraintDefaults:
+        """What a request of this role gets for each logit control it does not set (``request_constraints``)."""
+        return ConstraintDefaults(repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
                                frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
                                grammar=self.__dict__.get("_gbnf"))
 
@@ -196,7 +196,7 @@ class Role:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a number (got {value!r})")
         try:
-            ControlDefaults(**{k: getattr(self, k) for k in PENALTY_KEYS}).check()
+            ConstraintDefaults(**{k: getattr(self, k) for k in PENALTY_KEYS}).check()
         except InvalidParameterError as exc:
             raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
         given = [k for k in ("grammar", "grammar_file", "json_schema") if getattr(self, k) is not None]

@@ -21,7 +21,7 @@ from ..drafters.options import DRAFTER_FLAGS
 from ..draft_length import MAX_DRAFT, POLICIES
 from ..sampling import MAX_LOGPROBS
 from .chat import ROLES
-from .controls import ControlFields
+from .request_constraints import ConstraintFields
 from .inputs import ROLE_ALIASES
 from .tools.reasoning import FORMATS as REASONING_FORMATS
 from .responses import ApiError, error
@@ -56,8 +56,8 @@ class StreamOptions(BaseModel):
     include_obfuscation: Optional[bool] = Field(None, strict=True)  # nothing is obfuscated here: only false
 
 
-class _Common(ControlFields):
-    """The fields both endpoints honour (the logit controls' with them: ``controls.ControlFields``).  Anything
+class _Common(ConstraintFields):
+    """The fields both endpoints honour (the logit controls' with them: ``request_constraints.ConstraintFields``).  Anything
     else is a 400: the schemas' other fields by the ``UNIMPLEMENTED`` table, unknown ones as OpenAI does
     ("Unrecognized request argument supplied")."""
 
@@ -79,7 +79,7 @@ class _Common(ControlFields):
     prompt_cache_key: str | None = Field(None, strict=True)
     user: str | None = Field(None, strict=True)
     safety_identifier: str | None = Field(None, strict=True)
-    stop: str | list[StrictStr | StrictInt] | None = None  # an integer entry is a stop token id (``controls``)
+    stop: str | list[StrictStr | StrictInt] | None = None  # an integer entry is a stop token id (``request_constraints``)
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, strict=True, description="choices; at most Limits.max_n")

@@ -112,7 +112,7 @@ async def start(request: Request, w: RoleBackend, body: Any, prompts: list[list[
     free text until one of them (a tool call under ``tool_choice: auto``)."""
     if grammar:
         built = await prepare_grammar(w, grammar, grammar_field(body))
-        if triggers and built is not None and not built.lazy:
+        if triggers and built is not None and not built.supports_lazy:
             # only llguidance waits for a trigger; llama.cpp's engine would force the call from the first token,
             # so the output stays free and parsed, as it was before lazy grammars
             grammar, triggers = "", ()

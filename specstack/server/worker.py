@@ -33,7 +33,7 @@ from ..drafters.base import Drafter
 from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import InvalidParameterError, SpecstackError
-from ..loading import (build_drafter, build_engine, build_policy, experts_info, load_calibrated, lossy_label,
+from ..loading import (build_drafter, build_engine, build_policy, experts_of, load_calibrated, lossy_label,
                        role_draft)
 from ..llama import LlamaModel
 from .chat import ChatTemplate, load_template
@@ -186,7 +186,7 @@ class RoleWorker:
                                       n_max=(role.k_max or DEFAULT_K_MAX) + 1, background=True, prefix=prefix)
         self.target, self._costs = calibration.target, calibration.costs
         try:
-            self.lossy = lossy_label(experts_info(role.model, role.experts))
+            self.lossy = lossy_label(experts_of(self.target.meta, role.experts))  # the metadata the load read
             self.template = load_template(role.model, role.chat_template)
             default_grammar = role.controls().grammar
             if default_grammar:  # built now: a grammar llama.cpp refuses stops the start, not every request

@@ -1,8 +1,12 @@
-"""What a target is, without llama_cpp: how to load one (``ModelConfig``) and what it offers.
+"""The target contract, without llama_cpp: how to load a target (``ModelConfig``), what every target must do
+(``Target`` for drafter factories, ``EngineTarget`` for the engine), and the optional capabilities as small
+protocols of their own (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``).
 
-``llama.LlamaModel`` implements ``EngineTarget``, and so does ``bench.recorded.RecordedTarget``
-(a run's recorded outputs, its calls priced by the run's cost curve: replay).  Drafters and the
-engine type against these protocols, so reading them needs no model and no llama.cpp.
+``llama.LlamaModel`` implements all of them; ``bench.recorded.RecordedTarget`` (a run's recorded outputs, its
+calls priced by the run's cost curve: replay) implements ``EngineTarget`` alone.  Whoever uses a capability
+checks it once, where it sets up (``isinstance`` against the protocol: the engine in ``__init__``, the mtp
+drafter when it is built), never by probing attributes at every step.  Reading these needs no model and no
+llama.cpp.
 """
 
 from __future__ import annotations
@@ -10,13 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from contextlib import AbstractContextManager
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from .batching import BatchShapes, Segment
 from ..errors import InvalidParameterError
 from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
+from ..types import HiddenRows
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
+    from ..modelfile.meta import GGUFInfo
 
 
 DEFAULT_CTX = 4096  # positions per sequence when none is given: llama.cpp's default (-c 4096)
@@ -134,6 +143,9 @@ class EngineTarget(Target, Protocol):
     def checkpoint(self, seq: int = 0) -> None: ...
     def protect(self, seq: int, n: int, one_call: bool = True) -> None: ...
     def reset(self, seq: int | None = None) -> None: ...
+    # a sequence's state as bytes: the host prompt cache and copies between sequences (``engine._swap``)
+    def save_seq(self, seq: int) -> bytes: ...
+    def load_seq(self, seq: int, data: bytes, n_tokens: int) -> bool: ...
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray: ...
     def commit_tree(self, path: Sequence[int]) -> None: ...
     # shape measurement and cost calibration
@@ -144,3 +156,34 @@ class EngineTarget(Target, Protocol):
     def raw_call(self, tokens: Sequence[int], outputs: bool = True, seq: int = 0, pad: int = 0,
                  pad_logits: bool | None = None) -> np.ndarray: ...
     def set_shapes(self, shapes: BatchShapes) -> None: ...
+
+
+@runtime_checkable
+class HiddenRowsTarget(Protocol):
+    """A target that keeps its hidden rows for a drafter that reads them (``llama.hidden``; ``Drafter.needs_hidden``)."""
+
+    def take_hidden(self, seq: int) -> HiddenRows | None:
+        """The rows kept for ``seq`` since the last take (None where none are kept)."""
+
+
+@runtime_checkable
+class GrammarTarget(Protocol):
+    """A target that can enforce a GBNF grammar over its vocabulary (``constraints.Constraints.grammar``)."""
+
+    def grammar(self, gbnf: str) -> "Grammar":
+        """A fresh parse state of ``gbnf`` at its start."""
+
+
+@runtime_checkable
+class MtpTarget(HiddenRowsTarget, Protocol):
+    """A loaded target whose NextN (multi-token-prediction) head ``--drafter mtp`` drafts from, with the GGUF
+    metadata it was loaded from (read once, at load: the drafter checks the head against it).  The head reads
+    the target's hidden rows, so such a target keeps them once asked (``want_hidden``)."""
+
+    meta: "GGUFInfo"
+
+    def open_mtp(self, assistant: Path | None = None) -> Any:
+        """The head's context over this target (``llama.mtp.MtpContext``)."""
+
+    def want_hidden(self) -> None:
+        """From now on keep every call's hidden rows for ``take_hidden``."""

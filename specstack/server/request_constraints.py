@@ -1,7 +1,7 @@
 """A request's logit controls: OpenAI's, llama-server's and vLLM's sampling fields as the engine's ``Constraints``.
 
 One function, ``request_constraints``, reads every field below from a request (a pydantic request model or a
-plain dict, such as llama-server's ``/completion`` body) over its role's defaults (``ControlDefaults``, set
+plain dict, such as llama-server's ``/completion`` body) over its role's defaults (``ConstraintDefaults``, set
 by the roles file or ``serve``'s flags) and returns the ``Constraints`` plus the stop token ids the engine
 applies at every draft position, exactly as plain decoding applies them:
 
@@ -19,7 +19,7 @@ applies at every draft position, exactly as plain decoding applies them:
 - the grammar (GBNF) the caller worked out from ``grammar``, ``json_schema``, ``response_format`` or tools;
   without one, the role's default grammar applies, and an empty one means none.
 
-Errors are ``ControlError`` with the field to name in the 400 (``param``).
+Errors are ``ConstraintError`` with the field to name in the 400 (``param``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from ..errors import InvalidParameterError
 
 # The request fields read here (beside ``stop``, which every request model has), and the types they are read
 # with (strict: "1.1" is not a number, nor true a count).
-CONTROL_FIELDS = ("repeat_penalty", "repetition_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
+CONSTRAINT_FIELDS = ("repeat_penalty", "repetition_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
                   "logit_bias", "min_tokens", "ignore_eos", "stop_token_ids")
 _TOKEN_ID = re.compile(r"-?[0-9]+")
 
 
-class ControlError(InvalidParameterError):
+class ConstraintError(InvalidParameterError):
     """A logit control that cannot be applied: a 400 whose ``param`` names the request field."""
 
     def __init__(self, message: str, param: str) -> None:
@@ -49,7 +49,7 @@ class ControlError(InvalidParameterError):
         self.param = param
 
 
-class ControlFields(BaseModel):
+class ConstraintFields(BaseModel):
     """The request fields of the logit controls, for a route's pydantic request model to inherit."""
 
     repeat_penalty: Optional[float] = Field(None, strict=True)
@@ -66,7 +66,7 @@ class ControlFields(BaseModel):
 
 
 @dataclass(frozen=True)
-class ControlDefaults:
+class ConstraintDefaults:
     """A role's logit controls, used where a request gives none (the roles file's keys of the same names;
     ``serve --repeat-penalty``, ``--grammar``, ... for the one role without a roles file)."""
 
@@ -77,7 +77,7 @@ class ControlDefaults:
     grammar: str | None = None  # GBNF
 
     def check(self) -> None:
-        """Each value in the range a request's field must lie in (``ControlError`` naming it)."""
+        """Each value in the range a request's field must lie in (``ConstraintError`` naming it)."""
         request_constraints({}, self)
 
     def settings(self) -> dict[str, Any]:
@@ -93,7 +93,7 @@ class Tokenizer(Protocol):
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
 
-def request_constraints(body: Any, defaults: ControlDefaults = ControlDefaults(), grammar: str | None = None, *,
+def request_constraints(body: Any, defaults: ConstraintDefaults = ConstraintDefaults(), grammar: str | None = None, *,
                         vocab: Tokenizer | None = None, max_tokens: int | None = None,
                         ) -> tuple[Constraints, tuple[int, ...]]:
     """The ``Constraints`` and stop token ids of a request ``body`` (a model or a dict) over its role's
@@ -102,7 +102,7 @@ def request_constraints(body: Any, defaults: ControlDefaults = ControlDefaults()
     repeat = _number(body, "repeat_penalty")
     vllm = _number(body, "repetition_penalty")
     if repeat is not None and vllm is not None and repeat != vllm:
-        raise ControlError(f"repeat_penalty and repetition_penalty disagree ({repeat} and {vllm}); they are the "
+        raise ConstraintError(f"repeat_penalty and repetition_penalty disagree ({repeat} and {vllm}); they are the "
                            "same setting (llama-server's and vLLM's names): send one of them", "repetition_penalty")
     repeat_field = "repetition_penalty" if vllm is not None and repeat is None else "repeat_penalty"
     repeat = repeat if repeat is not None else vllm
@@ -115,17 +115,17 @@ def request_constraints(body: Any, defaults: ControlDefaults = ControlDefaults()
         "ignore_eos": bool(_get(body, "ignore_eos") or False),
     }
     if not (values["repeat_penalty"] > 0 and math.isfinite(values["repeat_penalty"])):
-        raise ControlError(f"{repeat_field} must be > 0 (got {values['repeat_penalty']}); 1 means none", repeat_field)
+        raise ConstraintError(f"{repeat_field} must be > 0 (got {values['repeat_penalty']}); 1 means none", repeat_field)
     if values["repeat_last_n"] < -1:
-        raise ControlError(f"repeat_last_n must be >= -1 (got {values['repeat_last_n']}); -1 means the whole context, "
+        raise ConstraintError(f"repeat_last_n must be >= -1 (got {values['repeat_last_n']}); -1 means the whole context, "
                            "0 no penalty window", "repeat_last_n")
     for name in ("frequency_penalty", "presence_penalty"):
         if not -2.0 <= values[name] <= 2.0:
-            raise ControlError(f"{name} must be in [-2, 2] (got {values[name]}), as in the OpenAI API", name)
+            raise ConstraintError(f"{name} must be in [-2, 2] (got {values[name]}), as in the OpenAI API", name)
     if values["min_tokens"] < 0:
-        raise ControlError(f"min_tokens must be >= 0 (got {values['min_tokens']})", "min_tokens")
+        raise ConstraintError(f"min_tokens must be >= 0 (got {values['min_tokens']})", "min_tokens")
     if max_tokens is not None and values["min_tokens"] > max_tokens:
-        raise ControlError(f"min_tokens ({values['min_tokens']}) is more than the tokens the request may generate "
+        raise ConstraintError(f"min_tokens ({values['min_tokens']}) is more than the tokens the request may generate "
                            f"({max_tokens})", "min_tokens")
     bias = _get(body, "logit_bias")
     values["logit_bias"] = parse_logit_bias(bias, vocab) if bias is not None else ()
@@ -134,7 +134,7 @@ def request_constraints(body: Any, defaults: ControlDefaults = ControlDefaults()
     try:
         constraints = Constraints(**values)
     except InvalidParameterError as exc:  # every field is checked above; this names the one Constraints refused
-        raise ControlError(str(exc), next((n for n in values if n in str(exc)), "body")) from None
+        raise ConstraintError(str(exc), next((n for n in values if n in str(exc)), "body")) from None
     return constraints, stop_token_ids(body, vocab)
 
 
@@ -144,7 +144,7 @@ def stop_strings(body: Any) -> tuple[str, ...]:
     entries = [stop] if isinstance(stop, str) else list(stop or [])
     texts = tuple(s for s in entries if isinstance(s, str))
     if any(not s for s in texts):
-        raise ControlError("stop strings must be non-empty", "stop")
+        raise ConstraintError("stop strings must be non-empty", "stop")
     return texts
 
 
@@ -157,7 +157,7 @@ def stop_token_ids(body: Any, vocab: Tokenizer | None = None) -> tuple[int, ...]
     for token, field in found:
         if token < 0 or (vocab is not None and token >= vocab.n_vocab):
             top = f"0..{vocab.n_vocab - 1}" if vocab is not None else "0 or more"
-            raise ControlError(f"{field}: token id {token} is outside the vocabulary ({top})", field)
+            raise ConstraintError(f"{field}: token id {token} is outside the vocabulary ({top})", field)
     return tuple(dict.fromkeys(t for t, _ in found))
 
 
@@ -173,7 +173,7 @@ def parse_logit_bias(value: Mapping[str, Any] | Sequence[Any], vocab: Tokenizer 
         entries = []
         for i, item in enumerate(value):
             if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise ControlError(f"logit_bias[{i}] must be a pair [token id or text, bias] (got "
+                raise ConstraintError(f"logit_bias[{i}] must be a pair [token id or text, bias] (got "
                                    f"{_short(item)})", "logit_bias")
             entries.append((item[0], item[1]))
     out: dict[int, float] = {}
@@ -188,10 +188,10 @@ def _bias(key: Any, bias: Any) -> float:
     if bias is False:
         return -math.inf
     if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-        raise ControlError(f"logit_bias for {_short(key)} must be a number in [-100, 100], or false to ban the "
+        raise ConstraintError(f"logit_bias for {_short(key)} must be a number in [-100, 100], or false to ban the "
                            f"token (got {_short(bias)})", "logit_bias")
     if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
-        raise ControlError(f"logit_bias for {_short(key)} must be in [-100, 100] (got {bias}); false bans the token",
+        raise ConstraintError(f"logit_bias for {_short(key)} must be in [-100, 100] (got {bias}); false bans the token",
                            "logit_bias")
     return float(bias)
 
@@ -202,12 +202,12 @@ def _bias_tokens(key: Any, vocab: Tokenizer | None) -> list[int]:
     if isinstance(key, int) and not isinstance(key, bool):
         if key < 0 or (vocab is not None and key >= vocab.n_vocab):
             top = f"0..{vocab.n_vocab - 1}" if vocab is not None else "0 or more"
-            raise ControlError(f"logit_bias: token id {key} is outside the vocabulary ({top})", "logit_bias")
+            raise ConstraintError(f"logit_bias: token id {key} is outside the vocabulary ({top})", "logit_bias")
         return [key]
     if not isinstance(key, str) or not key:
-        raise ControlError(f"logit_bias: {_short(key)} is neither a token id nor text", "logit_bias")
+        raise ConstraintError(f"logit_bias: {_short(key)} is neither a token id nor text", "logit_bias")
     if vocab is None:
-        raise ControlError(f"logit_bias: {_short(key)} is not a token id", "logit_bias")
+        raise ConstraintError(f"logit_bias: {_short(key)} is not a token id", "logit_bias")
     return list(dict.fromkeys(vocab.tokenize(key, add_special=False)))
 
 
@@ -218,14 +218,14 @@ def _get(body: Any, name: str) -> Any:
 def _number(body: Any, name: str) -> float | None:
     value = _get(body, name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ControlError(f"{name} must be a number (got {_short(value)})", name)
+        raise ConstraintError(f"{name} must be a number (got {_short(value)})", name)
     return None if value is None else float(value)
 
 
 def _integer(body: Any, name: str) -> int | None:
     value = _get(body, name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ControlError(f"{name} must be an integer (got {_short(value)})", name)
+        raise ConstraintError(f"{name} must be an integer (got {_short(value)})", name)
     return value
 
 
