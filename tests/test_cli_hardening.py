@@ -554,7 +554,7 @@ def test_llama_servers_no_op_flags_are_accepted():
     args = parsed("serve", "--metrics", "--slots", "-cb", "--no-webui", "-v", "-to", "30", "--cache-reuse", "256",
                   "--no-context-shift", "-kvu", "--swa-full", "-ctk", "f16", "-ctv", "f16", "-fa", "--jinja",
                   "--no-jinja", "--no-mmproj", "--sleep-idle-seconds", "60", "--no-cache-idle-slots",
-                  "--cors-origins", "localhost")
+                  "--cors-origins", "localhost", "--spec-ngram-map-k4v-size-n", "8", "--spec-ngram-mod-n-match", "24")
     assert args.slots and args.verbose and args.timeout == 30 and args.flash_attn == "on"
     assert args.no_webui and args.cors_origins == "localhost"
 

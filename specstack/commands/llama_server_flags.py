@@ -33,6 +33,10 @@ SPEC_TYPES = {
     # statistics shared across requests: the suffix drafter's tree holds every slot's prompts and outputs
     "ngram-mod": "suffix", "ngram-cache": "suffix",
 }
+# llama-server's n-gram tuning flags (common/arg.cpp): accepted, not used (``add_llama_server_args``)
+NGRAM_TUNING = tuple(f"--spec-ngram{kind}-{knob}" for kind in ("", "-simple", "-map-k", "-map-k4v")
+                     for knob in ("size-n", "size-m", "min-hits")) + \
+    tuple(f"--spec-ngram-mod-{knob}" for knob in ("n-min", "n-max", "n-match"))
 NOT_OFFERED = ("draft-eagle3", "draft-dflash", "draft-dspark")  # drafts reading the target's hidden states
 
 # Flags that cannot apply here: (flags, takes a value, why and what to use instead)
@@ -135,6 +139,11 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     spec.add_argument("--spec-draft-p-min", "--draft-p-min", dest="p_min", type=float, default=None, metavar="P",
                       help="draft-model/mtp: stop drafting when the draft's confidence is below P (the role's p_min; "
                       "a request's speculative.p_min)")
+    spec.add_argument(*NGRAM_TUNING, dest="ngram_tuning", type=at_least(0), default=None, metavar="N",
+                      help="llama-server's n-gram tuning (--spec-ngram-*-size-n/-size-m/-min-hits, "
+                      "--spec-ngram-mod-n-min/-n-max/-n-match): accepted, not used; prompt lookup follows a match as "
+                      "far back as it runs and scores it, and the suffix drafter keeps every length, so the cost policy "
+                      "decides the draft's length (it changes speed only, never the output)")
     sampling = p.add_argument_group("sampling defaults (a request's own value wins; see docs/serve.md)")
     sampling.add_argument("--temp", "--temperature", dest="temperature", type=at_least(0, float), default=None,
                           metavar="T", help="temperature of a request that gives none (the role's temperature; "
