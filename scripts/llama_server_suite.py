@@ -94,8 +94,11 @@ def server_command(name: str) -> list[str]:
 def prepare(suite: Path, work: Path, model: str, draft: str, server: str) -> Path:
     """A copy of the suite under ``work`` with the launcher and the download-free conftest; the launcher's path.
     The draft model the speculative tests download (``download_file`` skips a file already in ``tmp/``) is ``draft``."""
-    tests = work / "tests"
+    tests = work / SUITE_IN_TREE  # at its place in the tree: tests read ../../../models/templates/*.jinja
     shutil.copytree(suite, tests, ignore=shutil.ignore_patterns("tmp", "__pycache__", ".pytest_cache"))
+    templates = suite.parents[2] / "models" / "templates"
+    if templates.is_dir():
+        shutil.copytree(templates, work / "models" / "templates")
     (tests / "tmp").mkdir()
     (tests / "tmp" / DRAFT_URL.rsplit("/", 1)[-1]).symlink_to(Path(draft).resolve())
     (tests / "unit" / "conftest.py").write_text(
@@ -122,7 +125,7 @@ def run(suite: Path, server: str, models: tuple[str, str], out: Path, select: st
         print(f"llama_server_suite: {server}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
         with open(out / f"{server}.log", "w") as log:
             try:
-                subprocess.run(cmd, cwd=Path(tmp) / "tests", env=env, stdout=log, stderr=subprocess.STDOUT,
+                subprocess.run(cmd, cwd=Path(tmp) / SUITE_IN_TREE, env=env, stdout=log, stderr=subprocess.STDOUT,
                                timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 print(f"llama_server_suite: {server}: stopped after {timeout_s} s (--timeout); the tests that "

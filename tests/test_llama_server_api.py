@@ -108,7 +108,8 @@ def test_props_and_slots(http, server):
     assert strict["repeat_penalty"] == PENALTIES["repeat_penalty"] and "root ::=" in strict["grammar"]
     slots = http.get("/slots").json()
     assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
-    assert {"id", "id_task", "n_ctx", "speculative", "is_processing", "params", "next_token"} <= set(slots[0])
+    assert {"id", "id_task", "n_ctx", "speculative", "is_processing", "next_token"} <= set(slots[0])
+    assert "params" not in slots[0]  # an idle slot has no task's params (llama-server's /slots)
     assert http.post("/props", json={}).status_code == 403  # read-only, as llama-server without --props
 
 

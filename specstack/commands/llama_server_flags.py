@@ -58,6 +58,10 @@ REFUSED = (
      "with llama-server"),
     (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only); "
      "a finished prompt's KV is kept in host memory instead (--cache-ram)"),
+    (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--media-path"), True,
+     "llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
+     "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)"),
+    (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it"),
     (("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"), True, "self-extend (grouped attention) is not offered: it "
      "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
      "with a longer trained context"),

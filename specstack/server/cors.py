@@ -41,10 +41,11 @@ class Cors:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         allow = self.allowed(headers.get("origin"))
-        extra = [(b"access-control-allow-origin", allow.encode("latin-1"))] if allow else []
+        extra = [(b"Access-Control-Allow-Origin", allow.encode("latin-1"))] if allow else []
         if scope.get("method") == "OPTIONS":
-            extra += [(b"access-control-allow-credentials", b"true"), (b"access-control-allow-methods", METHODS.encode()),
-                      (b"access-control-allow-headers", b"*"), (b"content-type", b"text/html"),
+            # spelled as llama-server spells them: a client reading the headers into a plain dict looks them up so
+            extra += [(b"Access-Control-Allow-Credentials", b"true"), (b"Access-Control-Allow-Methods", METHODS.encode()),
+                      (b"Access-Control-Allow-Headers", b"*"), (b"content-type", b"text/html"),
                       (b"content-length", b"0")]
             await send({"type": "http.response.start", "status": 200, "headers": extra})
             return await send({"type": "http.response.body", "body": b""})

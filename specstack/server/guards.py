@@ -83,8 +83,8 @@ class Guard:
 # What --api-key guards: the OpenAI routes and llama-server's (``routes/llama_server``); the probes (/health, /v1/health,
 # /metrics) and the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
 PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
-LLAMA_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
-                         "/props", "/slots", "/embedding", "/embeddings", "/models"})
+LLAMA_PATHS = frozenset({"/completion", "/completions", "/chat/completions", "/responses", "/infill", "/tokenize",
+                         "/detokenize", "/apply-template", "/props", "/slots", "/embedding", "/embeddings", "/models"})
 
 
 def as_json(scope: dict, content_type: str | None) -> dict:

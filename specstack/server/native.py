@@ -126,13 +126,15 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
     out = []
     for i in range(w.role.parallel):
         job = busy.get(i)
-        params = request_params(job, w.role, limits) if job is not None else default_params(w.role, limits)
         decoded = len(job.gen.output_ids) if job is not None else 0
-        out.append({"id": i, "id_task": job.index if job is not None else -1, "n_ctx": w.target.n_ctx,
-                    "speculative": w.role.drafter != "none", "is_processing": job is not None, "params": params,
-                    "next_token": {"has_next_token": job is not None, "has_new_line": False,
-                                   "n_remain": job.config.max_tokens - decoded if job is not None else -1,
-                                   "n_decoded": decoded, "stopping_word": ""}})
+        entry = {"id": i, "id_task": job.index if job is not None else -1, "n_ctx": w.target.n_ctx,
+                 "speculative": w.role.drafter != "none", "is_processing": job is not None,
+                 "next_token": {"has_next_token": job is not None, "has_new_line": False,
+                                "n_remain": job.config.max_tokens - decoded if job is not None else -1,
+                                "n_decoded": decoded, "stopping_word": ""}}
+        if job is not None:  # llama-server shows a slot's params only for its task (an idle slot: none)
+            entry["params"] = request_params(job, w.role, limits)
+        out.append(entry)
     return out
 
 

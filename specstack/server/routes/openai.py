@@ -32,6 +32,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 @router.post("/v1/chat/completions")
+@router.post("/chat/completions")  # llama-server's too
 async def chat(body: ChatRequest, request: Request) -> Response:
     unsupported(body)
     w = served(request).backend(body.model)

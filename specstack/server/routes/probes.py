@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -34,11 +35,14 @@ async def health(request: Request) -> JSONResponse:
                       **extra.get(w.role.name, (None, {}))[1]} for w in workers.values()}})
 
 
+STARTED = int(time.time())  # when this server process started serving (llama-server's Process-Start-Time-Unix)
+
+
 @router.get("/metrics")
 async def prometheus(request: Request) -> Response:
     state = served(request)
     body = await state.render_metrics() if state.render_metrics is not None else state.metrics.render()
-    return Response(body, media_type="text/plain; version=0.0.4")
+    return Response(body, media_type="text/plain; version=0.0.4", headers={"Process-Start-Time-Unix": str(STARTED)})
 
 
 @router.get("/v1/models")
