@@ -42,7 +42,11 @@ STARTED = int(time.time())  # when this server process started serving (llama-se
 async def prometheus(request: Request) -> Response:
     state = served(request)
     body = await state.render_metrics() if state.render_metrics is not None else state.metrics.render()
-    return Response(body, media_type="text/plain; version=0.0.4", headers={"Process-Start-Time-Unix": str(STARTED)})
+    response = Response(body, media_type="text/plain; version=0.0.4")
+    # spelled as llama-server spells it (Starlette would lower-case a header given by name): a client reading the
+    # headers into a plain dict looks it up so
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(STARTED).encode()))
+    return response
 
 
 @router.get("/v1/models")
