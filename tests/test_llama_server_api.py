@@ -429,6 +429,11 @@ def test_aliases_tags_cors_the_x_api_key_and_no_ui_as_llama_server():
         assert pre.headers["access-control-allow-credentials"] == "true"
         assert http.get("/health", headers={"Origin": "http://a.b"}).headers["access-control-allow-origin"] == "http://a.b"
         assert http.get("/").status_code == 404
+        chat = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "def f("}], "max_tokens": 2},
+                         headers=AUTH)
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
+        metrics = http.get("/metrics")
+        assert any(k == b"Process-Start-Time-Unix" for k, _ in metrics.headers.raw)  # llama-server's spelling
     local = create_app([role], Limits(max_tokens=8), cors_origins="localhost")
     with Server(local) as s, httpx.Client(base_url=s.url, timeout=120) as http:
         assert http.get("/health", headers={"Origin": "http://[::1]:3000"}).headers["access-control-allow-origin"] == \
