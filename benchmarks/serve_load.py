@@ -223,11 +223,23 @@ def mtp_setting(n_max: int) -> LlamaSetting:
     return LlamaSetting(f"draft-mtp n_max {n_max}", ("--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)))
 
 
+def draft_fits(args: argparse.Namespace) -> bool:
+    """Whether llama-server can draft for ``-m`` with ``-md``: ``specstack check`` finds their vocabularies identical
+    or compatible (llama.cpp does not translate between tokenizers; given another, llama-server ran without drafting,
+    and the sweep's row was plain decoding under another name)."""
+    from specstack.modelfile.compat import COMPATIBLE, IDENTICAL, check_pair
+
+    fits = check_pair(args.model, args.model_draft).verdict in (IDENTICAL, COMPATIBLE)
+    if not fits:
+        say(f"the sweep leaves draft-simple out: {Path(args.model_draft).name} cannot draft for {Path(args.model).name}")
+    return fits
+
+
 def llama_settings(args: argparse.Namespace) -> list[LlamaSetting]:
     """What ``--llama-sweep`` tries: no speculation, the draft model at each n_max, the target's NextN head at
     each n_max (a target that has one), each n-gram type alone."""
     settings = [LlamaSetting("none", ())]
-    for n_max in args.llama_n_max:
+    for n_max in args.llama_n_max if draft_fits(args) else ():
         settings.append(LlamaSetting(f"draft-simple n_max {n_max}", ("-md", args.model_draft, "--spec-type",
                                                                      "draft-simple", "--spec-draft-n-max", str(n_max))))
     if args.mtp:
