@@ -259,8 +259,11 @@ class Engine:
             slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
             self._waiting.popleft()
             try:
-                self._swap(slot, gen.prompt_ids, gen.traits.prefix)
-                self._start(gen, slot, reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids))
+                reuse = 0
+                if gen.config.reuse_prompt:
+                    self._swap(slot, gen.prompt_ids, gen.traits.prefix)
+                    reuse = reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids)
+                self._start(gen, slot, reuse)
             except BaseException:
                 self.cancel(gen)
                 raise

@@ -37,6 +37,8 @@ class GenerationConfig:
     constraints: Constraints = field(default_factory=Constraints)  # logit bias, penalties, min_tokens, grammar
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the generation as end-of-generation does (not output)
     grammar_drafts: bool = True  # a grammar's forced tokens are drafted (``drafters.grammar``); False to compare
+    # False: the whole prompt is prefilled, no cached prefix reused (llama-server's cache_prompt: false)
+    reuse_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

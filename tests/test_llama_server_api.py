@@ -440,3 +440,14 @@ def test_aliases_tags_cors_the_x_api_key_and_no_ui_as_llama_server():
             "http://[::1]:3000"
         assert "access-control-allow-origin" not in http.get("/health", headers={"Origin": "http://localhost.evil.com"}).headers
         assert http.get("/").status_code == 200
+
+
+def test_cache_prompt_false_prefills_the_whole_prompt(http):
+    """llama-server's ``cache_prompt: false``: no cached prefix is reused (``tokens_cached`` 0, the whole prompt
+    prefilled), where the same prompt sent again with the default reuses it; the text is the same."""
+    body = {"prompt": REPEATS, "n_predict": 8, "temperature": 0}
+    first = http.post("/completion", json=body).json()
+    again = http.post("/completion", json=body).json()
+    fresh = http.post("/completion", json={**body, "cache_prompt": False}).json()
+    assert again["tokens_cached"] > 0 and fresh["tokens_cached"] == 0
+    assert fresh["timings"]["prompt_n"] == fresh["tokens_evaluated"] and fresh["content"] == first["content"]

@@ -159,7 +159,7 @@ SCHEMA = [
     SchemaField("min_keep", 2, "2", neutral=0),
     SchemaField("t_max_predict_ms", 100, "100", neutral=0),
     SchemaField("id_slot", 0, "0", neutral=-1),
-    SchemaField("cache_prompt", False, "no", neutral=True),
+    SchemaField("cache_prompt", False, "no", neutral=True, honoured=True),
     SchemaField("return_tokens", True, "yes", neutral=False),
     SchemaField("samplers", ["temperature", "top_k"], 5,
                 neutral=["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),

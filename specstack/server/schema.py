@@ -67,6 +67,8 @@ class _Common(ConstraintFields):
     # the server allows (llama-server's "until the end"; ``requested_tokens``)
     max_tokens: int | None = Field(None, ge=-1, strict=True)
     n_predict: int | None = Field(None, strict=True)  # llama-server's name for max_tokens (``requested_tokens``)
+    # llama-server's: false prefills the whole prompt, no cached prefix reused (``GenerationConfig.reuse_prompt``)
+    cache_prompt: bool | None = Field(None, strict=True)
     # None: the role's default (serve --temp, ...), else the route's: llama-server's on /completion, OpenAI's on
     # /v1/* (``jobs.sampling_for``)
     temperature: float | None = Field(None, ge=0, le=100, strict=True)
