@@ -30,19 +30,14 @@ EXTRA = [{"filename": "stats.py", "text": "def total(values):\n    total = 0\n  
 def _with_fim(src, out, ids: dict[str, int]) -> None:
     """A copy of GGUF ``src`` whose metadata names ``ids`` as its FIM tokens (``tokenizer.ggml.fim_*_token_id``)."""
     import gguf
-    from gguf import GGUFValueType as VT
+
+    from specstack.modelfile.standin.metadata import copy_field
 
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
     for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        vtype, sub = f.types[0], f.types[-1]
-        if vtype == VT.ARRAY:
-            value = [bytes(f.parts[i]) for i in f.data] if sub == VT.STRING else f.contents()
-            writer.add_key_value(f.name, value, vtype, sub_type=sub)
-        else:
-            writer.add_key_value(f.name, bytes(f.parts[-1]) if vtype == VT.STRING else f.contents(), vtype)
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            copy_field(writer, f)
     for name, token in ids.items():
         writer.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", token)
     for t in reader.tensors:
