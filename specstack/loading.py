@@ -12,7 +12,7 @@ puts a loaded target, a drafter, a policy and that calibration together. The lib
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -81,16 +81,94 @@ class TargetSpec:
         """The llama.cpp-level config. ``--exact off`` promises no exactness, so flash attention is on from the
         start (+1.3-1.8% plain decoding on Gemma 3 270M at -t 2); ``auto`` learns its verdict only from a
         context (``open_for_mode`` reopens a multi-slot target once it knows)."""
-        overrides = self.kv_overrides
-        if self.experts is not None:
-            from .drafters.moe_self import expert_override
-
-            overrides = overrides + (expert_override(self.model, self.experts, "experts"),)
         return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
-                           n_seq_max=self.tree_branches, n_slots=self.slots,
-                           kv_overrides=overrides, rollback=self.rollback, rollback_depth=self.rollback_depth,
+                           n_seq_max=self.tree_branches, n_slots=self.slots, kv_overrides=self.kv_overrides,
+                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                            flash_attn=exact_mode(self.exact) == "off" if self.flash_attn is None else self.flash_attn,
                            n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A command's run as typed values, read from its flags once (``commands/common.run_spec``): the target, the
+    drafter and its options, the k policy and the grammar. ``load_run`` checks it against the model files and
+    loads its target; ``build_run`` builds its engine there. Flag-level checks (names, ranges) are the
+    caller's, in the words the user typed; what needs the files is here, once."""
+
+    target: TargetSpec = TargetSpec()
+    drafter: str | None = None  # None: the command builds no drafter of its own (bench and tune run methods)
+    sources: tuple[str, ...] = ()  # what ``drafter`` builds, a cascade's or fusion's parts too (``check_name``)
+    options: Mapping[str, Any] = field(default_factory=dict)  # drafter options by name; None: the config default
+    policy: str = "fixed"
+    k: int = 4
+    k_max: int | None = None
+    temperature: float = 0.0
+    grammar: str | None = None
+    note_mtp: bool = False  # say so when the model ships an MTP head and no drafter was chosen
+    command: str = "specstack"
+
+    @property
+    def cost_rows(self) -> int | None:
+        """Rows of the cost curve the k policy prices with (None: it needs none)."""
+        if self.policy != "cost" or self.drafter in (None, "none"):
+            return None
+        return (self.k_max or DEFAULT_K_MAX) + 1
+
+
+def load_run(run: RunSpec, *, background: bool = False, prefix: str = "specstack") -> tuple[RunSpec, Calibration]:
+    """``run`` checked against its model files (``preflight``), then its target loaded and calibrated
+    (``load_calibrated``, with a cost curve where the policy prices; ``background``: what the cache lacks measured
+    beside the first generations). Returns the run with its draft settled, and the calibration."""
+    run = preflight(run)
+    return run, load_calibrated(run.target, n_max=run.cost_rows, background=background, prefix=prefix)
+
+
+def preflight(run: RunSpec) -> RunSpec:
+    """Every check that needs the model files but no load, once, before the target loads (a big model's load and
+    first shape probe take minutes): the grammar on the model's vocabulary, then, from the target's GGUF metadata
+    read here once, what the drafters need of it (``settle_drafts``). Returns the run with its draft settled.
+    (--experts is checked by the load, against the metadata it reads before the weights.)"""
+    from .llama.vocab import check_grammar
+    from .modelfile.meta import read_gguf
+
+    meta = read_gguf(run.target.model, tensors=False, role="target")
+    check_grammar(meta.path, run.grammar)
+    return replace(run, options=settle_drafts(run, meta))
+
+
+def settle_drafts(run: RunSpec, meta: "GGUFInfo") -> dict[str, Any]:
+    """The drafter options of ``run`` with its draft model settled from the target's metadata ``meta``: a model's
+    MTP head where mtp drafts (or a note that it has one, where no drafter was chosen), the draft model where
+    draft-model reads it (``resolve_draft``: the bundled draft only where it fits the target, and a given file
+    read, so a broken -md fails in milliseconds), and -md refused where nothing reads it."""
+    from .drafters.mtp import check_mtp_meta, note_mtp
+    from .modelfile.meta import read_gguf
+
+    options = dict(run.options)
+    if run.drafter is None:
+        return options
+    built, draft = set(run.sources), options.get("draft_model")
+    assistant = None
+    if "mtp" in built:  # no NextN layers (or none this llama.cpp runs), or gemma4 without its assistant
+        assistant = check_mtp_meta(meta, Path(meta.path).name, assistant=draft)
+    elif run.note_mtp:
+        note_mtp(meta, run.command)  # the model ships a draft head: say so, once
+    if "draft-model" in built:
+        options["draft_model"] = resolve_draft(meta, draft)
+        read_gguf(options["draft_model"], tensors=False)
+    elif draft is not None and assistant is None:
+        raise InvalidParameterError(f"-md {draft} is used by --drafter draft-model (alone or in a cascade or fusion) "
+                                    f"and by mtp on a gemma4 target (its assistant), which {run.drafter!r} does not "
+                                    "use; leave -md out or add draft-model")
+    return options
+
+
+def build_run(calibration: Calibration, run: RunSpec) -> Engine:
+    """The engine of ``run`` on its loaded target: its k policy priced with the calibration's cost model, and its
+    drafter with its options."""
+    target = calibration.target
+    policy = build_policy(run.policy, run.k, run.k_max, calibration.costs, target)
+    return build_engine(calibration, build_drafter(run.drafter or "none", target, run.options, run.temperature), policy)
 
 
 def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, prefix: str = "specstack") -> LlamaModel:
@@ -176,40 +254,44 @@ def build_engine(loaded: Calibration | LlamaModel, drafter: Drafter | str = "non
                   batch_tokens=batch_tokens, prefill_cap=prefill_cap)
 
 
-def resolve_draft(model: Path, draft: Path | None, where: str = "--drafter draft-model",
+def resolve_draft(meta: "GGUFInfo", draft: Path | None, where: str = "--drafter draft-model",
                   fix: str = "-md {path}") -> Path:
-    """The draft GGUF that draft-model uses: ``draft`` if given, else the bundled one, but only where it can draft
-    by id for ``model``: the bundled target, or a model ``check`` finds identical or compatible (then said, on stderr).
+    """The draft GGUF that draft-model uses for the target of ``meta`` (its GGUF metadata): ``draft`` if given,
+    else the bundled one, but only where it can draft by id for the target: the bundled target, or a model
+    ``check`` finds identical or compatible (then said, on stderr).
 
     The bundled draft used to be a silent default for any -m: on Gemma 3 270M it spells 1.5% of the target's
     tokens alike, so it drafted almost nothing while the user believed draft-model was being measured."""
     if draft is not None:
         return draft
-    report = bundled_draft_check(model)
+    report = bundled_draft_check(meta)
+    model = Path(meta.path)
     if report is None:
         return DEFAULT_DRAFT
     if bundled_draft_fits(report):
         print(f"specstack: note: {where} drafts with the bundled {DEFAULT_DRAFT.name}, whose vocabulary is "
-              f"{report.verdict} with {Path(model).name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
+              f"{report.verdict} with {model.name}'s ({fix.format(path='DRAFT.gguf')} chooses another)",
               file=sys.stderr, flush=True)
         return DEFAULT_DRAFT
     overlap = report.scores.get("text_overlap")
     share = f" ({overlap:.1%} of the target's tokens spelled alike)" if overlap is not None else ""
     raise InvalidParameterError(
-        f"{where} needs a draft model for {Path(model).name}: give one with {fix.format(path='DRAFT.gguf')}, a "
+        f"{where} needs a draft model for {model.name}: give one with {fix.format(path='DRAFT.gguf')}, a "
         f"smaller model with the same vocabulary (`specstack models scan DIR` lists them). The bundled "
         f"{DEFAULT_DRAFT.name} is the default only where `specstack check` finds its vocabulary identical or "
-        f"compatible; with {Path(model).name} it is "
+        f"compatible; with {model.name} it is "
         f"{report.verdict}{share}. To draft with it anyway, give it with {fix.format(path=DEFAULT_DRAFT)}")
 
 
-def bundled_draft_check(model: Path) -> Any:
-    """``check``'s report on the bundled draft drafting for ``model`` (None for the bundled target: the pair)."""
-    if Path(model).resolve() == DEFAULT_TARGET.resolve():
+def bundled_draft_check(meta: "GGUFInfo") -> Any:
+    """``check``'s report on the bundled draft drafting for the target of ``meta`` (its GGUF metadata, read once by
+    the caller); None for the bundled target: the pair."""
+    if Path(meta.path).resolve() == DEFAULT_TARGET.resolve():
         return None
-    from .modelfile.compat import check_pair
+    from .modelfile.compat import compare
+    from .modelfile.meta import read_gguf
 
-    return check_pair(model, DEFAULT_DRAFT)
+    return compare(meta, read_gguf(DEFAULT_DRAFT, tensors=False))
 
 
 def bundled_draft_fits(report: Any) -> bool:
@@ -224,4 +306,6 @@ def role_draft(model: Path, draft: Path | None) -> Path | None:
     bundled target, or a vocabulary ``check`` finds identical or compatible), else None: no draft."""
     if draft is not None:
         return draft
-    return DEFAULT_DRAFT if bundled_draft_fits(bundled_draft_check(model)) else None
+    from .modelfile.meta import read_gguf
+
+    return DEFAULT_DRAFT if bundled_draft_fits(bundled_draft_check(read_gguf(model, tensors=False))) else None

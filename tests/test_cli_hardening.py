@@ -336,13 +336,12 @@ def parsed(*argv: str):
 
 
 def test_llama_cpps_flags_reach_the_target_spec():
-    from specstack.commands.common import constraints_from_args, preflight, target_spec
+    from specstack.commands.common import constraints_from_args, run_spec, target_spec
 
     args = parsed("generate", "-p", "x", "-ngl", "0", "-fa", "off", "-b", "256", "-ub", "1024", "--mlock", "--no-mmap",
                   "-s", "7", "--n-predict", "9", "--repeat-penalty", "1.2", "--repeat-last-n", "-1",
                   "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
-    preflight(args)
-    spec = target_spec(args)
+    spec = run_spec(args).target
     assert (spec.flash_attn, spec.batch, spec.mlock, spec.mmap) == (False, 256, True, False)  # n_ubatch = min(-b, -ub)
     assert args.seed == 7 and args.max_tokens == 9
     c = constraints_from_args(args)
@@ -353,13 +352,12 @@ def test_llama_cpps_flags_reach_the_target_spec():
 
 
 def test_flash_attention_on_needs_exactness_off(capsys):
-    from specstack.commands.common import preflight, target_spec
+    from specstack.commands.common import run_spec
 
     code, _, err = run_cli(capsys, "generate", "-p", "x", "-fa", "on", "--exact", "on")
     assert code == 2 and "-fa on cannot go with --exact on" in err
-    args = parsed("generate", "-p", "x", "-fa", "on")
-    preflight(args)
-    assert args.exact == "off" and target_spec(args).flash_attn is True
+    spec = run_spec(parsed("generate", "-p", "x", "-fa", "on")).target
+    assert spec.exact == "off" and spec.flash_attn is True
     assert "-fa on runs with --exact off" in capsys.readouterr().err
 
 

@@ -57,9 +57,9 @@ def test_moe_self_refuses_a_dense_target(target):
     with pytest.raises(SpecstackError, match="no experts"):
         create("moe-self", BuildContext(target))
     with pytest.raises(SpecstackError, match="not possible"):
-        from specstack.drafters.moe_self import expert_override
+        from specstack.modelfile.meta import read_gguf
 
-        expert_override(MOE, 9, "--experts")
+        read_gguf(MOE, tensors=False).expert_override(9, "--experts")
 
 
 def test_fewer_experts_is_labelled_lossy_and_really_differs(capsys):

@@ -15,14 +15,13 @@ from typing import Any, Callable
 
 from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
-from ..draft_length.costs import CostModel
-from ..draft_length import DEFAULT_K_MAX, POLICIES, DraftLengthPolicy
+from ..draft_length import DEFAULT_K_MAX, POLICIES
 from ..drafters import available
 from ..drafters.base import check_name
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
-from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec, resolve_draft
+from ..loading import DEFAULT_TREE_BRANCHES, RunSpec, TargetSpec, resolve_draft
 from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
@@ -30,6 +29,7 @@ from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama import LlamaModel, set_verbose
 from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
+from ..modelfile.meta import read_gguf
 from ..errors import InvalidParameterError
 
 __all__ = ["DRAFTER_FLAGS", "REQUEST_OPTIONS", "SHARED_OPTIONS", "DrafterFlag", "check_drafter_options", "inapplicable"]
@@ -141,54 +141,36 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
 
 
-def preflight(args: argparse.Namespace, grammar: str | None = None) -> None:
-    """Every check that needs no model, in one place and once, before the target loads (a load and its first
-    shape probe take minutes for a big model): the grammar on the model's vocabulary, -fa against --exact, the
-    drafters (``check_drafters``: names, MTP metadata, the bundled draft's fit, options), and the thread count.
-    The two that ask llama.cpp (the grammar, the threads) come first, together."""
-    check_grammar(args.model, grammar)
-    warn_threads(args.threads)
+def run_spec(args: argparse.Namespace, slots: int = 1, grammar: str | None = None) -> RunSpec:
+    """The run a command's flags describe (``loading.RunSpec``), read here once and checked as flags, in the words
+    typed: -fa against --exact, the drafter's name, drafter flags it would ignore, their values. What needs the
+    model files (the grammar on its vocabulary, the MTP head, the draft's fit) is ``loading.preflight``'s."""
     settle_flash_attn(args)
-    check_drafters(args)
+    name, options = getattr(args, "drafter", None), drafter_options(args)
+    sources = () if name is None else check_drafter_flags(name, options)
+    policy = getattr(args, "k_policy", "fixed")
+    if policy == "cost" and getattr(args, "k_given", False):  # the cost policy chooses every step's k itself
+        print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
+              f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
+    return RunSpec(target=target_spec(args, slots), drafter=name, sources=sources, options=options, policy=policy,
+                   k=getattr(args, "k", 4), k_max=getattr(args, "k_max", None), temperature=getattr(args, "temp", 0.0),
+                   grammar=grammar, note_mtp=name is not None and not flag_given(args, "--drafter"),
+                   command=getattr(args, "command", "specstack"))
 
 
-def check_drafters(args: argparse.Namespace) -> None:
-    """Drafter names, drafter flags that the chosen drafters would ignore, their values (named by flag), a
-    model's MTP head where mtp drafts, and the draft model's file where a drafter reads it (``resolve_draft``:
-    the bundled draft only where it fits the target)."""
-    name = getattr(args, "drafter", None)
-    if name is None:
-        return
-    built = set(check_name(name))  # unknown names first
-    unused = inapplicable(name, {f.dest for f in DRAFTER_FLAGS if getattr(args, f.dest, None) is not None})
+def check_drafter_flags(name: str, options: dict[str, Any]) -> tuple[str, ...]:
+    """The drafter's name, drafter flags that the chosen drafters would ignore, and the flags' values, each
+    refused naming its flag; what the name builds (a cascade's or fusion's parts too)."""
+    sources = tuple(check_name(name))  # unknown names first
+    unused = inapplicable(name, {f.dest for f in DRAFTER_FLAGS if options.get(f.dest) is not None})
     if unused is not None:
         raise InvalidParameterError(f"{unused.flag} applies to --drafter {' or '.join(sorted(unused.configs))}, which "
                                     f"{name!r} does not use; leave it out or choose one of those")
-    assistant = None
-    if "mtp" in built:
-        from ..drafters.mtp import check_mtp_model
-
-        # no NextN layers (or none this llama.cpp runs), or gemma4 without its assistant: one line, before the load
-        assistant = check_mtp_model(args.model, assistant=getattr(args, "model_draft", None))
-    if "draft-model" not in built and assistant is None and getattr(args, "model_draft", None) is not None:
-        raise InvalidParameterError(f"-md {args.model_draft} is used by --drafter draft-model (alone or in a cascade or "
-                                    f"fusion) and by mtp on a gemma4 target (its assistant), which {name!r} does not "
-                                    "use; leave -md out or add draft-model")
-    if "draft-model" in built:
-        args.model_draft = resolve_draft(args.model, args.model_draft)
-    if "mtp" not in built and not flag_given(args, "--drafter"):
-        from ..drafters.mtp import note_mtp
-
-        note_mtp(args.model, getattr(args, "command", "specstack"))  # the model ships a draft head: say so, once
-    options = {k: v for k, v in drafter_options(args).items() if v is not None}
     try:
-        check_drafter_options(options)
+        check_drafter_options({k: v for k, v in options.items() if v is not None})
     except InvalidParameterError as exc:
         raise InvalidParameterError(_by_flag(str(exc))) from None
-    if "draft-model" in built and getattr(args, "model_draft", None) is not None:
-        from ..modelfile.meta import read_gguf
-
-        read_gguf(args.model_draft, tensors=False)  # a missing or broken -md fails in milliseconds, before the target
+    return sources
 
 
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
@@ -214,7 +196,7 @@ def methods_with_draft(args: argparse.Namespace, methods: list[str], explicit: b
                                         f"{','.join(methods)} runs; leave -md out or add draft-model")
         return methods
     try:
-        args.model_draft = resolve_draft(args.model, args.model_draft, where="draft-model")
+        args.model_draft = resolve_draft(read_gguf(args.model, tensors=False), args.model_draft, where="draft-model")
     except InvalidParameterError as exc:
         if explicit:
             raise
@@ -244,46 +226,19 @@ def target_spec(args: argparse.Namespace, slots: int = 1) -> TargetSpec:
 
 
 def target_from_args(args: argparse.Namespace, slots: int = 1) -> LlamaModel:
-    """The target of the command's flags (``calibrated_from_args``'s)."""
-    return calibrated_from_args(args, slots).target
+    """The target of the command's flags (``load_from_args``'s)."""
+    return load_from_args(args, slots)[1].target
 
 
-def calibrated_from_args(args: argparse.Namespace, slots: int = 1, n_max: int | None = None,
-                         background: bool = False, grammar: str | None = None) -> Calibration:
-    """The target of the command's flags and its calibration (``loading.load_calibrated``), after every check
-    that needs no model (``preflight``, ``grammar`` among them): a cost curve of ``n_max`` rows, and with
-    ``background`` what the cache lacks measured beside the first generations."""
-    preflight(args, grammar)
+def load_from_args(args: argparse.Namespace, slots: int = 1, background: bool = False,
+                   grammar: str | None = None) -> tuple[RunSpec, Calibration]:
+    """The run of the command's flags (``run_spec``, ``grammar`` among them), its target loaded and calibrated by
+    ``loading.load_run`` after every check that needs no load: the run with its draft settled, and the
+    calibration (a cost curve where the policy prices; with ``background``, what the cache lacks measured beside
+    the first generations)."""
+    run = run_spec(args, slots, grammar)
     set_verbose(getattr(args, "verbose", False))
-    return loading.load_calibrated(target_spec(args, slots), n_max=n_max, background=background)
-
-
-def warn_threads(threads: int) -> None:
-    """More threads than CPUs only slows llama.cpp down (-t 1000 started 1,001 threads): say so before loading;
-    the model caps them (``usable_threads`` warns once per value)."""
-    from ..llama.backend import usable_threads
-
-    usable_threads(threads)
-
-
-def policy_from_args(args: argparse.Namespace, target: LlamaModel, costs: CostModel | None = None) -> DraftLengthPolicy:
-    """The --k-policy object; the cost policy prices with ``costs``, or calibrates t(n) first (cached on disk).
-
-    The cost policy chooses every step's k itself, so a -k given with it is not used:
-    a note on stderr says so rather than let it pass silently.
-    """
-    name = getattr(args, "k_policy", "fixed")
-    if name == "cost" and getattr(args, "k_given", False):
-        print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
-              f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-    return loading.build_policy(name, args.k, k_max=args.k_max, costs=costs, target=target)  # shapes settled
-
-
-def cost_curve_rows(args: argparse.Namespace) -> int | None:
-    """Rows of the cost curve the --k-policy needs (None: it needs none)."""
-    if getattr(args, "k_policy", "fixed") != "cost" or getattr(args, "drafter", "none") == "none":
-        return None
-    return (args.k_max or DEFAULT_K_MAX) + 1
+    return loading.load_run(run, background=background)
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -444,21 +399,6 @@ def constraints_from_args(args: argparse.Namespace) -> Constraints:
         if word in values:
             raise InvalidParameterError(f"--{word.replace('_', '-')} {rest}") from None
         raise
-
-
-def check_grammar(model: Path, gbnf: str | None, where: str = "--grammar") -> None:
-    """A grammar parsed on the model's vocabulary before anything loads (a vocabulary-only load)."""
-    if not gbnf:
-        return
-    from ..llama.vocab import VocabModel
-
-    vocab = VocabModel(model)
-    try:
-        vocab.grammar(gbnf)
-    except InvalidParameterError as exc:
-        raise InvalidParameterError(f"{where}: {exc}") from None
-    finally:
-        vocab.close()
 
 
 def _read(path: Path, flag: str) -> str:

@@ -15,19 +15,9 @@ from ..generation import GenerationConfig
 from ..errors import InvalidParameterError
 from ..metrics import GenerationStats
 from ..llama import BatchShapes
-from ..loading import build_drafter, build_engine, experts_of, lossy_label
+from ..loading import RunSpec, build_run, experts_of, lossy_label
 from ..ui import table
-from .common import (
-    add_drafter_args,
-    add_model_args,
-    add_sampling_args,
-    calibrated_from_args,
-    constraints_from_args,
-    cost_curve_rows,
-    drafter_options,
-    policy_from_args,
-    sampling_from_args,
-)
+from .common import add_drafter_args, add_model_args, add_sampling_args, constraints_from_args, load_from_args, sampling_from_args
 
 
 UNTIL_THE_END = 1 << 40  # -n -1: the generation ends at its end-of-generation token or a full context
@@ -90,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if args.category is not None and args.profile is None:  # it picks a profile's table; alone it would do nothing
         raise InvalidParameterError(f"--category {args.category} picks a category of a --profile, and no --profile "
                                     "was given; add --profile FILE (from `specstack tune`) or leave --category out")
+    prompt = read_prompt(args)
     if args.profile is not None:
         apply_profile(args, {a.split("=")[0] for a in getattr(args, "argv", [])})
-    prompt = read_prompt(args)
     controls = dataclasses.replace(constraints_from_args(args), ignore_eos=args.ignore_eos)
     max_tokens = UNTIL_THE_END if args.max_tokens == -1 else args.max_tokens
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(args.stop), sampling=sampling_from_args(args),
@@ -101,27 +91,26 @@ def run(args: argparse.Namespace) -> int:
     if args.k_max is not None:
         check_k(args.k_max, "k_max")
     # A model never measured here gets its first token at once: shapes and costs are measured beside it.
-    # (a grammar that does not parse fails before the load: ``preflight``, with every other check)
-    calibration = calibrated_from_args(args, n_max=cost_curve_rows(args), background=True, grammar=controls.grammar)
+    # (a grammar that does not parse fails before the load: ``loading.preflight``, with every other check)
+    spec, calibration = load_from_args(args, background=True, grammar=controls.grammar)
     try:
-        return generate(args, calibration, prompt, config)
+        return generate(spec, calibration, prompt, config, args.json)
     except BaseException:  # Ctrl-C or an error: its thread stops at its next turn and frees its context first
         if calibration.background is not None:
             calibration.background.abandon()
         raise
 
 
-def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, config: GenerationConfig) -> int:
+def generate(spec: RunSpec, calibration: Calibration, prompt: str, config: GenerationConfig, as_json: bool) -> int:
     """Stream (or print as JSON) one generation, then finish the one-time background measurement, if any."""
     target = calibration.target
-    moe = experts_of(target.meta, getattr(args, "experts", None))  # the metadata the load read
+    moe = experts_of(target.meta, spec.target.experts)  # the metadata the load read
     lossy = lossy_label(moe)
     if lossy:
         print(f"specstack generate: {lossy}", file=sys.stderr)
-    drafter = build_drafter(args.drafter, target, drafter_options(args), getattr(args, "temp", 0.0))
-    engine = build_engine(calibration, drafter, policy_from_args(args, target, calibration.costs))
+    engine = build_run(calibration, spec)
     gen = engine.generate(prompt, config)
-    if args.json:
+    if as_json:
         gen.run()
         out = {"text": gen.text, **gen.stats.to_dict(), "exact_shapes": exactness(target.shapes),
                "lossy": bool(moe and moe["lossy"])}
@@ -133,7 +122,8 @@ def generate(args: argparse.Namespace, calibration: Calibration, prompt: str, co
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        print(format_stats(gen.stats, target.shapes, moe), file=sys.stderr)
+        experts = None if moe is None else lossy or f"{moe['used']} of {moe['count']} active (the model's own setting)"
+        print(format_stats(gen.stats, target.shapes, experts), file=sys.stderr)
     engine.finish_calibration()  # measured to the end, so that the next run starts from the cache
     if gen.stats.stop_reason == "constraint":
         print(f"specstack generate: {dead_end_message(len(gen.output_ids))}", file=sys.stderr)
@@ -160,7 +150,8 @@ def describe_shapes(shapes: BatchShapes) -> str:
     return f"on ({shapes.why or '--exact on'}): {pad}; calls of {top}{trees}"
 
 
-def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dict | None = None) -> str:
+def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, experts: str | None = None) -> str:
+    """The statistics table ``generate`` prints after its output (``experts``: an MoE target's row, if any)."""
     t = s.to_dict()["time_s"]
     by_pos = " ".join(f"{x:.2f}" for x in s.acceptance_by_position[:16]) or "-"
     rows = [
@@ -180,6 +171,6 @@ def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, moe: dic
                      f"{r.restores} restores ({r.redecoded} tokens re-decoded), {1000 * r.seconds:.1f} ms"))
     if s.trees:
         rows.append(("trees", s.trees))
-    if moe is not None:
-        rows.append(("experts", lossy_label(moe) or f"{moe['used']} of {moe['count']} active (the model's own setting)"))
+    if experts is not None:
+        rows.append(("experts", experts))
     return "-" * 60 + "\n" + table([], rows, align="ll")

@@ -17,7 +17,8 @@ from ..calibration import EXACT_MODES
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
-from .common import (add_constraint_args, add_loading_args, at_least, check_grammar, constraints_from_args, flag_given,
+from ..llama.vocab import check_grammar
+from .common import (add_constraint_args, add_loading_args, at_least, constraints_from_args, flag_given,
                      json_schema_text, settle_flash_attn)
 from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags,
                                  speculation_values)
@@ -287,8 +288,9 @@ def check_drafter(role, from_config: bool):
     """The role's drafter: a valid name, buildable by a server (no datastore can be given to one; mtp only on a
     model with a NextN head), with its draft model resolved and checked; returns the role with its draft settled."""
     from ..drafters.base import check_name
-    from ..drafters.moe_self import MoeSelfConfig, expert_override
+    from ..drafters.moe_self import MoeSelfConfig
     from ..modelfile.compat import require_draftable
+    from ..modelfile.meta import read_gguf
     from ..llama import check_gguf_file
     from ..server.roles import check_mtp
 
@@ -298,7 +300,7 @@ def check_drafter(role, from_config: bool):
         raise InvalidParameterError(f"{where} {role.drafter!r} needs rest's datastore, and specstack serve cannot be "
                                     "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
     if "moe-self" in built:
-        expert_override(role.model, MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
+        read_gguf(role.model, tensors=False).expert_override(MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
     check_mtp(role.model, role.drafter, f"{where} {role.drafter}",  # no NextN head: one line, before the load
               "mtp needs a model with NextN layers (`specstack check -m MODEL` lists them)")
     if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
@@ -306,8 +308,9 @@ def check_drafter(role, from_config: bool):
         require_draftable(role.model, role.draft)
     fix = f'draft = "{{path}}" in role {role.name!r}' if from_config else "-md {path}"
     if "draft-model" in built:
-        role = dataclasses.replace(role, draft=resolve_draft(role.model, role.draft, f"{where} {role.drafter!r}", fix))
-    elif role.draft is None and bundled_draft_fits(bundled_draft_check(role.model)):
+        role = dataclasses.replace(role, draft=resolve_draft(read_gguf(role.model, tensors=False), role.draft,
+                                                             f"{where} {role.drafter!r}", fix))
+    elif role.draft is None and bundled_draft_fits(bundled_draft_check(read_gguf(role.model, tensors=False))):
         # for requests that ask for draft-model; a draft left None means the role has no usable one
         role = dataclasses.replace(role, draft=DEFAULT_DRAFT)
     return role

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidParameterError, UnsupportedModelError
-from ..modelfile.meta import read_gguf
+from ..errors import InvalidParameterError
 from ..llama import LlamaModel, ModelConfig
 from .base import BuildContext, config_from_options, register
 from .draft_model import _warm_up, DraftModelConfig, DraftModelDrafter
@@ -36,25 +35,12 @@ class MoeSelfConfig:
             raise InvalidParameterError(f"draft_experts must be >= 1 (got {self.draft_experts})")
 
 
-def expert_override(path, n: int, what: str) -> tuple[str, int]:
-    """The ``kv_overrides`` entry that runs the MoE model at ``path`` with ``n`` experts, checked."""
-    meta = read_gguf(path, tensors=False)
-    count, used = meta.expert_count, meta.expert_used_count
-    if not count:
-        raise UnsupportedModelError(f"{what} needs a mixture-of-experts model; {path} has no experts "
-                                    "(its metadata has no expert_count)")
-    if not 1 <= n <= count:
-        raise InvalidParameterError(f"{what}: {n} experts is not possible; {path} has {count} (default {used} active)")
-    return (f"{meta.architecture}.expert_used_count", n)
-
-
 @register("moe-self")
 def _build(ctx: BuildContext) -> DraftModelDrafter:
     config = config_from_options(MoeSelfConfig, ctx.options)
-    override = expert_override(ctx.target.path, config.draft_experts, "moe-self")
     model = LlamaModel(
         ModelConfig(path=ctx.target.path, n_ctx=ctx.target.n_ctx, n_threads=ctx.target.n_threads, min_batch=1,
-                    exact=False, n_slots=ctx.target.n_slots, unified=True, kv_overrides=(override,)),
+                    exact=False, n_slots=ctx.target.n_slots, unified=True, experts=config.draft_experts),
         role="moe-self draft",
     )
     _warm_up(model)

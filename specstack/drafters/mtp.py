@@ -430,23 +430,16 @@ def _check_assistant(name: str, arch: str, wanted: str, assistant: Path | None, 
 _noted: set[str] = set()
 
 
-def note_mtp(path, command: str = "specstack") -> None:
-    """On stderr, once per model and process: the model ships NextN layers this llama.cpp drafts from, and
-    ``--drafter mtp`` was not chosen (a metadata read: milliseconds)."""
-    from ..modelfile.meta import read_gguf
-
-    key = str(path)
+def note_mtp(meta: "GGUFInfo", command: str = "specstack") -> None:
+    """On stderr, once per model and process: the model (``meta``, its GGUF metadata, read once by the caller)
+    ships NextN layers this llama.cpp drafts from, and ``--drafter mtp`` was not chosen."""
+    key = str(meta.path)
     if key in _noted:
         return
     _noted.add(key)
-    try:
-        meta = read_gguf(path, tensors=False)
-    except Exception:  # the load reports a bad file in its own words
-        return
     if meta.mtp_mode in ("single head", "chained heads"):
-        name = getattr(path, "name", key)
-        print(f"specstack {command}: note: {name} has {meta.nextn_layers} multi-token-prediction (NextN) layer(s); "
-              "--drafter mtp drafts from them (or cascade:suffix,mtp)", file=sys.stderr, flush=True)
+        print(f"specstack {command}: note: {Path(meta.path).name} has {meta.nextn_layers} multi-token-prediction "
+              "(NextN) layer(s); --drafter mtp drafts from them (or cascade:suffix,mtp)", file=sys.stderr, flush=True)
 
 
 @register("mtp")

@@ -13,8 +13,8 @@ from pathlib import Path
 from types import CodeType, FrameType
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..modelfile.read import check_gguf_file  # the one check of a model file, with the reader
 
-_GGUF_MAGIC = b"GGUF"
 _backend_lock = threading.Lock()
 _backend_ready = False
 recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
@@ -120,23 +120,6 @@ def progress_callback():
     """The load-progress callback every model load passes to llama.cpp (``llama_model_params.progress_callback``)."""
     init_backend()
     return _progress_callback
-
-
-def check_gguf_file(path: str | Path, role: str = "model") -> Path:
-    """Fail early, clearly, on a missing or non-GGUF file (llama.cpp would only say 'failed')."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"{role} file not found: {p}; pass an existing .gguf file (see `specstack models scan DIR`)")
-    if p.is_dir():
-        raise ModelLoadError(f"{role} path is a directory, not a GGUF file: {p}")
-    with open(p, "rb") as f:
-        magic = f.read(4)
-    if magic != _GGUF_MAGIC:
-        raise ModelLoadError(
-            f"{role} file is not GGUF (starts with {magic!r}, expected b'GGUF'): {p}; "
-            "convert it with llama.cpp's convert_hf_to_gguf.py or pick a .gguf file"
-        )
-    return p
 
 
 def default_threads() -> int:

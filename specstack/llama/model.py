@@ -53,6 +53,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.role = role
         self._positions = positions
         self._owns_model = weights is None
+        # capped at the CPUs (more only contend and slow down), and said before the weights load, not after
+        self.n_threads = usable_threads(config.n_threads)
         if weights is not None:
             self.path, self.meta = weights.path, weights.meta
         else:
@@ -60,6 +62,10 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             from ..modelfile.meta import read_gguf
 
             self.meta = read_gguf(self.path)
+        if config.experts is not None:  # fewer MoE experts: checked here, before the weights load
+            override = self.meta.expert_override(config.experts, "--experts" if role == "target" else role)
+            self.config = config = dataclasses.replace(config, experts=None,
+                                                       kv_overrides=config.kv_overrides + (override,))
         if self.meta.tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
                                  "compare its tokenizer, but it cannot run; pass a model with weights")
@@ -79,7 +85,6 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.memory: Memory = ("hybrid" if lc.llama_model_is_hybrid(self._model) else
                                "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
         self.is_recurrent = self.memory != "attention"
-        self.n_threads = usable_threads(config.n_threads)  # capped at the CPUs: more only contend (and slow down)
         self.n_slots = max(1, config.n_slots)
         self.unified = config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.

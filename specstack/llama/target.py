@@ -67,6 +67,9 @@ class ModelConfig:
     # +1-2% at a few hundred positions on Gemma 3 270M and the 1B stand-in (-t 2), more deeper in.
     flash_attn: bool = False
     kv_overrides: tuple[tuple[str, int], ...] = ()
+    # An MoE model run with this many active experts (lossy for a target): checked against the metadata the load
+    # reads, and loaded as the ``{arch}.expert_used_count`` entry of ``kv_overrides`` (which the load's config holds)
+    experts: int | None = None
     prefill_chunk: int = 128  # prompt tokens per call; chunk edges sit at multiples of it
     repack: bool = True  # llama.cpp's CPU weight repacking (faster; measured shapes account for it)
     # Targets: every call asks for logits of all its rows, as the shape measurement

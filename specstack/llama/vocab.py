@@ -6,7 +6,7 @@ import ctypes
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import ModelLoadError
+from ..errors import InvalidParameterError, ModelLoadError
 from .backend import init_backend, llama_cpp_module, check_gguf_file
 
 # llama.cpp's token attributes (llama.h ``llama_token_attr``): the ones its special-token cache holds, which
@@ -165,3 +165,17 @@ class VocabModel(Vocabulary):
             self.close()
         except Exception:
             pass
+
+
+def check_grammar(model: str | Path, gbnf: str | None, where: str = "--grammar") -> None:
+    """``gbnf`` parsed on ``model``'s vocabulary before anything else loads (a vocabulary-only load: a grammar
+    that does not parse fails in a second, not after a big model's load)."""
+    if not gbnf:
+        return
+    vocab = VocabModel(model)
+    try:
+        vocab.grammar(gbnf)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"{where}: {exc}") from None
+    finally:
+        vocab.close()

@@ -36,14 +36,15 @@ def file_type_name(file_type: int) -> str:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def read_gguf(path: str | os.PathLike, *, tensors: bool = True) -> GGUFInfo:
+def read_gguf(path: str | os.PathLike, *, tensors: bool = True, role: str | None = None) -> GGUFInfo:
     """Read the metadata (and tensor infos) of a GGUF file without reading tensor data.
 
     Raises ``ModelLoadError`` for a missing, unreadable, non-GGUF, truncated or
     malformed file. Duplicate keys are tolerated: the last value wins and a
-    warning is recorded in ``GGUFInfo.warnings``.
+    warning is recorded in ``GGUFInfo.warnings``. With ``role`` (the target, a draft model), a missing or
+    non-GGUF file is named by it.
     """
-    return read_gguf_file(path, GGUFInfo, tensors=tensors)
+    return read_gguf_file(path, GGUFInfo, tensors=tensors, role=role)
 
 
 class GGUFInfo(GGUFFile):
@@ -116,6 +117,20 @@ class GGUFInfo(GGUFFile):
     @property
     def expert_used_count(self) -> int | None:
         return self._arch_int("expert_used_count")
+
+    def expert_override(self, n: int, what: str) -> tuple[str, int]:
+        """The ``kv_overrides`` entry that runs this MoE model with ``n`` experts, checked (``what``: the flag or
+        key that asked, for the error)."""
+        from ..errors import InvalidParameterError, UnsupportedModelError
+
+        count, used = self.expert_count, self.expert_used_count
+        if not count:
+            raise UnsupportedModelError(f"{what} needs a mixture-of-experts model; {self.path} has no experts "
+                                        "(its metadata has no expert_count)")
+        if not 1 <= n <= count:
+            raise InvalidParameterError(f"{what}: {n} experts is not possible; {self.path} has {count} (default "
+                                        f"{used} active)")
+        return (f"{self.architecture}.expert_used_count", n)
 
     @property
     def nextn_layers(self) -> int:

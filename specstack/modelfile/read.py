@@ -205,15 +205,33 @@ def _fail(path: Path, problem: str, hint: str = _FIX_HINT) -> ModelLoadError:
     return ModelLoadError(f"{path}: {problem}; {hint}")
 
 
-def read_gguf_file(path: str | os.PathLike, into: type[F], *, tensors: bool = True) -> F:
+def check_gguf_file(path: str | os.PathLike, role: str = "model") -> Path:
+    """Fail early, clearly, on a missing or non-GGUF file, naming its ``role`` (the target, a draft model):
+    llama.cpp would only say 'failed'."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"{role} file not found: {p}; pass an existing .gguf file (see `specstack models scan DIR`)")
+    if p.is_dir():
+        raise ModelLoadError(f"{role} path is a directory, not a GGUF file: {p}")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{role} file is not GGUF (starts with {magic!r}, expected b'GGUF'): {p}; "
+            "convert it with llama.cpp's convert_hf_to_gguf.py or pick a .gguf file"
+        )
+    return p
+
+
+def read_gguf_file(path: str | os.PathLike, into: type[F], *, tensors: bool = True, role: str | None = None) -> F:
     """Read the metadata (and tensor infos) of a GGUF file into an ``into`` without reading tensor data.
 
     ``into`` is the result class (``GGUFInfo``), so that the interpreting
     subclass is built directly rather than copied from a ``GGUFFile``.
     Raises ``ModelLoadError`` for a missing, unreadable, non-GGUF, truncated or
-    malformed file.
+    malformed file; with ``role``, a missing or non-GGUF one is named by it (``check_gguf_file``).
     """
-    p = Path(path)
+    p = Path(path) if role is None else check_gguf_file(path, role)
     try:
         f = open(p, "rb")
     except FileNotFoundError:
