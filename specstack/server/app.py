@@ -3,7 +3,7 @@
 Every error body is OpenAI's ``{"error": {message, type, param, code}}``; invalid input is a 400 that names the
 field.  The layers, each its own module: ``schema`` (what a request may say), ``jobs`` (a request as jobs),
 ``session`` (jobs run, read, cancelled, collected), ``responses``/``streams``/``native`` (answers), ``guards``
-(HTTP limits and the key), and ``routes/`` (thin: OpenAI's, llama-server's, OpenAI's Responses API, the probes).
+(HTTP limits and the key), and ``routes/`` (thin: OpenAI's, llama-server's, OpenAI's Responses API, Anthropic's Messages API, the probes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .guards import Guard, http_options
 from .prometheus import AnswerCounter, ServerMetrics
 from .responses import ApiError, error
 from .roles import Role
-from .routes import llama_server, openai, probes, responses as responses_api
+from .routes import anthropic, llama_server, openai, probes, responses as responses_api
 from .schema import invalid_response
 from .worker import RoleWorker
 
@@ -68,7 +68,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app.add_middleware(Cors, origins=cors_origins)  # outside Guard: a browser's preflight carries no key
     if access_log is not None:  # outermost: Guard's refusals are logged too
         app.add_middleware(AccessLog, write=access_log)
-    for routes in (probes, openai, llama_server, responses_api):
+    for routes in (probes, openai, llama_server, responses_api, anthropic):
         app.include_router(routes.router)
     return app
 
