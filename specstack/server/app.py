@@ -15,6 +15,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -71,8 +72,11 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app.add_middleware(Cors, origins=cors_origins)  # outside Guard: a browser's preflight carries no key
     if access_log is not None:  # outermost: Guard's refusals are logged too
         app.add_middleware(AccessLog, write=access_log)
-    for router in (probes.router, openai.router, llama_server.router, responses_api.router, anthropic.router,
-                   *([vertex.router_for(vertex_ai)] if vertex_ai is not None else [])):
+    routers = [probes.router, openai.router, llama_server.router, responses_api.router, anthropic.router]
+    if vertex_ai is not None:  # its instances name the other routes' POST paths
+        routers.append(vertex.router_for(vertex_ai, [r.path for router in routers for r in router.routes
+                                                     if isinstance(r, APIRoute) and "POST" in r.methods]))
+    for router in routers:
         app.include_router(router)
     return app
 

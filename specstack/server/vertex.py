@@ -84,7 +84,7 @@ def _failed(message: str, kind: str = "invalid_request_error") -> dict[str, Any]
 
 
 async def predict(request: Request, instances: list[Any], routes: dict[str, str]) -> list[Any]:
-    """Each instance's answer from its route, run concurrently through the app (the request's headers with it)."""
+    """Each instance's answer from its route (``routes``: a path, or its alias, to the path), run concurrently through the app (the request's headers with it)."""
     return list(await asyncio.gather(*(_one(request, instance, routes) for instance in instances)))
 
 
@@ -94,7 +94,7 @@ async def _one(request: Request, instance: Any, routes: dict[str, str]) -> Any:
     fmt = instance.get("@requestFormat")
     if not isinstance(fmt, str):
         return _failed("each instance must include a string @requestFormat")
-    path = routes.get(fmt) or (fmt if fmt in routes.values() else None)
+    path = routes.get(fmt)
     if path is None:
         return _failed(f"no handler registered for @requestFormat: {fmt}")
     payload = {k: v for k, v in instance.items() if k != "@requestFormat"}

@@ -8,20 +8,19 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 
 from ..vertex import VertexParams, aliases, call, instances_of, predict
 
 
-def router_for(params: VertexParams) -> APIRouter:
+def router_for(params: VertexParams, paths: list[str]) -> APIRouter:
+    """The routes at ``params``' paths; ``paths``: the POST routes an instance may name (in the order the app
+    includes them: the first to claim an alias keeps it)."""
     router = APIRouter()
+    routes = {**{path: path for path in paths}, **aliases(paths)}  # a path or its alias (no alias starts with /)
 
     @router.post(params.predict_route)
     async def prediction(request: Request, body: Any = Body(...)) -> JSONResponse:
-        instances = instances_of(body)
-        paths = [r.path for r in request.app.routes if isinstance(r, APIRoute) and "POST" in r.methods
-                 and r.path != params.predict_route]
-        return JSONResponse({"predictions": await predict(request, instances, aliases(paths))})
+        return JSONResponse({"predictions": await predict(request, instances_of(body), routes)})
 
     if params.health_route:
         @router.get(params.health_route)
