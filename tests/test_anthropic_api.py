@@ -119,6 +119,7 @@ def test_claude_code_s_billing_stamp_is_made_constant():
     ({"messages": [], "metadata": {"tags": ["a"]}}, "metadata"),
     ({"messages": [], "service_tier": "priority"}, "service_tier"),
     ({"messages": [], "system": 3}, "system"),
+    ({"messages": [], "n": 2}, "n"),
 ])
 def test_what_cannot_be_taken_is_a_400_naming_the_field(body, param):
     with pytest.raises(ApiError) as err:

@@ -250,6 +250,8 @@ def chat_body(body: Any) -> tuple[dict[str, Any], int | None]:
     budget = _thinking(body["thinking"], chat) if body.get("thinking") is not None else None
     if body.get("metadata") is not None:
         _metadata(body["metadata"], chat)
+    if chat.get("n", 1) != 1 or chat.get("n_cmpl", 1) != 1:
+        raise _refuse("n", "a message is one answer: send one request per answer")
     return chat, budget
 
 
