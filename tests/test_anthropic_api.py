@@ -247,6 +247,23 @@ def test_vertex_ai_s_settings_and_aliases():
     assert aliases(["/v1/chat/completions", "/chat/completions"]) == {"chatCompletions": "/v1/chat/completions"}
 
 
+def test_vertex_ai_s_port_wins_over_the_flag(monkeypatch):
+    import argparse
+
+    from specstack.commands.serve import vertex_from_env
+    from specstack.errors import InvalidParameterError
+
+    args = argparse.Namespace(port=8080)
+    monkeypatch.delenv("AIP_MODE", raising=False)
+    assert vertex_from_env(args) is None and args.port == 8080
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    monkeypatch.setenv("AIP_HTTP_PORT", "9123")
+    assert vertex_from_env(args) == VertexParams(port=9123) and args.port == 9123
+    monkeypatch.setenv("AIP_HTTP_PORT", "http")
+    with pytest.raises(InvalidParameterError, match="AIP_HTTP_PORT"):
+        vertex_from_env(args)
+
+
 def test_vertex_ai_predictions_run_each_instance_on_its_route(server):
     chat = {"max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Say hello"}]}
     r = post(server, "/predict", {"instances": [
