@@ -343,8 +343,9 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(args, roles, limits)
     from ..server.access import stderr_line
 
+    vertex_ai = vertex_from_env(args)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
-                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui)
+                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui, vertex_ai=vertex_ai)
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)
@@ -357,6 +358,21 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None,
                 **app.state.http_options)
     return outcome["status"]
+
+
+def vertex_from_env(args: argparse.Namespace) -> Any:
+    """Vertex AI's settings when the server runs there (``AIP_MODE=PREDICTION``): its port wins over --port, as
+    llama-server's does (``server.vertex``)."""
+    from ..server.vertex import vertex_params
+
+    try:
+        params = vertex_params()
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from None
+    if params is not None and params.port != args.port:
+        print(f"specstack serve: Vertex AI: AIP_HTTP_PORT {params.port} overrides --port {args.port}", flush=True)
+        args.port = params.port
+    return params
 
 
 def watch_start(workers: dict[str, Any], host: str, port: int, names: str, outcome: dict[str, int]) -> None:

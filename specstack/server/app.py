@@ -3,7 +3,7 @@
 Every error body is OpenAI's ``{"error": {message, type, param, code}}``; invalid input is a 400 that names the
 field.  The layers, each its own module: ``schema`` (what a request may say), ``jobs`` (a request as jobs),
 ``session`` (jobs run, read, cancelled, collected), ``responses``/``streams``/``native`` (answers), ``guards``
-(HTTP limits and the key), and ``routes/`` (thin: OpenAI's, llama-server's, OpenAI's Responses API, the probes).
+(HTTP limits and the key), and ``routes/`` (thin: OpenAI's, llama-server's, OpenAI's Responses API, Anthropic's Messages API, the probes).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sse_starlette.sse import AppStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -25,7 +26,8 @@ from .guards import Guard, http_options
 from .prometheus import AnswerCounter, ServerMetrics
 from .responses import ApiError, error
 from .roles import Role
-from .routes import llama_server, openai, probes, responses as responses_api
+from .routes import anthropic, llama_server, openai, probes, responses as responses_api, vertex
+from .vertex import VertexParams
 from .schema import invalid_response
 from .worker import RoleWorker
 
@@ -35,14 +37,16 @@ __all__ = ["Limits", "RoleBackend", "create_app"]
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
                backends: dict[str, RoleBackend] | None = None, render_metrics: Callable[[], Any] | None = None,
                role_health: HealthProbe | None = None, access_log: Callable[[str], None] | None = None,
-               slots: bool = True, cors_origins: str = "*", page: bool = True) -> FastAPI:
+               slots: bool = True, cors_origins: str = "*", page: bool = True,
+               vertex_ai: VertexParams | None = None) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
     ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
     /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
     none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``), ``page=False`` the page at /
-    (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``)."""
+    (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``vertex_ai`` adds Vertex AI's
+    prediction route (``vertex``: the server runs there)."""
     metrics = ServerMetrics()
     workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
 
@@ -68,8 +72,12 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app.add_middleware(Cors, origins=cors_origins)  # outside Guard: a browser's preflight carries no key
     if access_log is not None:  # outermost: Guard's refusals are logged too
         app.add_middleware(AccessLog, write=access_log)
-    for routes in (probes, openai, llama_server, responses_api):
-        app.include_router(routes.router)
+    routers = [probes.router, openai.router, llama_server.router, responses_api.router, anthropic.router]
+    if vertex_ai is not None:  # its instances name the other routes' POST paths
+        routers.append(vertex.router_for(vertex_ai, [r.path for router in routers for r in router.routes
+                                                     if isinstance(r, APIRoute) and "POST" in r.methods]))
+    for router in routers:
+        app.include_router(router)
     return app
 
 

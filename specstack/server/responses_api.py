@@ -278,6 +278,11 @@ class ResponseShape:
         self.seq += 1
         return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.seq - 1, **data})}
 
+    @staticmethod
+    def extended(event: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        """``event`` with llama-server's telemetry beside its data's own keys (``timings``, ``prompt_progress``)."""
+        return {**event, "data": json.dumps({**json.loads(event["data"]), **fields})}
+
     def opening(self) -> list[dict[str, Any]]:
         return [self.event(kind, response=self.response("in_progress"))
                 for kind in ("response.created", "response.in_progress")]

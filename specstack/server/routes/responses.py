@@ -18,6 +18,7 @@ from ..jobs import chat_prompt, grammar_for, outputs_for, reasoning_for, tools_f
 from ..responses import total_usage
 from ..responses_api import ResponseShape, chat_request
 from ..schema import unsupported
+from ..telemetry import final_timings, live_timings, prompt_progress
 
 router = APIRouter()
 
@@ -36,7 +37,8 @@ async def responses(request: Request, body: Any = Body(...)) -> Response:
     (output,) = outputs_for(w, run.jobs, tools, state.preserved, reasoning_for(chat, w, prompt), always=True)
     shape = ResponseShape(w.role.name, body, output)
     if chat.stream:
-        return EventSourceResponse(_events(run, shape), ping=15)
+        return EventSourceResponse(_events(run, shape, bool(chat.timings_per_token), bool(chat.return_progress)),
+                                   ping=15)
 
     def take(event: dict[str, Any]) -> None:
         if event["type"] == "delta":
@@ -50,11 +52,19 @@ async def responses(request: Request, body: Any = Body(...)) -> Response:
     return JSONResponse(shape.whole(finals[0]))
 
 
-async def _events(run: session.Session, shape: ResponseShape) -> AsyncIterator[dict[str, Any]]:
-    """The response's events as they come; an error ends the stream with a ``error`` event."""
+async def _events(run: session.Session, shape: ResponseShape, per_token: bool = False,
+                  progress: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """The response's events as they come; an error ends the stream with a ``error`` event.  llama-server's
+    telemetry: ``progress`` (return_progress) sends the prompt's processing as a ``response.in_progress`` event with
+    ``prompt_progress``, ``per_token`` (timings_per_token) puts the ``timings`` so far on each delta's last event;
+    ``response.completed`` always carries the final ``timings``."""
+    job = run.jobs[0]
     try:
         for event in shape.opening():
             yield event
+        if progress:
+            yield shape.extended(shape.event("response.in_progress", response=shape.response("in_progress")),
+                                 prompt_progress=prompt_progress(job))
         async with aclosing(run.events()) as events:
             async for event in events:
                 if event["type"] == "error":
@@ -62,13 +72,19 @@ async def _events(run: session.Session, shape: ResponseShape) -> AsyncIterator[d
                                       param=event.get("param"))
                     return
                 if event["type"] == "delta":
-                    for piece in shape.deltas(shape.output.add(event)):
+                    pieces = shape.deltas(shape.output.add(event))
+                    now = live_timings(job, shape.output.n_tokens) if per_token and pieces else None
+                    if now is not None:
+                        pieces[-1] = shape.extended(pieces[-1], timings=now)
+                    for piece in pieces:
                         yield piece
                 else:
                     for piece in shape.deltas(shape.output.finish()):
                         yield piece
                     run.request.state.usage = total_usage([event])
-                    for piece in shape.closing(event):
+                    pieces = shape.closing(event)
+                    pieces[-1] = shape.extended(pieces[-1], timings=final_timings(event))
+                    for piece in pieces:
                         yield piece
     finally:
         if not run.complete:

@@ -1,0 +1,97 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` (whole or streamed) and ``POST /v1/messages/count_tokens``, run
+as the chat request each translates to (``anthropic_api``): the same template, tools, reasoning split, limits and
+speculation as ``/v1/chat/completions``, answered as a message or its stream of events (``anthropic_shape``)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from .. import session
+from ..anthropic_api import chat_request, check_budget
+from ..anthropic_shape import MessageShape
+from ..backends import served
+from ..chat import chat_tokens
+from ..jobs import chat_prompt, grammar_for, outputs_for, reasoning_for, tools_for
+from ..responses import total_usage
+from ..schema import requested_tokens, unsupported
+from ..tools import template_tags
+
+router = APIRouter()
+
+
+@router.post("/v1/messages")
+async def messages(request: Request, body: Any = Body(...)) -> Response:
+    chat, budget = chat_request(body)
+    unsupported(chat)
+    state = served(request)
+    w = state.backend(chat.model)
+    template = w.template
+    thinks = template_tags(template.text if template is not None and template.kind == "jinja" else None) is not None
+    check_budget(budget, requested_tokens(chat, state.limits.default_max_tokens)[0], thinks)
+    tools = tools_for(chat, w)
+    prompt = chat_prompt(chat, w, tools)
+    run = await session.start(request, w, chat, [chat_tokens(prompt, w.target)], state.limits, True,
+                              grammar_for(chat, tools), tools.triggers if tools is not None else ())
+    (output,) = outputs_for(w, run.jobs, tools, state.preserved, reasoning_for(chat, w, prompt), always=True)
+    stop = [s for s in ([chat.stop] if isinstance(chat.stop, str) else chat.stop or ()) if isinstance(s, str)]
+    shape = MessageShape(w.role.name, output, stop)
+    if chat.stream:
+        return EventSourceResponse(_events(run, shape), ping=15)
+
+    def take(event: dict[str, Any]) -> None:
+        if event["type"] == "delta":
+            output.add(event, deltas=False)
+
+    finals = await run.collect(take)
+    if finals is None:
+        return Response(status_code=499)
+    request.state.usage = total_usage(finals)  # for the access log
+    output.finish()
+    return JSONResponse(shape.whole(finals[0]))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, body: Any = Body(...)) -> JSONResponse:
+    """The prompt's tokens as ``/v1/messages`` would run it (its template, system prompt and tools)."""
+    chat, _ = chat_request(body)
+    unsupported(chat)
+    w = served(request).backend(chat.model)
+    tools = tools_for(chat, w)
+    return JSONResponse({"input_tokens": len(chat_tokens(chat_prompt(chat, w, tools), w.target))})
+
+
+async def _events(run: session.Session, shape: MessageShape) -> AsyncIterator[dict[str, Any]]:
+    """The message's events as they come; an error ends the stream with Anthropic's ``error`` event."""
+    try:
+        gen = getattr(run.jobs[0], "gen", None)
+        cached = getattr(getattr(gen, "stats", None), "n_reused", 0) or 0
+        for event in shape.opening(len(run.jobs[0].prompt_ids), cached):
+            yield event
+        async with aclosing(run.events()) as events:
+            async for event in events:
+                if event["type"] == "error":
+                    yield {"event": "error", "data": _error(event)}
+                    return
+                if event["type"] == "delta":
+                    for piece in shape.deltas(shape.output.add(event)):
+                        yield piece
+                else:
+                    for piece in shape.deltas(shape.output.finish()):
+                        yield piece
+                    run.request.state.usage = total_usage([event])
+                    for piece in shape.closing(event):
+                        yield piece
+    finally:
+        if not run.complete:
+            run.cancel_unfinished()  # the client went away mid-stream
+
+
+def _error(event: dict[str, Any]) -> str:
+    return json.dumps({"type": "error", "error": {"type": event["kind"], "message": event["message"],
+                                                  "param": event.get("param"), "code": event["status"]}})
