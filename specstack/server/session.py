@@ -83,6 +83,19 @@ class Session:
             event = await self.next_event()
         return None
 
+    async def collect_into(self, output: Any) -> list[Event] | None:
+        """``collect`` for a one-choice answer that is shaped from its parsed output (a message, a response):
+        each delta read into ``output`` (its text, reasoning and tool calls), which is finished at the end."""
+
+        def take(event: Event) -> None:
+            if event["type"] == "delta":
+                output.add(event, deltas=False)
+
+        finals = await self.collect(take)
+        if finals is not None:
+            output.finish()
+        return finals
+
     async def events(self) -> AsyncIterator[Event]:
         """Every event to the end, for a stream: the first error ends it (the other choices cancelled first).
         Leaving early (the client went away mid-stream) cancels what has not finished; close it with

@@ -43,16 +43,10 @@ async def messages(request: Request, body: Any = Body(...)) -> Response:
     shape = MessageShape(w.role.name, output, stop)
     if chat.stream:
         return EventSourceResponse(_events(run, shape), ping=15)
-
-    def take(event: dict[str, Any]) -> None:
-        if event["type"] == "delta":
-            output.add(event, deltas=False)
-
-    finals = await run.collect(take)
+    finals = await run.collect_into(output)
     if finals is None:
         return Response(status_code=499)
     request.state.usage = total_usage(finals)  # for the access log
-    output.finish()
     return JSONResponse(shape.whole(finals[0]))
 
 

@@ -39,16 +39,10 @@ async def responses(request: Request, body: Any = Body(...)) -> Response:
     if chat.stream:
         return EventSourceResponse(_events(run, shape, bool(chat.timings_per_token), bool(chat.return_progress)),
                                    ping=15)
-
-    def take(event: dict[str, Any]) -> None:
-        if event["type"] == "delta":
-            output.add(event, deltas=False)
-
-    finals = await run.collect(take)
+    finals = await run.collect_into(output)
     if finals is None:
         return Response(status_code=499)
     request.state.usage = total_usage(finals)  # for the access log
-    output.finish()
     return JSONResponse(shape.whole(finals[0]))
 
 
