@@ -203,6 +203,7 @@ def test_tiny_run_writes_json_csv_markdown_and_plots(tiny_run):
     md = (out / "results.md").read_text()
     assert "| prompt-lookup | 2 | 0 |" in md and "| prompt-lookup | 2 | 0.7 |" in md
     assert "All 2 speculative outputs at temperature 0 are identical to plain decoding" in md
+    assert "On this curve: a verification of 2 rows" in md and "4 rows" in md  # which build suits it (doctor's)
     if not _has_matplotlib():
         pytest.skip("matplotlib is not installed: the PNG plots were skipped")
     for png in ("tokps_vs_k.png", "acceptance_by_position.png", "cost_curve.png"):

@@ -267,3 +267,29 @@ def test_doctor_judges_the_load_by_the_threads_it_would_run(real_noise_limit):
     c = by_name(doctor.evaluate(facts(cpu_load=busy)))
     assert c["load"].status == "warn" and "38% of the cores specstack's 4 thread(s) need" in c["load"].message
     assert "load" not in by_name(doctor.evaluate(facts()))  # no /proc/stat: no verdict
+
+
+def curve_of(ratios: dict[int, float], t1: float = 0.02):
+    """A t(n) with the given t(n)/t(1) ratios (linear between them), as a measured curve would give."""
+    return lambda n: t1 * ratios.get(n, 1 + (n - 1) * 0.5)
+
+
+def test_row_cost_names_the_other_build_where_rows_are_dear():
+    dear = curve_of({1: 1, 2: 3.4, 4: 4.8, 8: 6.1, 16: 8.9})
+    on = doctor.row_cost_check(dear, True, "gemma")
+    assert on.status == "info" and "2 rows 3.4x" in on.message and "16 rows 8.9x" in on.message
+    assert on.fix == doctor.LLAMAFILE_OFF_FIX and "short model drafts" in on.message
+    off = doctor.row_cost_check(dear, False, "gemma")
+    assert off.fix == doctor.LLAMAFILE_ON_FIX and "long" in off.message
+    cheap = doctor.row_cost_check(curve_of({1: 1, 2: 1.1, 4: 1.3, 8: 1.9, 16: 3.0}), True, "a 7B model")
+    assert cheap.status == "ok" and cheap.fix is None
+    assert doctor.llamafile_in("CPU : AVX2 = 1 | LLAMAFILE = 1 |") is True
+    assert doctor.llamafile_in("CPU : AVX2 = 1 | LLAMAFILE = 0 |") is False and doctor.llamafile_in(None) is None
+
+
+def test_cli_doctor_measures_the_row_cost_of_a_model(capsys):
+    assert main(["doctor", "-m", str(DEFAULT_TARGET), "--row-cost", "-t", "1", "--json"]) in (0, 1)
+    rows = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "rows"]
+    assert len(rows) == 1 and "2 rows" in rows[0]["message"] and "at -t 1" in rows[0]["message"]
+    assert main(["doctor", "--row-cost"]) == 2
+    assert "give it with -m MODEL" in capsys.readouterr().err

@@ -198,7 +198,16 @@ def _cost_curve(results: dict[str, Any]) -> list[str]:
             markdown_table(["n", "t(n) ms", "t(n) / t(1)", "ms per token", "median rep ms"], rows), "",
             f"Fastest of {curve['reps']} reps (as the cost policy keeps it: interference only adds time), "
             f"{curve['threads']} threads, one batch of n tokens with logits for every row. t(1) is a true one-token "
-            f"batch. {_plain_step(results['config']['target'])}"]
+            f"batch. {_plain_step(results['config']['target'])}", "", _build_advice(results, curve)]
+
+
+def _build_advice(results: dict[str, Any], curve: dict[str, Any]) -> str:
+    """Which llama.cpp build suits this curve (``host.doctor.row_cost_check``), with the command to try."""
+    from ..host.doctor import llamafile_in, row_cost_check
+
+    check = row_cost_check(lambda n: cost_at(curve, n), llamafile_in(results.get("machine", {}).get("llama_system_info")),
+                           "On this curve")
+    return check.message + (f". To try it: `{check.fix}`" if check.fix else "")
 
 
 def _plain_step(target: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import sysinfo
 from ..errors import ModelLoadError
@@ -26,6 +26,10 @@ LLAMA_FEATURES = ("AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VNNI", "A
 REBUILD_FIX = ('CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --force-reinstall --no-cache-dir '
                'llama-cpp-python==0.3.36')
 MEMORY_HEADROOM = 1.2  # weights plus KV cache, compute buffers and Python
+ROW_COST_NS = (2, 4, 8, 16)  # the verification sizes a row-cost check reports: short model drafts to copied lines
+LLAMAFILE_OFF_FIX = ('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-deps --no-cache-dir '
+                     'llama-cpp-python==0.3.36')
+LLAMAFILE_ON_FIX = "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36"
 
 
 @dataclass
@@ -244,6 +248,35 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
             else:
                 checks.append(Check("memory", "ok", f"the model needs about {_gib(need)}; {mem_line}"))
     return checks
+
+
+def llamafile_in(system_info: str | None) -> bool | None:
+    """Whether llama.cpp was built with llamafile's tinyBLAS (``LLAMAFILE = 1`` in its system info); None: unknown."""
+    if not system_info:
+        return None
+    return sysinfo.parse_llama_system_info(system_info).get("LLAMAFILE") == "1"
+
+
+def row_cost_check(t: Callable[[int], float | None], llamafile: bool | None, where: str) -> Check:
+    """What a verified row costs (``t``: a measured t(n) in seconds, ``where``: whose curve) and which llama.cpp
+    build suits it. llama.cpp hands calls of 2+ rows to llamafile's tinyBLAS where it is built in, and a build
+    without it measured cheaper at 2 rows but dearer from 4 on (docs/drafters.md), so the better build depends
+    on how long the drafts are that pay on this model and CPU."""
+    ratios = {n: t(n) / t(1) for n in ROW_COST_NS if t(n)}  # the sizes the curve measured
+    said = ", ".join(f"{n} rows {r:.1f}x" for n, r in ratios.items())
+    msg = f"{where}: a verification of {said} one row ({1000 * t(1):.1f} ms)"
+    if ratios.get(2, 1.0) <= 1.5:
+        return Check("rows", "ok", msg + ": extra rows are cheap, so even short drafts pay")
+    measured = ("on Gemma 3 270M Q4_K_M, 2-core AMD EPYC, -t 1, a build without it made 2 rows 20% cheaper and 8-16 "
+                "rows 27-41% dearer (docs/drafters.md)")
+    if llamafile:
+        return Check("rows", "info", msg + "; drafts pay only when long and near-certain (the cost policy prices "
+                     f"each by this curve). This build hands 2+ rows to llamafile's tinyBLAS; {measured}: try that "
+                     "build for short model drafts (draft-model, mtp at k 1-3), keep this one for long retrieval "
+                     "drafts (suffix, prompt lookup)", LLAMAFILE_OFF_FIX)
+    return Check("rows", "info", msg + f"; this build runs without llamafile's tinyBLAS ({measured}): for long "
+                 "retrieval drafts (suffix, prompt lookup at k 8-16) the default build verifies cheaper",
+                 LLAMAFILE_ON_FIX)
 
 
 def _load_check(load: dict[str, Any] | None, threads: int) -> Check | None:
