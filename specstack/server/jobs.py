@@ -21,6 +21,7 @@ from ..generation import GenerationConfig
 from ..sampling import SamplingParams
 from .backends import Limits, RoleBackend
 from .chat import RenderedChat, render
+from .continuation import continuation, render_continued
 from .request_constraints import ConstraintError, request_constraints, stop_strings
 from .inputs import chat_messages, completion_prompts
 from .responses import ApiError
@@ -67,18 +68,30 @@ def tools_for(body: Any, w: RoleBackend) -> ToolPlan | None:
 def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> RenderedChat:
     """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
     ``developer`` messages are system messages, as llama-server and vLLM read them.  The request's tools
-    (``tools_for``) go to the template, with their format's instruction and example where it has them."""
+    (``tools_for``) go to the template, with their format's instruction and example where it has them; its
+    ``add_generation_prompt`` and ``continue_final_message`` (or a last assistant message) say whether the
+    assistant's turn is opened or the last message continued (``continuation``)."""
     tools = tools if tools is not None else tools_for(body, w)
     try:
         # the keys each message was sent with (a template may test whether one is defined), but no refusal
         messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
-        extra = template_kwargs(body, w.role)
-        if tools is None:
-            return render(messages, w.template, extra=extra)
-        return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
-                      system_note=tools.format.system_note, extra=extra)
+        opened, mode = continuation(messages, getattr(body, "add_generation_prompt", None),
+                                    getattr(body, "continue_final_message", None))
+        kwargs: dict[str, Any] = {"extra": template_kwargs(body, w.role)}
+        if tools is not None:
+            kwargs.update(tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
+                          system_note=tools.format.system_note)
+        if mode is not None:
+            return render_continued(messages, w.template, mode, **kwargs)
+        return render(messages, w.template, generation_prompt=opened, **kwargs)
     except SpecstackError as exc:
-        raise ApiError(400, str(exc), param="messages") from None
+        raise ApiError(400, str(exc), param=_param(str(exc))) from None
+
+
+def _param(message: str) -> str:
+    """The field a refused chat names first (``continue_final_message: ...``), else ``messages``."""
+    head = message.split(":", 1)[0].split(" ", 1)[0]
+    return head if head in ("add_generation_prompt", "continue_final_message") else "messages"
 
 
 def template_kwargs(body: Any, role: Role | None = None) -> dict[str, Any] | None:
@@ -98,6 +111,13 @@ def template_kwargs(body: Any, role: Role | None = None) -> dict[str, Any] | Non
     elif effort:
         kwargs["reasoning_effort"] = effort
     return kwargs or None
+
+
+def verbose(body: Any, state: Any) -> bool:
+    """Whether an OpenAI answer carries llama-server's ``__verbose`` (the native result, with the prompt as the
+    model read it): the request's ``verbose``, else the server's (``serve --verbose``), as llama-server."""
+    wanted = getattr(body, "verbose", None)
+    return bool(getattr(state, "verbose", False) if wanted is None else wanted)
 
 
 def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
@@ -177,10 +197,13 @@ def _check_prompts(prompts: list[list[int]], target: Any, limits: Limits, prompt
         where = f"{prompt_field}[{p}]" if len(prompts) > 1 else prompt_field
         if not ids:
             raise ApiError(400, f"the prompt is empty ({where})", param=prompt_field)
-        if len(ids) > limit:
+        if len(ids) > limit:  # past the context: llama-server's type and counts (a slot's n_ctx), OpenAI's code
+            context = len(ids) > target.capacity - 1
             raise ApiError(400, f"the prompt ({where}) has {len(ids)} tokens; this model's context allows "
                                 f"{limit} (prompt plus at least one new token)",
-                           param=prompt_field, code="context_length_exceeded")
+                           "exceed_context_size_error" if context else "invalid_request_error",
+                           param=prompt_field, code="context_length_exceeded",
+                           fields={"n_prompt_tokens": len(ids), "n_ctx": target.n_ctx} if context else None)
         if any(not 0 <= t < target.n_vocab for t in ids):
             raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1} ({where})", param=prompt_field)
 

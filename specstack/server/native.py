@@ -138,6 +138,27 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
     return out
 
 
+def timings(final: dict[str, Any]) -> dict[str, Any]:
+    """A finished choice's ``timings`` as llama-server reports them (its ``server_slot_stats``): the prompt's
+    tokens evaluated (past the cached prefix) and the tokens generated, each with its time and rate, and the
+    draft tokens proposed and accepted.  /completion's result carries them, and OpenAI's routes add them to the
+    answer (a stream: its last chunk), as llama-server does."""
+    stats, usage = final["stats"], final["usage"]
+    times = stats.get("time_s", {})
+    prompt_n = usage["prompt_tokens"]
+    cached = stats.get("reused_prompt_tokens", 0)
+    prefill_ms = times.get("prefill", 0.0) * 1000
+    predicted = usage["completion_tokens"]
+    predicted_ms = max(0.0, times.get("total", 0.0) * 1000 - prefill_ms - times.get("queue", 0.0) * 1000)
+    return {"cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prefill_ms,
+            "prompt_per_token_ms": prefill_ms / max(1, prompt_n - cached),
+            "prompt_per_second": (prompt_n - cached) / (prefill_ms / 1000) if prefill_ms else 0.0,
+            "predicted_n": predicted, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / max(1, predicted),
+            "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
+            "draft_n": stats.get("n_drafted", 0), "draft_n_accepted": stats.get("n_accepted", 0)}
+
+
 class Native:
     """A native request's choices as they arrive: text, token ids and probabilities per choice."""
 
@@ -186,25 +207,13 @@ class Native:
         job, stats, usage = self.jobs[i], final["stats"], final["usage"]
         text = self.texts[i]
         reason = stats.get("stop_reason", "")
-        times = stats.get("time_s", {})
-        prompt_n = usage["prompt_tokens"]
-        cached = stats.get("reused_prompt_tokens", 0)
-        prefill_ms = times.get("prefill", 0.0) * 1000
-        predicted = usage["completion_tokens"]
-        predicted_ms = max(0.0, times.get("total", 0.0) * 1000 - prefill_ms - times.get("queue", 0.0) * 1000)
         out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
-               "id_slot": self.slot[i], "stop": True, "model": self.w.role.name, "tokens_predicted": predicted,
-               "tokens_evaluated": prompt_n, "generation_settings": request_params(job, self.w.role, self.limits),
+               "id_slot": self.slot[i], "stop": True, "model": self.w.role.name,
+               "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
+               "generation_settings": request_params(job, self.w.role, self.limits),
                "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
                "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
-               "tokens_cached": cached,
-               "timings": {"cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prefill_ms,
-                           "prompt_per_token_ms": prefill_ms / max(1, prompt_n - cached),
-                           "prompt_per_second": (prompt_n - cached) / (prefill_ms / 1000) if prefill_ms else 0.0,
-                           "predicted_n": predicted, "predicted_ms": predicted_ms,
-                           "predicted_per_token_ms": predicted_ms / max(1, predicted),
-                           "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
-                           "draft_n": stats.get("n_drafted", 0), "draft_n_accepted": stats.get("n_accepted", 0)},
+               "tokens_cached": stats.get("reused_prompt_tokens", 0), "timings": timings(final),
                "speculative": summary(stats)}
         if job.config.logprobs is not None and not streamed:
             out["completion_probabilities"] = self.probs[i]

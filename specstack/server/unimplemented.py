@@ -158,6 +158,5 @@ UNIMPLEMENTED = (
     Unimplemented("multimodal_data", list[Any], ([],), TEXT_ONLY),
     # llama-server's chat fields
     Unimplemented("chat_template", S, (), TEMPLATE, ("chat",)),
-    Unimplemented("add_generation_prompt", B, (True,), "the assistant's turn is always opened", ("chat",)),
     Unimplemented("reasoning_control", B, (False,), "there is no reasoning control", ("chat",)),
 )
