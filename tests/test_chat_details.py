@@ -145,3 +145,34 @@ def test_a_chat_gives_several_choices(http):
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1]
     assert all(c["message"]["role"] == "assistant" and c["finish_reason"] == "length" for c in choices)
+
+
+def stream_chunks(http: httpx.Client, body: dict) -> list[dict]:
+    chunks = []
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def test_return_progress_streams_the_prompts_processing(http):
+    """llama-server's prompt progress: the cached prefix first, then more after each step that processed more,
+    up to the whole prompt, before the first token; a prompt met again starts from more of it cached."""
+    body = {"model": "llama", "messages": [{"role": "user", "content": "This is a test" * 10}], "max_tokens": 3,
+            "return_progress": True, "stream_options": {"include_usage": True}}
+    cached = []
+    for _ in range(2):
+        chunks = stream_chunks(http, body)
+        progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+        first_text = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))
+        assert max(i for i, c in enumerate(chunks) if "prompt_progress" in c) < first_text
+        total = chunks[-1]["usage"]["prompt_tokens"]
+        assert progress[0]["cache"] == progress[0]["processed"] and progress[-1]["processed"] == total
+        assert all(p["total"] == total and p["cache"] == progress[0]["cache"] for p in progress)
+        assert all(a["processed"] < b["processed"] for a, b in zip(progress, progress[1:]))
+        cached.append(progress[0]["cache"])
+    assert cached[1] > cached[0]
+    plain = stream_chunks(http, {**body, "return_progress": False})
+    assert not any("prompt_progress" in c for c in plain)

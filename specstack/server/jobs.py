@@ -154,13 +154,14 @@ def session_key(request: Request, body: Any) -> str | None:
 
 
 def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
-              grammar: str | None = None, triggers: tuple[str, ...] = ()) -> list[Job]:
+              grammar: str | None = None, triggers: tuple[str, ...] = (), progress: bool = False) -> list[Job]:
     """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
     (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
     with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
     from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
     for (None: the role's default grammar, if any; ``request_constraints``), lazy after ``triggers``
-    (a tool call's opening words under ``tool_choice: auto``) where there are any."""
+    (a tool call's opening words under ``tool_choice: auto``) where there are any; ``progress``: each job reports
+    its prompt's processing (``progress`` events)."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
     max_tokens = _max_tokens(body, limits)
@@ -173,7 +174,7 @@ def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limit
     loop = asyncio.get_running_loop()
     return [Job(ids, config if i == 0 else dataclasses.replace(
                     config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed)),
-                spec, loop, events, deadline, index=p * n + i)
+                spec, loop, events, deadline, index=p * n + i, progress=progress)
             for p, ids in enumerate(prompts) for i in range(n)]
 
 

@@ -92,8 +92,8 @@ class _Common(ConstraintFields):
     spec_n_max: int | None = Field(None, alias="speculative.n_max", ge=1, le=MAX_DRAFT, strict=True)
     spec_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, strict=True)
     spec_p_min: float | None = Field(None, alias="speculative.p_min", ge=0, le=1, strict=True)
-    # llama-server's reports: accepted and not used (timings come with each result's end, prompt progress is not
-    # streamed; docs/serve.md)
+    # llama-server's reports: timings_per_token accepted and not used (timings come with each result's end);
+    # return_progress streams a chat's prompt progress (``worker.RoleWorker._progress``), other routes send none
     timings_per_token: bool | None = Field(None, strict=True)
     # llama-server's: the answer's __verbose (its native result: the prompt as read, settings, timings); None: the
     # server's (serve --verbose) (``jobs.verbose``)

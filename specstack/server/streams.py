@@ -62,6 +62,13 @@ class OpenAIChunks:
                   else {"text": event["text"], "logprobs": lp})
         return [self.piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})]
 
+    def progress(self, event: Event) -> list[str]:
+        """A prompt progress chunk, as llama-server sends one: the assistant's empty opening delta with
+        ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) beside it."""
+        choice = {"delta": {"role": "assistant", "content": None}} if self.chat else {"text": "", "logprobs": None}
+        fields = {k: event[k] for k in ("total", "cache", "processed", "time_ms")}
+        return [self.piece(event["index"], {**choice, "finish_reason": None}, top={"prompt_progress": fields})]
+
     def done(self, event: Event) -> list[str]:
         """A choice's finish chunk (with tools: the message's last deltas first), speculation's summary in it; as
         llama-server, its ``timings`` where no usage chunk follows, and a verbose request's ``__verbose`` in the
@@ -105,7 +112,8 @@ async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
                     yield json.dumps({"error": {"message": event["message"], "type": event["kind"],
                                                 "param": event.get("param"), "code": event["status"]}})
                     return
-                for piece in shape.delta(event) if kind == "delta" else shape.done(event):
+                shaped = shape.delta if kind == "delta" else shape.progress if kind == "progress" else shape.done
+                for piece in shaped(event):
                     yield piece
         for piece in shape.closing():
             yield piece
