@@ -176,7 +176,10 @@ SCHEMA = [
     # llama-server chat options
     SchemaField("chat_template", "chatml", 5, routes=CHAT),
     SchemaField("chat_template_kwargs", {"enable_thinking": False}, "x", neutral={}, honoured=True, routes=CHAT),
-    SchemaField("add_generation_prompt", False, "no", neutral=True, routes=CHAT),
+    SchemaField("add_generation_prompt", False, "no", neutral=True, honoured=True, routes=CHAT),
+    SchemaField("continue_final_message", True, "yes", neutral=False, honoured=True, routes=CHAT,
+                extra={"add_generation_prompt": False}),
+    SchemaField("verbose", True, "yes", neutral=False, honoured=True),
     SchemaField("reasoning_format", "deepseek", 5, neutral="auto", honoured=True),
     SchemaField("reasoning_control", True, "yes", neutral=False, routes=CHAT),
     # vLLM
