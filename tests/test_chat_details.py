@@ -118,7 +118,7 @@ def test_a_stream_ends_with_timings_and_carries_verbose(http):
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
-    assert "timings" not in chunks[0] and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "timings" not in chunks[0] and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     last = chunks[-1]
     assert last["choices"] == [] and last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
     assert any("__verbose" in c for c in chunks)

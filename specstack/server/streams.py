@@ -34,11 +34,12 @@ class OpenAIChunks:
                      top)
 
     def opening(self) -> list[str]:
-        """Each choice's first chunks: chat's assistant role, completions' echo (even when no token follows)."""
+        """Each choice's first chunks: chat's assistant role (with ``content`` null, as llama-server and OpenAI
+        send it), completions' echo (even when no token follows)."""
         out = []
         for i, echo in enumerate(self.echoes):
             if self.chat:
-                out.append(self.piece(i, {"delta": {"role": "assistant"}, "finish_reason": None}))
+                out.append(self.piece(i, {"delta": {"role": "assistant", "content": None}, "finish_reason": None}))
             if echo:
                 out.append(self.piece(i, {"text": echo, "logprobs": None, "finish_reason": None}))
         return out
