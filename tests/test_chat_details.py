@@ -176,3 +176,18 @@ def test_return_progress_streams_the_prompts_processing(http):
     assert cached[1] > cached[0]
     plain = stream_chunks(http, {**body, "return_progress": False})
     assert not any("prompt_progress" in c for c in plain)
+
+
+def test_id_slot_runs_every_choice_in_that_slot(http):
+    """llama-server's ``id_slot``: both choices of a request in the named slot, one after the other (the scheduler
+    does not lock up), on the chat route and the native one; a slot the role lacks is a 400."""
+    for _ in range(2):
+        r = http.post("/v1/chat/completions", json={"model": "llama", "messages": BOOK, "max_tokens": 3, "n": 2,
+                                                    "id_slot": 0})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2 and r.json()["__verbose"]["id_slot"] == 0
+    results = http.post("/completion", json={"model": "llama", "prompt": "def f():", "n_predict": 3, "n_cmpl": 2,
+                                             "id_slot": 1}).json()
+    assert [res["id_slot"] for res in results] == [1, 1]
+    r = http.post("/v1/chat/completions", json={"model": "llama", "messages": BOOK, "max_tokens": 3, "id_slot": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"

@@ -158,7 +158,7 @@ SCHEMA = [
     SchemaField("n_probs", 2, "2", neutral=0),
     SchemaField("min_keep", 2, "2", neutral=0),
     SchemaField("t_max_predict_ms", 100, "100", neutral=0),
-    SchemaField("id_slot", 0, "0", neutral=-1),
+    SchemaField("id_slot", 0, "0", neutral=-1, honoured=True),
     SchemaField("cache_prompt", False, "no", neutral=True, honoured=True),
     SchemaField("return_tokens", True, "yes", neutral=False),
     SchemaField("samplers", ["temperature", "top_k"], 5,

@@ -288,9 +288,22 @@ def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_token
         sampling = SamplingParams(**sampling_for(body, w.role), seed=seed)
         return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
                                 reuse_prompt=getattr(body, "cache_prompt", None) is not False,
+                                slot=_slot(body, w.role),
                                 logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
     except SpecstackError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def _slot(body: Any, role: Role) -> int | None:
+    """llama-server's ``id_slot``: the slot every choice of the request runs in, each as it frees (-1 or none: the
+    next free one); one the role does not have is a 400."""
+    slot = getattr(body, "id_slot", None)
+    if slot is None or slot == -1:
+        return None
+    if not 0 <= slot < role.parallel:
+        raise ApiError(400, f"id_slot {slot} is not a slot of role {role.name!r}: it has slots 0..{role.parallel - 1} "
+                            "(or send -1: the next free one)", param="id_slot")
+    return slot
 
 
 def check_drafter(name: str, role: Role) -> None:

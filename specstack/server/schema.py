@@ -69,6 +69,8 @@ class _Common(ConstraintFields):
     n_predict: int | None = Field(None, strict=True)  # llama-server's name for max_tokens (``requested_tokens``)
     # llama-server's: false prefills the whole prompt, no cached prefix reused (``GenerationConfig.reuse_prompt``)
     cache_prompt: bool | None = Field(None, strict=True)
+    # llama-server's: the slot the request runs in (-1: the next free one) (``GenerationConfig.slot``)
+    id_slot: int | None = Field(None, strict=True)
     # None: the role's default (serve --temp, ...), else the route's: llama-server's on /completion, OpenAI's on
     # /v1/* (``jobs.sampling_for``)
     temperature: float | None = Field(None, ge=0, le=100, strict=True)
