@@ -191,3 +191,14 @@ def test_id_slot_runs_every_choice_in_that_slot(http):
     assert [res["id_slot"] for res in results] == [1, 1]
     r = http.post("/v1/chat/completions", json={"model": "llama", "messages": BOOK, "max_tokens": 3, "id_slot": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
+
+
+def test_a_responses_stream_with_return_progress_still_completes(http):
+    """The Responses API runs as a chat: its stream has no progress event, and skips the chat's."""
+    events = []
+    with http.stream("POST", "/v1/responses", json={"model": "llama", "input": "What is the best book",
+                                                    "max_output_tokens": 3, "stream": True,
+                                                    "return_progress": True}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:])["type"] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "response.completed" and events.count("response.completed") == 1

@@ -61,6 +61,8 @@ async def _events(run: session.Session, shape: ResponseShape) -> AsyncIterator[d
                     yield shape.event("error", code=str(event["status"]), message=event["message"],
                                       param=event.get("param"))
                     return
+                if event["type"] == "progress":  # a chat field's prompt progress: the Responses API has no event
+                    continue
                 if event["type"] == "delta":
                     for piece in shape.deltas(shape.output.add(event)):
                         yield piece
