@@ -56,6 +56,12 @@ class _Slot:
     keeper: PrefixDrafter | None = None  # the last generation's drafter where it keeps state for ``cached``
 
 
+def _open_to(gen: Generation, free: list[_Slot]) -> list[_Slot]:
+    """The free slots ``gen`` may take: any, or the one its config names (``GenerationConfig.slot``)."""
+    want = gen.config.slot
+    return free if want is None else [s for s in free if s.seq == want]
+
+
 @dataclass
 class _Work:
     """One generation's part of a step."""
@@ -130,6 +136,9 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.capacity} "
                 "(prompt plus at least one new token); shorten the prompt or raise --ctx-size"
             )
+        if config.slot is not None and not 0 <= config.slot < len(self._slots):
+            raise InvalidParameterError(f"slot {config.slot} does not exist: the engine has slots "
+                                        f"0..{len(self._slots) - 1}")
         bad = [t for t in prompt_ids if not 0 <= t < self.target.n_vocab]
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
@@ -248,16 +257,18 @@ class Engine:
     def _admit(self) -> None:
         while self._waiting:
             free = [s for s in self._slots if s.gen is None]
-            if not free:
+            # the first waiting generation that may run in a free slot (one bound to a busy slot waits for it)
+            gen = next((g for g in self._waiting if _open_to(g, free)), None)
+            if gen is None:
                 return
-            gen = self._waiting[0]
             if any(p.prompt_ids == gen.prompt_ids for p in self._prefilling):
                 return  # another choice of the same prompt (n > 1) is prefilling it: copy its KV when done
+            free = _open_to(gen, free)
             for s in free:
                 if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
                     s.cached, s.prefilled = [], 0
             slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
-            self._waiting.popleft()
+            self._waiting.remove(gen)
             try:
                 reuse = 0
                 if gen.config.reuse_prompt:

@@ -39,6 +39,10 @@ class GenerationConfig:
     grammar_drafts: bool = True  # a grammar's forced tokens are drafted (``drafters.grammar``); False to compare
     # False: the whole prompt is prefilled, no cached prefix reused (llama-server's cache_prompt: false)
     reuse_prompt: bool = True
+    # The slot (target sequence) it must run in, None: any free one (llama-server's id_slot).  Where it is busy the
+    # generation waits for it, and those queued behind that may take other slots first.  Speed only: a slot's
+    # cached prefix is reused exactly, so the output is the same in any slot.
+    slot: int | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

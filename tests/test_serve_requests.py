@@ -158,7 +158,7 @@ SCHEMA = [
     SchemaField("n_probs", 2, "2", neutral=0),
     SchemaField("min_keep", 2, "2", neutral=0),
     SchemaField("t_max_predict_ms", 100, "100", neutral=0),
-    SchemaField("id_slot", 0, "0", neutral=-1),
+    SchemaField("id_slot", 0, "0", neutral=-1, honoured=True),
     SchemaField("cache_prompt", False, "no", neutral=True, honoured=True),
     SchemaField("return_tokens", True, "yes", neutral=False),
     SchemaField("samplers", ["temperature", "top_k"], 5,
@@ -176,7 +176,10 @@ SCHEMA = [
     # llama-server chat options
     SchemaField("chat_template", "chatml", 5, routes=CHAT),
     SchemaField("chat_template_kwargs", {"enable_thinking": False}, "x", neutral={}, honoured=True, routes=CHAT),
-    SchemaField("add_generation_prompt", False, "no", neutral=True, routes=CHAT),
+    SchemaField("add_generation_prompt", False, "no", neutral=True, honoured=True, routes=CHAT),
+    SchemaField("continue_final_message", True, "yes", neutral=False, honoured=True, routes=CHAT,
+                extra={"add_generation_prompt": False}),
+    SchemaField("verbose", True, "yes", neutral=False, honoured=True),
     SchemaField("reasoning_format", "deepseek", 5, neutral="auto", honoured=True),
     SchemaField("reasoning_control", True, "yes", neutral=False, routes=CHAT),
     # vLLM

@@ -345,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
 
     vertex_ai = vertex_from_env(args)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
-                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui, vertex_ai=vertex_ai)
+                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui, vertex_ai=vertex_ai,
+                     verbose=bool(args.verbose))
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)

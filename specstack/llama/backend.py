@@ -199,8 +199,9 @@ def builtin_chat_templates() -> list[str]:
     return sorted(name.decode() for name in names if name)
 
 
-def apply_builtin_chat_template(name: str, messages: list[tuple[str, str]]) -> str:
-    """``messages`` (role, text) through llama.cpp's built-in template ``name``, ending with the assistant's turn.
+def apply_builtin_chat_template(name: str, messages: list[tuple[str, str]], generation_prompt: bool = True) -> str:
+    """``messages`` (role, text) through llama.cpp's built-in template ``name``, ending with the assistant's turn
+    opened (``generation_prompt`` False: not opened).
 
     Raises ``ValueError`` when llama.cpp refuses (an unknown name, or messages the format cannot hold).
     """
@@ -210,7 +211,7 @@ def apply_builtin_chat_template(name: str, messages: list[tuple[str, str]]) -> s
     size = 2 * sum(len(r) + len(t) for r, t in keep) + 256
     for _ in range(2):
         buf = ctypes.create_string_buffer(size)
-        n = int(lc.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, size))
+        n = int(lc.llama_chat_apply_template(name.encode(), chat, len(keep), generation_prompt, buf, size))
         if n < 0:
             raise ValueError(f"llama.cpp's chat template {name!r} could not format these messages")
         if n <= size:

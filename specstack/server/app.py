@@ -38,7 +38,7 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                backends: dict[str, RoleBackend] | None = None, render_metrics: Callable[[], Any] | None = None,
                role_health: HealthProbe | None = None, access_log: Callable[[str], None] | None = None,
                slots: bool = True, cors_origins: str = "*", page: bool = True,
-               vertex_ai: VertexParams | None = None) -> FastAPI:
+               vertex_ai: VertexParams | None = None, verbose: bool = False) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
@@ -46,7 +46,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
     none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``), ``page=False`` the page at /
     (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``vertex_ai`` adds Vertex AI's
-    prediction route (``vertex``: the server runs there)."""
+    prediction route (``vertex``: the server runs there); ``verbose`` (``--verbose``) gives OpenAI answers
+    llama-server's ``__verbose`` unless a request's ``verbose`` says otherwise."""
     metrics = ServerMetrics()
     workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
 
@@ -64,7 +65,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.workers, app.state.metrics = workers, metrics
     app.state.http_options = http_options()  # what uvicorn serves it with (`specstack serve`: the header limit)
-    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page)
+    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page,
+                              verbose=verbose)
     add_error_handlers(app)
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)

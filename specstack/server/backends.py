@@ -68,6 +68,7 @@ class Served:
     role_health: HealthProbe | None = None
     preserved: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     page: bool = True  # the live page at / (llama-server's --no-ui turns it off)
+    verbose: bool = False  # OpenAI answers carry __verbose unless a request says otherwise (serve --verbose)
 
     def backend(self, model: str | None) -> RoleBackend:
         """The role a request names (``model``; none or an unknown one with a single role: that role), ready

@@ -24,6 +24,7 @@ show of tools, calls and tool results is written into the messages (``template_c
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import re
@@ -141,7 +142,7 @@ def chat_tokens(chat: RenderedChat, vocab: ChatVocabulary) -> list[int]:
 
 def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str = "", eos: str = "", *,
            tools: Sequence[dict[str, Any]] | None = None, tool_example: str = "", system_note: str = "",
-           extra: dict[str, Any] | None = None) -> RenderedChat:
+           extra: dict[str, Any] | None = None, generation_prompt: bool = True) -> RenderedChat:
     """The prompt for ``messages``, ending where the assistant's answer starts, with what the template wrote
     told apart from what the messages said.
 
@@ -152,6 +153,7 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
     output is read in), calls as JSON content, tool results as a user message of JSON, a system message
     into the first user message.  ``system_note`` is added to the system message (the generic tool format's
     instruction, as llama.cpp adds it); ``extra`` adds template variables (``chat_template_kwargs``).
+    ``generation_prompt`` False leaves the assistant's turn unopened (a request's ``add_generation_prompt``).
 
     The template is rendered twice: with each message's text as it is, and with each replaced by a unique
     marker. The markers show where the messages' text went; the first rendering shows what the template did
@@ -170,14 +172,14 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
         pieces: list[tuple[str, bool]] = []
         for m in messages:
             pieces += [(f"### {m['role'].capitalize()}:\n", True), (m["content"], False), ("\n\n", True)]
-        return RenderedChat(tuple(pieces) + (("### Assistant:\n", True),))
+        return RenderedChat(tuple(pieces) + ((("### Assistant:\n", True),) if generation_prompt else ()))
     # every string a message brings, nested ones too (content, name, tool_calls' arguments, ...), is the user's
     # text; the role is checked
     marks = _Marks()
     marked_messages = [{k: (v if k == "role" else marks.message(v, k)) for k, v in m.items()} for m in messages]
     marked_tools = [marks.tool(t) for t in tools]
-    full = _apply(template, messages, bos, eos, tools, extra)
-    marked = _apply(template, marked_messages, bos, eos, marked_tools, extra)
+    full = _apply(template, messages, bos, eos, tools, extra, generation_prompt)
+    marked = _apply(template, marked_messages, bos, eos, marked_tools, extra, generation_prompt)
     return _split(full, marked, marks.markers(), marks.texts)
 
 
@@ -378,19 +380,33 @@ def _object_arguments(call: Any) -> Any:
     return {**call, "function": fn}
 
 
+def template_context() -> dict[str, Any]:
+    """The variables llama-server gives every template before a request's own (``chat_template_kwargs`` win):
+    ``enable_thinking`` true (``jobs.template_kwargs`` sets it false where thinking is off), and today's date as
+    ``datetime`` ("Nov 27 2026": firefunction-v2 writes it) and ``date_string`` ("27 Nov 2026": Llama 3.x's
+    templates write it, else their fixed "26 Jul 2024") (llama.cpp's ``common_chat_extra_context``)."""
+    now = datetime.datetime.now()
+    return {"enable_thinking": True, "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+
+
 def _apply(template: ChatTemplate, messages: Sequence[dict[str, Any]], bos: str, eos: str,
-           tools: Sequence[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
+           tools: Sequence[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+           generation_prompt: bool = True) -> str:
     if template.kind == "builtin":
         try:
-            return apply_builtin_chat_template(template.text, [(m["role"], m["content"]) for m in messages])
+            return apply_builtin_chat_template(template.text, [(m["role"], m["content"]) for m in messages],
+                                               generation_prompt)
         except ValueError as exc:
             raise InvalidParameterError(str(exc)) from None
 
     def raise_exception(message: str) -> None:
         raise InvalidParameterError(f"the model's chat template refused the messages: {message}")
 
-    context: dict[str, Any] = {**(extra or {}), "messages": list(messages), "add_generation_prompt": True,
+    # add_generation_prompt is left undefined rather than false, as llama-server leaves it (templates test both)
+    context: dict[str, Any] = {**template_context(), **(extra or {}), "messages": list(messages),
                                "bos_token": bos, "eos_token": eos, "raise_exception": raise_exception}
+    if generation_prompt:
+        context["add_generation_prompt"] = True
     if tools:
         context["tools"] = list(tools)
     try:

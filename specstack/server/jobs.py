@@ -21,6 +21,7 @@ from ..generation import GenerationConfig
 from ..sampling import SamplingParams
 from .backends import Limits, RoleBackend
 from .chat import RenderedChat, render
+from .continuation import continuation, render_continued
 from .request_constraints import ConstraintError, request_constraints, stop_strings
 from .inputs import chat_messages, completion_prompts
 from .responses import ApiError
@@ -67,18 +68,30 @@ def tools_for(body: Any, w: RoleBackend) -> ToolPlan | None:
 def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> RenderedChat:
     """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
     ``developer`` messages are system messages, as llama-server and vLLM read them.  The request's tools
-    (``tools_for``) go to the template, with their format's instruction and example where it has them."""
+    (``tools_for``) go to the template, with their format's instruction and example where it has them; its
+    ``add_generation_prompt`` and ``continue_final_message`` (or a last assistant message) say whether the
+    assistant's turn is opened or the last message continued (``continuation``)."""
     tools = tools if tools is not None else tools_for(body, w)
     try:
         # the keys each message was sent with (a template may test whether one is defined), but no refusal
         messages = chat_messages([m.model_dump(exclude_unset=True, exclude={"refusal"}) for m in body.messages])
-        extra = template_kwargs(body, w.role)
-        if tools is None:
-            return render(messages, w.template, extra=extra)
-        return render(messages, w.template, tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
-                      system_note=tools.format.system_note, extra=extra)
+        opened, mode = continuation(messages, getattr(body, "add_generation_prompt", None),
+                                    getattr(body, "continue_final_message", None))
+        kwargs: dict[str, Any] = {"extra": template_kwargs(body, w.role)}
+        if tools is not None:
+            kwargs.update(tools=list(tools.raw), tool_example=tools.format.example(tools.parallel),
+                          system_note=tools.format.system_note)
+        if mode is not None:
+            return render_continued(messages, w.template, mode, **kwargs)
+        return render(messages, w.template, generation_prompt=opened, **kwargs)
     except SpecstackError as exc:
-        raise ApiError(400, str(exc), param="messages") from None
+        raise ApiError(400, str(exc), param=_param(str(exc))) from None
+
+
+def _param(message: str) -> str:
+    """The field a refused chat names first (``continue_final_message: ...``), else ``messages``."""
+    head = message.split(":", 1)[0].split(" ", 1)[0]
+    return head if head in ("add_generation_prompt", "continue_final_message") else "messages"
 
 
 def template_kwargs(body: Any, role: Role | None = None) -> dict[str, Any] | None:
@@ -98,6 +111,13 @@ def template_kwargs(body: Any, role: Role | None = None) -> dict[str, Any] | Non
     elif effort:
         kwargs["reasoning_effort"] = effort
     return kwargs or None
+
+
+def verbose(body: Any, state: Any) -> bool:
+    """Whether an OpenAI answer carries llama-server's ``__verbose`` (the native result, with the prompt as the
+    model read it): the request's ``verbose``, else the server's (``serve --verbose``), as llama-server."""
+    wanted = getattr(body, "verbose", None)
+    return bool(getattr(state, "verbose", False) if wanted is None else wanted)
 
 
 def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
@@ -134,13 +154,14 @@ def session_key(request: Request, body: Any) -> str | None:
 
 
 def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
-              grammar: str | None = None, triggers: tuple[str, ...] = ()) -> list[Job]:
+              grammar: str | None = None, triggers: tuple[str, ...] = (), progress: bool = False) -> list[Job]:
     """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
     (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
     with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
     from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
     for (None: the role's default grammar, if any; ``request_constraints``), lazy after ``triggers``
-    (a tool call's opening words under ``tool_choice: auto``) where there are any."""
+    (a tool call's opening words under ``tool_choice: auto``) where there are any; ``progress``: each job reports
+    its prompt's processing (``progress`` events)."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
     max_tokens = _max_tokens(body, limits)
@@ -153,7 +174,7 @@ def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limit
     loop = asyncio.get_running_loop()
     return [Job(ids, config if i == 0 else dataclasses.replace(
                     config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed)),
-                spec, loop, events, deadline, index=p * n + i)
+                spec, loop, events, deadline, index=p * n + i, progress=progress)
             for p, ids in enumerate(prompts) for i in range(n)]
 
 
@@ -177,10 +198,13 @@ def _check_prompts(prompts: list[list[int]], target: Any, limits: Limits, prompt
         where = f"{prompt_field}[{p}]" if len(prompts) > 1 else prompt_field
         if not ids:
             raise ApiError(400, f"the prompt is empty ({where})", param=prompt_field)
-        if len(ids) > limit:
+        if len(ids) > limit:  # past the context: llama-server's type and counts (a slot's n_ctx), OpenAI's code
+            context = len(ids) > target.capacity - 1
             raise ApiError(400, f"the prompt ({where}) has {len(ids)} tokens; this model's context allows "
                                 f"{limit} (prompt plus at least one new token)",
-                           param=prompt_field, code="context_length_exceeded")
+                           "exceed_context_size_error" if context else "invalid_request_error",
+                           param=prompt_field, code="context_length_exceeded",
+                           fields={"n_prompt_tokens": len(ids), "n_ctx": target.n_ctx} if context else None)
         if any(not 0 <= t < target.n_vocab for t in ids):
             raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1} ({where})", param=prompt_field)
 
@@ -264,9 +288,22 @@ def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_token
         sampling = SamplingParams(**sampling_for(body, w.role), seed=seed)
         return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
                                 reuse_prompt=getattr(body, "cache_prompt", None) is not False,
+                                slot=_slot(body, w.role),
                                 logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
     except SpecstackError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def _slot(body: Any, role: Role) -> int | None:
+    """llama-server's ``id_slot``: the slot every choice of the request runs in, each as it frees (-1 or none: the
+    next free one); one the role does not have is a 400."""
+    slot = getattr(body, "id_slot", None)
+    if slot is None or slot == -1:
+        return None
+    if not 0 <= slot < role.parallel:
+        raise ApiError(400, f"id_slot {slot} is not a slot of role {role.name!r}: it has slots 0..{role.parallel - 1} "
+                            "(or send -1: the next free one)", param="id_slot")
+    return slot
 
 
 def check_drafter(name: str, role: Role) -> None:

@@ -187,15 +187,13 @@ class Native:
         job, stats, usage = self.jobs[i], final["stats"], final["usage"]
         text = self.texts[i]
         reason = stats.get("stop_reason", "")
-        prompt_n = usage["prompt_tokens"]
-        cached = stats.get("reused_prompt_tokens", 0)
-        predicted = usage["completion_tokens"]
         out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
-               "id_slot": self.slot[i], "stop": True, "model": self.w.role.name, "tokens_predicted": predicted,
-               "tokens_evaluated": prompt_n, "generation_settings": request_params(job, self.w.role, self.limits),
+               "id_slot": self.slot[i], "stop": True, "model": self.w.role.name,
+               "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
+               "generation_settings": request_params(job, self.w.role, self.limits),
                "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
                "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
-               "tokens_cached": cached, "timings": final_timings(final),
+               "tokens_cached": stats.get("reused_prompt_tokens", 0), "timings": final_timings(final),
                "speculative": summary(stats)}
         if job.config.logprobs is not None and not streamed:
             out["completion_probabilities"] = self.probs[i]

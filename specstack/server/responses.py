@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from .tools import ChoiceOutput
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-          code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+          code: str | None = None, headers: dict[str, str] | None = None,
+          fields: dict[str, Any] | None = None) -> JSONResponse:
+    """OpenAI's error body; ``fields`` adds llama-server's own keys to it (``n_prompt_tokens``, ``n_ctx``)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code, **(fields or {})}},
                         status_code=status, headers=headers)
 
 
@@ -21,9 +23,10 @@ class ApiError(Exception):
     """A refusal as the response it becomes (the app's handler answers with ``response``)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 fields: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.response = error(status, message, kind, param, code, headers)
+        self.response = error(status, message, kind, param, code, headers, fields)
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> ApiError:
@@ -33,13 +36,16 @@ class ApiError(Exception):
 
 
 def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], include_usage: bool,
-          extra: dict[str, Any] | None = None) -> str:
+          extra: dict[str, Any] | None = None, top: dict[str, Any] | None = None) -> str:
+    """One stream chunk; ``extra`` goes under ``specstack``, ``top`` beside the choices (llama-server's
+    ``timings`` and ``__verbose``)."""
     body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
                             "choices": [{"index": 0, **choice}]}
     if include_usage:
         body["usage"] = None
     if extra:
         body["specstack"] = extra
+    body.update(top or {})
     return json.dumps(body)
 
 

@@ -21,10 +21,18 @@ def compile_template(text: str) -> Any:
 @functools.lru_cache(maxsize=1)
 def environment() -> Any:
     """The sandbox templates render in, as transformers and llama.cpp set it up: ``tojson`` without HTML
-    escaping, ``{% break %}``/``{% continue %}``, ``{% generation %}`` blocks, ``strftime_now``."""
+    escaping, ``{% break %}``/``{% continue %}``, ``{% generation %}`` blocks, ``strftime_now``, and a string
+    plus an undefined or null value being that string (``concat_null``)."""
     from jinja2 import nodes
     from jinja2.ext import Extension
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["+"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            joined = concat_null(left, right) if operator == "+" else None
+            return joined if joined is not None else super().call_binop(context, operator, left, right)
 
     class Generation(Extension):
         tags = {"generation"}
@@ -34,7 +42,7 @@ def environment() -> Any:
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body, lineno=lineno)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols", Generation])
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
@@ -44,3 +52,21 @@ def environment() -> Any:
     env.filters["tojson"] = tojson
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
+
+
+def concat_null(left: Any, right: Any) -> str | None:
+    """``left + right`` where one is a string and the other undefined or null: the string (None: not such a sum).
+
+    llama.cpp's template engine reads it so (its "concat null with string" workaround), and templates rely on it:
+    firefunction-v2 adds ``functions`` to its system prompt whether or not a request has tools, which plain Jinja
+    refuses ("'functions' is undefined"), so every chat through it was a 400."""
+    from jinja2 import Undefined
+
+    def null(x: Any) -> bool:
+        return x is None or isinstance(x, Undefined)
+
+    if isinstance(left, str) and null(right):
+        return left
+    if null(left) and isinstance(right, str):
+        return right
+    return None

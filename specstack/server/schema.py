@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, create_model,
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, create_model,
                       field_validator)
 from pydantic_core import PydanticCustomError
 
@@ -69,6 +69,8 @@ class _Common(ConstraintFields):
     n_predict: int | None = Field(None, strict=True)  # llama-server's name for max_tokens (``requested_tokens``)
     # llama-server's: false prefills the whole prompt, no cached prefix reused (``GenerationConfig.reuse_prompt``)
     cache_prompt: bool | None = Field(None, strict=True)
+    # llama-server's: the slot the request runs in (-1: the next free one) (``GenerationConfig.slot``)
+    id_slot: int | None = Field(None, strict=True)
     # None: the role's default (serve --temp, ...), else the route's: llama-server's on /completion, OpenAI's on
     # /v1/* (``jobs.sampling_for``)
     temperature: float | None = Field(None, ge=0, le=100, strict=True)
@@ -92,9 +94,12 @@ class _Common(ConstraintFields):
     spec_n_max: int | None = Field(None, alias="speculative.n_max", ge=1, le=MAX_DRAFT, strict=True)
     spec_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, strict=True)
     spec_p_min: float | None = Field(None, alias="speculative.p_min", ge=0, le=1, strict=True)
-    # llama-server's reports: accepted and not used (timings come with each result's end, prompt progress is not
-    # streamed; docs/serve.md)
+    # llama-server's reports: timings_per_token accepted and not used (timings come with each result's end);
+    # return_progress streams a chat's prompt progress (``worker.RoleWorker._progress``), other routes send none
     timings_per_token: bool | None = Field(None, strict=True)
+    # llama-server's: the answer's __verbose (its native result: the prompt as read, settings, timings); None: the
+    # server's (serve --verbose) (``jobs.verbose``)
+    verbose: bool | None = Field(None, strict=True)
     return_progress: bool | None = Field(None, strict=True)
     # Structured output (``structured``): OpenAI's response_format, llama-server's json_schema and grammar (GBNF)
     response_format: dict[str, Any] | None = None
@@ -189,6 +194,10 @@ class _ChatFields(_Common):
     # OpenAI's reasoning_effort goes in as the variable of that name ("none": enable_thinking false)
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = Field(None, strict=True)
+    # llama-server's and vLLM's: open the assistant's turn (default true), or continue the last message instead
+    # (true, "content" or "reasoning_content"; a last assistant message is continued unasked) (``continuation``)
+    add_generation_prompt: bool | None = Field(None, strict=True)
+    continue_final_message: StrictBool | Literal["content", "reasoning_content"] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
 
 

@@ -9,6 +9,7 @@ from contextlib import aclosing
 from typing import Any, AsyncIterator
 
 from .native import Native
+from .telemetry import final_timings
 from .responses import LogprobsOut, chunk, summary, total_usage
 from .session import Event, Session
 from .tools import ChoiceOutput
@@ -18,8 +19,9 @@ class OpenAIChunks:
     """One OpenAI stream's shape: its id, object, model and options, and each choice's text offset."""
 
     def __init__(self, session: Session, rid: str, chat: bool, include_usage: bool, echoes: list[str] | None = None,
-                 per_prompt: int = 1, outputs: list[ChoiceOutput] | None = None) -> None:
+                 per_prompt: int = 1, outputs: list[ChoiceOutput] | None = None, native: Native | None = None) -> None:
         self.session, self.rid, self.chat, self.include_usage = session, rid, chat, include_usage
+        self.native = native  # fed every event where the request is verbose: each choice's ``__verbose``
         self.echoes = echoes or [""] * len(session.jobs)
         self.offsets = [len(echo) for echo in self.echoes]  # text_offset of each choice's next token
         self.per_prompt, self.outputs = per_prompt, outputs
@@ -27,15 +29,18 @@ class OpenAIChunks:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.model = session.backend.role.name
 
-    def piece(self, i: int, choice: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
-        return chunk(self.rid, self.obj, self.created, self.model, {**choice, "index": i}, self.include_usage, extra)
+    def piece(self, i: int, choice: dict[str, Any], extra: dict[str, Any] | None = None,
+              top: dict[str, Any] | None = None) -> str:
+        return chunk(self.rid, self.obj, self.created, self.model, {**choice, "index": i}, self.include_usage, extra,
+                     top)
 
     def opening(self) -> list[str]:
-        """Each choice's first chunks: chat's assistant role, completions' echo (even when no token follows)."""
+        """Each choice's first chunks: chat's assistant role (with ``content`` null, as llama-server and OpenAI
+        send it), completions' echo (even when no token follows)."""
         out = []
         for i, echo in enumerate(self.echoes):
             if self.chat:
-                out.append(self.piece(i, {"delta": {"role": "assistant"}, "finish_reason": None}))
+                out.append(self.piece(i, {"delta": {"role": "assistant", "content": None}, "finish_reason": None}))
             if echo:
                 out.append(self.piece(i, {"text": echo, "logprobs": None, "finish_reason": None}))
         return out
@@ -43,6 +48,8 @@ class OpenAIChunks:
     def delta(self, event: Event) -> list[str]:
         """A delta's chunks: its text (or, with tools, what the re-read message gained), logprobs and tokens."""
         i = event["index"]
+        if self.native is not None:
+            self.native.add(event)
         lp = None
         if event.get("logprobs") is not None:
             out = LogprobsOut(self.session.backend.target, self.chat, self.offsets[i])
@@ -57,22 +64,40 @@ class OpenAIChunks:
                   else {"text": event["text"], "logprobs": lp})
         return [self.piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})]
 
+    def progress(self, event: Event) -> list[str]:
+        """A prompt progress chunk, as llama-server sends one: the assistant's empty opening delta with
+        ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) beside it."""
+        choice = {"delta": {"role": "assistant", "content": None}} if self.chat else {"text": "", "logprobs": None}
+        fields = {k: event[k] for k in ("total", "cache", "processed", "time_ms")}
+        return [self.piece(event["index"], {**choice, "finish_reason": None}, top={"prompt_progress": fields})]
+
     def done(self, event: Event) -> list[str]:
-        """A choice's finish chunk (with tools: the message's last deltas first), speculation's summary in it."""
-        i, reason, out = event["index"], event["finish_reason"], []
+        """A choice's finish chunk (with tools: the message's last deltas first), speculation's summary in it; as
+        llama-server, its ``timings`` where no usage chunk follows, and a verbose request's ``__verbose`` in the
+        first of these chunks."""
+        i, reason = event["index"], event["finish_reason"]
+        verbose = {}
+        if self.native is not None:
+            self.native.add(event)
+            verbose = {"__verbose": self.native.result(i, event, streamed=True)}
+        choices = []
         if self.outputs is not None:
-            out = [self.piece(i, {"delta": delta, "logprobs": None, "finish_reason": None})
-                   for delta in self.outputs[i].finish()]
+            choices = [{"delta": delta, "logprobs": None, "finish_reason": None} for delta in self.outputs[i].finish()]
             reason = self.outputs[i].finish_reason(reason)
-        choice = {"delta": {}} if self.chat else {"text": "", "logprobs": None}
-        return out + [self.piece(i, {**choice, "finish_reason": reason}, {"speculative": summary(event["stats"])})]
+        choices.append({**({"delta": {}} if self.chat else {"text": "", "logprobs": None}), "finish_reason": reason})
+        last = len(choices) - 1
+        return [self.piece(i, c, {"speculative": summary(event["stats"])} if n == last else None,
+                           {**(verbose if n == 0 else {}),
+                            **({"timings": final_timings(event)} if n == last and not self.include_usage else {})})
+                for n, c in enumerate(choices)]
 
     def closing(self) -> list[str]:
         """After the last choice: the usage chunk (each prompt counted once), if asked for, and ``[DONE]``."""
         usage = total_usage(self.session.finals(), self.per_prompt)
         self.session.request.state.usage = usage  # for the access log
         tail = [json.dumps({"id": self.rid, "object": self.obj, "created": self.created, "model": self.model,
-                            "choices": [], "usage": usage})] if self.include_usage else []
+                            "choices": [], "usage": usage, "timings": final_timings(self.session.finals()[0])})
+                ] if self.include_usage else []
         return tail + ["[DONE]"]
 
 
@@ -89,7 +114,8 @@ async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
                     yield json.dumps({"error": {"message": event["message"], "type": event["kind"],
                                                 "param": event.get("param"), "code": event["status"]}})
                     return
-                for piece in shape.delta(event) if kind == "delta" else shape.done(event):
+                shaped = shape.delta if kind == "delta" else shape.progress if kind == "progress" else shape.done
+                for piece in shaped(event):
                     yield piece
         for piece in shape.closing():
             yield piece

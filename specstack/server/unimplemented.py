@@ -146,7 +146,6 @@ UNIMPLEMENTED = (
     Unimplemented("n_probs", I, (0,), LOGPROBS),
     Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
-    Unimplemented("id_slot", I, (-1,), "each request takes the next free slot"),
     Unimplemented("n_cache_reuse", I, (0,), "KV shifting is not implemented"),
     Unimplemented("n_keep", I, (0, -1), "the context is never shifted"),
     Unimplemented("n_indent", I, (0,), "indentation limits are not implemented"),
@@ -158,6 +157,5 @@ UNIMPLEMENTED = (
     Unimplemented("multimodal_data", list[Any], ([],), TEXT_ONLY),
     # llama-server's chat fields
     Unimplemented("chat_template", S, (), TEMPLATE, ("chat",)),
-    Unimplemented("add_generation_prompt", B, (True,), "the assistant's turn is always opened", ("chat",)),
     Unimplemented("reasoning_control", B, (False,), "there is no reasoning control", ("chat",)),
 )

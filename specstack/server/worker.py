@@ -67,6 +67,8 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     checked_at: float = field(default_factory=time.monotonic)  # when the server last looked for the client
     index: int = 0  # which choice of its request (``n > 1``: the choices share one events queue)
+    progress: bool = False  # report the prompt's processing (llama-server's ``return_progress``)
+    progressed: int = -1  # the prompt tokens processed at the last report (-1: none yet)
 
     def emit(self, event: dict[str, Any]) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, {**event, "index": self.index})
@@ -290,6 +292,8 @@ class RoleWorker:
         """Send each job what its generation produced in the last step."""
         for job in list(self._jobs):
             gen = job.gen
+            if job.progress and job.progressed < len(job.prompt_ids):
+                self._progress(job)
             text = gen.take_text()
             job.text_sent += len(text)
             new = range(job.sent, job.released(self.target.token_bytes))
@@ -300,6 +304,21 @@ class RoleWorker:
                 job.emit({"type": "delta", "text": text, "tokens": tokens, "logprobs": logprobs})
             if gen.done:
                 self._finish(job)
+
+    def _progress(self, job: Job) -> None:
+        """llama-server's prompt progress: once the generation has its slot, the prompt tokens there already
+        (``cache``: the reused prefix, processed as far as that), then after every step that processed more, up
+        to all of them (the last one is processed by the first decoding step)."""
+        gen = job.gen
+        if gen.seq is None or gen.status == "waiting":
+            return
+        total, cache = len(job.prompt_ids), gen.stats.n_reused
+        processed = self.target.seq_len[gen.seq] if gen.status == "prefilling" else total
+        for n in ((cache,) if job.progressed < 0 else ()) + (processed,):
+            if n > job.progressed:
+                job.progressed = n
+                job.emit({"type": "progress", "total": total, "cache": cache, "processed": n,
+                          "time_ms": (time.perf_counter() - job.submitted) * 1000})
 
     def _finish(self, job: Job) -> None:
         gen = job.gen

@@ -65,6 +65,8 @@ async def _events(run: session.Session, shape: ResponseShape, per_token: bool = 
                     yield shape.event("error", code=str(event["status"]), message=event["message"],
                                       param=event.get("param"))
                     return
+                if event["type"] == "progress":  # a chat field's prompt progress: the Responses API has no event
+                    continue
                 if event["type"] == "delta":
                     pieces = shape.deltas(shape.output.add(event))
                     now = live_timings(job, shape.output.n_tokens) if per_token and pieces else None
