@@ -39,6 +39,9 @@ class GenerationConfig:
     grammar_drafts: bool = True  # a grammar's forced tokens are drafted (``drafters.grammar``); False to compare
     # False: the whole prompt is prefilled, no cached prefix reused (llama-server's cache_prompt: false)
     reuse_prompt: bool = True
+    # llama-server's post_sampling_probs: logprobs read from the sampled distribution (filters and temperature
+    # applied), not the raw logits
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

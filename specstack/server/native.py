@@ -4,6 +4,7 @@ routes are ``routes/llama_server.py``, the events come from ``session``."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -72,7 +73,7 @@ def request_params(job: Any, role: Any, limits: Any) -> dict[str, Any]:
             "presence_penalty": c.presence_penalty, "ignore_eos": c.ignore_eos, "grammar": c.grammar or "",
             "logit_bias": [[t, b if b != float("-inf") else False] for t, b in c.logit_bias],
             "min_tokens": c.min_tokens, "stop": list(config.stop), "stop_token_ids": list(config.stop_token_ids),
-            "n_probs": config.logprobs or 0,
+            "n_probs": config.logprobs or 0, "post_sampling_probs": config.post_sampling_probs,
             "speculative": {"drafter": job.speculative.get("drafter", role.drafter),
                             "k_policy": job.speculative.get("k_policy", role.k_policy),
                             "k": job.speculative.get("k", role.k), "k_max": job.speculative.get("k_max", role.k_max)}}
@@ -164,18 +165,24 @@ class Native:
         new = list(gen.output_ids[len(self.ids[i]): len(self.ids[i]) + n]) if gen is not None else []
         self.ids[i] += new
         self.texts[i] += event["text"]
-        probs = [self._prob(lp) for lp in event.get("logprobs") or ()]
+        post = job.config.post_sampling_probs
+        probs = [self._prob(lp, post) for lp in event.get("logprobs") or ()]
         self.probs[i] += probs
         return {"content": event["text"], "tokens": new, **({"completion_probabilities": probs} if probs else {})}
 
-    def _prob(self, lp: Any) -> dict[str, Any]:
+    def _prob(self, lp: Any, post_sampling: bool) -> dict[str, Any]:
+        """One token's entry of ``completion_probabilities``: its logprob and ``top_logprobs``, or with
+        ``post_sampling_probs`` its probability and ``top_probs`` (llama-server's two shapes)."""
         target = self.w.target
+        key = "prob" if post_sampling else "logprob"
 
         def entry(token: int, logprob: float) -> dict[str, Any]:
             raw = piece_bytes(target, token)
-            return {"id": token, "logprob": logprob, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
+            value = math.exp(logprob) if post_sampling else logprob
+            return {"id": token, key: value, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
 
-        return {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+        top = "top_probs" if post_sampling else "top_logprobs"
+        return {**entry(lp.token, lp.logprob), top: [entry(t, v) for t, v in lp.top]}
 
     def usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
         return total_usage(finals, self.per_prompt)
