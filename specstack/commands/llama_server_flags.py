@@ -62,6 +62,10 @@ REFUSED = (
      "llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
      "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)"),
     (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it"),
+    (("--spec-synth-len", "--spec-synth-rates"), True, "synthetic acceptance (llama-server's benchmarking mode) "
+     "accepts draft tokens whether or not the target would have chosen them, so the output is no longer the "
+     "target's; speculation here is always lossless: measure acceptance with real drafts (`specstack bench`, the "
+     "timings' draft_n_accepted)"),
     (("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"), True, "self-extend (grouped attention) is not offered: it "
      "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
      "with a longer trained context"),
@@ -199,6 +203,12 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       help="no multimodal projector is ever loaded (text only)")
     noop.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(0), default=None,
                       metavar="S", help="accepted, nothing changes: the models stay loaded while the server runs")
+    noop.add_argument("-bs", "--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
+                      help="accepted: the sampler always runs on the host here, on the same distributions (a "
+                      "request's backend_sampling is accepted likewise)")
+    noop.add_argument("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling", dest="draft_backend_sampling",
+                      action="store_true", help="accepted either way: a draft model's tokens are chosen on the host "
+                      "here")
     noop.add_argument("--no-cache-idle-slots", dest="no_cache_idle_slots", action="store_true",
                       help="accepted: finished prompts' KV is kept in host memory by --cache-ram (0: off)")
     noop.add_argument("--no-context-shift", dest="no_context_shift", action="store_true",
