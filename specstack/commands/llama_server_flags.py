@@ -21,7 +21,7 @@ from typing import Any
 from ..draft_length import MAX_DRAFT
 from ..errors import InvalidParameterError
 from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
-from .common import at_least
+from .common import at_least, flag_given
 
 # llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
 SPEC_TYPES = {
@@ -70,6 +70,11 @@ REFUSED = (
      "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
      "with a longer trained context"),
 )
+# llama-server's switches that change nothing here, so typed only on a llama-server command line (its binary's name
+# swapped): with one of them, /metrics follows llama-server's rule, off (501) unless --metrics (``metrics_endpoint``)
+LLAMA_SERVER_ONLY = ("--slots", "--no-slots", "--jinja", "--no-jinja", "-cb", "--cont-batching", "-kvu", "--kv-unified",
+                     "--swa-full", "--no-context-shift", "--cache-reuse", "--no-mmproj", "--no-cache-idle-slots",
+                     "-bs", "--backend-sampling", "--backend_sampling")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -185,7 +190,9 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     llama.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
                        help="show llama.cpp's own log")
     noop = p.add_argument_group("llama-server's flags for what specstack always does (accepted, nothing changes)")
-    noop.add_argument("--metrics", action="store_true", help="/metrics (Prometheus) is always on")
+    noop.add_argument("--metrics", action="store_true", help="/metrics (Prometheus, specstack's and llama-server's "
+                      "llamacpp:* figures) is on by default; a llama-server command line (one with --slots/--no-slots, "
+                      "--jinja/--no-jinja, -cb, -kvu, ...) has it off (501) unless --metrics, as llama-server")
     noop.add_argument("--slots", dest="slots", action="store_true", default=True, help="GET /slots is on unless "
                       "--no-slots")
     noop.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true",
@@ -295,3 +302,9 @@ def api_key_from_file(path: Path) -> str:
         raise InvalidParameterError(f"--api-key-file {path} holds {len(lines)} keys; specstack serve takes exactly "
                                     "one (write one key on one line)")
     return lines[0]
+
+
+def metrics_endpoint(args: argparse.Namespace) -> bool:
+    """Whether GET /metrics is on: always for specstack's own command lines (its live page and benchmarks read it);
+    on a llama-server command line (``LLAMA_SERVER_ONLY``) only with --metrics, as llama-server has it."""
+    return bool(args.metrics) or not flag_given(args, *LLAMA_SERVER_ONLY)

@@ -20,7 +20,7 @@ from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
 from .common import (add_constraint_args, add_loading_args, at_least, check_grammar, constraints_from_args, flag_given,
                      json_schema_text, settle_flash_attn)
-from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags,
+from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags, metrics_endpoint,
                                  speculation_values)
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
@@ -347,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
 
     hosts = host_list(args.host)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
-                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui)
+                     slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui,
+                     metrics_endpoint=metrics_endpoint(args), sleep_idle_s=args.sleep_idle_seconds or None)
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{hosts[0]}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)

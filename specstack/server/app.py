@@ -35,14 +35,17 @@ __all__ = ["Limits", "RoleBackend", "create_app"]
 def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None = None, max_queue: int = 16,
                backends: dict[str, RoleBackend] | None = None, render_metrics: Callable[[], Any] | None = None,
                role_health: HealthProbe | None = None, access_log: Callable[[str], None] | None = None,
-               slots: bool = True, cors_origins: str = "*", page: bool = True) -> FastAPI:
+               slots: bool = True, cors_origins: str = "*", page: bool = True, metrics_endpoint: bool = True,
+               sleep_idle_s: float | None = None) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
     ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
     /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
     none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``), ``page=False`` the page at /
-    (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``)."""
+    (``--no-ui``), ``metrics_endpoint=False`` ``GET /metrics`` (501, as llama-server without ``--metrics``);
+    ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``sleep_idle_s`` unloads each role's model
+    after that many idle seconds, reloaded by the next request that needs it (``sleep``: --sleep-idle-seconds)."""
     metrics = ServerMetrics()
     workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
 
@@ -60,7 +63,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app = FastAPI(title="specstack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.workers, app.state.metrics = workers, metrics
     app.state.http_options = http_options()  # what uvicorn serves it with (`specstack serve`: the header limit)
-    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page)
+    app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page,
+                              metrics_endpoint=metrics_endpoint)
     add_error_handlers(app)
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)

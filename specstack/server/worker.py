@@ -160,11 +160,13 @@ class RoleWorker:
             self._drain_inbox()
             self._expire()
             if self.engine.busy:
+                before = self.engine.running
                 try:
                     self.engine.step()
                 except Exception as exc:  # the engine cancelled its generations: fail their requests
                     for job in list(self._jobs):
                         self._fail(job, 500, f"generation failed: {exc}", "server_error")
+                self.metrics.decoded(self.role.name, max(before, self.engine.running))  # a prefill admits some
                 self._report()
             elif not self.engine.idle(IDLE_LEND_S):  # idle time goes to a first run's measurement, if any
                 self._wake.wait(0.2)
@@ -309,7 +311,8 @@ class RoleWorker:
         self._jobs.remove(job)
         self._release_capacity()
         stats = gen.stats
-        self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled")
+        self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled",
+                                       job.sent)
         # usage counts the tokens of the answer (``Job.released``), not a stop string's that the text leaves out
         job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": {**stats.to_dict(), "lossy": self.lossy},
                   "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": job.sent,
