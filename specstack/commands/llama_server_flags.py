@@ -208,8 +208,10 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       "(--chat-template), with or without it")
     noop.add_argument("--no-mmproj", dest="no_mmproj", action="store_true",
                       help="no multimodal projector is ever loaded (text only)")
-    noop.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(0), default=None,
-                      metavar="S", help="accepted, nothing changes: the models stay loaded while the server runs")
+    llama.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(-1), default=None,
+                       metavar="S", help="free each role's model after S seconds without work and load it again on "
+                       "the next request that needs one (/health, /props, /models and /metrics do not wake it; /props "
+                       "says is_sleeping); -1 (default): never")
     noop.add_argument("-bs", "--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
                       help="accepted: the sampler always runs on the host here, on the same distributions (a "
                       "request's backend_sampling is accepted likewise)")

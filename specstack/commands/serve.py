@@ -325,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray and "," in args.host:
         raise InvalidParameterError(f"--host {args.host}: with --ray the server listens on one address (Ray Serve's "
                                     "proxy); give one, or leave --ray out")
+    sleep_s = sleep_seconds(args)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
     if args.verbose:  # -v: llama.cpp's own log, as llama-server prints it
         from ..llama import set_verbose
@@ -348,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
     hosts = host_list(args.host)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
                      slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui,
-                     metrics_endpoint=metrics_endpoint(args), sleep_idle_s=args.sleep_idle_seconds or None)
+                     metrics_endpoint=metrics_endpoint(args), sleep_idle_s=sleep_s)
     names = ", ".join(r.name for r in roles)
     print(f"specstack serve: loading {names} for http://{hosts[0]}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)
@@ -362,6 +363,15 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=args.timeout or None, **app.state.http_options)
     uvicorn.Server(config).run(sockets=bind_sockets(hosts, args.port) if len(hosts) > 1 else None)
     return outcome["status"]
+
+
+def sleep_seconds(args: argparse.Namespace) -> float | None:
+    """--sleep-idle-seconds S: a role's model is freed after S idle seconds (-1, or none given: never)."""
+    s = args.sleep_idle_seconds
+    if s is not None and s >= 0 and args.ray:
+        raise InvalidParameterError("--sleep-idle-seconds is not offered with --ray (each replica keeps its model "
+                                    "loaded); leave one of them out")
+    return None if s is None or s < 0 else float(s)
 
 
 def host_list(text: str) -> list[str]:

@@ -27,6 +27,7 @@ from .responses import ApiError, error
 from .roles import Role
 from .routes import llama_server, openai, probes, responses as responses_api
 from .schema import invalid_response
+from .sleep import WakeOnUse
 from .worker import RoleWorker
 
 __all__ = ["Limits", "RoleBackend", "create_app"]
@@ -47,7 +48,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``sleep_idle_s`` unloads each role's model
     after that many idle seconds, reloaded by the next request that needs it (``sleep``: --sleep-idle-seconds)."""
     metrics = ServerMetrics()
-    workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
+    workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue, sleep_idle_s)
+                                                     for r in roles}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -66,6 +68,8 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page,
                               metrics_endpoint=metrics_endpoint)
     add_error_handlers(app)
+    if sleep_idle_s is not None:  # innermost: a request Guard refuses wakes no model
+        app.add_middleware(WakeOnUse, workers=list(workers.values()))
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)
     app.add_middleware(AnswerCounter, metrics=metrics, roles=list(workers))  # outside Guard: its refusals count

@@ -109,7 +109,7 @@ def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
         "bos_token": _special(w.target, "bos_id"), "eos_token": _special(w.target, "eos_id"),
         "modalities": {"vision": False, "audio": False},
         "build_info": f"specstack {__version__} (llama-cpp-python {llama_version() or 'unknown'})",
-        "is_sleeping": False}
+        "is_sleeping": bool(getattr(w, "sleeping", False))}
 
 
 def busy_slots(w: RoleBackend) -> dict[int, Job]:
