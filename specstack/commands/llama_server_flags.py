@@ -225,9 +225,10 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     noop.add_argument("--cache-reuse", dest="cache_reuse", type=at_least(0), default=None, metavar="N",
                       help="a prompt's cached prefix is always reused (--cache-ram); chunks are never moved by KV "
                       "shifting, so N changes nothing")
-    noop.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
-                      help="the KV layout follows --exact: one stream per slot where exactness holds, one unified "
-                      "cache otherwise")
+    llama.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
+                       help="as llama-server's unified KV cache, where one sequence may fill the whole -c: each slot's "
+                       "context is all of -c, not an equal share (the KV cache is then -np x -c positions, so slots "
+                       "never run out of context because of each other); the KV layout still follows --exact")
     noop.add_argument("--swa-full", dest="swa_full", action="store_true",
                       help="sliding-window layers always keep a full-size cache here (llama.cpp's context default)")
     refused = p.add_argument_group("llama-server's flags that cannot apply here (refused, saying what to use)")

@@ -196,7 +196,9 @@ def build_roles(args: argparse.Namespace):
     if schema is not None:
         values["json_schema"] = schema
     if args.ctx_size is not None:
-        values["ctx"] = ctx_per_slot(args.ctx_size, values.get("parallel", 4), values.get("model", DEFAULT_TARGET))
+        # -kvu: llama-server's unified KV lets one sequence use the whole -c, so each slot gets all of it here
+        shared_by = 1 if args.kv_unified else values.get("parallel", 4)
+        values["ctx"] = ctx_per_slot(args.ctx_size, shared_by, values.get("model", DEFAULT_TARGET))
     if args.tags is not None:
         values["tags"] = names_list(args.tags, "--tags")
     if args.alias is not None:

@@ -62,16 +62,16 @@ def default_params(role: Any, limits: Any) -> dict[str, Any]:
             "timings_per_token": False, "post_sampling_probs": False, "lora": []}
 
 
-def request_params(job: Any, role: Any, limits: Any) -> dict[str, Any]:
-    """``generation_settings``: the defaults with what this request set (``GenerationConfig``)."""
-    config = job.config
+def request_params(job: Any, w: Any, limits: Any) -> dict[str, Any]:
+    """``generation_settings``: role ``w``'s defaults with what this request set (``GenerationConfig``)."""
+    config, role = job.config, w.role
     c, s = config.constraints, config.sampling
     return {**default_params(role, limits), "n_predict": config.max_tokens, "max_tokens": config.max_tokens,
             "seed": LLAMA_DEFAULT_SEED if s.seed is None or s.seed < 0 else s.seed, "temperature": s.temperature,
             "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": c.repeat_penalty,
             "repeat_last_n": c.repeat_last_n, "frequency_penalty": c.frequency_penalty,
             "presence_penalty": c.presence_penalty, "ignore_eos": c.ignore_eos, "grammar": c.grammar or "",
-            "logit_bias": [[t, b if b != float("-inf") else False] for t, b in c.logit_bias],
+            "logit_bias": logit_bias_settings(c, w.target),
             "min_tokens": c.min_tokens, "stop": list(config.stop), "stop_token_ids": list(config.stop_token_ids),
             "n_probs": config.logprobs or 0, "post_sampling_probs": config.post_sampling_probs,
             "speculative": {"drafter": job.speculative.get("drafter", role.drafter),
@@ -79,6 +79,15 @@ def request_params(job: Any, role: Any, limits: Any) -> dict[str, Any]:
                             "k": job.speculative.get("k", role.k), "k_max": job.speculative.get("k_max", role.k_max)}}
 
 
+
+
+def logit_bias_settings(c: Any, target: Any) -> list[dict[str, Any]]:
+    """``generation_settings.logit_bias`` as llama-server lists it: ``{"bias", "token"}`` entries, a ban's -inf as
+    null, and ``ignore_eos``'s bans of the target's end-of-generation tokens among them (as llama-server adds them)."""
+    bias = list(c.logit_bias)
+    if c.ignore_eos:
+        bias += [(t, float("-inf")) for t in sorted(getattr(target, "eog_ids", frozenset)())]
+    return [{"bias": None if b == float("-inf") else b, "token": t} for t, b in bias]
 
 
 def _template(w: Any) -> str:
@@ -134,7 +143,7 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
                                 "n_remain": job.config.max_tokens - decoded if job is not None else -1,
                                 "n_decoded": decoded, "stopping_word": ""}}
         if job is not None:  # llama-server shows a slot's params only for its task (an idle slot: none)
-            entry["params"] = request_params(job, w.role, limits)
+            entry["params"] = request_params(job, w, limits)
         out.append(entry)
     return out
 
@@ -210,7 +219,7 @@ class Native:
         predicted_ms = max(0.0, times.get("total", 0.0) * 1000 - prefill_ms - times.get("queue", 0.0) * 1000)
         out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
                "id_slot": self.slot[i], "stop": True, "model": self.w.role.name, "tokens_predicted": predicted,
-               "tokens_evaluated": prompt_n, "generation_settings": request_params(job, self.w.role, self.limits),
+               "tokens_evaluated": prompt_n, "generation_settings": request_params(job, self.w, self.limits),
                "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
                "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
                "tokens_cached": cached,
