@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray and "," in args.host:
         raise InvalidParameterError(f"--host {args.host}: with --ray the server listens on one address (Ray Serve's "
                                     "proxy); give one, or leave --ray out")
-    sleep_s = sleep_seconds(args)
+    sleep_s, hosts = sleep_seconds(args), host_list(args.host)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
     if args.verbose:  # -v: llama.cpp's own log, as llama-server prints it
         from ..llama import set_verbose
@@ -348,7 +348,6 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(args, roles, limits)
     from ..server.access import stderr_line
 
-    hosts = host_list(args.host)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
                      slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui,
                      metrics_endpoint=metrics_endpoint(args), sleep_idle_s=sleep_s)
