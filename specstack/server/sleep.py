@@ -24,15 +24,20 @@ class AsleepTarget:
     there: every other route wakes the role first (``WakeOnUse``)."""
 
     def __init__(self, target: Any) -> None:
-        from .native import piece_bytes  # native imports the worker, which imports this module
-
         self.n_ctx, self.capacity, self.n_vocab = target.n_ctx, target.capacity, target.n_vocab
         self.shapes = target.shapes
         self.bos_id, self.eos_id = getattr(target, "bos_id", None), getattr(target, "eos_id", None)
-        self._pieces = {t: piece_bytes(target, t) for t in (self.bos_id, self.eos_id) if t is not None and t >= 0}
+        special = [t for t in (self.bos_id, self.eos_id) if t is not None and t >= 0]
+        vocab = target if hasattr(target, "special_text") else getattr(target, "vocab", None)
+        self._bytes = {t: target.token_bytes(t) for t in special}
+        self._texts = {t: vocab.special_text(t) if vocab is not None else "" for t in special}
 
     def token_bytes(self, token: int) -> bytes:
-        return self._pieces.get(token, b"")
+        return self._bytes.get(token, b"")
+
+    def special_text(self, token: int) -> str:
+        """A special token's spelling (``native.piece_bytes`` shows BOS and EOS so in /props)."""
+        return self._texts.get(token, "")
 
     def close(self) -> None:
         """Nothing to free: the model was freed when the role went to sleep."""
