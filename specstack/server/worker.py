@@ -160,7 +160,8 @@ class RoleWorker:
         (if not, ``wait_awake`` until it is).  Each hold ends with ``release``."""
         with self._lock:
             self._holds += 1
-            awake = self._awake.is_set()
+            # still loading at start (or failed to): the route answers 503 as without sleep, rather than wait here
+            awake = self._awake.is_set() or not self.ready.is_set() or self.load_error is not None
         if not awake:
             self._wake.set()
         return awake
