@@ -134,8 +134,8 @@ def test_llamacpp_metrics_count_what_the_timings_report(http):
 def test_slots_are_idle_once_the_answer_is_sent(http):
     http.post("/completion", json={"prompt": PROMPT, "n_predict": 8})
     for slot in http.get("/slots").json():
-        assert slot["is_processing"] is False and slot["next_token"]["n_remain"] == -1
-        assert slot["next_token"]["n_decoded"] == 0
+        assert slot["is_processing"] is False and slot["next_token"][0]["n_remain"] == -1  # a list, as llama-server's
+        assert slot["next_token"][0]["n_decoded"] == 0
 
 
 def test_metrics_are_off_on_a_llama_server_command_line_without_metrics():

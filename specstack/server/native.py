@@ -139,9 +139,10 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
         decoded = len(job.gen.output_ids) if job is not None else 0
         entry = {"id": i, "id_task": job.index if job is not None else -1, "n_ctx": w.target.n_ctx,
                  "speculative": w.role.drafter != "none", "is_processing": job is not None,
-                 "next_token": {"has_next_token": job is not None, "has_new_line": False,
-                                "n_remain": job.config.max_tokens - decoded if job is not None else -1,
-                                "n_decoded": decoded, "stopping_word": ""}}
+                 # a list of one, as llama-server's slots show it; an idle slot's budget is -1 and nothing decoded
+                 "next_token": [{"has_next_token": job is not None, "has_new_line": False,
+                                 "n_remain": job.config.max_tokens - decoded if job is not None else -1,
+                                 "n_decoded": decoded, "stopping_word": ""}]}
         if job is not None:  # llama-server shows a slot's params only for its task (an idle slot: none)
             entry["params"] = request_params(job, w, limits)
         out.append(entry)
