@@ -36,7 +36,7 @@ from .drafters.grammar import with_forced
 from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
-from .sampling import SamplingParams, target_probs, token_logprobs
+from .sampling import SamplingParams, one_hot, target_probs, token_logprobs, token_probs
 from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget
 from .llama.batching import Segment
 from .types import Draft, HiddenRows, VerifyResult
@@ -71,6 +71,7 @@ class _Work:
     draft: Draft = field(default_factory=lambda: Draft.empty(""))
     draft_s: float = 0.0
     dead_end: bool = False  # the constraints allowed no token at the step's last row: its token is a placeholder
+    probs: np.ndarray | None = None  # the rows' sampled distribution p (None: greedy), for post-sampling probs
 
 
 def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
@@ -595,10 +596,11 @@ class Engine:
                 result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
             else:
                 uniforms = w.gen.uniforms.at(len(w.gen.output_ids), len(w.draft.token_ids) + 1)
-                result = verify_sampling(w.draft.token_ids, w.draft.q, target_probs(logits, sampling), w.gen.rng, uniforms)
+                w.probs = target_probs(logits, sampling)
+                result = verify_sampling(w.draft.token_ids, w.draft.q, w.probs, w.gen.rng, uniforms)
             self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
             self._note_logprobs(w.gen, logits, result if not w.dead_end else
-                                VerifyResult(result.token_ids[:-1] + (0,), result.n_accepted))
+                                VerifyResult(result.token_ids[:-1] + (0,), result.n_accepted), probs=w.probs)
             results.append(result)
         return results
 
@@ -609,16 +611,23 @@ class Engine:
         n_out = len(gen.output_ids)
         if gen.config.sampling.greedy:
             return verify_greedy(draft, constraint.choose(logits, draft, gen.context, n_out))
-        p = constraint.probs(logits, draft, gen.context, n_out, gen.config.sampling)
+        p = w.probs = constraint.probs(logits, draft, gen.context, n_out, gen.config.sampling)
         return verify_sampling(draft, w.draft.q, p, gen.rng, gen.uniforms.at(n_out, len(draft) + 1))
 
     @staticmethod
-    def _note_logprobs(gen: Generation, logits: np.ndarray, result: VerifyResult, rows: Sequence[int] | None = None) -> None:
+    def _note_logprobs(gen: Generation, logits: np.ndarray, result: VerifyResult, rows: Sequence[int] | None = None,
+                       probs: np.ndarray | None = None) -> None:
         """Keep the logprobs of a step's tokens from the verification rows (``rows``: a tree's path), while the
-        logits are still valid; the commit keeps as many as it commits."""
+        logits are still valid; the commit keeps as many as it commits.  With ``post_sampling_probs`` they are
+        read from the distribution each token was sampled from (``probs``; None: greedy's, all on the argmax)."""
         if gen.config.logprobs is None:
             return
-        picked = logits[: len(result.token_ids)] if rows is None else logits[list(rows)]
+        n = len(result.token_ids)
+        if gen.config.post_sampling_probs:
+            p = probs[:n] if probs is not None else one_hot(logits.shape[-1], result.token_ids)
+            gen.step_logprobs = token_probs(p, result.token_ids, gen.config.logprobs)
+            return
+        picked = logits[:n] if rows is None else logits[list(rows)]
         gen.step_logprobs = token_logprobs(picked, result.token_ids, gen.config.logprobs)
 
     def _charged(self, gen: Generation, call, *args) -> None:

@@ -43,6 +43,9 @@ class GenerationConfig:
     # generation waits for it, and those queued behind that may take other slots first.  Speed only: a slot's
     # cached prefix is reused exactly, so the output is the same in any slot.
     slot: int | None = None
+    # llama-server's post_sampling_probs: logprobs read from the sampled distribution (filters and temperature
+    # applied), not the raw logits
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

@@ -153,3 +153,33 @@ def token_logprobs(logits: np.ndarray, tokens: Sequence[int], n_top: int) -> lis
             alts = tuple((int(i), float(z[i] - lse)) for i in ids)
         out.append(TokenLogprob(int(tok), float(z[int(tok)] - lse), alts))
     return out
+
+
+def token_probs(probs: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
+    """llama-server's ``post_sampling_probs``: each row's chosen token and its ``n_top`` most likely alternatives
+    under the distribution the token was sampled from (``probs``: the sampler chain's p, filters and temperature
+    applied), as logs of those probabilities.  Tokens the chain removed (p = 0) are never listed, so a row may
+    have fewer than ``n_top`` alternatives, as llama-server's do."""
+    out: list[TokenLogprob] = []
+    with np.errstate(divide="ignore"):
+        for row, tok in zip(np.atleast_2d(probs), tokens):
+            p = np.asarray(row, dtype=np.float64)
+            p = p / p.sum() if p.sum() > 0 else p
+            alts: tuple[tuple[int, float], ...] = ()
+            if n_top > 0:
+                n = min(n_top, int(np.count_nonzero(p)))
+                ids = np.argpartition(-p, n - 1)[:n] if n else np.array([], dtype=np.int64)
+                ids = ids[np.lexsort((ids, -p[ids]))]
+                alts = tuple((int(i), float(np.log(p[i]))) for i in ids)
+            out.append(TokenLogprob(int(tok), float(np.log(p[int(tok)])) if 0 <= tok < len(p) else float("-inf"),
+                                    alts))
+    return out
+
+
+def one_hot(n_vocab: int, tokens: Sequence[int]) -> np.ndarray:
+    """The distribution greedy decoding samples from at each row: all of the mass on the chosen token."""
+    out = np.zeros((len(tokens), n_vocab), dtype=np.float64)
+    for i, tok in enumerate(tokens):
+        if 0 <= tok < n_vocab:
+            out[i, tok] = 1.0
+    return out

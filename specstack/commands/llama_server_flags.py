@@ -21,7 +21,7 @@ from typing import Any
 from ..draft_length import MAX_DRAFT
 from ..errors import InvalidParameterError
 from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
-from .common import at_least
+from .common import at_least, flag_given
 
 # llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
 SPEC_TYPES = {
@@ -62,10 +62,19 @@ REFUSED = (
      "llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
      "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)"),
     (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it"),
+    (("--spec-synth-len", "--spec-synth-rates"), True, "synthetic acceptance (llama-server's benchmarking mode) "
+     "accepts draft tokens whether or not the target would have chosen them, so the output is no longer the "
+     "target's; speculation here is always lossless: measure acceptance with real drafts (`specstack bench`, the "
+     "timings' draft_n_accepted)"),
     (("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"), True, "self-extend (grouped attention) is not offered: it "
      "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
      "with a longer trained context"),
 )
+# llama-server's switches that change nothing here, so typed only on a llama-server command line (its binary's name
+# swapped): with one of them, /metrics follows llama-server's rule, off (501) unless --metrics (``metrics_endpoint``)
+LLAMA_SERVER_ONLY = ("--slots", "--no-slots", "--jinja", "--no-jinja", "-cb", "--cont-batching", "-kvu", "--kv-unified",
+                     "--swa-full", "--no-context-shift", "--cache-reuse", "--no-mmproj", "--no-cache-idle-slots",
+                     "-bs", "--backend-sampling", "--backend_sampling")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -181,7 +190,9 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     llama.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
                        help="show llama.cpp's own log")
     noop = p.add_argument_group("llama-server's flags for what specstack always does (accepted, nothing changes)")
-    noop.add_argument("--metrics", action="store_true", help="/metrics (Prometheus) is always on")
+    noop.add_argument("--metrics", action="store_true", help="/metrics (Prometheus, specstack's and llama-server's "
+                      "llamacpp:* figures) is on by default; a llama-server command line (one with --slots/--no-slots, "
+                      "--jinja/--no-jinja, -cb, -kvu, ...) has it off (501) unless --metrics, as llama-server")
     noop.add_argument("--slots", dest="slots", action="store_true", default=True, help="GET /slots is on unless "
                       "--no-slots")
     noop.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true",
@@ -197,8 +208,16 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       "(--chat-template), with or without it")
     noop.add_argument("--no-mmproj", dest="no_mmproj", action="store_true",
                       help="no multimodal projector is ever loaded (text only)")
-    noop.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(0), default=None,
-                      metavar="S", help="accepted, nothing changes: the models stay loaded while the server runs")
+    llama.add_argument("--sleep-idle-seconds", dest="sleep_idle_seconds", type=at_least(-1), default=None,
+                       metavar="S", help="free each role's model after S seconds without work and load it again on "
+                       "the next request that needs one (/health, /props, /models and /metrics do not wake it; /props "
+                       "says is_sleeping); -1 (default): never")
+    noop.add_argument("-bs", "--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
+                      help="accepted: the sampler always runs on the host here, on the same distributions (a "
+                      "request's backend_sampling is accepted likewise)")
+    noop.add_argument("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling", dest="draft_backend_sampling",
+                      action="store_true", help="accepted either way: a draft model's tokens are chosen on the host "
+                      "here")
     noop.add_argument("--no-cache-idle-slots", dest="no_cache_idle_slots", action="store_true",
                       help="accepted: finished prompts' KV is kept in host memory by --cache-ram (0: off)")
     noop.add_argument("--no-context-shift", dest="no_context_shift", action="store_true",
@@ -206,9 +225,10 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     noop.add_argument("--cache-reuse", dest="cache_reuse", type=at_least(0), default=None, metavar="N",
                       help="a prompt's cached prefix is always reused (--cache-ram); chunks are never moved by KV "
                       "shifting, so N changes nothing")
-    noop.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
-                      help="the KV layout follows --exact: one stream per slot where exactness holds, one unified "
-                      "cache otherwise")
+    llama.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
+                       help="as llama-server's unified KV cache, where one sequence may fill the whole -c: each slot's "
+                       "context is all of -c, not an equal share (the KV cache is then -np x -c positions, so slots "
+                       "never run out of context because of each other); the KV layout still follows --exact")
     noop.add_argument("--swa-full", dest="swa_full", action="store_true",
                       help="sliding-window layers always keep a full-size cache here (llama.cpp's context default)")
     refused = p.add_argument_group("llama-server's flags that cannot apply here (refused, saying what to use)")
@@ -285,3 +305,9 @@ def api_key_from_file(path: Path) -> str:
         raise InvalidParameterError(f"--api-key-file {path} holds {len(lines)} keys; specstack serve takes exactly "
                                     "one (write one key on one line)")
     return lines[0]
+
+
+def metrics_endpoint(args: argparse.Namespace) -> bool:
+    """Whether GET /metrics is on: always for specstack's own command lines (its live page and benchmarks read it);
+    on a llama-server command line (``LLAMA_SERVER_ONLY``) only with --metrics, as llama-server has it."""
+    return bool(args.metrics) or not flag_given(args, *LLAMA_SERVER_ONLY)

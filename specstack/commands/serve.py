@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
 from ..llama.vocab import check_grammar
 from .common import (add_constraint_args, add_loading_args, at_least, constraints_from_args, flag_given,
                      json_schema_text, settle_flash_attn)
-from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags,
+from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags, metrics_endpoint,
                                  speculation_values)
 
 # The flags that make the one role served without --config: (flag, args attribute, Role key).  Each defaults to
@@ -72,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only); a comma "
+                   "list listens on each, as llama-server's (--host 127.0.0.1,::1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("-np", "--parallel", type=at_least(1), default=None,
                    help="slots per role without --config: generations batched together (default 4)")
@@ -195,7 +197,9 @@ def build_roles(args: argparse.Namespace):
     if schema is not None:
         values["json_schema"] = schema
     if args.ctx_size is not None:
-        values["ctx"] = ctx_per_slot(args.ctx_size, values.get("parallel", 4), values.get("model", DEFAULT_TARGET))
+        # -kvu: llama-server's unified KV lets one sequence use the whole -c, so each slot gets all of it here
+        shared_by = 1 if args.kv_unified else values.get("parallel", 4)
+        values["ctx"] = ctx_per_slot(args.ctx_size, shared_by, values.get("model", DEFAULT_TARGET))
     if args.tags is not None:
         values["tags"] = names_list(args.tags, "--tags")
     if args.alias is not None:
@@ -323,6 +327,10 @@ def run(args: argparse.Namespace) -> int:
                          or args.routing != "prefix"):
         raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
                                     "--ray only; add --ray or leave them out")
+    if args.ray and "," in args.host:
+        raise InvalidParameterError(f"--host {args.host}: with --ray the server listens on one address (Ray Serve's "
+                                    "proxy); give one, or leave --ray out")
+    sleep_s, hosts = sleep_seconds(args), host_list(args.host)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
     if args.verbose:  # -v: llama.cpp's own log, as llama-server prints it
         from ..llama import set_verbose
@@ -346,18 +354,19 @@ def run(args: argparse.Namespace) -> int:
     vertex_ai = vertex_from_env(args)
     app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
                      slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui, vertex_ai=vertex_ai,
-                     verbose=bool(args.verbose))
+                     verbose=bool(args.verbose), metrics_endpoint=metrics_endpoint(args), sleep_idle_s=sleep_s)
     names = ", ".join(r.name for r in roles)
-    print(f"specstack serve: loading {names} for http://{args.host}:{args.port}/ (/health answers 503 while "
+    print(f"specstack serve: loading {names} for http://{hosts[0]}:{args.port}/ (/health answers 503 while "
           "loading)", flush=True)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler
     # that was there before it started: make that a clean exit, or status 2 after a role failed to load.
     outcome = {"status": 0}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(outcome["status"]))
-    threading.Thread(target=watch_start, args=(app.state.workers, args.host, args.port, names, outcome),
+    threading.Thread(target=watch_start, args=(app.state.workers, hosts[0], args.port, names, outcome),
                      name="specstack-ready", daemon=True).start()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout or None,
-                **app.state.http_options)
+    config = uvicorn.Config(app, host=hosts[0], port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=args.timeout or None, **app.state.http_options)
+    uvicorn.Server(config).run(sockets=bind_sockets(hosts, args.port) if len(hosts) > 1 else None)
     return outcome["status"]
 
 
@@ -374,6 +383,44 @@ def vertex_from_env(args: argparse.Namespace) -> Any:
         print(f"specstack serve: Vertex AI: AIP_HTTP_PORT {params.port} overrides --port {args.port}", flush=True)
         args.port = params.port
     return params
+
+
+def sleep_seconds(args: argparse.Namespace) -> float | None:
+    """--sleep-idle-seconds S: a role's model is freed after S idle seconds (-1, or none given: never)."""
+    s = args.sleep_idle_seconds
+    if s is not None and s >= 0 and args.ray:
+        raise InvalidParameterError("--sleep-idle-seconds is not offered with --ray (each replica keeps its model "
+                                    "loaded); leave one of them out")
+    return None if s is None or s < 0 else float(s)
+
+
+def host_list(text: str) -> list[str]:
+    """--host A,B: llama-server listens on each address of a comma list (IPv4 and IPv6 alike)."""
+    hosts = [h.strip() for h in text.split(",")]
+    if not all(hosts):
+        raise InvalidParameterError(f"--host has an empty address (got {text!r}); give one address or a comma list "
+                                    "of them, e.g. --host 127.0.0.1,::1")
+    return hosts
+
+
+def bind_sockets(hosts: list[str], port: int) -> list[socket.socket]:
+    """One listening socket per address of --host A,B (uvicorn binds a single host by itself)."""
+    out = []
+    for host in hosts:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise InvalidParameterError(f"--host {host}: cannot listen on port {port} there ({exc})") from None
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        out.append(sock)
+    return out
 
 
 def watch_start(workers: dict[str, Any], host: str, port: int, names: str, outcome: dict[str, int]) -> None:

@@ -29,6 +29,7 @@ from .roles import Role
 from .routes import anthropic, llama_server, openai, probes, responses as responses_api, vertex
 from .vertex import VertexParams
 from .schema import invalid_response
+from .sleep import WakeOnUse
 from .worker import RoleWorker
 
 __all__ = ["Limits", "RoleBackend", "create_app"]
@@ -38,18 +39,22 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
                backends: dict[str, RoleBackend] | None = None, render_metrics: Callable[[], Any] | None = None,
                role_health: HealthProbe | None = None, access_log: Callable[[str], None] | None = None,
                slots: bool = True, cors_origins: str = "*", page: bool = True,
-               vertex_ai: VertexParams | None = None, verbose: bool = False) -> FastAPI:
+               vertex_ai: VertexParams | None = None, verbose: bool = False, metrics_endpoint: bool = True,
+               sleep_idle_s: float | None = None) -> FastAPI:
     """The API over ``roles``: by default one ``RoleWorker`` each in this process; ``backends`` (by role name),
     ``render_metrics`` and ``role_health`` put other engines behind the same routes (``specstack serve --ray``).
 
     ``role_health`` gives, by role name, why the role cannot take traffic yet (None: it can) and what its
     /health entry adds (replicas up, under --ray).  ``access_log`` gets one line per request (``access``; None:
     none); ``slots=False`` turns llama-server's ``GET /slots`` off (``--no-slots``), ``page=False`` the page at /
-    (``--no-ui``); ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``vertex_ai`` adds Vertex AI's
-    prediction route (``vertex``: the server runs there); ``verbose`` (``--verbose``) gives OpenAI answers
-    llama-server's ``__verbose`` unless a request's ``verbose`` says otherwise."""
+    (``--no-ui``), ``metrics_endpoint=False`` ``GET /metrics`` (501, as llama-server without ``--metrics``);
+    ``cors_origins`` is llama-server's ``--cors-origins`` (``cors``); ``vertex_ai`` adds Vertex AI's prediction
+    route (``vertex``: the server runs there); ``verbose`` (``--verbose``) gives OpenAI answers llama-server's
+    ``__verbose`` unless a request's ``verbose`` says otherwise; ``sleep_idle_s`` unloads each role's model after
+    that many idle seconds, reloaded by the next request that needs it (``sleep``: --sleep-idle-seconds)."""
     metrics = ServerMetrics()
-    workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue) for r in roles}
+    workers = backends if backends is not None else {r.name: RoleWorker(r, metrics, max_queue, sleep_idle_s)
+                                                     for r in roles}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -66,8 +71,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     app.state.workers, app.state.metrics = workers, metrics
     app.state.http_options = http_options()  # what uvicorn serves it with (`specstack serve`: the header limit)
     app.state.served = Served(workers, limits, metrics, slots, render_metrics, role_health, page=page,
-                              verbose=verbose)
+                              verbose=verbose, metrics_endpoint=metrics_endpoint)
     add_error_handlers(app)
+    if sleep_idle_s is not None:  # innermost: a request Guard refuses wakes no model
+        app.add_middleware(WakeOnUse, workers=list(workers.values()))
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
                        body_timeout_s=limits.body_timeout_s)
     app.add_middleware(AnswerCounter, metrics=metrics, roles=list(workers))  # outside Guard: its refusals count

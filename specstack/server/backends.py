@@ -69,6 +69,7 @@ class Served:
     preserved: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     page: bool = True  # the live page at / (llama-server's --no-ui turns it off)
     verbose: bool = False  # OpenAI answers carry __verbose unless a request says otherwise (serve --verbose)
+    metrics_endpoint: bool = True  # GET /metrics (off: 501, a llama-server command line without --metrics)
 
     def backend(self, model: str | None) -> RoleBackend:
         """The role a request names (``model``; none or an unknown one with a single role: that role), ready

@@ -22,10 +22,13 @@ def completion_prompts(prompt: Any, vocab: PromptVocabulary) -> list[list[int]]:
     A string is one prompt (BOS where the model asks for it, special tokens parsed); a list of integers is one
     prompt of token ids; a list of integers and strings together is one prompt, its strings tokenized in place
     (BOS only before a leading string); any other list holds several prompts, each a string, a list of ids or
-    such a mix.  Each prompt is answered with its own choices.
+    such a mix, or llama-server's JSON object (``{"prompt_string": ...}``).  Each prompt is answered with its own
+    choices.
     """
     if isinstance(prompt, str):
         return [_text(prompt, vocab, True)]
+    if hasattr(prompt, "prompt_string"):
+        return [_object(prompt, vocab, "prompt")]
     if not isinstance(prompt, list):
         raise InvalidParameterError("prompt must be text, token ids, or a list of these")
     if any(isinstance(p, int) and not isinstance(p, bool) for p in prompt) and all(
@@ -39,9 +42,21 @@ def completion_prompts(prompt: Any, vocab: PromptVocabulary) -> list[list[int]]:
             out.append(_text(p, vocab, True))
         elif isinstance(p, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in p):
             out.append(_mixed(p, vocab))
+        elif hasattr(p, "prompt_string"):
+            out.append(_object(p, vocab, f"prompt[{i}]"))
         else:
             raise InvalidParameterError(f"prompt[{i}] must be text, token ids, or a mix of both (got {type(p).__name__})")
     return out
+
+
+def _object(prompt: Any, vocab: PromptVocabulary, where: str) -> list[int]:
+    """llama-server's JSON prompt object (``schema.PromptObject``): its ``prompt_string`` as text, ids or a mix.
+    Its ``multimodal_data`` is refused, as llama-server refuses it on a model without a projector."""
+    if getattr(prompt, "multimodal_data", None):
+        raise InvalidParameterError(f"{where}.multimodal_data: multimodal prompts are not supported (specstack serves "
+                                    "text only, no projector is loaded); send prompt_string alone")
+    text = prompt.prompt_string
+    return _text(text, vocab, True) if isinstance(text, str) else _mixed(text, vocab)
 
 
 def _mixed(parts: Sequence[int | str], vocab: PromptVocabulary) -> list[int]:

@@ -289,7 +289,8 @@ def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_token
         return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling,
                                 reuse_prompt=getattr(body, "cache_prompt", None) is not False,
                                 slot=_slot(body, w.role),
-                                logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids)
+                                logprobs=wanted_logprobs(body), constraints=constraints, stop_token_ids=stop_ids,
+                                post_sampling_probs=bool(getattr(body, "post_sampling_probs", None)))
     except SpecstackError as exc:
         raise ApiError(400, str(exc)) from None
 

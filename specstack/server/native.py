@@ -4,6 +4,7 @@ routes are ``routes/llama_server.py``, the events come from ``session``."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -62,23 +63,32 @@ def default_params(role: Any, limits: Any) -> dict[str, Any]:
             "timings_per_token": False, "post_sampling_probs": False, "lora": []}
 
 
-def request_params(job: Any, role: Any, limits: Any) -> dict[str, Any]:
-    """``generation_settings``: the defaults with what this request set (``GenerationConfig``)."""
-    config = job.config
+def request_params(job: Any, w: Any, limits: Any) -> dict[str, Any]:
+    """``generation_settings``: role ``w``'s defaults with what this request set (``GenerationConfig``)."""
+    config, role = job.config, w.role
     c, s = config.constraints, config.sampling
     return {**default_params(role, limits), "n_predict": config.max_tokens, "max_tokens": config.max_tokens,
             "seed": LLAMA_DEFAULT_SEED if s.seed is None or s.seed < 0 else s.seed, "temperature": s.temperature,
             "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": c.repeat_penalty,
             "repeat_last_n": c.repeat_last_n, "frequency_penalty": c.frequency_penalty,
             "presence_penalty": c.presence_penalty, "ignore_eos": c.ignore_eos, "grammar": c.grammar or "",
-            "logit_bias": [[t, b if b != float("-inf") else False] for t, b in c.logit_bias],
+            "logit_bias": logit_bias_settings(c, w.target),
             "min_tokens": c.min_tokens, "stop": list(config.stop), "stop_token_ids": list(config.stop_token_ids),
-            "n_probs": config.logprobs or 0,
+            "n_probs": config.logprobs or 0, "post_sampling_probs": config.post_sampling_probs,
             "speculative": {"drafter": job.speculative.get("drafter", role.drafter),
                             "k_policy": job.speculative.get("k_policy", role.k_policy),
                             "k": job.speculative.get("k", role.k), "k_max": job.speculative.get("k_max", role.k_max)}}
 
 
+
+
+def logit_bias_settings(c: Any, target: Any) -> list[dict[str, Any]]:
+    """``generation_settings.logit_bias`` as llama-server lists it: ``{"bias", "token"}`` entries, a ban's -inf as
+    null, and ``ignore_eos``'s bans of the target's end-of-generation tokens among them (as llama-server adds them)."""
+    bias = list(c.logit_bias)
+    if c.ignore_eos:
+        bias += [(t, float("-inf")) for t in sorted(getattr(target, "eog_ids", frozenset)())]
+    return [{"bias": None if b == float("-inf") else b, "token": t} for t, b in bias]
 
 
 def _template(w: Any) -> str:
@@ -109,7 +119,7 @@ def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
         "bos_token": _special(w.target, "bos_id"), "eos_token": _special(w.target, "eos_id"),
         "modalities": {"vision": False, "audio": False},
         "build_info": f"specstack {__version__} (llama-cpp-python {llama_version() or 'unknown'})",
-        "is_sleeping": False}
+        "is_sleeping": bool(getattr(w, "sleeping", False))}
 
 
 def busy_slots(w: RoleBackend) -> dict[int, Job]:
@@ -130,11 +140,12 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
         decoded = len(job.gen.output_ids) if job is not None else 0
         entry = {"id": i, "id_task": job.index if job is not None else -1, "n_ctx": w.target.n_ctx,
                  "speculative": w.role.drafter != "none", "is_processing": job is not None,
-                 "next_token": {"has_next_token": job is not None, "has_new_line": False,
-                                "n_remain": job.config.max_tokens - decoded if job is not None else -1,
-                                "n_decoded": decoded, "stopping_word": ""}}
+                 # a list of one, as llama-server's slots show it; an idle slot's budget is -1 and nothing decoded
+                 "next_token": [{"has_next_token": job is not None, "has_new_line": False,
+                                 "n_remain": job.config.max_tokens - decoded if job is not None else -1,
+                                 "n_decoded": decoded, "stopping_word": ""}]}
         if job is not None:  # llama-server shows a slot's params only for its task (an idle slot: none)
-            entry["params"] = request_params(job, w.role, limits)
+            entry["params"] = request_params(job, w, limits)
         out.append(entry)
     return out
 
@@ -165,18 +176,24 @@ class Native:
         new = list(gen.output_ids[len(self.ids[i]): len(self.ids[i]) + n]) if gen is not None else []
         self.ids[i] += new
         self.texts[i] += event["text"]
-        probs = [self._prob(lp) for lp in event.get("logprobs") or ()]
+        post = job.config.post_sampling_probs
+        probs = [self._prob(lp, post) for lp in event.get("logprobs") or ()]
         self.probs[i] += probs
         return {"content": event["text"], "tokens": new, **({"completion_probabilities": probs} if probs else {})}
 
-    def _prob(self, lp: Any) -> dict[str, Any]:
+    def _prob(self, lp: Any, post_sampling: bool) -> dict[str, Any]:
+        """One token's entry of ``completion_probabilities``: its logprob and ``top_logprobs``, or with
+        ``post_sampling_probs`` its probability and ``top_probs`` (llama-server's two shapes)."""
         target = self.w.target
+        key = "prob" if post_sampling else "logprob"
 
         def entry(token: int, logprob: float) -> dict[str, Any]:
             raw = piece_bytes(target, token)
-            return {"id": token, "logprob": logprob, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
+            value = math.exp(logprob) if post_sampling else logprob
+            return {"id": token, key: value, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
 
-        return {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+        top = "top_probs" if post_sampling else "top_logprobs"
+        return {**entry(lp.token, lp.logprob), top: [entry(t, v) for t, v in lp.top]}
 
     def usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
         return total_usage(finals, self.per_prompt)
@@ -190,7 +207,7 @@ class Native:
         out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
                "id_slot": self.slot[i], "stop": True, "model": self.w.role.name,
                "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
-               "generation_settings": request_params(job, self.w.role, self.limits),
+               "generation_settings": request_params(job, self.w, self.limits),
                "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
                "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
                "tokens_cached": stats.get("reused_prompt_tokens", 0), "timings": final_timings(final),

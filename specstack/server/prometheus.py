@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..metrics import GenerationStats
+from .llamacpp_metrics import LlamaCppFigures, LlamaCppMetrics, render as render_llamacpp
 
 
 class ServerMetrics:
@@ -45,14 +46,23 @@ class ServerMetrics:
         self.itl = Histogram(p + "inter_token_latency_seconds", "Mean time between a request's tokens after the first",
                              ["role"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r)
 
+        self.llamacpp = LlamaCppMetrics()  # llama-server's llamacpp:* figures (``llamacpp_metrics``)
+
     def requests_started(self, role: str, n_prompt: int) -> None:
         self.prompt_tokens.labels(role).inc(n_prompt)
 
     def load(self, role: str, running: int, waiting: int) -> None:
         self.busy.labels(role).set(running)
         self.queue.labels(role).set(waiting)
+        self.llamacpp.load(role, running, waiting)
 
-    def requests_finished(self, role: str, s: GenerationStats, status: str) -> None:
+    def decoded(self, role: str, n_busy: int) -> None:
+        """One engine step of ``role`` that ran ``n_busy`` generations (llama-server's decode count)."""
+        self.llamacpp.decoded(n_busy)
+
+    def requests_finished(self, role: str, s: GenerationStats, status: str, n_answered: int | None = None) -> None:
+        """A generation's figures; ``n_answered``: the tokens its answer counts (a stop string's cut), else all."""
+        self.llamacpp.finished(s, s.n_tokens if n_answered is None else n_answered)
         self.requests.labels(role, status).inc()
         self.generated_tokens.labels(role).inc(s.n_tokens)
         self.reused_tokens.labels(role).inc(s.n_reused)
@@ -75,8 +85,10 @@ class ServerMetrics:
     def requests_failed(self, role: str, kind: str) -> None:
         self.requests.labels(role, kind).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, llamacpp: LlamaCppFigures | None = None) -> bytes:
+        """specstack's metrics, and llama-server's ``llamacpp:*`` from ``llamacpp`` where given (``/metrics``)."""
+        text = generate_latest(self.registry)
+        return text if llamacpp is None else text + render_llamacpp(llamacpp).encode()
 
 
 # What the routes tell ``AnswerCounter`` of the request being answered: ``role`` (the role it went to, once a

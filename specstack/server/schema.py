@@ -101,6 +101,12 @@ class _Common(ConstraintFields):
     # server's (serve --verbose) (``jobs.verbose``)
     verbose: bool | None = Field(None, strict=True)
     return_progress: bool | None = Field(None, strict=True)
+    # llama-server's: logprobs (n_probs) read from the distribution each token was sampled from, filters and
+    # temperature applied (``GenerationConfig.post_sampling_probs``); /completion shows them as prob and top_probs
+    post_sampling_probs: bool | None = Field(None, strict=True)
+    # llama-server's backend sampling (sampling on the accelerator): here the sampler always runs on the host, on
+    # the same distributions, so either value is honoured as it is (the results are llama-server's both ways)
+    backend_sampling: bool | None = Field(None, strict=True)
     # Structured output (``structured``): OpenAI's response_format, llama-server's json_schema and grammar (GBNF)
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
@@ -110,9 +116,19 @@ class _Common(ConstraintFields):
     reasoning_format: Optional[Literal[REASONING_FORMATS]] = None
 
 
+class PromptObject(BaseModel):
+    """llama-server's JSON prompt, ``{"prompt_string": ..., "multimodal_data": [...]}``: its text (or ids, or a mix)
+    is a prompt like any other; multimodal data is refused where it is read (``inputs``: text only here)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_string: StrictStr | list[StrictInt | StrictStr]
+    multimodal_data: list[StrictStr] | None = None
+
+
 class _CompletionFields(_Common):
-    # text, token ids, llama-server's mix of both ([12, "text", 34]), or a list of these: one choice set per prompt
-    prompt: str | list[StrictInt | StrictStr | list[StrictInt | StrictStr]]
+    # text, token ids, llama-server's mix of both ([12, "text", 34]), its JSON prompt object, or a list of these:
+    # one choice set per prompt
+    prompt: str | PromptObject | list[StrictInt | StrictStr | list[StrictInt | StrictStr] | PromptObject]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
     echo: bool = Field(False, strict=True)
 

@@ -14,10 +14,17 @@ def timings(prompt_n: int, cached: int, prefill_ms: float, predicted: int, predi
     return {"cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": prefill_ms,
             "prompt_per_token_ms": prefill_ms / max(1, prompt_n - cached),
             "prompt_per_second": (prompt_n - cached) / (prefill_ms / 1000) if prefill_ms else 0.0,
-            "predicted_n": predicted, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / max(1, predicted),
-            "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
+            "predicted_n": predicted, "predicted_ms": predicted_ms, **generation_rate(predicted, predicted_ms),
             "draft_n": drafted, "draft_n_accepted": accepted}
+
+
+def generation_rate(n: int, ms: float) -> dict[str, float]:
+    """llama-server's generation rate: over the decode steps, the first token excluded (it comes from the prompt's
+    last batch and costs no step), so one token has no rate (0, as llama-server reports it)."""
+    steps = max(0, n - 1)
+    if not steps or ms <= 0:
+        return {"predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+    return {"predicted_per_token_ms": ms / steps, "predicted_per_second": 1e3 / ms * steps}
 
 
 def final_timings(final: dict[str, Any]) -> dict[str, Any]:

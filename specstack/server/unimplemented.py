@@ -144,7 +144,6 @@ UNIMPLEMENTED = (
                   f"the chain applied here is {', '.join(SAMPLER_ORDER)} in that order (a sampler left out is off); "
                   "a chain in another order, or with a sampler not implemented here, cannot be honoured"),
     Unimplemented("n_probs", I, (0,), LOGPROBS),
-    Unimplemented("post_sampling_probs", B, (False,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
     Unimplemented("n_cache_reuse", I, (0,), "KV shifting is not implemented"),
     Unimplemented("n_keep", I, (0, -1), "the context is never shifted"),

@@ -39,6 +39,7 @@ from ..llama import LlamaModel
 from .chat import ChatTemplate, load_template
 from .prometheus import ServerMetrics
 from .roles import Role
+from .sleep import AsleepTarget
 
 IDLE_LEND_S = 0.05  # an idle worker lends a first run's measurement the cores in slices this long (its wake-up delay)
 FINISH = {"length": "length", "context": "length", "eos": "stop", "stop": "stop", "cancelled": "cancelled",
@@ -95,8 +96,16 @@ class Job:
 class RoleWorker:
     """Owns one role's models and engine on a dedicated thread."""
 
-    def __init__(self, role: Role, metrics: ServerMetrics, max_queue: int = 16) -> None:
+    def __init__(self, role: Role, metrics: ServerMetrics, max_queue: int = 16,
+                 sleep_idle_s: float | None = None) -> None:
         self.role = role
+        # --sleep-idle-seconds: the model is freed after that long without work (``sleep``); None: never
+        self.sleep_idle_s = sleep_idle_s
+        self.sleeping = False
+        self.sleep_count = 0  # times the model was freed
+        self._awake = threading.Event()  # loaded and not asleep: what a request held awake waits for
+        self._holds = 0  # requests that need the model now (``hold``/``release``): no sleep while any does
+        self._last_active = time.monotonic()
         self.metrics = metrics
         self.max_queue = max_queue
         self.ready = threading.Event()
@@ -148,6 +157,26 @@ class RoleWorker:
     def active(self) -> int:
         return self._active
 
+    def hold(self) -> bool:
+        """Keep the model loaded for a request that needs it, waking it if it sleeps; whether it is loaded now
+        (if not, ``wait_awake`` until it is).  Each hold ends with ``release``."""
+        with self._lock:
+            self._holds += 1
+            # still loading at start (or failed to): the route answers 503 as without sleep, rather than wait here
+            awake = self._awake.is_set() or not self.ready.is_set() or self.load_error is not None
+        if not awake:
+            self._wake.set()
+        return awake
+
+    def wait_awake(self) -> None:
+        """Block until the model is loaded again (or failed to load: the request then gets the role's 503)."""
+        self._awake.wait()
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            self._last_active = time.monotonic()
+
     # -- the engine thread ----------------------------------------------------
 
     def _run(self) -> None:
@@ -158,24 +187,79 @@ class RoleWorker:
             self.ready.set()
             return
         self.ready.set()
+        self._awake.set()
         while not self._stop.is_set() or self._jobs:
+            if self._fall_asleep():
+                self._sleep_until_needed()
+                if self.engine is None and not self._stop.is_set():  # the reload failed: /health says why
+                    self._refuse_inbox()
+                    return
+                continue
             self._drain_inbox()
             self._expire()
             if self.engine.busy:
+                before = self.engine.running
                 try:
                     self.engine.step()
                 except Exception as exc:  # the engine cancelled its generations: fail their requests
                     for job in list(self._jobs):
                         self._fail(job, 500, f"generation failed: {exc}", "server_error")
+                self.metrics.decoded(self.role.name, max(before, self.engine.running))  # a prefill admits some
                 self._report()
+                self._last_active = time.monotonic()
             elif not self.engine.idle(IDLE_LEND_S):  # idle time goes to a first run's measurement, if any
                 self._wake.wait(0.2)
                 self._wake.clear()
-            self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
+            if self.engine is not None:
+                self.metrics.load(self.role.name, self.engine.running, self.engine.waiting)
         if self.engine is not None and self.engine.background is not None:
             self.engine.background.abandon()  # its context is freed before the weights it shares
         if self.target is not None:
             self.target.close()
+
+    def _fall_asleep(self) -> bool:
+        """Whether the role goes to sleep now: --sleep-idle-seconds without work, nothing queued or held.  Decided
+        under the lock ``hold`` takes, so a request either holds the model first or waits for its reload."""
+        if self.sleep_idle_s is None or self._jobs or not self._inbox.empty() or self._stop.is_set():
+            return False
+        with self._lock:
+            if self._holds or self._active or time.monotonic() - self._last_active < self.sleep_idle_s:
+                return False
+            self._awake.clear()
+            self.sleeping = True
+            return True
+
+    def _sleep_until_needed(self) -> None:
+        """Free the model (its weights, KV, drafters and any first-run measurement), wait for a request or the
+        stop, then load it again through the same loader as at the start."""
+        if self.engine is not None and self.engine.background is not None:
+            self.engine.background.abandon()
+        asleep = AsleepTarget(self.target)
+        self.sleep_count += 1
+        self.engine, self._drafters, self._policies = None, {}, {}
+        self.target.close()
+        self.target = asleep
+        print(f"specstack serve: role {self.role.name!r}: asleep after {self.sleep_idle_s:g} s idle (model freed; "
+              "the next request loads it again)", file=sys.stderr, flush=True)
+        while not self._stop.is_set() and not self._holds and self._inbox.empty():
+            self._wake.wait(0.5)
+            self._wake.clear()
+        if self._stop.is_set() and not self._holds and self._inbox.empty():
+            return
+        try:
+            self._load()
+        except Exception as exc:  # reported by /health and every request, as a failed start is
+            self.load_error = f"{type(exc).__name__}: {exc}"
+        self.sleeping = False
+        self._last_active = time.monotonic()
+        self._awake.set()
+
+    def _refuse_inbox(self) -> None:
+        """Fail what was submitted for a model that could not be loaded again."""
+        while not self._inbox.empty():
+            kind, job = self._inbox.get_nowait()
+            if kind == "submit":
+                self._fail(job, 503, f"role {self.role.name!r} failed to load: {self.load_error}", "unavailable_error")
 
     def _load(self) -> None:
         role = self.role
@@ -196,7 +280,7 @@ class RoleWorker:
                     self.target.prepare_grammar(default_grammar).result()
                 except SpecstackError as exc:
                     raise InvalidParameterError(f"the role's grammar: {exc}") from None
-            if self.template.warning:
+            if self.template.warning and not self.sleep_count:  # said once, not again at each wake
                 print(f"{prefix}: WARNING: {role.model.name} {self.template.warning}", file=sys.stderr, flush=True)
             default = role.speculative()
             self.engine = build_engine(calibration, self._drafter(default, 0.0), self._policy(default),
@@ -328,7 +412,8 @@ class RoleWorker:
         self._jobs.remove(job)
         self._release_capacity()
         stats = gen.stats
-        self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled")
+        self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled",
+                                       job.sent)
         # usage counts the tokens of the answer (``Job.released``), not a stop string's that the text leaves out
         job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": {**stats.to_dict(), "lossy": self.lossy},
                   "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": job.sent,

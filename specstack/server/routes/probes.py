@@ -40,8 +40,16 @@ STARTED = int(time.time())  # when this server process started serving (llama-se
 
 @router.get("/metrics")
 async def prometheus(request: Request) -> Response:
+    """specstack's metrics and llama-server's ``llamacpp:*`` (a scrape starts their throughput window afresh);
+    501 where the endpoint is off (a llama-server command line without --metrics, as llama-server answers)."""
     state = served(request)
-    body = await state.render_metrics() if state.render_metrics is not None else state.metrics.render()
+    if not state.metrics_endpoint:
+        return error(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                     "not_supported_error", code="not_supported")
+    if state.render_metrics is not None:
+        body = await state.render_metrics()
+    else:
+        body = state.metrics.render(state.metrics.llamacpp.scrape())
     response = Response(body, media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it (Starlette would lower-case a header given by name): a client reading the
     # headers into a plain dict looks it up so
