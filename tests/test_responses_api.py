@@ -160,3 +160,20 @@ def test_refusals_over_http_name_the_responses_field(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
     r = httpx.post(server.url + "/responses", json={"model": "gemma", "input": "hi", "max_output_tokens": 2})
     assert r.status_code == 200 and r.json()["object"] == "response"
+
+
+def test_input_tokens_counts_the_prompt_the_response_would_run(server):
+    """llama-server's /v1/responses/input_tokens: the rendered prompt's tokens, as chat's own count gives them."""
+    body = {"model": "gemma", "instructions": "Be brief.", "input": "Hello world"}
+    counts = [httpx.post(server.url + path, json=body, timeout=30) for path in
+              ("/v1/responses/input_tokens", "/responses/input_tokens")]
+    chat = httpx.post(server.url + "/v1/chat/completions/input_tokens", timeout=30, json={
+        "model": "gemma", "messages": [{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "Hello world"}]})
+    assert [r.status_code for r in counts] == [200, 200] and chat.status_code == 200
+    assert counts[0].json()["input_tokens"] == counts[1].json()["input_tokens"] == chat.json()["input_tokens"] > 4
+    longer = httpx.post(server.url + "/v1/responses/input_tokens", timeout=30,
+                        json={**body, "input": "Hello world, and a much longer question about the weather"})
+    assert longer.json()["input_tokens"] > counts[0].json()["input_tokens"]
+    bad = httpx.post(server.url + "/v1/responses/input_tokens", json={"model": "gemma", "input": 3}, timeout=30)
+    assert bad.status_code == 400

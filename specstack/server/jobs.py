@@ -65,6 +65,15 @@ def tools_for(body: Any, w: RoleBackend) -> ToolPlan | None:
     return p if p.active else None
 
 
+def input_tokens(body: Any, w: RoleBackend) -> dict[str, Any]:
+    """How many tokens a chat request's prompt is, rendered as its generating route renders it (template, tools,
+    continuation), nothing generated: llama-server's ``input_tokens`` answer, for a client that fits a chat to the
+    context (OpenAI's chat, the Responses API and Anthropic's ``count_tokens`` each translate to a chat first)."""
+    from .chat import chat_tokens
+
+    return {"input_tokens": len(chat_tokens(chat_prompt(body, w, tools_for(body, w)), w.target))}
+
+
 def chat_prompt(body: Any, w: RoleBackend, tools: ToolPlan | None = None) -> RenderedChat:
     """A chat request's prompt through the role's template (chat, and llama-server's /apply-template);
     ``developer`` messages are system messages, as llama-server and vLLM read them.  The request's tools

@@ -17,7 +17,7 @@ from ..anthropic_api import chat_request, check_budget
 from ..anthropic_shape import MessageShape
 from ..backends import served
 from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, outputs_for, reasoning_for, tools_for
+from ..jobs import chat_prompt, grammar_for, input_tokens, outputs_for, reasoning_for, tools_for
 from ..responses import total_usage
 from ..schema import requested_tokens, unsupported
 from ..tools import template_tags
@@ -55,9 +55,7 @@ async def count_tokens(request: Request, body: Any = Body(...)) -> JSONResponse:
     """The prompt's tokens as ``/v1/messages`` would run it (its template, system prompt and tools)."""
     chat, _ = chat_request(body)
     unsupported(chat)
-    w = served(request).backend(chat.model)
-    tools = tools_for(chat, w)
-    return JSONResponse({"input_tokens": len(chat_tokens(chat_prompt(chat, w, tools), w.target))})
+    return JSONResponse(input_tokens(chat, served(request).backend(chat.model)))
 
 
 async def _events(run: session.Session, shape: MessageShape) -> AsyncIterator[dict[str, Any]]:

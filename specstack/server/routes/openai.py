@@ -16,7 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 from .. import session
 from ..backends import RoleBackend, served
 from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, outputs_for, prompt_ids, reasoning_for, tools_for, verbose
+from ..jobs import chat_prompt, grammar_for, input_tokens, outputs_for, prompt_ids, reasoning_for, tools_for, verbose
 from ..native import Native
 from ..telemetry import final_timings
 from ..responses import LogprobsOut, final_body, total_usage
@@ -51,9 +51,7 @@ async def chat_input_tokens(body: ChatRequest, request: Request) -> JSONResponse
     """How many tokens a chat request's prompt is, rendered as /v1/chat/completions renders it (template, tools,
     continuation), nothing generated: llama-server's count, for a client that fits a chat to the context."""
     unsupported(body)
-    w = served(request).backend(body.model)
-    ids = chat_tokens(chat_prompt(body, w, tools_for(body, w)), w.target)
-    return JSONResponse({"input_tokens": len(ids), "object": "response.input_tokens"})
+    return JSONResponse({**input_tokens(body, served(request).backend(body.model)), "object": "response.input_tokens"})
 
 
 async def answer(request: Request, w: RoleBackend, body: Any, prompts: list[list[int]], chat: bool,

@@ -14,13 +14,22 @@ from sse_starlette.sse import EventSourceResponse
 from .. import session
 from ..backends import served
 from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, outputs_for, reasoning_for, tools_for
+from ..jobs import chat_prompt, grammar_for, input_tokens, outputs_for, reasoning_for, tools_for
 from ..responses import total_usage
 from ..responses_api import ResponseShape, chat_request
 from ..schema import unsupported
 from ..telemetry import final_timings, live_timings, prompt_progress
 
 router = APIRouter()
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens")  # llama-server's both
+async def responses_input_tokens(request: Request, body: Any = Body(...)) -> JSONResponse:
+    """The prompt's tokens as ``/v1/responses`` would run it (its instructions, input items and tools)."""
+    chat = chat_request(body)
+    unsupported(chat)
+    return JSONResponse({**input_tokens(chat, served(request).backend(chat.model)), "object": "response.input_tokens"})
 
 
 @router.post("/v1/responses")
