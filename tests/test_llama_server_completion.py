@@ -219,3 +219,29 @@ def test_several_hosts_are_each_listened_on(capsys):
     finally:
         for s in socks:
             s.close()
+
+
+def test_a_completion_stream_reports_prompt_progress_first_with_its_timings(http):
+    """llama-server's return_progress on /completion: partial chunks with prompt_progress before the first token,
+    their timings (timings_per_token) never going back, the first before any prompt token; the text unchanged."""
+    import json
+
+    body = {"prompt": "import os\nimport sys\n" * 40 + "def main():", "n_predict": 6, "temperature": 0,
+            "stream": True, "cache_prompt": False}
+
+    def chunks(**extra):
+        with http.stream("POST", "/completion", json={**body, **extra}) as r:
+            assert r.status_code == 200
+            return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+    got = chunks(return_progress=True, timings_per_token=True)
+    progress = [c for c in got if "prompt_progress" in c]
+    assert len(progress) > 1 and got[:len(progress)] == progress  # all before the first token
+    first = progress[0]["timings"]
+    assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    ms = [c["timings"]["prompt_ms"] for c in progress]
+    assert ms == sorted(ms) and ms[-1] > 0 and all(v >= 0 for c in progress for v in c["timings"].values())
+    plain = chunks()
+    assert not any("prompt_progress" in c for c in plain)
+    assert "".join(c["content"] for c in got) == "".join(c["content"] for c in plain)

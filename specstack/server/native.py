@@ -13,7 +13,7 @@ from ..draft_length import DEFAULT_K_MAX
 from .backends import Limits, RoleBackend
 from .jobs import LLAMA_SAMPLING
 from .responses import summary, total_usage
-from .telemetry import final_timings
+from .telemetry import final_timings, progress_timings
 from .worker import Job
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # what llama-server reports for "random" (-1)
@@ -161,13 +161,18 @@ class Native:
         self.slot = [-1] * len(jobs)
         self.started = time.perf_counter()
 
+    def _note_slot(self, i: int) -> Any:
+        """Choice ``i``'s generation, its slot noted once it has one (``id_slot``)."""
+        gen = getattr(self.jobs[i], "gen", None)
+        if gen is not None and self.slot[i] < 0 and gen.seq is not None:
+            self.slot[i] = gen.seq
+        return gen
+
     def add(self, event: dict[str, Any]) -> dict[str, Any]:
         """Take one event; a delta's part of the stream chunk (its text, ids and probabilities)."""
         i = event["index"]
         job = self.jobs[i]
-        gen = getattr(job, "gen", None)
-        if gen is not None and self.slot[i] < 0 and gen.seq is not None:
-            self.slot[i] = gen.seq
+        gen = self._note_slot(i)
         if event["type"] != "delta":
             if gen is not None:  # the ids the text shows (a stop string's tokens left out), as usage counts them
                 self.ids[i] = list(gen.output_ids[: event["usage"]["completion_tokens"]])
@@ -197,6 +202,17 @@ class Native:
 
     def usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
         return total_usage(finals, self.per_prompt)
+
+    def progress(self, i: int, event: dict[str, Any], with_timings: bool) -> dict[str, Any]:
+        """llama-server's prompt progress chunk of choice ``i`` (a partial result with no content, its
+        ``prompt_progress`` beside it, and its ``timings`` where ``timings_per_token`` asks)."""
+        self._note_slot(i)
+        out = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": self.slot[i],
+               "tokens_predicted": 0, "tokens_evaluated": event["total"],
+               "prompt_progress": {k: event[k] for k in ("total", "cache", "processed", "time_ms")}}
+        if with_timings:
+            out["timings"] = progress_timings(event)
+        return out
 
     def result(self, i: int, final: dict[str, Any], streamed: bool) -> dict[str, Any]:
         """llama-server's final result of choice ``i`` (``to_json_non_oaicompat``); a stream's last chunk carries

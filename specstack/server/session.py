@@ -129,8 +129,9 @@ async def start(request: Request, w: RoleBackend, body: Any, prompts: list[list[
             # only llguidance waits for a trigger; llama.cpp's engine would force the call from the first token,
             # so the output stays free and parsed, as it was before lazy grammars
             grammar, triggers = "", ()
-    # prompt progress: a streamed chat's (the other routes accept return_progress and send none)
-    progress = chat and bool(body.stream and getattr(body, "return_progress", None))
+    # prompt progress, for a stream that asks (llama-server's return_progress): chunks of their own before the first
+    # token; a whole answer has nowhere to put them
+    progress = bool(body.stream and getattr(body, "return_progress", None))
     jobs = make_jobs(w, body, prompts, limits, "messages" if chat else "prompt", grammar, triggers, progress)
     token = SESSION.set(session_key(request, body))
     try:

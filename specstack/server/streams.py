@@ -124,9 +124,10 @@ async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
             shape.session.cancel_unfinished()  # the client went away mid-stream
 
 
-async def native_stream(session: Session, native: Native) -> AsyncIterator[str]:
+async def native_stream(session: Session, native: Native, per_token: bool = False) -> AsyncIterator[str]:
     """SSE chunks as llama-server sends them: one per delta (``stop: false``), then each choice's final result
-    (``stop: true``); no ``[DONE]``, as the native route has none."""
+    (``stop: true``); no ``[DONE]``, as the native route has none.  A ``return_progress`` request's prompt progress
+    comes first, each chunk with its ``timings`` where ``per_token`` (``timings_per_token``) asks for them."""
     async with aclosing(session.events()) as events:
         async for event in events:
             i = event["index"]
@@ -134,6 +135,9 @@ async def native_stream(session: Session, native: Native) -> AsyncIterator[str]:
                 yield json.dumps({"error": {"code": event["status"], "message": event["message"],
                                             "type": event["kind"], "param": event.get("param")}})
                 return
+            if event["type"] == "progress":  # return_progress: before the first token, as llama-server's partials
+                yield json.dumps(native.progress(i, event, per_token))
+                continue
             part = native.add(event)
             if event["type"] == "delta":
                 yield json.dumps({"index": i, **part, "stop": False, "id_slot": native.slot[i],

@@ -37,6 +37,12 @@ def final_timings(final: dict[str, Any]) -> dict[str, Any]:
                    usage["completion_tokens"], predicted_ms, stats.get("n_drafted", 0), stats.get("n_accepted", 0))
 
 
+def progress_timings(event: dict[str, Any]) -> dict[str, Any]:
+    """A prompt progress event's ``timings`` (llama-server's, where ``timings_per_token`` asks for them): the
+    prompt tokens processed past the cached prefix so far and the time they took; nothing generated yet."""
+    return timings(event["processed"], event["cache"], event.get("prompt_ms", 0.0), 0, 0.0, 0, 0)
+
+
 def live_timings(job: Any, predicted: int) -> dict[str, Any] | None:
     """A streaming choice's ``timings`` so far, ``predicted`` tokens sent (None: its generation runs elsewhere, a
     scale-out replica, and has no live counters here)."""

@@ -402,7 +402,8 @@ class RoleWorker:
             if n > job.progressed:
                 job.progressed = n
                 job.emit({"type": "progress", "total": total, "cache": cache, "processed": n,
-                          "time_ms": (time.perf_counter() - job.submitted) * 1000})
+                          "time_ms": (time.perf_counter() - job.submitted) * 1000,
+                          "prompt_ms": gen.stats.prefill_s * 1000 if n > cache else 0.0})  # the cache: no time
 
     def _finish(self, job: Job) -> None:
         gen = job.gen

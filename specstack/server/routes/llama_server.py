@@ -158,7 +158,7 @@ async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[
     run = await session.start(request, w, body, prompts, state.limits, chat=False, grammar=grammar_for(body))
     native = Native(state.limits, w, run.jobs, len(run.jobs) // len(prompts))
     if body.stream:
-        return EventSourceResponse(native_stream(run, native), ping=15)
+        return EventSourceResponse(native_stream(run, native, bool(getattr(body, "timings_per_token", None))), ping=15)
     finals = await run.collect(native.add)
     if finals is None:
         return Response(status_code=499)
