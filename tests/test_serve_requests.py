@@ -163,12 +163,12 @@ SCHEMA = [
     SchemaField("return_tokens", True, "yes", neutral=False),
     SchemaField("samplers", ["temperature", "top_k"], 5,
                 neutral=["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]),
-    SchemaField("timings_per_token", True, "yes", neutral=False, honoured=True),  # accepted, documented unused
+    SchemaField("timings_per_token", True, "yes", neutral=False, honoured=True),  # timings in progress chunks and at the end
     SchemaField("return_progress", True, 1, neutral=False, honoured=True),
     SchemaField("speculative.n_max", 3, "3", honoured=True),
     SchemaField("speculative.n_min", 2, "2", honoured=True),
     SchemaField("sse_ping_interval", 5, "5"),
-    SchemaField("post_sampling_probs", True, 1, neutral=False),
+    SchemaField("post_sampling_probs", True, 1, neutral=False, honoured=True),  # logprobs from the sampled distribution
     SchemaField("response_fields", ["content"], "content", neutral=[]),
     SchemaField("lora", [{"id": 0, "scale": 0.5}], "x", neutral=[]),
     SchemaField("image_data", [{"data": "AA==", "id": 1}], "x", neutral=[]),
