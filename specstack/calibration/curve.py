@@ -21,7 +21,7 @@ from ..llama import EngineTarget, LlamaModel, ModelConfig
 from ..ui import Progress
 from .cache import cache_path, entry_key, lookup, need_dict, need_seconds, read_cache, store
 from .shapes import ensure_shapes
-from .timing import MEASURE_TRIES, cacheable, filler, steady, time_calls
+from .timing import MEASURE_TRIES, busy_reason, cacheable, filler, steady_watched, time_calls
 
 
 def curve_key(model: EngineTarget, n_max: int) -> tuple[int, str]:
@@ -69,9 +69,9 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
         if (path, key) in _checked or _still_true(model, costs):
             _checked.add((path, key))
             return _padded(model, costs)
-    curve, noise = _measure_curve(model, n_max)
+    curve, busy = _measure_curve(model, n_max)
     _checked.add((path, key))  # measured by this process: nothing to check against
-    if use_cache and cacheable(model, "its cost curve", noise):
+    if use_cache and cacheable(model, "its cost curve", 0.0, busy):
         store(path, key, {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()})
     return _padded(model, CostModel(curve, shapes=model.shapes))
 
@@ -105,17 +105,21 @@ def curve_depth(model: EngineTarget, n_max: int, depth: int = 128) -> int:
 
 
 def _measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 1.0,
-                   tries: int = MEASURE_TRIES) -> tuple[list[float], float]:
-    """``measure_curve``, timed again while the machine looks busy (``timing.steady``); also returns the noise left."""
+                   tries: int = MEASURE_TRIES) -> tuple[list[float], str]:
+    """``measure_curve``, timed again while the machine looks busy (``timing.steady_watched``: by the timings'
+    spread or by other processes' CPU use); also returns why it stayed a busy machine's ("" where it did not)."""
     depth = curve_depth(model, n_max, depth)
     # every size up to 24: kernels that take rows in groups make the curve saw-toothed (``cheapest_sizes``)
     sizes = [n for n in (*range(1, 25), 32, 48, 64) if n < n_max] + [n_max]
     toks = filler(model, depth + n_max)
     # the typical size judged, not the worst: of 20-odd sizes one is often disturbed even on a quiet machine,
     # and a size priced too dear is corrected online (``CostModel.observe_call``)
-    samples, noise = steady(lambda: time_calls(model, toks, sizes, depth, reps, budget_s=budget_s), tries, quantile=0.5)
-    best = {n: min(ts, default=float("inf")) for n, ts in samples.items()}
-    return _interpolate(best, n_max), noise
+    # the cores watched too (``steady_watched``): load that delays every call alike passes the noise rule, and a
+    # curve timed so (t(1) 79 ms where a quiet one is 20, on Gemma 3 270M) was cached and priced every later run
+    timed = steady_watched(lambda: time_calls(model, toks, sizes, depth, reps, budget_s=budget_s), tries,
+                           quantile=0.5, threads=model.n_threads)
+    best = {n: min(ts, default=float("inf")) for n, ts in timed.samples.items()}
+    return _interpolate(best, n_max), busy_reason(timed.noise, timed.busy, timed.load, model.n_threads)
 
 
 _checked: set[tuple[Path, str]] = set()  # cached curves this process has checked (a bench builds many policies)
