@@ -147,7 +147,10 @@ def settle_drafts(run: RunSpec, meta: "GGUFInfo") -> dict[str, Any]:
     options = dict(run.options)
     if run.drafter is None:
         return options
-    built, draft = set(run.sources), options.get("draft_model")
+    from .drafters.base import check_name
+
+    # what the name builds: read with the flags (``sources``), or here for a spec built without them
+    built, draft = set(run.sources or check_name(run.drafter)), options.get("draft_model")
     assistant = None
     if "mtp" in built:  # no NextN layers (or none this llama.cpp runs), or gemma4 without its assistant
         assistant = check_mtp_meta(meta, Path(meta.path).name, assistant=draft)
