@@ -470,7 +470,12 @@ def _fit(full: str, pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]] | 
 
 def _text(message: dict[str, Any]) -> str:
     """Message content as text; OpenAI content parts of type "text" are joined."""
-    content = message.get("content")
+    return content_text(message.get("content"))
+
+
+def content_text(content: Any, joiner: str = "") -> str:
+    """A message's content as text: its string, or its text parts joined by ``joiner`` (a template's messages:
+    nothing; a continued message: blank lines, as llama.cpp's ``render_content``); other parts are refused."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -481,5 +486,5 @@ def _text(message: dict[str, Any]) -> str:
         if other:
             raise InvalidParameterError(f"content parts of type {other[0]!r} are not supported (text-only models); "
                                         "send text parts only")
-        return "".join(p.get("text", "") for p in content)
+        return joiner.join(p.get("text", "") for p in content)
     raise InvalidParameterError("message content must be a string or a list of content parts")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError
-from .chat import ChatTemplate, RenderedChat, render
+from .chat import ChatTemplate, RenderedChat, content_text, render
 from .tools.reasoning import template_tags
 
 MODES = ("auto", "content", "reasoning_content")
@@ -72,7 +72,7 @@ def render_continued(messages: Sequence[dict[str, Any]], template: ChatTemplate,
     closed = render(before, template, generation_prompt=False, **kwargs)
     opened = render(before, template, generation_prompt=True, **kwargs)
     generation = _added(closed.text, opened.text)
-    content, reasoning = _text(last.get("content")), last.get("reasoning_content") or ""
+    content, reasoning = content_text(last.get("content"), "\n\n"), last.get("reasoning_content") or ""
     if mode == "auto":
         mode = "reasoning_content" if reasoning and not content else "content"
     pieces = list(closed.pieces)
@@ -98,16 +98,3 @@ def _added(closed: str, opened: str) -> str:
             break
         n += 1
     return opened[n:]
-
-
-def _text(content: Any) -> str:
-    """A continued message's text: its string, or its text parts joined by blank lines (llama.cpp's
-    ``render_content``)."""
-    if isinstance(content, list):
-        other = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content
-                 if not (isinstance(p, dict) and p.get("type") == "text")]
-        if other:
-            raise InvalidParameterError(f"content parts of type {other[0]!r} are not supported (text-only models); "
-                                        "send text parts only")
-        return "\n\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return content or ""
