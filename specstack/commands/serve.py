@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -300,11 +301,12 @@ def check_drafter(role, from_config: bool):
 
     where = f"role {role.name!r}'s drafter" if from_config else "--drafter"
     built = check_name(role.drafter, where)
+    meta = functools.cache(lambda: read_gguf(role.model, tensors=False))  # the model's metadata, read once if asked
     if "rest" in built:
         raise InvalidParameterError(f"{where} {role.drafter!r} needs rest's datastore, and specstack serve cannot be "
                                     "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
     if "moe-self" in built:
-        read_gguf(role.model, tensors=False).expert_override(MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
+        meta().expert_override(MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
     check_mtp(role.model, role.drafter, f"{where} {role.drafter}",  # no NextN head: one line, before the load
               "mtp needs a model with NextN layers (`specstack check -m MODEL` lists them)")
     if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
@@ -312,9 +314,8 @@ def check_drafter(role, from_config: bool):
         require_draftable(role.model, role.draft)
     fix = f'draft = "{{path}}" in role {role.name!r}' if from_config else "-md {path}"
     if "draft-model" in built:
-        role = dataclasses.replace(role, draft=resolve_draft(read_gguf(role.model, tensors=False), role.draft,
-                                                             f"{where} {role.drafter!r}", fix))
-    elif role.draft is None and bundled_draft_fits(bundled_draft_check(read_gguf(role.model, tensors=False))):
+        role = dataclasses.replace(role, draft=resolve_draft(meta(), role.draft, f"{where} {role.drafter!r}", fix))
+    elif role.draft is None and bundled_draft_fits(bundled_draft_check(meta())):
         # for requests that ask for draft-model; a draft left None means the role has no usable one
         role = dataclasses.replace(role, draft=DEFAULT_DRAFT)
     return role
