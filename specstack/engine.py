@@ -38,7 +38,7 @@ from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, one_hot, target_probs, token_logprobs, token_probs
 from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget
-from .llama.batching import Segment
+from .llama.batching import Segment, prefill_call
 from .types import Draft, HiddenRows, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
@@ -354,7 +354,7 @@ class Engine:
         slot, target = self._slots[gen.seq], self.target
         t0 = self.clock()
         at, end = target.seq_len[slot.seq], len(gen.prompt_ids) - 1
-        chunk = max(1, min(target.config.prefill_chunk, target.batch_cap))
+        chunk = prefill_call(target.config.prefill_chunk, target.batch_cap)
         stop = end if at + tokens >= end else min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
         if stop > at:
             target.prefill(gen.prompt_ids[at:stop], slot.seq)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .llama.batching import prefill_call
 from .llama.target import EngineTarget
 
 MIN_REUSE = 32  # a shorter shared prefix does not earn a cached slot over the least recently used one
@@ -23,8 +24,10 @@ def reusable(target: EngineTarget, cached: Sequence[int], prefilled: int, prompt
 
     Where prefill calls and decode steps compute KV alike (measured:
     ``shapes.prefill_exact``), the whole common prefix.  Otherwise only
-    tokens the earlier prompt's prefill computed, up to a prefill chunk
-    edge, so the rest is prefilled in the very calls a cold run makes.
+    tokens the earlier prompt's prefill computed, up to a prefill call's
+    edge, so the rest is prefilled in the very calls a cold run makes; or
+    all of them where ``prompt`` prefills exactly as far (the same prompt
+    again: its last, partial call was the same call too).
     """
     limit = min(len(cached), len(prompt) - 1)
     m = 0
@@ -33,9 +36,10 @@ def reusable(target: EngineTarget, cached: Sequence[int], prefilled: int, prompt
     if target.is_recurrent and m < len(cached):
         return 0  # a recurrent state holds all of ``cached``: it cannot be cut back to a shorter prefix
     if not target.shapes.prefill_exact:
-        chunk = target.config.prefill_chunk
+        if m == prefilled == len(prompt) - 1:
+            return m  # a prefill runs all but the last token, in calls fixed by that length (LlamaModel.prefill)
         m = min(m, prefilled)
-        m -= m % chunk
+        m -= m % prefill_call(target.config.prefill_chunk, target.batch_cap)
     return m
 
 

@@ -102,6 +102,21 @@ def test_prefix_reuse_past_the_window_gives_the_cold_output(gemma):
     assert reused.output_ids == cold.output_ids
 
 
+def test_the_same_prompt_again_reuses_all_its_prefill_and_nothing_more(gemma):
+    """Gemma's prefill calls compute other KV bits than decode steps (``prefill_exact`` false), so a prefix is
+    reused up to a prefill call's edge; the same prompt again made the very same calls, last one included."""
+    assert not gemma.shapes.prefill_exact
+    ids = gemma.tokenize(PROMPTS[1])
+    config = GenerationConfig(max_tokens=MAX_TOKENS, logprobs=1)
+    engine = Engine(gemma, create("none", BuildContext(gemma)))
+    first = engine.generate(ids, config).run()
+    again = engine.generate(ids, config).run()
+    assert again.stats.n_reused == len(ids) - 1
+    assert again.logprobs == first.logprobs  # bit for bit
+    longer = engine.generate(ids + first.output_ids[:1], config).run()  # its last prefill call is another call
+    assert longer.stats.n_reused % gemma.config.prefill_chunk == 0 and longer.stats.n_reused > 0
+
+
 def test_host_prompt_cache_restores_a_prefix_past_the_window(gemma):
     engine = Engine(gemma, create("prompt-lookup", BuildContext(gemma)), prompt_cache_bytes=256 << 20)
     first = engine.generate(PROMPTS[0], GenerationConfig(max_tokens=8)).run()

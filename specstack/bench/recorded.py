@@ -37,7 +37,7 @@ import numpy as np
 from ..draft_length.costs import CostModel
 from ..errors import ContextOverflowError, InvalidParameterError, SpecstackError
 from ..llama.target import ModelConfig
-from ..llama.batching import BatchShapes, Segment, decode_calls
+from ..llama.batching import BatchShapes, Segment, decode_calls, prefill_call
 from ..llama.recurrent import RewindStats
 from .results import PLAIN
 
@@ -200,7 +200,7 @@ class RecordedTarget:
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
         """Prompt tokens in chunks whose edges sit at multiples of ``prefill_chunk``, each priced as its call."""
         t0 = time.perf_counter()
-        chunk = max(1, min(self.config.prefill_chunk, self.batch_cap))
+        chunk = prefill_call(self.config.prefill_chunk, self.batch_cap)
         rows, at, end = [], self.seq_len[seq], self.seq_len[seq] + len(tokens)
         while at < end:
             m = min(end - at, (at // chunk + 1) * chunk - at)

@@ -115,6 +115,12 @@ PLAIN_ROWS = BatchShapes(min_rows=1, max_rows=1, prefill_exact=False, settled=Tr
                          why="measuring this model's exact call shapes in the background; until then plain one-row calls")
 
 
+def prefill_call(prefill_chunk: int, batch_cap: int) -> int:
+    """The prompt tokens of one prefill call: prefill calls end at multiples of this (``LlamaModel.prefill``),
+    so which calls computed a prompt's KV follows from its length alone (``prompt_cache.reusable``)."""
+    return max(1, min(prefill_chunk, batch_cap))
+
+
 def padded_rows(n: int, min_rows: int, pad_to: Sequence[int]) -> int:
     """The rows a call with ``n`` real rows is given: at least ``min_rows``, padded per ``pad_to``."""
     return max(n, min_rows, pad_to[n - 1] if 0 < n <= len(pad_to) else n)

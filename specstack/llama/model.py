@@ -24,7 +24,7 @@ from .target import DEFAULT_CTX, ModelConfig
 from .kv import KVEstimate, check_kv_fits, estimate_kv
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
-from .batching import BatchShapes, Segment, plan_calls
+from .batching import BatchShapes, Segment, plan_calls, prefill_call
 from .hidden import HiddenStates
 from .memory import SequenceMemory
 from .recurrent import Memory, SeqLog
@@ -325,7 +325,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         Fixed edges make a later prefill that resumes from a chunk edge of a
         reused prefix compute exactly what a cold prefill computes.
         """
-        chunk = max(1, min(self.config.prefill_chunk, self._batch_cap))
+        chunk = prefill_call(self.config.prefill_chunk, self._batch_cap)
         start, n = 0, len(tokens)
         while start < n:
             edge = (self.seq_len[seq] // chunk + 1) * chunk
