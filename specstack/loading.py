@@ -79,12 +79,13 @@ class TargetSpec:
 
     def model_config(self) -> ModelConfig:
         """The llama.cpp-level config. ``--exact off`` promises no exactness, so flash attention is on from the
-        start (+1.3-1.8% plain decoding on Gemma 3 270M at -t 2); ``auto`` learns its verdict only from a
-        context (``open_for_mode`` reopens a multi-slot target once it knows)."""
+        start (+4-5% plain decoding on Gemma 3 270M at -t 1); ``auto`` learns its verdict only from a context,
+        so its flash attention is auto too (``open_for_mode`` reopens the target once it knows)."""
         return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
                            n_seq_max=self.tree_branches, n_slots=self.slots, kv_overrides=self.kv_overrides,
                            experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
-                           flash_attn=exact_mode(self.exact) == "off" if self.flash_attn is None else self.flash_attn,
+                           flash_attn=self.flash_attn if self.flash_attn is not None else
+                           True if exact_mode(self.exact) == "off" else None if exact_mode(self.exact) == "auto" else False,
                            n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
 
 

@@ -25,16 +25,17 @@ TOKENS = 96
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
-    """The bundled target, loaded with an empty cache: nothing about it is known."""
+    """The bundled target, loaded with an empty cache: nothing about it is known.  Flash attention stays off
+    (``-fa off``), so that calibration keeps this very target under every mode and ``_plain`` is its plain decoding."""
     monkeypatch.setenv("SPECSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    model = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, flash_attn=False), role="target")
     yield model
     model.close()
 
 
 def _plain(shapes, prompt: str = PROMPT) -> list[int]:
     """Plain decoding (no drafter) on a second copy of the target held to ``shapes``."""
-    model = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, flash_attn=False), role="target")
     try:
         model.set_shapes(shapes)
         engine = Engine(model, create("none", BuildContext(model)))
@@ -65,7 +66,7 @@ def test_first_tokens_come_before_the_measurement_and_equal_one_row_plain_decodi
     assert not fresh.shapes.pending and costs.source == "calibrated"
     cached = cached_shapes(fresh, "auto")  # what it measured went to the cache
     assert cached is not None and (cached.min_rows, cached.why) == (fresh.shapes.min_rows, fresh.shapes.why)
-    again = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")  # a later run finds it all in the cache
+    again = LlamaModel(ModelConfig(DEFAULT_TARGET, flash_attn=False), role="target")  # a later run finds it all in the cache
     try:
         later = calibrate_target(again, "auto", n_max=17, background=True)
         assert later.background is None and again.shapes == fresh.shapes and later.costs.curve == costs.curve

@@ -225,6 +225,40 @@ def test_exact_off_shares_one_unified_cache_and_verifies_uneven_drafts_in_one_ca
         off.close()
 
 
+def test_one_slot_under_autos_off_verdict_gets_flash_attention_on_the_loaded_weights(monkeypatch):
+    """``-fa auto`` (``flash_attn`` None) on a one-slot target: once auto's cached verdict is off, the target is
+    reopened with flash attention as llama.cpp's own default has it, on a new context over the weights already
+    loaded (nothing is read again); explicit ``-fa off``, and a verdict of on, keep the target as it is."""
+    import dataclasses
+    import gc
+
+    import specstack.calibration.load as load
+    from specstack.llama import INEXACT
+
+    verdicts = {"auto": dataclasses.replace(INEXACT, why="--exact auto: off (measured)")}
+    monkeypatch.setattr(load, "cached_shapes", lambda target, mode: verdicts[mode])
+    target = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")  # flash_attn None: auto, the default
+    assert not target.flash_attn
+    monkeypatch.setattr(LlamaModel, "_load_model", lambda self: pytest.fail("reopen read the weights again"))
+    got = open_for_mode(target, "auto")
+    del target
+    gc.collect()  # the old object no longer owns the weights: freeing it must not free them
+    try:
+        assert got.flash_attn and got.config.flash_attn and not got.shapes.exact
+        assert "one slot, with flash attention" in got.shapes.why
+        out = Engine(got, create("prompt-lookup", BuildContext(got))).generate(PROMPTS[0], GenerationConfig(max_tokens=8)).run()
+        assert len(out.output_ids) == 8  # the reopened context decodes on the weights it took over
+    finally:
+        got.close()
+    monkeypatch.undo()
+    for config, mode in ((ModelConfig(DEFAULT_TARGET, flash_attn=False), "auto"), (ModelConfig(DEFAULT_TARGET, flash_attn=None), "on")):
+        kept = LlamaModel(config, role="target")
+        try:
+            assert open_for_mode(kept, mode) is kept and not kept.flash_attn
+        finally:
+            kept.close()
+
+
 def test_a_server_measures_autos_verdict_before_choosing_how_its_slots_share_the_cache(tmp_path, monkeypatch):
     """``open_for_mode(measure=True)`` (the server's load): where auto's verdict is not cached, it is measured
     first, so a first run already has the layout the verdict calls for (one unified cache when it is off,

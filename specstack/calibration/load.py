@@ -68,32 +68,38 @@ def calibrate_target(target: "LlamaModel", exact: bool | str = "auto", *, n_max:
 
 def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False) -> "LlamaModel":
     """The target to run ``--exact`` with: under off (auto: once its verdict is off), a target of several
-    slots is reopened on one unified KV cache with flash attention, its shapes settled.
+    slots is reopened on one unified KV cache with flash attention, and a one-slot target whose flash
+    attention is auto (``ModelConfig.flash_attn`` None) with flash attention; either way its shapes settled.
 
     Separate KV streams keep every cell where a solo run puts it, which exactness needs, but llama.cpp runs
     a step over streams as one graph only when its sequences' ids run consecutively and each has the same
     rows (``BatchShapes.even_rows``); else it runs several, each a whole pass over the weights.  Four
     generations verifying 4 rows each took 232 ms in slots 0, 3, 5 and 8 against 141 ms in slots 0-3 (the
     1B stand-in, Q4_K_M, -t 2); on one unified cache with flash attention, 148 ms wherever they are, and
-    uneven drafts need no padding.  Without exactness nothing needs the streams.  Auto decides on the
-    streams: where its verdict is not cached yet, ``measure`` measures it now (the server, whose layout is
-    fixed for its life: 8.9 s on the 1B stand-in with 10 slots at -t 2, once per model, thread count and
-    slot count), else the streams are kept.
+    uneven drafts need no padding.  Without exactness nothing needs the streams.  Flash attention alone is
+    worth 4-5% of a plain step on Gemma 3 270M at -t 1 (as llama.cpp's -fa auto); a new context on the
+    loaded weights costs about 40 ms there.  Auto decides: where its verdict is not cached yet, ``measure``
+    measures it now (the server, whose layout is fixed for its life: 8.9 s on the 1B stand-in with 10
+    slots at -t 2, once per model, thread count and slot count), else the target is kept as it is.
     """
     mode = exact_mode(exact)
-    if mode == "on" or target.n_slots < 2 or target.unified or target.is_recurrent:
+    several = target.n_slots >= 2 and not target.unified
+    flash = target.config.flash_attn is None  # auto: on where exactness is off
+    if mode == "on" or target.is_recurrent or not (several or flash):
         return target
     shapes = cached_shapes(target, mode)
-    if shapes is None and measure:
+    if shapes is None and measure and several:
         say(f"first run of {Path(str(target.path)).name} with {target.n_slots} slots at {target.n_threads} "
              f"thread{'' if target.n_threads == 1 else 's'}: measuring what exactness costs before serving, since "
              "it decides how the slots share the KV cache (cached for later runs)")
         shapes = ensure_shapes(target, mode)
     if shapes is None or shapes.exact:
         return target
-    reopened = target.reopen(unified=True, flash_attn=True)
-    reopened.set_shapes(dataclasses.replace(shapes, why=f"{shapes.why}; its {reopened.n_slots} slots share one "
-                                                        "unified KV cache, with flash attention"))
+    fa = target.config.flash_attn is not False
+    reopened = target.reopen(unified=True, flash_attn=fa) if several else target.reopen(flash_attn=True)
+    layout = f"its {reopened.n_slots} slots share one unified KV cache" if several else "its one slot"
+    reopened.set_shapes(dataclasses.replace(shapes, why=f"{shapes.why}; {layout}, with"
+                                                        f"{'' if fa else 'out'} flash attention"))
     return reopened
 
 

@@ -63,9 +63,10 @@ class ModelConfig:
     # With flash attention a one-row call matched 2-3 row calls at the KV length
     # measured, yet greedy output broke at a longer one (its single-row path
     # depends on the KV length), so exactness could not be measured reliably.
-    # On only without exactness (``open_for_mode``; ``load_target`` under --exact off), where it is worth
-    # +1-2% at a few hundred positions on Gemma 3 270M and the 1B stand-in (-t 2), more deeper in.
-    flash_attn: bool = False
+    # On only without exactness, where it is worth +4-5% plain decoding on Gemma 3 270M at -t 1 and +1-2% at
+    # -t 2, more deeper in. None (auto): off until ``calibration.open_for_mode`` knows exactness is off (a
+    # cached ``--exact auto`` verdict), then the context is reopened with it; --exact off turns it on at load.
+    flash_attn: bool | None = None
     kv_overrides: tuple[tuple[str, int], ...] = ()
     # An MoE model run with this many active experts (lossy for a target): checked against the metadata the load
     # reads, and loaded as the ``{arch}.expert_used_count`` entry of ``kv_overrides`` (which the load's config holds)
