@@ -242,7 +242,8 @@ def _peers(results: dict[str, Any]) -> list[str]:
              "-" if p["same_text"] is None else "%d/%d" % p["same_text"], str(p["runs"]), str(p["errors"])]
             for p in peers]
     return ["", "## llama.cpp peers (same models, prompts, threads and k)", "", markdown_table(head, rows), "",
-            "tok/s as each binary reports it (decode only; llama-plain: llama.cpp's eval rate). The peers run "
+            "tok/s as each binary reports it (its decode loop; llama-plain: llama.cpp's eval plus sampling time, "
+            "the loop specstack's plain rate times). The peers run "
             "greedy only, right after specstack's runs of each request. Text can differ where llama.cpp "
             "evaluates one-token batches (see README: exactness); agreement is checked up to the shorter text, since "
             "the speculative binaries overshoot n_predict by up to k tokens."]
