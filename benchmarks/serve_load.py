@@ -21,6 +21,13 @@ Workloads (``--workload``, comma-separated):
   both servers get in their ``grammar`` field), and resends the whole conversation. Reported beside tok/s:
   drafted and accepted tokens (specstack's ``speculative`` object, llama-server's ``timings``) and
   specstack's acceptance by turn, which shows what its suffix trees learn across turns.
+- ``tools``: an agent's tool loop, as agent frameworks run it: each client holds conversations over one document
+  (a held-out code file) on /v1/chat/completions; every assistant turn is one tool call constrained by the same
+  GBNF text on both servers (``TOOL_SCHEMA``: read a file, grep it, edit it, finish, with arguments), the call's
+  result comes back as the next message (``tool_result``: the document, its matching lines, the edited lines),
+  and the whole conversation is resent each turn. The calls repeat the path and names they saw, which suffix and
+  prompt lookup can draft beside the grammar's forced structure. Reported as ``agentic`` is: drafted and accepted
+  tokens, and acceptance by turn.
 - ``edit``: the bench's grounded edits (``grounded-edit``: a third-party function in the message, an edit asked of
   it, the whole function asked back) as single chat turns, client i cycling through them from edit i; the answer
   copies most of the message, which n-gram and suffix drafting can verify whole.
@@ -63,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import re
 import subprocess
 import time
@@ -82,7 +90,7 @@ from specstack.ui import markdown_table
 
 SPECSTACK = "specstack"
 LLAMA = "llama-server"
-WORKLOADS = ("code", "chat", "agentic", "edit", "burst")
+WORKLOADS = ("code", "chat", "agentic", "tools", "edit", "burst")
 CHAT_TURNS = (
     "Session {tag}. Explain what this code does:\n\n```python\n{code}\n```",
     "Now write a unit test for the last function in it.",
@@ -107,6 +115,32 @@ AGENT_TASKS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"type": "object", "properties": {"title": {"type": "string", "maxLength": 60}, "has_tests": {"type": "boolean"},
                                        "functions": {"type": "integer"}}, "required": ["title", "has_tests", "functions"]}),
 )
+# The tools workload's calls: one JSON object a turn, {"tool": NAME, "args": {...}}, a tool's arguments by name.
+_PATH = {"type": "string", "maxLength": 48}
+TOOL_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "object", "properties": {"tool": {"const": "read_file"},
+                                      "args": {"type": "object", "properties": {"path": _PATH}, "required": ["path"]}},
+     "required": ["tool", "args"]},
+    {"type": "object", "properties": {"tool": {"const": "grep"},
+                                      "args": {"type": "object", "properties": {
+                                          "pattern": {"type": "string", "maxLength": 32}, "path": _PATH},
+                                          "required": ["pattern", "path"]}},
+     "required": ["tool", "args"]},
+    {"type": "object", "properties": {"tool": {"const": "edit_file"},
+                                      "args": {"type": "object", "properties": {
+                                          "path": _PATH, "old": {"type": "string", "maxLength": 80},
+                                          "new": {"type": "string", "maxLength": 80}},
+                                          "required": ["path", "old", "new"]}},
+     "required": ["tool", "args"]},
+    {"type": "object", "properties": {"tool": {"const": "finish"},
+                                      "args": {"type": "object", "properties": {
+                                          "summary": {"type": "string", "maxLength": 80}}, "required": ["summary"]}},
+     "required": ["tool", "args"]},
+]}
+TOOLS_PROMPT = ("You are a coding agent working in a repository. Answer every turn with exactly one tool call as "
+                'JSON, {{"tool": NAME, "args": {{...}}}}. Tools: read_file(path), grep(pattern, path), '
+                "edit_file(path, old, new), finish(summary).\n\nTask {number}: in {path}, find the function "
+                "{name} and add a one-line docstring to it; then finish.")
 START = time.perf_counter()
 QUIET_CPU = 0.05  # CPU-seconds per second under which a server counts as idle
 MTP_K = 4  # both servers' draft max on a target with a NextN head when -k is not given: specstack's default k
@@ -496,6 +530,65 @@ async def run_agentic(client: openai.AsyncOpenAI, server: Server, clients: int, 
     return {"main": stats}
 
 
+def tool_document(number: int, plan: Plan) -> tuple[str, str, str]:
+    """Conversation ``number``'s file: its path, its text (the pool's held-out code, the last ``--chat-chars``), and
+    the name of a function in it (the task's target; ``main`` where it defines none)."""
+    doc = plan.pool[number % len(plan.pool)][-plan.args.chat_chars:]
+    names = re.findall(r"^\s*def (\w+)", doc, flags=re.M)
+    return f"src/module_{number % len(plan.pool)}.py", doc, names[0] if names else "main"
+
+
+def tool_result(call: str, path: str, doc: str) -> str:
+    """What the called tool gives back, as the next message: the file, the lines matching a grep, the edit's
+    lines, or an error naming the call that could not be read (a pretrained model's call may be odd, never
+    ungrammatical: the grammar holds it to the schema)."""
+    try:
+        parsed = json.loads(call)
+        tool, args = parsed["tool"], parsed["args"]
+    except (ValueError, KeyError, TypeError):
+        return f"Error: could not read the call {call[:80]!r}. Call one tool as JSON."
+    if tool == "read_file":
+        return f"Contents of {args.get('path', path)}:\n\n```python\n{doc}\n```"
+    if tool == "grep":
+        pattern = str(args.get("pattern", ""))
+        hits = [f"{i + 1}: {line}" for i, line in enumerate(doc.splitlines()) if pattern and pattern in line]
+        return f"grep {pattern!r} {args.get('path', path)}:\n" + ("\n".join(hits[:12]) or "(no match)")
+    if tool == "edit_file":
+        return f"Edited {args.get('path', path)}: replaced {str(args.get('old', ''))!r} with {str(args.get('new', ''))!r}."
+    return "Finished."
+
+
+async def run_tools(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """Client i holds conversations i, i + clients, ...: one file each; a tool call a turn, its result resent."""
+    from specstack.llama.grammar import schema_to_gbnf
+
+    stats = AgentStats()
+    args = plan.args
+    grammar = schema_to_gbnf(TOOL_SCHEMA)
+    stop = time.perf_counter() + args.seconds
+
+    async def user(i: int) -> None:
+        number = i
+        while time.perf_counter() < stop:
+            path, doc, name = tool_document(number, plan)
+            messages = [{"role": "user", "content": TOOLS_PROMPT.format(number=number, path=path, name=name)}]
+            for turn in range(args.chat_turns):
+                if time.perf_counter() >= stop:
+                    break
+                reply = await stream(client, stats, args.n, messages=messages, body={"grammar": grammar})
+                if reply is None:
+                    break
+                stats.note(turn, reply)
+                messages = messages + [{"role": "assistant", "content": reply.text},
+                                       {"role": "user", "content": tool_result(reply.text, path, doc)}]
+            number += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
+    stats.wall = time.perf_counter() - t0
+    return {"main": stats}
+
+
 def edit_messages() -> list[list[dict[str, str]]]:
     """The bench's grounded-edit workload as chat requests: a third-party function shown in the message, an edit
     asked of it, and the whole function asked back (the answer copies most of the message)."""
@@ -523,7 +616,8 @@ async def run_edit(client: openai.AsyncOpenAI, server: Server, clients: int, pla
     return {"main": stats}
 
 
-RUNNERS = {"code": run_code, "chat": run_chat, "agentic": run_agentic, "edit": run_edit, "burst": run_burst}
+RUNNERS = {"code": run_code, "chat": run_chat, "agentic": run_agentic, "tools": run_tools, "edit": run_edit,
+           "burst": run_burst}
 
 
 async def solo_answers(client: openai.AsyncOpenAI, prompts: list[str], n: int) -> dict[str, str]:
@@ -621,15 +715,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     out = markdown_table(["workload", "clients", "specstack tok/s", "llama-server tok/s", "ratio",
                           "TTFT p50 / p99 ms specstack", "llama-server", "ITL p50 / p99 ms specstack", "llama-server",
                           "identical to solo s / l", "accepted/drafted specstack", "llama-server"], cells)
-    agentic = [p for p in points if p[0] == "agentic"]
+    agentic = [p for p in points if p[0] in ("agentic", "tools")]
     if agentic:
         cells = []
         for w, c in agentic:
             a, b = by[(w, c, SPECSTACK)]["main"], by[(w, c, LLAMA)]["main"]
             turns = " / ".join(f"{x:.2f}" for x in a["acceptance_by_turn"].values())
-            cells.append([c, f"{a['accepted']}/{a['drafted']} ({a['acceptance']:.2f})",
+            cells.append([f"{w}, {c}", f"{a['accepted']}/{a['drafted']} ({a['acceptance']:.2f})",
                           f"{b['accepted']}/{b['drafted']} ({b['acceptance']:.2f})", turns or "-"])
-        out += "\n\n" + markdown_table(["agentic, clients", "accepted/drafted specstack", "llama-server",
+        out += "\n\n" + markdown_table(["workload, clients", "accepted/drafted specstack", "llama-server",
                                          "specstack acceptance by turn"], cells)
     bursts = [p for p in points if p[0] == "burst"]
     if bursts:
@@ -752,7 +846,7 @@ def run_peer(args: argparse.Namespace) -> None:
             prepare(server, plan, servers)
         agreement = agree(plan, servers)
         say(agreement)
-        if {"chat", "agentic", "edit"} & set(workloads):
+        if {"chat", "agentic", "tools", "edit"} & set(workloads):
             check_chat_template(servers)
         for k, (clients, workload) in enumerate((c, w) for c in counts for w in workloads):
             for server in (servers if k % 2 == 0 else servers[::-1]):
@@ -835,7 +929,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sweep", default=None, help="comma-separated client counts (--peer: default 1,2,4,8)")
     ap.add_argument("--parallel", type=int, default=4, help="server slots with --spawn and without --sweep")
     ap.add_argument("--workload", default=None,
-                    help="comma-separated: code, chat, agentic, burst (default: code; --peer: all)")
+                    help="comma-separated: code, chat, agentic, tools, edit, burst (default: code; --peer: all)")
     ap.add_argument("--seconds", type=float, default=120, help="each run's length")
     ap.add_argument("-n", type=int, default=64, help="tokens per request (chat: per turn)")
     ap.add_argument("--prompts", type=int, default=12, help="code prompts cycled")
