@@ -160,7 +160,8 @@ class LlamaSetting:
 
 def slot_context(args: argparse.Namespace) -> int:
     """Context per slot for both servers: ``--ctx``, else specstack's default (4096, or the trained context if
-    shorter). llama-server's ``-c`` is the total, divided among its slots, so it gets this times the slots."""
+    shorter). Both servers' ``-c`` is the total, divided among the slots (specstack's as llama-server's), so each
+    gets this times the slots."""
     if args.ctx:
         return args.ctx
     trained = read_gguf(args.model, tensors=False).context_length
@@ -181,7 +182,8 @@ def draft_max_flags(args: argparse.Namespace) -> list[str]:
 
 def specstack_flags(args: argparse.Namespace, parallel: int) -> list[str]:
     flags = ["-np", str(parallel), "-m", args.model, "-md", args.model_draft, "-t", str(args.threads), "--drafter",
-             args.drafter, "--max-queue", "64", "-c", str(slot_context(args)), "--cache-ram", str(args.cache_ram),
+             args.drafter, "--max-queue", "64", "-c", str(slot_context(args) * parallel), "--cache-ram",
+             str(args.cache_ram),
              *draft_max_flags(args)]
     if args.chat_template:
         flags += ["--chat-template", args.chat_template]
