@@ -487,19 +487,27 @@ def agent_message(turn: int, number: int, plan: Plan) -> str:
 
 @dataclass
 class AgentStats(LoadStats):
-    """The agentic workload's numbers: drafted and accepted tokens by turn as well (``LoadStats`` has them in all)."""
+    """The agentic and tools workloads' numbers: drafted and accepted tokens by turn, and by draft source
+    (specstack's ``speculative.by_source``: the grammar's forced text apart from prompt lookup's or suffix's
+    copies), beside ``LoadStats``' totals."""
 
     by_turn: dict[int, list[int]] = field(default_factory=dict)  # turn -> [drafted, accepted]
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
 
     def note(self, turn: int, reply: Reply) -> None:
         drafted, accepted = drafts_of(reply)
         cell = self.by_turn.setdefault(turn, [0, 0])
         cell[0] += drafted
         cell[1] += accepted
+        for name, counts in ((reply.spec or {}).get("by_source") or {}).items():
+            cell = self.by_source.setdefault(name, [0, 0])
+            cell[0] += int(counts.get("drafted", 0))
+            cell[1] += int(counts.get("accepted", 0))
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out["acceptance_by_turn"] = {t: (a / d if d else 0.0) for t, (d, a) in sorted(self.by_turn.items())}
+        out["by_source"] = {name: {"drafted": d, "accepted": a} for name, (d, a) in sorted(self.by_source.items())}
         return out
 
 
@@ -668,6 +676,8 @@ def report(workload: str, clients: int, name: str, result: dict[str, Any]) -> st
     if "acceptance_by_turn" in s:
         by_turn = ", ".join(f"{t}: {a:.2f}" for t, a in s["acceptance_by_turn"].items())
         line += f"\n      acceptance by turn {by_turn or '-'}"
+        sources = ", ".join(f"{n} {v['accepted']}/{v['drafted']}" for n, v in s.get("by_source", {}).items())
+        line += f"; accepted/drafted by source {sources or '-'}"
     if "long" in result:
         g = result["long"].summary()
         line += (f"\n      long prompts: {g['ok']} ok, {g['failures']} failures, {g['prompt_tokens_mean']:.0f} prompt "
@@ -723,9 +733,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for w, c in agentic:
             a, b = by[(w, c, SPECSTACK)]["main"], by[(w, c, LLAMA)]["main"]
             turns = " / ".join(f"{x:.2f}" for x in a["acceptance_by_turn"].values())
+            sources = ", ".join(f"{name} {v['accepted']}/{v['drafted']}" for name, v in a.get("by_source", {}).items())
+            share = (f"{a['accepted'] / a['tokens']:.0%}" if a.get("tokens") else "-")
             cells.append([f"{w}, {c}", f"{a['accepted']}/{a['drafted']} ({a['acceptance']:.2f})",
-                          f"{b['accepted']}/{b['drafted']} ({b['acceptance']:.2f})", turns or "-"])
+                          f"{b['accepted']}/{b['drafted']} ({b['acceptance']:.2f})", sources or "-", share,
+                          turns or "-"])
         out += "\n\n" + markdown_table(["workload, clients", "accepted/drafted specstack", "llama-server",
+                                         "specstack accepted/drafted by source", "specstack tokens accepted from drafts",
                                          "specstack acceptance by turn"], cells)
     bursts = [p for p in points if p[0] == "burst"]
     if bursts:
