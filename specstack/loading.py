@@ -84,9 +84,14 @@ class TargetSpec:
         return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
                            n_seq_max=self.tree_branches, n_slots=self.slots, kv_overrides=self.kv_overrides,
                            experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
-                           flash_attn=self.flash_attn if self.flash_attn is not None else
-                           True if exact_mode(self.exact) == "off" else None if exact_mode(self.exact) == "auto" else False,
-                           n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
+                           flash_attn=self._flash_attn(), n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
+
+    def _flash_attn(self) -> bool | None:
+        """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which
+        ``open_for_mode`` settles once the verdict is known."""
+        if self.flash_attn is not None:
+            return self.flash_attn
+        return {"off": True, "auto": None, "on": False}[exact_mode(self.exact)]
 
 
 @dataclass(frozen=True)
