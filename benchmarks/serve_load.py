@@ -76,7 +76,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import openai
 
@@ -511,33 +511,43 @@ class AgentStats(LoadStats):
         return out
 
 
-async def run_agentic(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
-    """Client i holds conversations i, i + clients, ...: one document each, a constrained record a turn."""
+async def run_turns(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan,
+                    ask: Callable[[int, int, str | None], str], grammar: Callable[[int], str]) -> dict[str, Any]:
+    """Client i holds conversations i, i + clients, ...: each turn sends the user message ``ask(turn, number,
+    last reply's text)``, constrained by ``grammar(turn)``, and the whole conversation is resent every turn
+    (the agentic and tools workloads)."""
     stats = AgentStats()
     args = plan.args
-    grammars = agent_grammars()
     stop = time.perf_counter() + args.seconds
 
     async def user(i: int) -> None:
         number = i
         while time.perf_counter() < stop:
             messages: list[dict[str, str]] = []
+            last: str | None = None
             for turn in range(args.chat_turns):
                 if time.perf_counter() >= stop:
                     break
-                messages = messages + [{"role": "user", "content": agent_message(turn, number, plan)}]
-                reply = await stream(client, stats, args.n, messages=messages,
-                                     body={"grammar": grammars[turn % len(grammars)]})
+                messages = messages + [{"role": "user", "content": ask(turn, number, last)}]
+                reply = await stream(client, stats, args.n, messages=messages, body={"grammar": grammar(turn)})
                 if reply is None:
                     break
                 stats.note(turn, reply)
-                messages = messages + [{"role": "assistant", "content": reply.text}]
+                last = reply.text
+                messages = messages + [{"role": "assistant", "content": last}]
             number += clients
 
     t0 = time.perf_counter()
     await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
     stats.wall = time.perf_counter() - t0
     return {"main": stats}
+
+
+async def run_agentic(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
+    """One document a conversation, a constrained record a turn."""
+    grammars = agent_grammars()
+    return await run_turns(client, server, clients, plan, lambda turn, number, _: agent_message(turn, number, plan),
+                           lambda turn: grammars[turn % len(grammars)])
 
 
 def tool_document(number: int, plan: Plan) -> tuple[str, str, str]:
@@ -569,34 +579,18 @@ def tool_result(call: str, path: str, doc: str) -> str:
 
 
 async def run_tools(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
-    """Client i holds conversations i, i + clients, ...: one file each; a tool call a turn, its result resent."""
+    """One file a conversation: the task first, then each tool call's result as the next message."""
     from specstack.llama.grammar import schema_to_gbnf
 
-    stats = AgentStats()
-    args = plan.args
     grammar = schema_to_gbnf(TOOL_SCHEMA)
-    stop = time.perf_counter() + args.seconds
 
-    async def user(i: int) -> None:
-        number = i
-        while time.perf_counter() < stop:
-            path, doc, name = tool_document(number, plan)
-            messages = [{"role": "user", "content": TOOLS_PROMPT.format(number=number, path=path, name=name)}]
-            for turn in range(args.chat_turns):
-                if time.perf_counter() >= stop:
-                    break
-                reply = await stream(client, stats, args.n, messages=messages, body={"grammar": grammar})
-                if reply is None:
-                    break
-                stats.note(turn, reply)
-                messages = messages + [{"role": "assistant", "content": reply.text},
-                                       {"role": "user", "content": tool_result(reply.text, path, doc)}]
-            number += clients
+    def ask(turn: int, number: int, call: str | None) -> str:
+        path, doc, name = tool_document(number, plan)
+        if call is None:
+            return TOOLS_PROMPT.format(number=number, path=path, name=name)
+        return tool_result(call, path, doc)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(sample_rss(server.pid, stop, stats), *(user(i) for i in range(clients)))
-    stats.wall = time.perf_counter() - t0
-    return {"main": stats}
+    return await run_turns(client, server, clients, plan, ask, lambda turn: grammar)
 
 
 def edit_messages() -> list[list[dict[str, str]]]:
