@@ -115,7 +115,10 @@ def test_a_measurement_given_up_ends_its_thread(fresh):
 
 
 def test_generate_on_a_new_model_says_what_it_measures_then_finds_it_cached(fresh, capsys):
-    args = ["generate", "-m", str(DEFAULT_TARGET), "-p", PROMPT, "-n", "16", "--drafter", "prompt-lookup"]
+    # -fa off: where auto's verdict comes out off, -fa auto reopens the second run with flash attention, whose
+    # cost curve is a configuration of its own, measured once more (third run: cached); this test is the first
+    # measurement and its reuse
+    args = ["generate", "-m", str(DEFAULT_TARGET), "-p", PROMPT, "-n", "16", "--drafter", "prompt-lookup", "-fa", "off"]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "first run of pycoder-6m.gguf" in err and "measured pycoder-6m.gguf in" in err
