@@ -27,7 +27,6 @@ from .sampling import SamplingParams, target_probs
 if TYPE_CHECKING:
     from .llama.grammar import Grammar
 
-TOP_FIRST = (16, 256)  # greedy: the best logits checked against the grammar before the whole vocabulary is
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
 
 
@@ -187,25 +186,15 @@ class ConstraintState:
         out[ids] = vals
 
     def _argmax(self, row: np.ndarray, state: "Grammar | None") -> int | None:
-        """The best token the grammar allows: the argmax, then the best few, then the whole vocabulary (None where
-        the grammar, the bias and the bans together allow nothing)."""
+        """The best token the grammar allows: the argmax where allowed, else the engine's own search
+        (``best_allowed``: each engine knows what its masks cost); None where the grammar, the bias and the bans
+        together allow nothing."""
         best = int(row.argmax())
         if not np.isfinite(row[best]):
             return None
         if state is None or state.allowed([best])[0]:
             return best
-        for n in TOP_FIRST:
-            if n >= len(row):
-                break
-            top = np.argpartition(-row, n)[:n]
-            top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, as argmax breaks them
-            for tok, ok in zip(top.tolist(), state.allowed(top.tolist())):
-                if ok and np.isfinite(row[tok]):
-                    return int(tok)
-        masked = np.where(state.mask(), row, -np.inf)
-        if not np.isfinite(masked.max()):
-            return None
-        return int(masked.argmax())
+        return state.best_allowed(row)
 
     # -- after the step --------------------------------------------------------
 

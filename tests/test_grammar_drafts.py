@@ -96,12 +96,22 @@ def _walk_and_compare(vocab, gbnf: str, text: str) -> int:
     eog = sorted(vocab.eog_ids())
     apart = np.array([any(b >= 0xF5 for b in vocab.token_bytes(t)) or markup(t) for t in range(vocab.n_vocab)])
     apart[eog] = False
+    rng = np.random.default_rng(0)
     for i, tok in enumerate(ids):
+        asked = guided.copy()  # no mask computed: ``allowed`` asks llguidance token by token (``ASK_ALONE``)
         a, b = guided.mask(), native.mask()
         differ = np.flatnonzero((a != b) & ~apart)
         assert not len(differ), (f"after {vocab.detokenize(ids[:i])!r} the engines differ on "
                                  f"{[vocab.token_bytes(int(t)) for t in differ[:8]]}")
         assert not (a & apart).any()  # llguidance is the stricter one
+        some = [tok, *rng.choice(np.flatnonzero(a), 2), *rng.integers(0, vocab.n_vocab, 2), *eog]
+        assert [asked.allowed([int(t)])[0] for t in some] == [bool(a[t]) for t in some]
+        assert asked.allowed([vocab.n_vocab, -1]) == [False, False]
+        # the best allowed token of a row, ties to the lower id, as each engine finds it
+        for row in (rng.standard_normal(vocab.n_vocab).astype(np.float32), np.zeros(vocab.n_vocab, np.float32)):
+            row[apart] = -np.inf
+            want = int(np.flatnonzero(a)[np.argmax(row[a])])
+            assert guided.best_allowed(row) == native.best_allowed(row) == want
         guided.accept(tok)
         native.accept(tok)
     assert guided.allowed(eog) == native.allowed(eog) == [True] * len(eog)  # the text is a whole answer

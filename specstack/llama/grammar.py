@@ -36,6 +36,8 @@ from .guidance import GuidedGrammar
 
 # llama_token_data as numpy sees it: id (int32), logit (float), p (float), 12 bytes, no padding.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+# Greedy rows on llama.cpp's sampler: the best logits checked against the grammar before the whole vocabulary is.
+TOP_FIRST = (16, 256)
 _LOOSE_CHAR = r'char ::= [^"\\] |'
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
@@ -264,6 +266,24 @@ class Grammar:
         data["logit"] = 0.0
         self._apply(data)
         return data["logit"] != -np.inf
+
+    def best_allowed(self, row: np.ndarray) -> int | None:
+        """The allowed token of ``row``'s highest finite logit, ties to the lower id (as ``argmax``); None where
+        none is.  A whole-vocabulary check on this sampler costs 43-55 ms over Gemma 3's 262,144 tokens, so the
+        best few logits are asked first (``TOP_FIRST``), then the whole vocabulary."""
+        for n in TOP_FIRST:
+            if n >= len(row):
+                break
+            top = np.flatnonzero(row >= np.partition(row, len(row) - n)[len(row) - n])  # the n best, ties and all
+            if len(top) > 4 * n:
+                continue  # a wide tie at the n-th best: the next size, or the whole vocabulary
+            top = top[np.lexsort((top, -row[top]))]  # best first; ties by id, as argmax breaks them
+            for tok, ok in zip(top.tolist(), self.allowed(top.tolist())):
+                if ok and np.isfinite(row[tok]):
+                    return int(tok)
+        masked = np.where(self.mask(), row, -np.inf)
+        best = int(masked.argmax())
+        return best if np.isfinite(masked[best]) else None
 
     def accept(self, token_id: int) -> None:
         """Advance by one token, which must be allowed (llama.cpp aborts on a refused one, so it is checked)."""

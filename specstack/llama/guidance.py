@@ -50,6 +50,9 @@ def tokenizer(lc: Any, vocab: Any, n_vocab: int, eog_ids: Sequence[int]) -> Any:
 
 
 _HEADER = "%llguidance {}"
+# ``allowed`` asks llguidance token by token (``validate_tokens``) up to this many tokens before it computes the
+# state's whole mask: one token ~1 us, the mask 0.04-0.5 ms over Gemma 3's 262,144 tokens.
+ASK_ALONE = 8
 _NO_FORCING = '%llguidance {"no_forcing": true}'
 
 
@@ -111,6 +114,9 @@ class GuidedGrammar:
         """Whether each of ``token_ids`` may come next (an end-of-generation token only where the grammar can end)."""
         if len(token_ids) == 0:
             return []
+        if self._bits is None and len(token_ids) <= ASK_ALONE and not self._dead and not self._m.is_stopped():
+            # a greedy row asks about its argmax: ~1 us a token, where the whole mask costs ~0.5 ms (Gemma 3)
+            return [0 <= t < self.n_vocab and self._m.validate_tokens([int(t)]) == 1 for t in token_ids]
         ids = np.asarray(token_ids, dtype=np.int64)
         bits = self._mask_bits()
         inside = (ids >= 0) & (ids < self.n_vocab)
@@ -121,6 +127,18 @@ class GuidedGrammar:
         """A [n_vocab] bool array: which tokens the grammar allows next."""
         bits = self._mask_bits()
         return np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
+
+    def best_allowed(self, row: np.ndarray) -> int | None:
+        """The allowed token of ``row``'s highest finite logit, ties to the lower id (as ``argmax``); None where
+        none is.  Read off the state's mask, computed once (0.04-0.5 ms over Gemma 3's 262,144 tokens): asking the
+        best 16 and 256 logits first, as on llama.cpp's sampler, cost an ``argpartition`` of 2.8 ms each."""
+        bits = self._mask_bits()
+        ids = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab])
+        if len(ids) == 0:
+            return None
+        vals = row[ids]
+        i = int(vals.argmax())  # the first of equal maxima: the lowest id
+        return int(ids[i]) if np.isfinite(vals[i]) else None
 
     def accept(self, token_id: int) -> None:
         """Advance by one token, which must be allowed."""
