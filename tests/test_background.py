@@ -11,7 +11,8 @@ import pytest
 
 from specstack.cli import main
 from specstack.draft_length import make_policy
-from specstack.calibration import cached_shapes, calibrate_target, ensure_shapes
+from specstack.calibration import cached_shapes, calibrate, calibrate_target, ensure_shapes
+from specstack.calibration.curve import curve_cached
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
@@ -114,11 +115,26 @@ def test_a_measurement_given_up_ends_its_thread(fresh):
     assert not background._thread.is_alive() and background.result().shapes is None and fresh.shapes.pending
 
 
+def test_a_target_reopened_with_flash_attention_prices_with_the_curve_measured_without_it(fresh):
+    """-fa auto reopens a one-slot target with flash attention once auto's verdict is off (``open_for_mode``): the
+    curve its first run measured without flash attention serves it, rather than a second measurement beside the
+    next run's first generations (the online refinement corrects the few percent between them)."""
+    measured = calibrate(fresh, n_max=17, exact="on")
+    shapes = fresh.shapes
+    reopened = fresh.reopen(flash_attn=True)
+    try:
+        reopened.set_shapes(shapes)
+        assert reopened.flash_attn and curve_cached(reopened, 17)
+        costs = calibrate(reopened, n_max=17, exact="on")
+        assert costs.source == "cache" and costs.curve == measured.curve
+    finally:
+        reopened.close()
+
+
 def test_generate_on_a_new_model_says_what_it_measures_then_finds_it_cached(fresh, capsys):
-    # -fa off: where auto's verdict comes out off, -fa auto reopens the second run with flash attention, whose
-    # cost curve is a configuration of its own, measured once more (third run: cached); this test is the first
-    # measurement and its reuse
-    args = ["generate", "-m", str(DEFAULT_TARGET), "-p", PROMPT, "-n", "16", "--drafter", "prompt-lookup", "-fa", "off"]
+    # -fa auto: where auto's verdict comes out off, the second run is reopened with flash attention and reads the
+    # curve the first measured without it
+    args = ["generate", "-m", str(DEFAULT_TARGET), "-p", PROMPT, "-n", "16", "--drafter", "prompt-lookup"]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "first run of pycoder-6m.gguf" in err and "measured pycoder-6m.gguf in" in err

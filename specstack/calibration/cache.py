@@ -35,7 +35,7 @@ def cache_path() -> Path:
     return cache_dir() / "costs.json"
 
 
-def machine_key(model: "EngineTarget") -> list[object]:
+def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[object]:
     """What every measured cost depends on: the model file, the thread count, llama.cpp's build and CPU features,
     and the settings that change which kernels run or how the weights and KV cache are laid out.
 
@@ -44,6 +44,7 @@ def machine_key(model: "EngineTarget") -> list[object]:
     own KV stream, laid out as in a solo run; shapes measured on the bundled target and Gemma 3 270M at
     -c 4096, -c 2048 -np 3 and -c 1024 were identical.  Where a small context bounds a measurement (its depth
     or its largest call), that bound is part of the measurement's scope (``entry_key``), not of this key.
+    ``flash_attn``: the key as with flash attention set so (None: as the model has it).
     """
     from ..llama import system_info
 
@@ -51,13 +52,14 @@ def machine_key(model: "EngineTarget") -> list[object]:
     st = os.stat(model.path)
     recurrent = [cfg.rollback, cfg.rollback_depth] if model.is_recurrent else []
     return [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
-            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides], bool(cfg.flash_attn), cfg.exact,
+            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
+            bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
             cfg.prefill_chunk, recurrent]
 
 
-def entry_key(kind: str, model: "EngineTarget", scope: object) -> str:
+def entry_key(kind: str, model: "EngineTarget", scope: object, flash_attn: bool | None = None) -> str:
     """``kind`` (``shapes-``, ``exact-auto-``, ``curve-``) and a digest of ``machine_key`` and ``scope``."""
-    raw = json.dumps([machine_key(model), scope], default=str)
+    raw = json.dumps([machine_key(model, flash_attn), scope], default=str)
     return kind + hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
