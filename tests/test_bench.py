@@ -476,6 +476,28 @@ def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():
     assert curve["last_quarter"] == 4.0
 
 
+def test_a_per_request_floor_is_read_from_ratios_paired_within_each_repeat():
+    """The machine's speed swings between repeats (plain 0.01 s, then 0.02 s, then 0.01 s), and one repeat of
+    request a ran its method in a fast moment (4x): each repeat's ratio is taken against plain decoding in that
+    repeat, and the median of those pairs is 0.90x; the report names a as the lowest request."""
+    from specstack.bench.results import paired_speedups
+
+    def run(method, req, rep, decode_s, drafted=0, accepted=0):
+        return {"method": method, "k": 4, "temperature": 0.0, "request": req, "category": "c", "repeat": rep,
+                "stats": {"n_tokens": 9, "decode_s": decode_s, "n_drafted": drafted, "n_accepted": accepted}}
+
+    plain = [0.01, 0.02, 0.01]
+    runs = [run("none", req, rep, t) for req in ("a", "b") for rep, t in enumerate(plain)]
+    runs += [run("suffix", "a", rep, t / 0.9 if rep != 1 else 0.005, 4, 2) for rep, t in enumerate(plain)]
+    runs += [run("suffix", "b", rep, t / 1.5, 4, 4) for rep, t in enumerate(plain)]
+    results = {"workload": {"requests": [{"id": "a", "category": "c"}, {"id": "b", "category": "c"}]}, "runs": runs}
+    paired = paired_speedups(results)[("suffix", 4, 0.0)]
+    assert paired["a"][0] == pytest.approx(0.9) and paired["a"][1:] == (6, 12)
+    assert paired["b"][0] == pytest.approx(1.5)
+    md = "\n".join(report._per_request(results))
+    assert "| a | 0.90x (6/12) |" in md and "| b | 1.50x (12/12) |" in md and "| **lowest** | **0.90x** (a) |" in md
+
+
 # -- demo: a preset of the runner ------------------------------------------------------------------
 
 

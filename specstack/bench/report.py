@@ -25,6 +25,7 @@ from .results import (
     aggregate,
     by_group,
     categories,
+    paired_speedups,
     sequence_curves,
     workload_summary,
 )
@@ -61,7 +62,8 @@ def _speedup(x: float | None) -> str:
 def render_markdown(results: dict[str, Any]) -> str:
     """results.md: run description, summary and category tables, sequences, positions, cost curve,
     workload, peers, exactness; each section is left out when the run has nothing for it."""
-    sections = (_header, _summary, _by_category, _sequences, _positions, _cost_curve, _workload, _peers, _exactness)
+    sections = (_header, _summary, _by_category, _per_request, _sequences, _positions, _cost_curve, _workload, _peers,
+                _exactness)
     parts: list[str] = []
     for section in sections:
         parts += section(results)
@@ -170,6 +172,29 @@ def _sequences(results: dict[str, Any]) -> list[str]:
                   "Each request's speedup over plain decoding, in the order the group ran. Drafters that learn across "
                   "requests (the suffix drafter's global tree) should rise along the row."]
     return parts
+
+
+def _per_request(results: dict[str, Any]) -> list[str]:
+    """Each request's paired speedup per method (``paired_speedups``), and each method's lowest: a per-request floor."""
+    paired = paired_speedups(results)
+    if not paired:
+        return []
+    configs = list(paired)
+    requests = list(dict.fromkeys(req for reqs in paired.values() for req in reqs))
+    head = ["request"] + [f"{m} k{k}" + (f" t{t:g}" if t else "") for m, k, t in configs]
+
+    def cell(config: tuple[str, int, float], req: str) -> str:
+        got = paired[config].get(req)
+        return "-" if got is None else f"{got[0]:.2f}x ({got[1]}/{got[2]})"
+
+    rows = [[req] + [cell(c, req) for c in configs] for req in requests]
+    lowest = [min(paired[c].items(), key=lambda kv: kv[1][0]) for c in configs]
+    rows.append(["**lowest**"] + [f"**{v[0]:.2f}x** ({req})" for req, v in lowest])
+    reps = len({r.get("repeat", 0) for r in results["runs"]})
+    return ["", "## Per request (paired with plain decoding)", "", markdown_table(head, rows), "",
+            f"Each request's tok/s over plain decoding's in the same repeat, the median over {reps} repeat(s) "
+            "(methods run back to back per request, so a pair sees one machine state), with accepted/drafted "
+            "tokens over all repeats. Read a per-request floor here, from several repeats (--repeat)."]
 
 
 def _positions(results: dict[str, Any]) -> list[str]:

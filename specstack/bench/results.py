@@ -134,6 +134,32 @@ def _add_speedups(rows: list[dict[str, Any]], reps: dict[tuple[str, int, float, 
         r["median_speedup"] = round(statistics.median(ratios), 4) if ratios else None
 
 
+def paired_speedups(results: dict[str, Any]) -> dict[Config, dict[str, tuple[float, int, int]]]:
+    """(method, k, temperature) -> request -> (the median over repeats of its tok/s over plain decoding's in the
+    same repeat, accepted and drafted tokens over all repeats).
+
+    The runner runs every method of a request back to back (interleaved per request), so one repeat's ratio
+    compares runs made in the same machine state.  On this project's 2-core EPYC, whose speed swung within a
+    minute (plain decoding of one prompt: 356-795 tok/s in 12 runs in a row), the ratio of the independent
+    median runs of one request swung from 1.23x to 0.71x between two runs of the same command; a per-request
+    floor ("never below 0.97x plain") can only be read from paired ratios, over several repeats.
+    """
+    plain = {(float(r["temperature"]), r["request"], r.get("repeat", 0)): tokens_per_second(r)
+             for r in results["runs"] if r["method"] == PLAIN}
+    ratios: dict[Config, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[tuple[Config, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in results["runs"]:
+        base = plain.get((float(r["temperature"]), r["request"], r.get("repeat", 0)))
+        if r["method"] == PLAIN or not base:
+            continue
+        ratios[_config_key(r)][r["request"]].append(tokens_per_second(r) / base)
+        c = counts[(_config_key(r), r["request"])]
+        c[0] += r["stats"]["n_accepted"]
+        c[1] += r["stats"]["n_drafted"]
+    return {config: {req: (statistics.median(v), *counts[(config, req)]) for req, v in reqs.items()}
+            for config, reqs in ratios.items()}
+
+
 def _row(method: str, k: int, temp: float, cat: str, runs: list[dict[str, Any]],
          compared: list[int] | None) -> dict[str, Any]:
     """One summary row: sums over the kept runs, then the ratios (speedups are added by the caller)."""
