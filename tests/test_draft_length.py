@@ -49,6 +49,23 @@ def linear_costs(base=1e-3, per_token=1e-4, n=40) -> CostModel:
     return CostModel([base + per_token * (i) for i in range(n)])
 
 
+def test_a_generation_learns_its_own_prompt_over_what_earlier_ones_learnt():
+    """Earlier generations learnt that a model's drafts are never accepted; this generation's first two drafts
+    are. Its own outcomes must outweigh the inherited ones, and the cost policy then drafts: a model draft's
+    acceptance differs by prompt (95% and 24% on two completions of the bundled pair), and carried whole, what
+    the first generations learnt held for every later one."""
+    parent = CostK(linear_costs(per_token=2e-5), k_max=8)
+    for _ in range(60):
+        parent.book.update("draft-model", 4, 0)
+    child = parent.fork()
+    assert child.book.tracker("draft-model").reached[0] == pytest.approx(0.25 * parent.book.tracker("draft-model").reached[0])
+    for _ in range(2):
+        child.book.update("draft-model", 1, 1)
+    assert child.book.conditional("draft-model")[0] > 0.25  # carried whole: 0.10
+    assert child.best_k_for("draft-model") > 0
+    assert parent.book.conditional("draft-model")[0] < 0.05  # the parent's own book is untouched
+
+
 def test_fixed_never_changes_and_refuses_k_below_one():
     p = FixedK(6)
     p.observe(outcome(6, 0))

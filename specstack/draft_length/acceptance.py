@@ -80,9 +80,15 @@ class AcceptanceBook:
     def update(self, source: str, n_drafted: int, n_accepted: int) -> None:
         self.tracker(source).update(n_drafted, n_accepted)
 
-    def copy(self) -> "AcceptanceBook":
+    def copy(self, weight: float = 1.0) -> "AcceptanceBook":
+        """An independent copy, its evidence counted ``weight`` times (below 1: a prior the new owner's own
+        outcomes soon outweigh)."""
         book = AcceptanceBook(self.k_max)
         book.trackers = {name: copy.deepcopy(t) for name, t in self.trackers.items()}
+        if weight != 1.0:
+            for t in book.trackers.values():
+                t.reached = [r * weight for r in t.reached]
+                t.accepted = [a * weight for a in t.accepted]
         return book
 
     def conditional(self, source: str, n: int = 0) -> list[float]:
