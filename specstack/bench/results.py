@@ -146,18 +146,17 @@ def paired_speedups(results: dict[str, Any]) -> dict[Config, dict[str, tuple[flo
     """
     plain = {(float(r["temperature"]), r["request"], r.get("repeat", 0)): tokens_per_second(r)
              for r in results["runs"] if r["method"] == PLAIN}
-    ratios: dict[Config, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    counts: dict[tuple[Config, str], list[int]] = defaultdict(lambda: [0, 0])
+    cells: dict[Config, dict[str, tuple[list[float], list[int]]]] = defaultdict(dict)
     for r in results["runs"]:
         base = plain.get((float(r["temperature"]), r["request"], r.get("repeat", 0)))
         if r["method"] == PLAIN or not base:
             continue
-        ratios[_config_key(r)][r["request"]].append(tokens_per_second(r) / base)
-        c = counts[(_config_key(r), r["request"])]
-        c[0] += r["stats"]["n_accepted"]
-        c[1] += r["stats"]["n_drafted"]
-    return {config: {req: (statistics.median(v), *counts[(config, req)]) for req, v in reqs.items()}
-            for config, reqs in ratios.items()}
+        ratios, counts = cells[_config_key(r)].setdefault(r["request"], ([], [0, 0]))
+        ratios.append(tokens_per_second(r) / base)
+        counts[0] += r["stats"]["n_accepted"]
+        counts[1] += r["stats"]["n_drafted"]
+    return {config: {req: (statistics.median(ratios), *counts) for req, (ratios, counts) in reqs.items()}
+            for config, reqs in cells.items()}
 
 
 def _row(method: str, k: int, temp: float, cat: str, runs: list[dict[str, Any]],

@@ -132,8 +132,7 @@ class GuidedGrammar:
         """The allowed token of ``row``'s highest finite logit, ties to the lower id (as ``argmax``); None where
         none is.  Read off the state's mask, computed once (0.04-0.5 ms over Gemma 3's 262,144 tokens): asking the
         best 16 and 256 logits first, as on llama.cpp's sampler, cost an ``argpartition`` of 2.8 ms each."""
-        bits = self._mask_bits()
-        ids = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab])
+        ids = np.flatnonzero(self.mask())
         if len(ids) == 0:
             return None
         vals = row[ids]
