@@ -10,13 +10,27 @@ from specstack.drafters.suffix import SuffixConfig, SuffixDrafter
 from specstack.types import Draft
 
 
-def test_suffix_chain_carries_probs():
-    # The suffix drafter's docstring example: [3, 9] at path probability 1/2 each.
+def test_suffix_chain_carries_probs_weighed_by_the_match():
+    # The suffix drafter's docstring example: [3, 9] at path probability 1 each in the counts, after a 2-token
+    # match seen once: each token goes on at 1 - 1/4, so the policy reads 3/4 and 9/16.
     d = SuffixDrafter()
     prompt = [7, 1, 2, 3, 9, 1, 2]
     d.begin(prompt)
     draft = propose_one(d, prompt, 8)
-    assert (draft.token_ids, draft.probs, draft.parents) == ((3, 9), (0.5, 0.5), None)
+    assert (draft.token_ids, draft.probs, draft.parents) == ((3, 9), (0.75, 0.5625), None)
+
+
+def test_a_long_copy_scores_above_a_coincidence():
+    # One earlier occurrence each: a line copied after an 11-token match goes on at 12/13 a token, a 1-token
+    # match at 2/3.
+    line = list(range(100, 112))
+    d = SuffixDrafter(SuffixConfig(max_spec_factor=4.0))
+    d.begin(line + [5] + line[:-1])
+    long = propose_one(d, line + [5] + line[:-1], 4)
+    assert long.token_ids == (111, 5, 100, 101) and long.probs[0] == 1 - 1 / 13
+    d.begin([7, 3, 8, 3], seq=1)
+    short = propose_one(d, [7, 3, 8, 3], 4, seq=1)
+    assert short.token_ids[0] == 8 and short.probs[0] == 1 - 1 / 3
 
 
 def test_suffix_tree_carries_probs_aligned_with_nodes():

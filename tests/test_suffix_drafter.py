@@ -21,25 +21,52 @@ def run_request(d: SuffixDrafter, prompt: list[int], output: list[int]) -> None:
 
 
 def test_docstring_example_request_tree():
-    # `1, 2` was seen once before, followed by `3, 9`: m=2 allows 2 tokens, each at
-    # p = 1/2 because the current occurrence (no continuation yet) counts too.
+    # `1, 2` was seen once before, followed by `3, 9`: m=2 allows 2 tokens, each at p = 1, since
+    # the current occurrence (the context's own end, no continuation yet) is no evidence against it.
     d = SuffixDrafter()
     prompt = [7, 1, 2, 3, 9, 1, 2]
     d.begin(prompt)
     s = d.propose_chain(prompt, 8)
-    assert (s.token_ids, s.probs, s.match_len) == ((3, 9), (0.5, 0.5), 2)
+    assert (s.token_ids, s.probs, s.match_len) == ((3, 9), (1.0, 1.0), 2)
     assert propose_one(d, prompt, 8).token_ids == (3, 9)
 
 
-def test_docstring_example_global_tree_wins_with_higher_score():
-    # An earlier output saw `1, 2, 3, 9` with no competing continuation, so its
-    # draft has p = 1 and beats the request tree's p = 1/2 draft.
+def test_the_open_end_is_left_out_of_the_first_branch_only():
+    # `1, 2` went on as `3, 4` once and `3, 5` once before the context's own `1, 2`: the first token is
+    # certain (2 of 2 earlier occurrences), the second a coin (1 of 2), as a closed sequence would count.
+    d = SuffixDrafter()
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
+    d.begin(prompt)
+    s = d.propose_chain(prompt, 8)
+    assert (s.token_ids, s.probs) == ((3, 4), (1.0, 0.5))
+    # A context that is not the generation's (matched from scratch, its end not in the tree) has no open
+    # end: both earlier occurrences of `1, 2` count, one went on as 3, one as 4.
+    d.begin([1, 2, 3, 1, 2, 4], seq=1)
+    assert d.propose_chain([1, 2, 3, 1, 2, 4, 1, 2], 8, seq=1).probs[0] == 0.5
+
+
+def test_docstring_example_global_tree_loses_to_the_request_tree():
+    # Earlier outputs went on from `1, 2` as `3, 9, 4` and as `5`: the global tree's draft has p = 1/2
+    # and loses to the request tree's p = 1.
     d = SuffixDrafter()
     run_request(d, [5], [1, 2, 3, 9, 4])
+    run_request(d, [6], [1, 2, 5])
     prompt = [7, 1, 2, 3, 9, 1, 2]
     d.begin(prompt)
     s = d.propose_chain(prompt, 8)
     assert (s.token_ids, s.probs) == ((3, 9), (1.0, 1.0))
+    assert d.global_tree.next_counts([1, 2]) == {3: 1, 5: 1}
+
+
+def test_global_tree_wins_with_a_longer_match():
+    # The global tree matches `7, 1, 2` (m=3, three tokens allowed) where the request tree matches only
+    # `1, 2` (two): the longer draft scores higher.
+    d = SuffixDrafter()
+    run_request(d, [5], [7, 1, 2, 3, 9, 4])
+    prompt = [8, 1, 2, 3, 7, 1, 2]
+    d.begin(prompt)
+    s = d.propose_chain(prompt, 8)
+    assert (s.token_ids, s.probs, s.match_len) == ((3, 9, 4), (1.0, 1.0, 1.0), 3)
 
 
 def test_draft_is_deterministic_and_tagged():
@@ -148,12 +175,12 @@ def test_global_matches_follow_observed_tokens():
 
 def test_request_tree_wins_ties():
     # Equal scores: the request's own text is preferred (it is this generation's).
-    # Both trees have seen `5` twice, once followed by something: p = 1/2 each.
+    # Both trees have seen `5` once before, followed by 6 here and by 7 there: p = 1 each.
     d = SuffixDrafter()
-    run_request(d, [0], [5, 7, 5])
+    run_request(d, [0], [5, 7])
     d.begin([5, 6, 5])
     s = d.propose_chain([5, 6, 5], 1)
-    assert (s.token_ids, s.probs) == ((6,), (0.5,))
+    assert (s.token_ids, s.probs) == ((6,), (1.0,))
 
 
 def test_global_budget_evicts_oldest_requests_first():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import InvalidParameterError
+from ..retrieval.lookup import going_on
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
 
@@ -120,9 +121,9 @@ class PromptLookupDrafter:
 
 def match_probs(match: int, n: int) -> tuple[float, ...]:
     """Path acceptance estimates for n copied tokens after a verbatim match of ``match`` tokens: each token goes on
-    with probability 1 - 1/(match + 2) (Laplace's rule of succession over the match), so a long copy is verified
-    whole and a one-token coincidence barely at all.  The cost policy calibrates these against outcomes."""
-    go_on = 1.0 - 1.0 / (match + 2)
+    with probability 1 - 1/(match + 2) (``going_on``: Laplace's rule of succession over the match), so a long copy
+    is verified whole and a one-token coincidence barely at all.  The cost policy calibrates these against outcomes."""
+    go_on = going_on(match)
     out, p = [], 1.0
     for _ in range(n):
         p *= go_on

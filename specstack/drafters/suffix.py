@@ -102,11 +102,11 @@ class SuffixDrafter:
     """Suffix-tree drafts from this request's text and from earlier outputs.
 
     Example (max_spec_factor=1): prompt ``[7, 1, 2, 3, 9, 1, 2]``.  The
-    request's tree has seen ``1, 2`` twice, once followed by ``3``; the context
+    request's tree has seen ``1, 2`` once before, followed by ``3``; the context
     ends with ``[1, 2]`` (m=2), so the draft is ``[3, 9]`` with probability
-    1/2 each (the current occurrence counts as one with no continuation yet).
-    Had an earlier request output ``1, 2, 3, 9, 4``, the global tree would
-    propose ``[3, 9]`` at probability 1 and win.
+    1 each (the current occurrence, with no continuation yet, is not counted).
+    Had an earlier request output ``1, 2, 3, 9, 4`` and ``1, 2, 5``, the global
+    tree would propose ``[3, 9]`` at probability 1/2 and lose.
     """
 
     name = "suffix"
@@ -134,7 +134,8 @@ class SuffixDrafter:
         out = []
         for r in requests:
             tree = self.config.tree and r.budget.tree
-            out.append(self._best(r.seq, r.context, r.budget.max_tokens, tree).draft(self.name, tree))
+            # the cost policy reads the match's evidence, not the counts alone (``Lookup.draft``)
+            out.append(self._best(r.seq, r.context, r.budget.max_tokens, tree).draft(self.name, tree, evidence=True))
         return out
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
@@ -171,19 +172,21 @@ class SuffixDrafter:
         gen = self._gens.get(seq)
         if gen is None or max_tokens <= 0:
             return Lookup()
-        local_states, global_states = self._states(gen, context_ids)
+        local_states, global_states, own = self._states(gen, context_ids)
         cfg = self.config
         args = (max_tokens, cfg.max_spec_factor, cfg.max_spec_offset, cfg.min_token_prob)
         query = suffix_draft.propose_tree if tree else suffix_draft.propose
-        best = query(gen.local, local_states, *args) if local_states else Lookup()
+        # the request's tree holds this very context as its open end: not evidence (``suffix_draft.propose``)
+        best = query(gen.local, local_states, *args, open_end=own) if local_states else Lookup()
         if global_states:
             other = query(self.global_tree, global_states, *args)
             if other.score > best.score:
                 best = other
         return best
 
-    def _states(self, gen: "_Generation", context_ids: Sequence[int]) -> tuple[list, list]:
-        """Match states in both trees for the end of ``context_ids``.
+    def _states(self, gen: "_Generation", context_ids: Sequence[int]) -> tuple[list, list, bool]:
+        """Match states in both trees for the end of ``context_ids``, and whether that end is the request tree's
+        own open end (then counted at every local match state).
 
         Normally the context is exactly prompt + committed output, so the
         request tree's own active nodes and the streaming matcher answer in
@@ -193,9 +196,9 @@ class SuffixDrafter:
         n = len(gen.prompt) + len(gen.output)
         last = gen.output[-1] if gen.output else gen.prompt[-1] if gen.prompt else None
         if len(context_ids) == n and (n == 0 or int(context_ids[-1]) == last):
-            return gen.local.active_states(_LOCAL), gen.matcher.states()
+            return gen.local.active_states(_LOCAL), gen.matcher.states(), True
         tail = [int(t) for t in context_ids[-self.config.max_depth :]]
-        return gen.local.match_states(tail), self.global_tree.match_states(tail)
+        return gen.local.match_states(tail), self.global_tree.match_states(tail), False
 
     # --- the global tree --------------------------------------------------------------
     def _add_global(self, seq: Sequence[int]) -> None:
