@@ -80,6 +80,33 @@ def test_a_draft_is_cut_at_the_grammars_first_refusal_and_the_forced_text_follow
     assert grammar.walk([]) == 0 and target.grammar(CALL_GBNF).forced() == list(start.token_ids)  # the copy moved
 
 
+def test_a_copy_that_spells_the_forced_text_otherwise_goes_first(target):
+    """A model does not always spell forced text canonically (Gemma 3 270M writes ``d`` ``ue`` for ``due``); where
+    the other source's draft copies another spelling the grammar takes, it leads, and the forced text follows it."""
+    grammar = target.grammar(CALL_GBNF)
+    canonical = grammar.forced()
+    copied = [*target.tokenize("m", add_special=False), *target.tokenize('ake_record(name="ab', add_special=False)]
+    assert copied[0] != canonical[0] and grammar.copy().walk(copied) == len(copied)
+    asked: list[list[int]] = []
+
+    def ask(extra, n):
+        asked.append(list(extra))
+        return Draft.empty("suffix")
+
+    copy = Draft(tuple(copied), "suffix", probs=tuple(0.9 for _ in copied))
+    out = with_forced(copy, grammar, 64, ask)
+    assert out.token_ids[:len(copied)] == tuple(copied) and out.source == "suffix"
+    assert all(out.origin(i) == "suffix" for i in range(len(copied)))
+    # the same first token as the forced text: forced first, the source asked after it
+    same = Draft((canonical[0], *target.tokenize("zz", add_special=False)), "suffix", probs=(0.9, 0.8))
+    out = with_forced(same, grammar, 64, ask)
+    assert out.token_ids[:len(canonical)] == tuple(canonical) and out.source == SOURCE
+    assert asked[-1] == canonical
+    # a first token the grammar refuses: forced first as well
+    refused = Draft(tuple(target.tokenize("]]", add_special=False)), "suffix", probs=(0.9,))
+    assert with_forced(refused, grammar, 64, ask).token_ids[:len(canonical)] == tuple(canonical)
+
+
 def _walk_and_compare(vocab, gbnf: str, text: str) -> int:
     """Masks of llguidance and of llama.cpp's sampler at every position of ``text`` tokenized: the states compared."""
     lc = llama_cpp_module()

@@ -45,11 +45,14 @@ def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None
     Where the grammar forces text after the committed tokens and the other source can draft after any context
     (``ask``: prompt lookup, suffix trees), the forced tokens come first, the likeliest of all, then that source's
     draft after them, then what the grammar forces after that, and so on.  Otherwise ``draft`` (the other source's,
-    from the committed tokens) comes first, cut at its first token the grammar refuses, and the forced tokens follow.
+    from the committed tokens) comes first, cut at its first token the grammar refuses, and the forced tokens follow;
+    so too where ``draft`` spells the forced text with other tokens than the canonical ones (``_spells_otherwise``).
     ``grammar`` is the committed state; it is walked on a copy."""
     state = grammar.copy()
     chain = _Chain()
     forced = state.forced()[:cap] if ask is not None else []
+    if forced and _spells_otherwise(draft, state, forced[0]):
+        forced = []  # the other source's spelling of the forced text goes first
     if not forced:
         chain.add(draft, state.walk(draft.token_ids[:cap]))
         forced = state.forced()[: cap - len(chain)]
@@ -65,6 +68,18 @@ def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None
         chain.add(more, taken)
         forced = state.forced()[: cap - len(chain)]
     return chain.draft(draft)
+
+
+def _spells_otherwise(draft: Draft, state: Forcing, first_forced: int) -> bool:
+    """Whether the other source's draft (from the committed tokens) spells the forced text with other tokens than
+    the tokenizer's canonical ones, in a way the grammar takes: then it goes first.  Its draft copies text the model
+    wrote (its own earlier output, in a suffix tree) or read, and a model does not always spell text canonically:
+    Gemma 3 270M, constrained, writes ``d`` ``ue`` ``_`` ``day`` ``s`` where the tokenizer says ``due`` ``_``
+    ``days``, so the canonical draft fails at its first token where the copy holds.  The grammar refuses any token
+    that leaves the forced bytes, so a token it takes can only differ in its spelling of them."""
+    if not draft.token_ids or draft.token_ids[0] == first_forced:
+        return False  # nothing to copy, or the same first token: the forced text first, the copy asked after it
+    return state.copy().walk(draft.token_ids[:1]) == 1
 
 
 class _Chain:
