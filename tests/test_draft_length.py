@@ -332,6 +332,32 @@ def test_keep_going_drops_a_token_whose_row_costs_more_than_it_is_worth():
     assert keep("mtp", [0.9, 0.01], 2e-4) == Go.DROP  # and one drafted anyway is not verified
 
 
+def test_a_model_source_whose_asks_are_dropped_stops_being_asked():
+    # A 10 ms step, a 1 ms first call: its drafts pay while kept. On a prompt where
+    # the head is unsure, every ask drafts one token that ``keep_going`` drops: the call is spent, nothing verified.
+    p = CostK(CostModel([1e-2 + 1e-3 * n for n in range(40)]), k_max=16)  # a row: a tenth of a step
+    for _ in range(30):  # kept drafts of 2 tokens, the first accepted, the second half the time
+        keep = p.budget(64).keep_going
+        keep("mtp", [0.9], 1e-3)
+        keep("mtp", [0.9, 0.6], 1.3e-3)
+        p.observe(outcome(2, 1 + _ % 2, source="mtp", draft_s=1.3e-3))
+    assert next_k(p) > 0
+    asks = 0
+    for _ in range(50):
+        budget = p.budget(64)
+        if budget.max_tokens == 0:
+            break
+        asks += 1
+        budget.keep_going("mtp", [0.05], 1e-3)  # drafted, then dropped: the call spent, nothing verified
+        p.observe(outcome(0, 0, source="mtp", draft_s=1e-3))
+    assert 1 < asks <= 12  # it stopped asking within a dozen steps, the drafts' acceptance unchanged
+    assert p.book.conditional("mtp")[0] > 0.8
+    child = p.fork()  # a new prompt: asked again, its prior only in part the last prompt's
+    assert next_k(child) > 0
+    _teach_chain(child, "mtp", 1e-3, 3e-4, steps=3)  # asks kept again: asked on
+    assert next_k(child) > 0
+
+
 def test_confidence_calibration_learns_an_overconfident_draft():
     from specstack.draft_length import ConfidenceCalibration
 

@@ -39,6 +39,13 @@ LOOK_SHARE = 0.02
 # a draft model's probes cost 12% of a 96-token generation on the bundled pair (0.87-0.88x plain).
 PROBE_SHARE = 0.02
 
+# A model source's asks (a step that calls it) that left no token to verify (``keep_going`` dropped its first, the
+# head unsure) still cost the call. The first call is priced at its cost over the share of asks kept, a running
+# mean moved this much by each ask: on a third-party prompt where pycoder-6m-mtp's head was unsure (`jinja2.lexer`),
+# `mtp@cost` asked on 88 of 94 steps, kept 6 drafts and ran at 0.86x plain, its asks a fifth of the time.
+KEPT_WEIGHT = 0.25
+KEPT_FLOOR = 0.02
+
 # How many more tokens a model draft looks ahead when deciding whether to draft the next: where exact call shapes
 # pad a verification (t(2) = t(3) on the bundled MTP model), one more row can cost more than two.
 LOOKAHEAD = 4
@@ -221,13 +228,16 @@ class _SourceState:
     first: _Mean = field(default_factory=_Mean)
     chained: _Mean = field(default_factory=_Mean)
 
-    def draft_s(self, k: int) -> float:
-        """What drafting k tokens costs, as measured so far (nothing measured: free, so the first look is taken)."""
+    def draft_s(self, k: int, kept: float = 1.0) -> float:
+        """What drafting k tokens costs, as measured so far (nothing measured: free, so the first look is taken),
+        the first call's cost over ``kept``, the share of asks that leave a token to verify (``KEPT_WEIGHT``)."""
         if k <= 0:
             return 0.0
+        first = self.first.seconds if self.first.n and self.chained.n else self.per_token.seconds
+        unkept = first * (1.0 / max(kept, KEPT_FLOOR) - 1.0)
         if self.first.n and self.chained.n:
-            return self.first.seconds + (k - 1) * self.chained.seconds
-        return k * self.per_token.seconds
+            return unkept + self.first.seconds + (k - 1) * self.chained.seconds
+        return unkept + k * self.per_token.seconds
 
     def next_call_s(self) -> float:
         """One more chained draft call."""
@@ -272,12 +282,15 @@ class CostK(_Policy):
         self._looked = False  # this step's budget was a look (see ``_worth_looking``)
         self._spent: tuple[str, int, float] = ("", 0, 0.0)  # keep_going's last call: source, tokens, seconds
         self._memo: dict[tuple[int, BatchLoad], float] = {}  # ``_step_cost`` until the next ``observe``
+        self._kept: dict[str, float] = {}  # per model source: the share of its asks kept (``KEPT_WEIGHT``)
 
     def _reset_generation(self) -> None:
         self._best = {}
         self._confidences = {}
         self._scores = {}
         self._memo = {}
+        # A new prompt may suit the source better: what the last ones learnt counts at ``fork_weight``.
+        self._kept = {name: 1.0 - self.fork_weight * (1.0 - q) for name, q in self._kept.items()}
 
     def adopt(self, child: "_Policy") -> None:
         """Acceptance, probe back-off and overhead carry over to later generations (draft costs are shared)."""
@@ -286,6 +299,7 @@ class CostK(_Policy):
             self._plain_steps, self._probe_interval = child._plain_steps, child._probe_interval
             self._plain_s, self._probe_cost_s = child._plain_s, child._probe_cost_s
             self._overhead_s, self._steps = child._overhead_s, child._steps
+            self._kept = dict(child._kept)
             self._best = {}
 
     def source(self, name: str) -> _SourceState:
@@ -301,7 +315,8 @@ class CostK(_Policy):
         several percent of a plain step on a small model.
         """
         st = self.source(name)
-        return self._cached((name, load), lambda: best_k(self.book.conditional(name), st.draft_s,
+        kept = self._kept.get(name, 1.0)
+        return self._cached((name, load), lambda: best_k(self.book.conditional(name), lambda k: st.draft_s(k, kept),
                                                         lambda n: self._step_cost(n, load), self.k_max, load.tokens))
 
     def _cached(self, key: tuple, compute: Callable[[], int]) -> int:
@@ -467,6 +482,13 @@ class CostK(_Policy):
         net = outcome.draft_s + outcome.verify_s + outcome.other_s - (1 + outcome.n_accepted) * plain
         self._probe_cost_s += 0.5 * (max(net, 0.0) - self._probe_cost_s)
 
+    def _note_kept(self, source: str, kept: bool) -> None:
+        """A model source was asked: whether its draft left a token to verify. Its best k is recomputed at once
+        (``best_k_for`` caches it for 16 steps), so a run of dropped asks stops asking within a few steps."""
+        q = self._kept.get(source, 1.0)
+        self._kept[source] = q + KEPT_WEIGHT * ((1.0 if kept else 0.0) - q)
+        self._best.clear()
+
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.n_drafted
         self._steps += 1
@@ -487,12 +509,14 @@ class CostK(_Policy):
             self._plain_s += outcome.verify_s + outcome.other_s
             if computed:  # a model draft whose every token was dropped: its calls were paid
                 self.source(outcome.source).per_token.observe(outcome.draft_s / computed)
+                self._note_kept(outcome.source, False)
             return
         self._plain_steps = 0
         self._learn(outcome)
         st = self.source(outcome.source)
         if confidences:
             st.calibration.update(confidences[:n], outcome.n_accepted)
+            self._note_kept(outcome.source, True)
         scores = self._scores.pop(outcome.source, None)
         if scores:
             st.scores.update(scores[:n], outcome.n_accepted)

@@ -14,7 +14,8 @@ rows (``types.HiddenRows``) of every token the target kept: the prompt's at ``be
 accepted rows at ``advance`` (rows of rejected drafts never arrive). The MTP cache holds, at each position p of
 the context, the pair (x_p, h_{p-1}); the last committed token's pair uses the row the target sampled it from
 (llama.cpp's ``pending_h``). Pairs are caught up lazily, in the draft's first call (llama.cpp spends one more
-call per step, before acceptance is known, and re-evaluates rejected rows).
+call per step, before acceptance is known, and re-evaluates rejected rows); after a long plain run, only the last
+``CATCH_UP`` of them, in a cache started afresh.
 
 Gemma4's head is a separate GGUF, the assistant (``-md ASSISTANT.gguf``), whose attention reads the target's own KV
 cache (``llama.mtp.MtpContext``'s shared mode). As llama.cpp's ``is_mem_shared`` path does, it keeps no pairs, so
@@ -49,13 +50,14 @@ if TYPE_CHECKING:
     from ..modelfile.meta import GGUFInfo
 
 
-# Pairs a draft's first call takes on (the rest of what plain steps left is caught up in a call of its own, before
-# it): all of them in the draft call made that call a spike the cost policy read as the head's price per token
-# (2.3 ms for one drafted token after 16 plain steps where a draft row costs 0.4 ms here), and it stopped drafting
-# for good. Plain steps themselves cost the head nothing: it used to catch up every 8 plain steps whether or not a
-# draft was ever asked for again, so `mtp@cost` paid for a head it had stopped using. A probe (``Budget.probe``: the
-# policy only asks whether drafting pays now) after a long plain run drafts from the last CATCH_UP pairs alone, in
-# a cache started afresh, as a draft model's probe reads a short window; a real draft catches up in full.
+# Pairs a draft's first call takes on. Plain steps cost the head nothing: it used to catch up every 8 plain steps
+# whether or not a draft was ever asked for again, so `mtp@cost` paid for a head it had stopped using. After a longer
+# plain run the head's cache starts afresh on the last CATCH_UP positions (``_behind``), for a probe and a draft
+# alike: a full catch-up (about 2 ms for 50 pairs on the bundled MTP model, two plain steps) fell on the first draft
+# after every probe that drafted well, a spike paid whether or not that draft was accepted. The head reads the
+# target's row at every position, which carries the context: on the 8 third-party completions of the bench
+# (pycoder-6m-mtp, fixed k 1 and 3), a head whose cache held only the prompt's last 8 positions drafted as well as
+# one that held the whole prompt (331/425 against 331/424 tokens accepted at k 1, 446/926 against 446/925 at k 3).
 CATCH_UP = 8
 
 
@@ -76,7 +78,7 @@ class _Seq:
     n_h: int = 0  # rows known for positions [0, n_h)
     n_kv: int = 0  # the MTP cache holds correct pairs for positions [0, n_kv) (or [start, n_kv), see begin)
     dirty: bool = False  # chained draft rows sit at positions >= n_kv
-    window: bool = False  # the cache was started afresh at n_kv for a probe: nothing before it
+    window: bool = False  # the cache was started afresh at n_kv after a plain run (``_behind``): nothing before it
 
     def put(self, rows: HiddenRows) -> None:
         """Store ``rows`` and forget any past them (they belonged to tokens that were cut)."""
@@ -217,7 +219,7 @@ class MtpDrafter:
         st = self._seqs.get(seq)
         n = len(tokens)
         if st is None or st.h is None or st.n_h < n or st.tokens[:n] != list(tokens) or st.window:
-            return None  # (a probe's window holds too little of the prefix to be worth keeping)
+            return None  # (a window holds too little of the prefix to be worth keeping)
         if st.dirty:
             self.head.truncate(seq, st.n_kv)
             st.dirty = False
@@ -292,24 +294,12 @@ class MtpDrafter:
             live, rows = going, next_rows
 
     def _behind(self, r: DraftRequest, st: _Seq) -> None:
-        """Leave at most CATCH_UP pairs for the draft's first call: a probe starts the cache afresh on the last
-        CATCH_UP positions, a real draft catches the rest up in a call of its own (from 0 after a probe's window)."""
+        """Leave at most CATCH_UP pairs for the draft's first call: where more are missing, the cache starts afresh
+        on the last CATCH_UP positions (``window``: nothing before them), as a probe's always did."""
         end = len(r.context) - 1 - CATCH_UP
-        if end <= st.n_kv and not (st.window and not r.budget.probe):
-            return
-        if r.budget.probe:
-            if end > st.n_kv:
-                self.head.reset(r.seq)
-                st.n_kv, st.window = end, True
-            return
-        if st.window:
-            self.head.reset(r.seq)
-            st.n_kv, st.window = 0, False
-        end = max(end, st.n_kv)
         if end > st.n_kv:
-            pairs = [int(t) for t in r.context[st.n_kv:end]]
-            self.head.catch_up([MtpRow(r.seq, st.n_kv, pairs, st.before(st.n_kv, end, self.n_embd))])
-            st.n_kv = end
+            self.head.reset(r.seq)
+            st.n_kv, st.window = end, True
 
     def _take(self, r: DraftRequest, d: DraftChain, logits: np.ndarray, t0: float) -> bool:
         """Pick the next token from ``logits`` and offer it to ``r``'s draft; whether to draft one more."""
