@@ -131,8 +131,9 @@ def test_first_token_follows_target_distribution_with_a_warmer_or_colder_draft(t
 
 
 def test_a_probe_drafts_from_a_short_tail_and_a_real_draft_catches_up_on_the_whole_context(target, plain_outputs):
-    """A probe (the cost policy checking whether drafting pays) must not make the draft model prefill a whole
-    prompt; a real draft reads the whole context again, so its drafts are the full-context ones."""
+    """The draft reads the prompt with the prefill (``begin``); a probe (the cost policy checking whether drafting
+    pays) after a long plain run must not make it read all it missed, and a real draft reads the whole context
+    again, so its drafts are the full-context ones."""
     from specstack.draft_length import CostK
     from specstack.draft_length.budget import Budget
     from specstack.drafters.base import propose_one
@@ -142,12 +143,16 @@ def test_a_probe_drafts_from_a_short_tail_and_a_real_draft_catches_up_on_the_who
     ids = target.tokenize(PROMPTS[0])
     assert len(ids) > 4 * PROBE_CONTEXT
     drafter.begin(ids)
+    assert drafter.model.seq_len[0] == len(ids) - 1  # the prompt, read with the prefill
+    first = propose_one(drafter, ids, Budget(4))
+    assert drafter.model.seq_len[0] == len(ids) + len(first) - 1  # then only the pending token and the draft
+    drafter.begin(ids[:PROBE_CONTEXT])  # a short prompt, then a long plain run: the context is far ahead
     probe = propose_one(drafter, ids, Budget(2, probe=True))
     assert len(probe) == 2 and drafter.model.seq_len[0] <= PROBE_CONTEXT + 1  # the tail, and one drafted token
     real = propose_one(drafter, ids, Budget(4))
     fresh = create("draft-model", BuildContext(target))
     fresh.begin(ids)
-    assert real.token_ids == propose_one(fresh, ids, Budget(4)).token_ids
+    assert real.token_ids == propose_one(fresh, ids, Budget(4)).token_ids == first.token_ids
     assert drafter.model.seq_len[0] == len(ids) + 3
     # and under the cost policy, which probes and drafts as it sees fit, output stays plain decoding's
     engine = Engine(target, create("draft-model", BuildContext(target)), CostK(target_costs(target)))

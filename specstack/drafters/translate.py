@@ -69,7 +69,7 @@ class TranslatingDrafter:
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
         self._texts[seq] = _Text(dtoks=list(self._bos))
-        self.inner.begin(prompt_ids, seq)
+        self.inner.begin((), seq)  # the target's ids are not the draft's: the first propose translates the prompt
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() catches up from the context
