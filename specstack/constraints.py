@@ -95,6 +95,8 @@ class ConstraintState:
         self._lazy = _Lazy(grammar, constraints.grammar_triggers, token_bytes) if constraints.grammar_triggers \
             and grammar is not None else None
         self.grammar = None if self._lazy is not None else grammar
+        # The start state, for ``learn`` (llguidance's only; a lazy grammar's start is wherever its trigger came).
+        self._origin = grammar.copy() if self.grammar is not None and hasattr(grammar, "learn") else None
         self._waiting = b""  # a lazy grammar's output text so far, while no trigger has come
         bias = {t: b for t, b in constraints.logit_bias}
         bad = [t for t in bias if t >= n_vocab]
@@ -205,6 +207,11 @@ class ConstraintState:
             return
         for tok in token_ids:
             self.grammar, self._waiting = self._next(self.grammar, self._waiting, tok)
+
+    def learn(self, output_ids: Sequence[int]) -> int:
+        """A finished answer teaches the grammar source how this model spells the text the grammar forced
+        (``guidance.Spellings``); how many spellings differed from the tokenizer's."""
+        return self._origin.learn(output_ids) if self._origin is not None else 0
 
     # -- the grammar's progress along tokens ---------------------------------------------------------------------
 

@@ -444,6 +444,8 @@ class Engine:
             gen.stats.itl_s = (end - gen.submitted - gen.stats.ttft_s) / (gen.stats.n_tokens - 1)
         self._release(gen, keep_cache=True)
         gen.status = "done"
+        if gen.constraint is not None and gen.config.grammar_drafts and gen.traits.drafts:
+            gen.constraint.learn(gen.output_ids)  # how the model spelled forced text: the grammar source's next drafts
         if gen.parent_policy is not None:
             gen.parent_policy.adopt(gen.policy)  # what it learnt is the next generation's prior
 

@@ -184,6 +184,42 @@ def test_on_gemma_forced_tokens_are_accepted_and_the_output_is_plain_decodings(g
     _walk_and_compare(gemma, grammar, plain.text)
 
 
+def test_on_gemma_the_models_own_spelling_of_forced_text_is_learnt_and_drafted(gemma):
+    """Gemma spells some forced keys otherwise than its tokenizer; a finished answer teaches the grammar source its
+    spelling, so the same request's forced drafts fail less the next time, and the output stays plain decoding's."""
+    prompt = ("<start_of_turn>user\nExtract the invoice as JSON.\n\n" + DOCUMENT + "<end_of_turn>\n<start_of_turn>model\n")
+    grammar = schema_to_gbnf(INVOICE)
+    spellings = gemma.grammar(grammar).spellings
+    spellings.clear()
+    plain = _run(gemma, "none", 1, grammar, max_tokens=80, prompt=prompt)
+    assert len(spellings) == 0  # plain decoding drafts nothing, and learns nothing for drafts
+    first = _run(gemma, "prompt-lookup", 8, grammar, max_tokens=80, prompt=prompt)
+    assert len(spellings) > 0
+    again = _run(gemma, "prompt-lookup", 8, grammar, max_tokens=80, prompt=prompt)
+    assert first.output_ids == again.output_ids == plain.output_ids
+    f, a = first.stats.by_source[SOURCE], again.stats.by_source[SOURCE]
+    assert a.n_drafted - a.n_accepted < f.n_drafted - f.n_accepted and a.n_accepted >= f.n_accepted
+
+
+def test_an_answer_teaches_the_grammar_source_its_spelling_of_forced_text(target):
+    """``learn`` walks a finished answer: where the grammar forced text and the answer spelled it with other tokens
+    than the tokenizer's, ``forced`` proposes the answer's spelling from then on; an answer that spells it
+    canonically again makes it forget."""
+    start = target.grammar(CALL_GBNF)
+    start.spellings.clear()
+    canonical = start.forced()
+    odd = [*target.tokenize("m", add_special=False),
+           *target.tokenize('ake_record(name="ab", size=12, ok=True)', add_special=False)]
+    assert odd[0] != canonical[0]
+    assert start.learn(odd) >= 1
+    fresh = target.grammar(CALL_GBNF)
+    assert fresh.forced()[0] == odd[0] and target.detokenize(fresh.forced()).startswith("make_record(")
+    assert start.forced()[0] == odd[0] and start.walk([]) == 0  # learn walked a copy: the state is where it was
+    plain = target.tokenize('make_record(name="ab", size=12, ok=True)', add_special=False)
+    start.learn(plain)
+    assert target.grammar(CALL_GBNF).forced() == canonical
+
+
 def test_forced_text_and_a_copy_from_the_prompt_alternate_in_one_draft(target):
     """After the forced opening, prompt lookup drafts the call it saw in the prompt; the grammar walks along, so the
     whole draft is text the grammar allows."""

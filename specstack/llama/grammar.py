@@ -439,6 +439,7 @@ class GrammarCache:
         self._n_vocab = n_vocab
         self._eog_ids = eog_ids
         self._tokenizer: Any = None  # llguidance's, built on the first grammar
+        self.spellings = guidance.Spellings()  # how the model spelled forced text (``GuidedGrammar.learn``)
         self._built: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -475,4 +476,4 @@ class GrammarCache:
         except InvalidParameterError:
             return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
         llama_cpp_module().llama_sampler_free(sampler)
-        return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf)
+        return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf, self.spellings)

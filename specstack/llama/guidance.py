@@ -15,6 +15,7 @@ thousands of alternatives side by side.
 from __future__ import annotations
 
 import ctypes
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -88,6 +89,41 @@ MAX_ROW_ITEMS = 50_000
 STEP_ITEMS = 500_000  # about 25 ms of one mask at its quoted 20k items/ms, the worst a step may cost
 
 
+class Spellings:
+    """How a model spelled text a grammar forced, where it did otherwise than its tokenizer: forced bytes -> the
+    model's tokens for (a prefix of) them, the most recently seen ``SPELLINGS`` kept. One per vocabulary
+    (``grammar.GrammarCache``), learnt from finished answers (``GuidedGrammar.learn``), read by ``forced``.
+
+    A model does not always write forced text canonically: Gemma 3 270M, constrained to a JSON schema, writes
+    ``d`` ``ue`` ``_`` ``day`` ``s`` where its tokenizer says ``due`` ``_`` ``days``, and writes it so again the
+    next time, so the canonical draft fails at its first token on every request with that schema."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+
+    def get(self, forced: bytes) -> tuple[int, ...] | None:
+        return self._seen.get(forced)
+
+    def put(self, forced: bytes, tokens: tuple[int, ...] | None) -> None:
+        """Remember ``tokens`` for ``forced`` (None: the model spelled it canonically; forget any other spelling)."""
+        if tokens is None:
+            self._seen.pop(forced, None)
+            return
+        self._seen[forced] = tokens
+        self._seen.move_to_end(forced)
+        while len(self._seen) > SPELLINGS:
+            self._seen.popitem(last=False)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+SPELLINGS = 4096
+
+
 class GuidedGrammar:
     """One grammar's parse state, as ``grammar.Grammar`` has it (``allowed``, ``mask``, ``accept``, ``copy``), plus
     ``forced``: the tokens the grammar forces next.  The mask is computed once per state and read by every ask."""
@@ -95,17 +131,19 @@ class GuidedGrammar:
     engine = "llguidance"
     supports_lazy = True  # ``feed`` takes a lazy grammar's trigger text (``constraints._Lazy``)
 
-    def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str) -> None:
+    def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str,
+                 spellings: Spellings | None = None) -> None:
         self._m = matcher
         self._tok = tokenizer
         self.n_vocab = n_vocab
         self.gbnf = gbnf
+        self.spellings = spellings if spellings is not None else Spellings()
         self._bits: np.ndarray | None = None
         self._dead = False  # fed text it does not allow (``feed``): nothing is allowed
 
     def copy(self) -> "GuidedGrammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
-        twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf)
+        twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf, self.spellings)
         twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
         twin._dead = self._dead
         return twin
@@ -163,12 +201,48 @@ class GuidedGrammar:
         return False
 
     def forced(self) -> list[int]:
-        """The tokens every continuation the grammar allows starts with: the forced bytes tokenized as the model's
+        """The tokens every continuation the grammar allows starts with: the forced bytes as the model spelled them
+        last time, where it spelled them otherwise than its tokenizer (``Spellings``), else tokenized as the
         tokenizer would, stopping before a token that the bytes after them could still merge into."""
         if self._dead or self._m.is_stopped():
             return []
         forced = self._m.compute_ff_bytes()
-        return list(self._tok.tokenize_partial(forced)[0]) if forced else []
+        if not forced:
+            return []
+        seen = self.spellings.get(forced)
+        return list(seen) if seen is not None else list(self._tok.tokenize_partial(forced)[0])
+
+    def learn(self, token_ids: Sequence[int]) -> int:
+        """From this state on, walk an answer (``token_ids``, on a copy) and remember, at every position where the
+        grammar forced text, how the answer spelled it (``Spellings``); how many spellings differed from the
+        tokenizer's. About 20 us a token: done once, when an answer is finished."""
+        if self._dead:
+            return 0
+        m = self._m.deep_copy()
+        ids = [int(t) for t in token_ids]
+        pieces = [self._tok.decode_bytes([t]) for t in ids]
+        learnt = 0
+        for i, tok in enumerate(ids):
+            if m.is_stopped():
+                break
+            forced = m.compute_ff_bytes()
+            if forced:
+                run, spelled = [], b""
+                for j in range(i, len(ids)):
+                    if not forced.startswith(spelled + pieces[j], 0) or not pieces[j]:
+                        break
+                    spelled += pieces[j]
+                    run.append(ids[j])
+                canonical = list(self._tok.tokenize_partial(forced)[0])
+                n = min(len(run), len(canonical))  # the tokenizer stops before a token later bytes could merge into
+                if run and run[:n] != canonical[:n]:
+                    self.spellings.put(forced, tuple(run))
+                    learnt += 1
+                elif run:
+                    self.spellings.put(forced, None)
+            if not m.consume_token(tok):
+                break
+        return learnt
 
     @property
     def error(self) -> str:
