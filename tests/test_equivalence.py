@@ -160,6 +160,33 @@ def test_a_probe_drafts_from_a_short_tail_and_a_real_draft_catches_up_on_the_who
             for p in PROMPTS[:3]] == plain_outputs[:3]
 
 
+def test_the_draft_keeps_what_the_slots_next_prompt_shares_with_its_last(target):
+    """A conversation's next turn resends the earlier ones: the draft reads only what it has not read (as the target
+    reuses its prefix), and drafts as a draft that read the whole prompt afresh."""
+    from specstack.draft_length.budget import Budget
+    from specstack.drafters.base import propose_one
+
+    drafter = create("draft-model", BuildContext(target))
+    read: list[int] = []
+    evaluate = drafter._eval
+    drafter._eval = lambda tokens: (read.append(sum(len(t) for t in tokens.values())), evaluate(tokens))[1]
+    turn1 = target.tokenize(PROMPTS[0])
+    drafter.begin(turn1)
+    propose_one(drafter, turn1, Budget(4))
+    drafter.end(0)
+    turn2 = turn1 + target.tokenize("\n\ndef other(x):\n    return", add_special=False)
+    read.clear()
+    drafter.begin(turn2)
+    assert read == [len(turn2) - 1 - len(turn1)]  # the new tokens only (turn 1 and its pending token were read)
+    fresh = create("draft-model", BuildContext(target))
+    fresh.begin(turn2)
+    assert propose_one(drafter, turn2, Budget(4)).token_ids == propose_one(fresh, turn2, Budget(4)).token_ids
+    drafter.end(0, complete=False)  # a cancelled generation's cache goes
+    read.clear()
+    drafter.begin(turn2)
+    assert read == [len(turn2) - 1]
+
+
 def target_costs(target):
     from specstack.calibration import calibrate
 

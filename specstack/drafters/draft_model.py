@@ -96,19 +96,35 @@ class DraftModelDrafter:
         on the tokens committed since the last one. Read at the first real draft instead, it was a spike inside
         decoding: 350 prompt tokens through pycoder-1m cost 11.6 ms, ten of pycoder-6m's plain steps, and the
         cost policy's first look at a prompt where drafting did not pay cost it that much (a tenth of the
-        target's own prefill of those tokens, which the read now adds to the time to first token)."""
-        self.model.reset(seq)
-        st = self._seqs[seq] = _Seq()
+        target's own prefill of those tokens, which the read now adds to the time to first token).
+
+        What the sequence's cache holds of this prompt from the slot's last request (a conversation's earlier
+        turns) is kept, as the target keeps its prefix: only the rest is read."""
         head = [int(t) for t in prompt_ids[:-1]]
-        if head:
-            self._eval({seq: head})
-            st.synced = len(head)
+        st = self._seqs.get(seq)
+        keep = 0
+        if st is not None and st.start == 0 and not self.model.is_recurrent:  # (a recurrent state cannot go back)
+            limit = min(len(st.cached), len(head))
+            while keep < limit and st.cached[keep] == head[keep]:
+                keep += 1
+        if keep:
+            self.model.truncate(keep, seq)
+            del st.cached[keep:]
+        else:
+            self.model.reset(seq)
+            st = _Seq()
+        self._seqs[seq] = st
+        if len(head) > keep:
+            self._eval({seq: head[keep:]})
+        st.synced = len(head)
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
         pass  # the next propose() re-syncs against the context
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
-        if self._seqs.pop(seq, None) is not None:
+        """A finished generation's cache stays for the slot's next prompt (``begin`` keeps what it shares); a
+        cancelled one's goes."""
+        if not complete and self._seqs.pop(seq, None) is not None:
             self.model.reset(seq)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
