@@ -104,9 +104,8 @@ class DraftModelDrafter:
         st = self._seqs.get(seq)
         keep = 0
         if st is not None and st.start == 0 and not self.model.is_recurrent:  # (a recurrent state cannot go back)
-            limit = min(len(st.cached), len(head))
-            while keep < limit and st.cached[keep] == head[keep]:
-                keep += 1
+            st.synced = 0  # what it matched was the last request's context
+            keep = self._kept(st, prompt_ids)
         if keep:
             self.model.truncate(keep, seq)
             del st.cached[keep:]

@@ -30,6 +30,8 @@ class Forcing(Protocol):
 
     def copy(self) -> "Forcing": ...
 
+    def allowed(self, token_ids: Sequence[int]) -> list[bool]: ...
+
     def walk(self, token_ids: Sequence[int]) -> int: ...
 
     def forced(self) -> list[int]: ...
@@ -79,7 +81,7 @@ def _spells_otherwise(draft: Draft, state: Forcing, first_forced: int) -> bool:
     that leaves the forced bytes, so a token it takes can only differ in its spelling of them."""
     if not draft.token_ids or draft.token_ids[0] == first_forced:
         return False  # nothing to copy, or the same first token: the forced text first, the copy asked after it
-    return state.copy().walk(draft.token_ids[:1]) == 1
+    return state.allowed(draft.token_ids[:1])[0]
 
 
 class _Chain:
