@@ -93,6 +93,24 @@ def test_sigint_during_the_imports_exits_130_with_one_line():
     assert ours == ["interrupted"] and out == ""
 
 
+def test_an_interrupt_caught_from_a_string_exec_still_exits_130(tmp_path):
+    """CI got -2 from the test above: the Ctrl-C landed in a string ``exec`` an import ran (dataclasses build
+    ``__init__`` so), and CPython then ends a ``python -m`` process by SIGINT, whatever ``sys.exit`` says.  Here
+    the interrupt comes from such an exec every time, through ``main`` and ``python -m`` as the command runs."""
+    package = tmp_path / "interrupted_in_exec"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(
+        "import sys\n"
+        "from specstack import cli\n"
+        "cli._run = lambda argv: exec('raise KeyboardInterrupt')\n"
+        "sys.exit(cli.main([]))\n")
+    proc = subprocess.run([sys.executable, "-m", package.name], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=DEADLINE_S, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert_interrupted(proc.returncode, proc.stderr)
+    assert proc.stdout == ""
+
+
 @pytest.mark.parametrize("command", [
     ["generate", "-p", "def f(", "-n", "400"],
     ["tune", "--prompts", "1", "--sources", "prompt-lookup", "--policies", "fixed", "-k", "2", "-o", "OUT"],
