@@ -535,11 +535,15 @@ class Engine:
             if w.budget.max_tokens > 0:
                 groups.setdefault(id(w.gen.drafter), []).append(w)
         for group in groups.values():
+            drafter = group[0].gen.drafter
+            asked = [w for w in group if drafter.name not in w.budget.skip]  # the policy's: its call won't pay
             t0 = self.clock()
-            drafts = group[0].gen.drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget) for w in group])
-            spent = (self.clock() - t0) / len(group)
-            for w, draft in zip(group, drafts):
-                w.draft_s = spent
+            drafts = dict(zip(map(id, asked), drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget)
+                                                               for w in asked]))) if asked else {}
+            spent = (self.clock() - t0) / max(len(asked), 1)
+            for w in group:
+                draft = drafts.get(id(w), w.draft)
+                w.draft_s = spent if id(w) in drafts else 0.0
                 grammar = w.gen.constraint.grammar if w.gen.constraint is not None else None
                 if grammar is not None and w.gen.config.grammar_drafts and w.gen.traits.drafts:
                     t1 = self.clock()  # cut at the grammar's first refusal, then what it forces after that

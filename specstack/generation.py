@@ -116,6 +116,8 @@ class Generation:
         self.drafter = drafter
         self.traits = DrafterTraits.of(drafter)  # what it declares beyond ``Drafter``, read once
         self.policy = policy
+        if self.traits.scored:
+            policy.expect_scores(self.traits.scored)
         self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
         self.seq: int | None = None  # the target sequence (slot) while running
         self.status = "waiting"  # -> running -> done | cancelled

@@ -52,6 +52,19 @@ def test_first_long_enough_draft_stops_the_cascade():
     assert b.asked == 0  # later (costlier) sources are not asked
 
 
+def test_a_source_the_budget_skips_is_not_asked():
+    """The cost policy skips a model source whose call would not pay (``Budget.skip``) in a step that looks at a
+    scored one: the cascade passes over it, short first draft or not, and asks the sources after it."""
+    from specstack.draft_length import Budget
+
+    a, b, c = Scripted("a", [1]), Scripted("b", [4, 5, 6, 7]), Scripted("c", [8, 9, 10])
+    drafter = cascade(a, b, c)
+    draft = propose_one(drafter, [0], Budget(8, skip=frozenset({"b"})))
+    assert (a.asked, b.asked, c.asked) == (1, 0, 1) and draft.source in ("a", "c")
+    propose_one(drafter, [0], Budget(8))
+    assert b.asked == 1  # not skipped: asked as before
+
+
 def test_a_later_source_replaces_a_short_first_draft_only_when_worth_more():
     a, b = Scripted("a", [1]), Scripted("b", [4, 5, 6, 7])
     c = cascade(a, b)

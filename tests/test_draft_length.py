@@ -210,6 +210,62 @@ def test_cost_verifies_a_scored_draft_as_far_as_its_scores_pay_and_learns_when_t
     assert trim(p, "s", 12, probs=sure) == 0  # calibration learnt that "sure" means nothing here
 
 
+def test_a_look_at_a_scored_source_skips_an_idle_model_source_and_probes_it_now_and_then():
+    """``cascade:suffix,mtp``: the head's drafts are never accepted, so its best k is 0, but the suffix drafter
+    scores its drafts, so it is looked at every step. The look used to be off for the whole cascade once the
+    head had been asked (and the head asked wherever suffix came up short); now the budget skips the head, and
+    gives it a probe after a run of skipped steps, with the probe interval backing off as a plain run's does."""
+    p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
+              k_max=16)
+    first = p.budget(64)  # nothing known: a first look at every source
+    assert first.probe and not first.skip
+    first.worth(Draft((1, 2, 3), "s", probs=(1.0, 1.0, 1.0)))  # suffix: a scored draft
+    p.observe(outcome(3, 3, "s", verify_s=70.0))
+    second = p.budget(64)  # suffix came up short: the head drafts one token (ruled token by token)
+    assert second.max_tokens == 16 and not second.skip
+    second.keep_going("m", [0.2], 1.0)
+    p.observe(outcome(1, 0, "m", draft_s=1.0, verify_s=50.0))
+    for _ in range(30):
+        p.book.update("m", 2, 0)
+    assert p.best_k_for("m") == 0
+    skipped, probes = 0, []
+    for step in range(200):
+        b = p.budget(64)
+        assert b.max_tokens == 16  # the scored source is looked at every step
+        if "m" in b.skip:
+            skipped += 1
+            p.observe(outcome(3, 3, "s", verify_s=70.0))
+        else:
+            assert b.probe and not b.skip
+            probes.append(step)
+            b.keep_going("m", [0.2], 1.0)
+            p.observe(outcome(1, 0, "m", draft_s=1.0, verify_s=50.0))
+    assert skipped > 150 and len(probes) >= 2
+    assert probes[1] - probes[0] > probes[0]  # backing off while the probes say no
+
+
+def test_a_scored_source_is_asked_before_its_first_draft():
+    """``cascade:suffix,mtp`` on a prompt where suffix had nothing at the first look and the head drafted badly:
+    only the head was a known source, so its best k (0) made every step plain, and suffix was never asked again
+    until a probe. The drafter declares its scored sources (``expect_scores``), and they are asked from the start."""
+    p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
+              k_max=16)
+    p.expect_scores(frozenset({"s"}))
+    first = p.budget(64)
+    first.keep_going("m", [0.2], 1.0)
+    p.observe(outcome(1, 0, "m", draft_s=1.0, verify_s=50.0))
+    for _ in range(30):
+        p.book.update("m", 2, 0)
+    b = p.budget(64)
+    assert b.max_tokens == 16 and b.skip == {"m"}
+    bare = CostK(p.costs, k_max=16)  # undeclared, the same course gives plain steps
+    bare.budget(64).keep_going("m", [0.2], 1.0)
+    bare.observe(outcome(1, 0, "m", draft_s=1.0, verify_s=50.0))
+    for _ in range(30):
+        bare.book.update("m", 2, 0)
+    assert bare.budget(64).max_tokens == 0
+
+
 def test_prompt_lookup_scores_a_draft_by_how_far_its_match_runs_back():
     from specstack.drafters.prompt_lookup import PromptLookupDrafter
 

@@ -50,6 +50,37 @@ def test_statistics_are_consistent(target):
     assert s.tokens_per_second > 0 and s.verify_s > 0
 
 
+class _Skipping(FixedK):
+    """Fixed k, with the drafter's own name skipped on every other step (``Budget.skip``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(4)
+        self.name_skipped, self.steps = name, 0
+
+    def budget(self, cap, load=None, tree=False):
+        import dataclasses
+
+        b, self.steps = super().budget(cap), self.steps + 1
+        return dataclasses.replace(b, skip=frozenset({self.name_skipped})) if self.steps % 2 else b
+
+    def fork(self):
+        return self
+
+
+def test_a_drafter_the_budget_skips_is_not_asked(target):
+    """The cost policy skips a model source whose call would not pay (a draft model beside the grammar source):
+    the engine does not ask a drafter whose name the budget skips, and the output is unchanged."""
+    drafter = create("prompt-lookup", BuildContext(target))
+    asked = []
+    propose = drafter.propose
+    drafter.propose = lambda requests: asked.append(len(requests)) or propose(requests)
+    policy = _Skipping(drafter.name)
+    gen = Engine(target, drafter).generate(PROMPT, GenerationConfig(max_tokens=48), policy=policy).run()
+    plain = Engine(target, create("none", BuildContext(target))).generate(PROMPT, GenerationConfig(max_tokens=48)).run()
+    assert gen.output_ids == plain.output_ids and gen.stats.n_accepted > 0
+    assert 0 < len(asked) <= policy.steps // 2 + 1  # asked only on the steps that did not skip it
+
+
 def test_generation_stops_cleanly_when_context_is_full(target):
     ids = target.tokenize(PROMPT)
     n_prompt = target.capacity - 5

@@ -110,6 +110,9 @@ class DraftLengthPolicy(Protocol):
     def adopt(self, child: "DraftLengthPolicy") -> None:
         """Take a finished generation's statistics as the prior for later ones."""
 
+    def expect_scores(self, sources: frozenset[str]) -> None:
+        """These sources score their drafts (``drafters.base.scored_sources``), before any draft of theirs is seen."""
+
 
 @dataclass(frozen=True)
 class Advice:
@@ -152,6 +155,8 @@ class Budget:
       (drafting did not pay, or nothing is known yet): a drafter that must
       catch up on unseen context (a draft model) may draft from a short tail
       of it instead, so that a probe costs about what it can win back.
+    skip: sources not to ask this step (a cascade passes over them): model
+      sources whose call would not pay, in a step that asks the scored ones.
     """
 
     max_tokens: int
@@ -162,6 +167,7 @@ class Budget:
     expected: float = 1.0
     rows: int | None = None
     probe: bool = False
+    skip: frozenset[str] = frozenset()
 
     def worth(self, draft: "Draft") -> int:
         """Tokens of ``draft`` to verify: within the cap, and as the policy cut it."""

@@ -99,6 +99,9 @@ class _Policy:
     def _reset_generation(self) -> None:
         """Per-generation state of a forked policy (none here)."""
 
+    def expect_scores(self, sources: frozenset[str]) -> None:
+        """Sources that score their drafts: only the cost policy reads scores (``CostK._worth_scored``)."""
+
     def _learn(self, outcome: StepOutcome) -> None:
         if outcome.n_drafted:
             self.book.update(outcome.source, outcome.n_drafted, outcome.n_accepted)
@@ -283,6 +286,12 @@ class CostK(_Policy):
         self._spent: tuple[str, int, float] = ("", 0, 0.0)  # keep_going's last call: source, tokens, seconds
         self._memo: dict[tuple[int, BatchLoad], float] = {}  # ``_step_cost`` until the next ``observe``
         self._kept: dict[str, float] = {}  # per model source: the share of its asks kept (``KEPT_WEIGHT``)
+        # Model sources passed over in steps that looked at the scored ones (``_idle_models``): steps and time since
+        # they were last asked, the probe interval's back-off, this step skips them, this step probes these.
+        self._idle_steps, self._idle_s, self._idle_interval = 0, 0.0, probe_every
+        self._skipping = False
+        self._probing_idle: frozenset[str] = frozenset()
+        self._expected: frozenset[str] = frozenset()  # this generation's drafter's scored sources (``expect_scores``)
 
     def _reset_generation(self) -> None:
         self._best = {}
@@ -345,14 +354,21 @@ class CostK(_Policy):
         return cost
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
-        self._looked = self._probing = False
+        self._looked = self._probing = self._skipping = False
+        self._probing_idle = frozenset()
         if not self._sources:
             return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
-        k = max(self._k_for(name, load) for name in self._sources)
-        look = self._worth_looking(load)
-        if look:
-            # A scored source is asked for its longest draft every step; its scores decide what is verified.
-            k, self._looked = self.k_max, True
+        # A scored source this generation's drafter has is priced before its first draft (``expect_scores``): a
+        # cascade whose model source drafted first, and badly, never asked its retrieval source again.
+        names = self._expected.union(self._sources) if self._expected else self._sources
+        k = max(self._k_for(name, load) for name in names)
+        looking = self._worth_looking(load)
+        if looking:  # a scored source is asked for its longest draft every step; its scores decide what is verified
+            k = self.k_max
+        skip, probing = frozenset(), False
+        if k > 0:  # a model source beside another (a cascade's) is asked only where its own pricing says it pays
+            skip, probing = self._idle_models(load)
+            self._looked = looking and self._unscored() <= skip
         if k == 0:
             if self._plain_steps >= self._probe_interval and self._plain_s * PROBE_SHARE >= self._probe_cost_s:
                 # Back off while probes keep saying "not worth it": probes cost time too.
@@ -366,7 +382,40 @@ class CostK(_Policy):
         k = min(k, cap)
         likely = max(min(k, self.best_k_for(name, load)) for name in self._sources)  # a model draft stops early
         expected = 1.0 + max(expected_accepted(self.book.conditional(name), likely) for name in self._sources)
-        return Budget(k, tree, keep, advice, self._cut(load), expected, 1 + likely)
+        return Budget(k, tree, keep, advice, self._cut(load, probing), expected, 1 + likely, probe=probing,
+                      skip=skip)
+
+    def expect_scores(self, sources: frozenset[str]) -> None:
+        """This generation's drafter has these scored sources: they are priced, and looked at, from its first step,
+        whatever sources beside them have drafted (``_scored`` is shared by every fork, as ``_looks`` is)."""
+        self._expected = frozenset(sources)
+        self._scored.update(sources)
+
+    def _unscored(self) -> frozenset[str]:
+        """The sources seen that draft without scores (models, ruled token by token)."""
+        return frozenset(name for name in self._sources if name not in self._scored)
+
+    def _idle_models(self, load: BatchLoad) -> tuple[frozenset[str], bool]:
+        """In a step that drafts: the model sources not to ask (their best k is 0), and whether this step asks them
+        anyway, as a probe.
+
+        A cascade asks its model source wherever the one before it comes up short, nearly every step outside a
+        copy: asked so, `cascade:suffix,mtp` paid a head call on most steps, and the look that lets suffix verify a
+        copy was off for the whole cascade (it ran at 1.09-1.11x plain on the bundled MTP model's third-party
+        completions, suffix alone 1.37-1.39x). Skipped model sources are probed as a plain run's would be: after
+        ``_idle_interval`` skipped steps, within ``PROBE_SHARE`` of their time, backing off while probes say no.
+        """
+        idle = frozenset(name for name in self._unscored() if self._k_for(name, load) == 0)
+        if not idle:
+            self._idle_steps, self._idle_s = 0, 0.0
+            return idle, False
+        if self._idle_steps >= self._idle_interval and self._idle_s * PROBE_SHARE >= self._probe_cost_s:
+            self._idle_interval = min(self._idle_interval * 2, 64 * self.probe_every)
+            self._idle_steps, self._idle_s = 0, 0.0
+            self._probing_idle = idle
+            return frozenset(), True
+        self._skipping = True
+        return idle, False
 
     def _cut(self, load: BatchLoad, probing: bool = False) -> Callable[[str, int, Sequence[float] | None], int]:
         """The budget's ``cut``: a scored draft by its scores, else by the source's acceptance by position."""
@@ -391,7 +440,7 @@ class CostK(_Policy):
         where a 2-row call costs 2.4x a 1-row one, it kept the suffix drafter at k = 0 and decoded a
         prompt the global tree had seen twice at 45 tok/s where fixed k = 16 ran it at 87 tok/s.
         """
-        if not self._scored or not self._scored.issuperset(self._sources):
+        if not self._scored:
             return False
         return self._looks.seconds <= LOOK_SHARE * self._step_cost(1, load)
 
@@ -482,6 +531,18 @@ class CostK(_Policy):
         net = outcome.draft_s + outcome.verify_s + outcome.other_s - (1 + outcome.n_accepted) * plain
         self._probe_cost_s += 0.5 * (max(net, 0.0) - self._probe_cost_s)
 
+    def _note_idle(self, outcome: StepOutcome) -> None:
+        """A step that skipped the idle model sources counts toward their next probe; a step that probed them is
+        priced as a probe where one of them drafted it (a copy the scored source drafted says nothing of them)."""
+        if self._skipping:
+            self._skipping = False
+            self._idle_steps += 1
+            self._idle_s += outcome.draft_s + outcome.verify_s + outcome.other_s
+        elif self._probing_idle:
+            if outcome.source in self._probing_idle:
+                self._note_probe(outcome)
+            self._probing_idle = frozenset()
+
     def _note_kept(self, source: str, kept: bool) -> None:
         """A model source was asked: whether its draft left a token to verify. Its best k is recomputed at once
         (``best_k_for`` caches it for 16 steps), so a run of dropped asks stops asking within a few steps."""
@@ -504,6 +565,7 @@ class CostK(_Policy):
         if self._probing:
             self._probing = False
             self._note_probe(outcome)
+        self._note_idle(outcome)
         if n == 0:
             self._plain_steps += 1
             self._plain_s += outcome.verify_s + outcome.other_s

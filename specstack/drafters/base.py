@@ -123,13 +123,26 @@ class DrafterTraits:
     reads_context: bool = False
     drafts: bool = True
     prefix: PrefixDrafter | None = None  # the drafter itself where it keeps prefix state
+    scored: frozenset[str] = frozenset()  # the sources whose drafts score their tokens (``scored_sources``)
 
     @classmethod
     def of(cls, drafter: Drafter) -> "DrafterTraits":
         return cls(needs_hidden=isinstance(drafter, HiddenDrafter) and bool(drafter.needs_hidden),
                    reads_context=isinstance(drafter, ContextDrafter) and bool(drafter.reads_context),
                    drafts=not isinstance(drafter, PlainDrafter) or bool(drafter.drafts),
-                   prefix=drafter if isinstance(drafter, PrefixDrafter) else None)
+                   prefix=drafter if isinstance(drafter, PrefixDrafter) else None,
+                   scored=scored_sources(drafter))
+
+
+def scored_sources(drafter: Drafter) -> frozenset[str]:
+    """The names of the sources whose drafts score their tokens (``Draft.scores``): the drafter's own where it
+    declares ``scores_drafts`` (retrieval), a cascade's parts' where it lists them (``scored_sources``). The cost
+    policy is told before their first draft (``DraftLengthPolicy.expect_scores``): a cascade whose retrieval
+    source had nothing at the first look, and whose model source then drafted badly, was never asked again."""
+    parts = getattr(drafter, "scored_sources", None)
+    if parts is not None:
+        return frozenset(parts)
+    return frozenset((drafter.name,)) if getattr(drafter, "scores_drafts", False) else frozenset()
 
 
 def needs_hidden(drafter: Drafter) -> bool:

@@ -84,6 +84,7 @@ class PromptLookupDrafter:
     """Longest, most recent n-gram match over prompt + output, indexed incrementally per generation."""
 
     name = "prompt-lookup"
+    scores_drafts = True  # each token's odds from how far the match runs back (``match_probs``)
 
     def __init__(self, config: PromptLookupConfig | None = None) -> None:
         self.config = config or PromptLookupConfig()

@@ -68,6 +68,7 @@ class RestDrafter:
     """
 
     name = "rest"
+    scores_drafts = True  # each token's odds from the datastore's counts (``Draft.scores``)
 
     def __init__(self, config: RestConfig, store: Datastore | None = None) -> None:
         self.config = config

@@ -110,6 +110,7 @@ class SuffixDrafter:
     """
 
     name = "suffix"
+    scores_drafts = True  # each token's odds from the match's evidence (``Draft.scores``)
 
     def __init__(self, config: SuffixConfig | None = None, vocab: Vocab = Vocab()) -> None:
         self.config = cfg = config or SuffixConfig()
