@@ -286,8 +286,8 @@ class CostK(_Policy):
         self._spent: tuple[str, int, float] = ("", 0, 0.0)  # keep_going's last call: source, tokens, seconds
         self._memo: dict[tuple[int, BatchLoad], float] = {}  # ``_step_cost`` until the next ``observe``
         self._kept: dict[str, float] = {}  # per model source: the share of its asks kept (``KEPT_WEIGHT``)
-        # Model sources passed over in steps that looked at the scored ones (``_idle_models``): steps and time since
-        # they were last asked, the probe interval's back-off, this step skips them, this step probes these.
+        # Model sources passed over in drafting steps (``_idle_models``): steps and time since they were last asked,
+        # the probe interval's back-off, whether this step skips them, and the ones this step probes.
         self._idle_steps, self._idle_s, self._idle_interval = 0, 0.0, probe_every
         self._skipping = False
         self._probing_idle: frozenset[str] = frozenset()
@@ -432,11 +432,12 @@ class CostK(_Policy):
         return cut
 
     def _worth_looking(self, load: BatchLoad) -> bool:
-        """Ask every source for a draft even when average acceptance says none pays?
+        """Ask the scored sources for a draft even when average acceptance says none pays?
 
-        Yes when every source seen scores its tokens (``Draft.scores``) and a look costs under
-        ``LOOK_SHARE`` of a plain step.  Average acceptance cannot tell a continuation seen many times
-        (a repeated request, a copied block) from a guess, so it prices both alike; on the 1B stand-in,
+        Yes when a source scores its tokens (``Draft.scores``) and a look costs under ``LOOK_SHARE`` of a
+        plain step; a model source beside it is asked only where its own k pays (``_idle_models``).  Average
+        acceptance cannot tell a continuation seen many times (a repeated request, a copied block) from a
+        guess, so it prices both alike; on the 1B stand-in,
         where a 2-row call costs 2.4x a 1-row one, it kept the suffix drafter at k = 0 and decoded a
         prompt the global tree had seen twice at 45 tok/s where fixed k = 16 ran it at 87 tok/s.
         """
