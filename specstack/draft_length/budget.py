@@ -155,8 +155,9 @@ class Budget:
       (drafting did not pay, or nothing is known yet): a drafter that must
       catch up on unseen context (a draft model) may draft from a short tail
       of it instead, so that a probe costs about what it can win back.
-    skip: sources not to ask this step (a cascade passes over them): model
-      sources whose call would not pay, in a step that asks the scored ones.
+    skip: sources not to ask this step (a cascade passes over them, and the
+      engine over a lone drafter so named): model sources whose own price
+      says their call would not pay, beside a source that drafts this step.
     """
 
     max_tokens: int
