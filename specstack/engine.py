@@ -538,8 +538,8 @@ class Engine:
             drafter = group[0].gen.drafter
             asked = [w for w in group if drafter.name not in w.budget.skip]  # the policy's: its call won't pay
             t0 = self.clock()
-            drafts = dict(zip(map(id, asked), drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget)
-                                                               for w in asked]))) if asked else {}
+            proposed = drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget) for w in asked]) if asked else []
+            drafts = dict(zip(map(id, asked), proposed))
             spent = (self.clock() - t0) / max(len(asked), 1)
             for w in group:
                 draft = drafts.get(id(w), w.draft)

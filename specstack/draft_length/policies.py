@@ -367,8 +367,9 @@ class CostK(_Policy):
             k = self.k_max
         skip, probing = frozenset(), False
         if k > 0:  # a model source beside another (a cascade's) is asked only where its own pricing says it pays
-            skip, probing = self._idle_models(load)
-            self._looked = looking and self._unscored() <= skip
+            unscored = self._unscored()
+            skip, probing = self._idle_models(unscored, load)
+            self._looked = looking and unscored <= skip
         if k == 0:
             if self._plain_steps >= self._probe_interval and self._plain_s * PROBE_SHARE >= self._probe_cost_s:
                 # Back off while probes keep saying "not worth it": probes cost time too.
@@ -395,9 +396,9 @@ class CostK(_Policy):
         """The sources seen that draft without scores (models, ruled token by token)."""
         return frozenset(name for name in self._sources if name not in self._scored)
 
-    def _idle_models(self, load: BatchLoad) -> tuple[frozenset[str], bool]:
-        """In a step that drafts: the model sources not to ask (their best k is 0), and whether this step asks them
-        anyway, as a probe.
+    def _idle_models(self, unscored: frozenset[str], load: BatchLoad) -> tuple[frozenset[str], bool]:
+        """In a step that drafts: the model sources (of ``unscored``) not to ask (their best k is 0), and whether this
+        step asks them anyway, as a probe.
 
         A cascade asks its model source wherever the one before it comes up short, nearly every step outside a
         copy: asked so, `cascade:suffix,mtp` paid a head call on most steps, and the look that lets suffix verify a
@@ -405,7 +406,7 @@ class CostK(_Policy):
         completions, suffix alone 1.37-1.39x). Skipped model sources are probed as a plain run's would be: after
         ``_idle_interval`` skipped steps, within ``PROBE_SHARE`` of their time, backing off while probes say no.
         """
-        idle = frozenset(name for name in self._unscored() if self._k_for(name, load) == 0)
+        idle = frozenset(name for name in unscored if self._k_for(name, load) == 0)
         if not idle:
             self._idle_steps, self._idle_s = 0, 0.0
             return idle, False
