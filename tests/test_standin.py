@@ -622,7 +622,7 @@ def test_cli_make_standin_lfm2(tmp_path, capsys, lfm2_random):
 # 270M Q4_K_M when its package is installed. Exact stand-ins need W / d a power of 4 (1, 4, ..).
 
 def write_random_gemma3(path: Path, d: int = 256, n_layer: int = 6, n_head: int = 2, n_kv: int = 1,
-                        hd: int = 256, n_ff: int = 512, swa: int = 8, seed: int = 0) -> Path:
+                        hd: int = 256, n_ff: int = 512, swa: int = 8, seed: int = 0, add_tokenizer=None) -> Path:
     w = gguf.GGUFWriter(path, "gemma3")
     w.add_name("random-gemma3")
     w.add_context_length(512)
@@ -637,7 +637,7 @@ def write_random_gemma3(path: Path, d: int = 256, n_layer: int = 6, n_head: int 
     w.add_rope_freq_base(1e6)
     w.add_sliding_window(swa)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = add_pycoder_tokenizer(w)
+    n_vocab = (add_tokenizer or add_pycoder_tokenizer)(w)
     rng = np.random.default_rng(seed)
 
     def mat(rows, cols):
@@ -782,3 +782,90 @@ def test_gemma3_270m_exact_standin_gives_the_same_greedy_tokens(work):
     for (_, _, ref_logits), (_, _, logits) in zip(ref, got):
         np.testing.assert_array_equal(ref_logits, logits)
     out.unlink()
+
+
+def _add_spm_tokenizer(vocab: Path):
+    """A tokenizer adder for ``write_random_gemma3``: every tokenizer field of a SentencePiece vocab-only GGUF."""
+    from specstack.modelfile.standin.metadata import copy_field
+
+    def add(w) -> int:
+        r = gguf.GGUFReader(vocab)
+        for f in r.fields.values():
+            if f.name.startswith("tokenizer."):
+                copy_field(w, f)
+        return len(r.fields["tokenizer.ggml.tokens"].data)
+    return add
+
+
+def _prompt_logits(path: Path, ids: list[int]) -> np.ndarray:
+    from specstack.llama import LlamaModel, ModelConfig
+
+    m = LlamaModel(ModelConfig(path, n_ctx=512, n_threads=1))
+    try:
+        return m.eval(ids, logits_from=0).copy()
+    finally:
+        m.close()
+
+
+def test_vocab_keeps_a_sentencepiece_vocabulary_s_english_pieces_and_their_logits(work, shared_dir, capsys):
+    """--vocab 20000 on a random gemma3 with Llama 2's 32,000-piece SentencePiece vocabulary: the
+    control, byte and ASCII pieces stay (in order, with their scores and types), the special ids follow
+    them, text made of kept pieces tokenizes as in the source, and every kept token's logit is the
+    source's, bit for bit (the rows are moved, nothing is recomputed)."""
+    from specstack.llama import LlamaModel, ModelConfig
+    from specstack.modelfile.standin.vocab import kept_tokens
+
+    vocab = shared_dir / "vocab" / "ggml-vocab-llama-spm.gguf"
+    src = write_random_gemma3(work / "gemma3-spm.gguf", add_tokenizer=_add_spm_tokenizer(vocab))
+    parser = argparse.ArgumentParser(prog="specstack bench")
+    register_make_standin(parser.add_subparsers(dest="bench_command"))
+    out = work / "gemma3-spm-v20000.gguf"
+    args = parser.parse_args(["make-standin", "--from", str(src), "--width", "256", "--layers", "6",
+                              "--vocab", "20000", "-o", str(out)])
+    assert args.func(args) == 0
+    assert "NOT exact: 20000 of the source's 32000 tokens (--vocab)" in capsys.readouterr().out
+
+    s, r = gguf.GGUFReader(src), gguf.GGUFReader(out)
+    kept = kept_tokens(s, 20000)
+    assert len(kept) == 20000 and np.all(np.diff(kept) > 0)
+    pieces = lambda rd: [bytes(rd.fields["tokenizer.ggml.tokens"].parts[i]) for i in rd.fields["tokenizer.ggml.tokens"].data]
+    sp, rp = pieces(s), pieces(r)
+    assert rp == [sp[i] for i in kept]
+    types = np.array(s.fields["tokenizer.ggml.token_type"].contents())
+    assert set(np.flatnonzero(types != 1)) <= set(kept.tolist()), "control, byte and unknown tokens stay"
+    assert np.array_equal(np.array(r.fields["tokenizer.ggml.scores"].contents()),
+                          np.array(s.fields["tokenizer.ggml.scores"].contents())[kept])
+    for key in ("bos", "eos", "unknown"):
+        name = f"tokenizer.ggml.{key}_token_id"
+        assert sp[s.fields[name].contents()] == rp[r.fields[name].contents()]
+    assert r.fields["specstack.standin.source_vocab"].contents() == 32000
+    assert read_shape(r).n_vocab == 20000
+    dropped = sorted(set(range(32000)) - set(kept.tolist()))
+    assert all(not sp[i].decode("utf-8", "replace").isascii() for i in dropped[:50]), "other scripts go first"
+    with pytest.raises(InvalidParameterError, match="--vocab 10 is fewer than the .* tokens this vocabulary cannot lose"):
+        kept_tokens(s, 10)
+    with pytest.raises(InvalidParameterError, match="--vocab 40000 is more than the source's 32000"):
+        kept_tokens(s, 40000)
+
+    text = "def main(args):\n    return sorted(args, key=len)\n"
+    a, b = LlamaModel(ModelConfig(src, n_ctx=512)), LlamaModel(ModelConfig(out, n_ctx=512))
+    try:
+        ids_src, ids_out = a.tokenize(text), b.tokenize(text)
+    finally:
+        a.close()
+        b.close()
+    assert [int(kept[i]) for i in ids_out] == ids_src
+    np.testing.assert_array_equal(_prompt_logits(src, ids_src)[:, kept], _prompt_logits(out, ids_out))
+
+
+def test_vocab_refusals(work, gemma3_random):
+    gemma = LlamaShape(n_embd=640, n_layer=18, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048, n_vocab=262144,
+                       tied_output=True, arch="gemma3", quantized="q4_k_m", row_blocks=(32, 256, 256))
+    assert plan_standin(gemma, 1536, 28, ffn=8960, heads=6, kv_heads=1, vocab=151936, ftype="q4_k_m").out.n_vocab == 151936
+    with pytest.raises(InvalidParameterError, match="--vocab 300000 must be between 1 and the source's 262144"):
+        plan_standin(gemma, 640, 18, vocab=300000)
+    with pytest.raises(InvalidParameterError, match="--vocab applies to gemma3 sources only"):
+        plan_standin(SRC_SHAPE, 512, 8, vocab=1000)
+    with pytest.raises(UnsupportedModelError, match="needs a SentencePiece vocabulary.*'gpt2' with merges"):
+        make_standin(gemma3_random, work / "never.gguf", 256, 6, vocab=1000, progress=False)
+    assert not (work / "never.gguf").exists()

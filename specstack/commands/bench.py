@@ -181,6 +181,9 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
         "--from gemma-3-270m-q4_k_m.gguf --width 1152 --layers 26 --ffn 6912 --ftype q4_k_m; gemma3 is "
         "bit-exact only at widths of 4^k times the source's (1152 is close, not exact: see docs/standin.md); "
         "a bit-exact 1B-parameter one keeps the width: --width 640 --layers 26 --ffn 15872 --ftype q4_k_m. "
+        "Qwen 2.5 1.5B-shaped, with its 151936-row output layer (--vocab cuts Gemma's 262144; not exact): "
+        "--from gemma-3-270m-q4_k_m.gguf --width 1536 --layers 28 --ffn 8960 --heads 6 --kv-heads 1 "
+        "--vocab 151936 --ftype q4_k_m. "
         "--mtp LAYOUT instead writes a RANDOM-WEIGHT model with a NextN (MTP) block in a real model's layout "
         f"({_mtp_layouts()}) at --layers trunk layers: for cost and losslessness only, never for acceptance "
         "(random weights draft tokens that are almost never accepted). Example, Qwen3.5-35B-A3B at 4 of its 40 "
@@ -201,6 +204,11 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
                    "fewer KV heads match a real model's KV cache but are not bit-exact in q4_k_m")
     p.add_argument("--heads", type=int, default=None,
                    help="gemma3 only: query heads (default: the source's; head_dim stays the source's)")
+    p.add_argument("--vocab", type=int, default=None, metavar="N",
+                   help="gemma3 only: keep N of the source's tokens (its rarest multi-character pieces go), so the "
+                   "output layer has a real model's rows, e.g. 151936 (Qwen 2.5) or 128256 (Llama 3) instead of "
+                   "Gemma 3's 262144. NOT exact: the stand-in never emits a dropped piece and reads text that held "
+                   "one as smaller pieces (docs/standin.md says how often outputs differ)")
     p.add_argument("--attn-layers", type=int, default=None,
                    help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
     m = p.add_argument_group("random-weight MTP stand-ins (for cost and losslessness only, never acceptance)")
@@ -368,11 +376,11 @@ def _make_padded_standin(args: argparse.Namespace) -> int:
                                     "its layout's real width)")
     src = Path(args.src)
     kv_heads, attn_layers = getattr(args, "kv_heads", None), getattr(args, "attn_layers", None)
-    heads = getattr(args, "heads", None)
+    heads, vocab = getattr(args, "heads", None), getattr(args, "vocab", None)
     plan = plan_standin(read_source_shape(src), args.width, args.layers, args.ffn, args.ftype,
-                        kv_heads=kv_heads, attn_layers=attn_layers, heads=heads)
+                        kv_heads=kv_heads, attn_layers=attn_layers, heads=heads, vocab=vocab)
     make_standin(src, args.output, args.width, args.layers, args.ftype, ffn=args.ffn, threads=args.threads,
-                 kv_heads=kv_heads, attn_layers=attn_layers, heads=heads)
+                 kv_heads=kv_heads, attn_layers=attn_layers, heads=heads, vocab=vocab)
     o, s = plan.out, plan.src
     size = Path(args.output).stat().st_size
     if o.arch == "lfm2":
@@ -383,6 +391,9 @@ def _make_padded_standin(args: argparse.Namespace) -> int:
         mix = f"{o.n_layer} layers, "
     if plan.exact_for(args.ftype):
         verdict = "bit-exact"
+    elif o.n_vocab != s.n_vocab:
+        verdict = (f"NOT exact: {o.n_vocab} of the source's {s.n_vocab} tokens (--vocab), so it never emits the "
+                   f"{s.n_vocab - o.n_vocab} dropped pieces and tokenizes without them")
     elif not plan.bit_exact:
         verdict = ("not bit-exact (width is not a " + {"lfm2": "multiple", "gemma3": "power-of-4 multiple"}.get(
                    o.arch, "power-of-2 multiple") + " of the source's)")
@@ -402,7 +413,7 @@ def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
     from ..modelfile.standin.mtp import make_mtp_standin, n_params, vocab_size
 
     unused = [flag for flag, dest in (("--ffn", "ffn"), ("--kv-heads", "kv_heads"), ("--heads", "heads"),
-                                      ("--attn-layers", "attn_layers")) if getattr(args, dest, None) is not None]
+                                      ("--attn-layers", "attn_layers"), ("--vocab", "vocab")) if getattr(args, dest, None) is not None]
     if unused:
         raise InvalidParameterError(f"{', '.join(unused)}: not used with --mtp (the layout fixes them; --width "
                                     "and --experts narrow it)")

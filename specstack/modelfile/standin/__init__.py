@@ -86,6 +86,7 @@ Modules, one job each (this package re-exports the API other code imports):
 - ``plan``: ``plan_standin``: checks a request and builds the ``StandinPlan`` (pure, no I/O).
 - ``pad``: padding one tensor of a layer (dense, MoE experts, LFM2 short-conv), pure numpy.
 - ``metadata``: the stand-in's GGUF key/values (the source's, with the new shape and epsilon).
+- ``vocab``: ``--vocab N``: which of a SentencePiece source's tokens a smaller vocabulary keeps (not exact).
 - ``writer``: which tensors, in which order, and writing the F16 stand-in one tensor at a time.
 - ``make``: ``make_standin`` (F16, then llama.cpp's quantizer for q8_0/q4_k_m) and ``quantize_gguf``.
 - ``output``: checks before writing: the output's folder, and whether the files fit its free space.

@@ -166,9 +166,10 @@ class Gemma3Tensors:
     """Builds each gemma3 stand-in tensor from the source's: floats (F16 matrices, F32 norms) or, with
     ``keep``, the source's quant blocks. ``jobs`` lists (name, (shape, dtype, raw type), make)."""
 
-    def __init__(self, reader: GGUFReader, plan: StandinPlan, keep: bool):
+    def __init__(self, reader: GGUFReader, plan: StandinPlan, keep: bool, tokens: np.ndarray | None = None):
         self.by_name = {t.name: t for t in reader.tensors}
         self.plan, self.keep = plan, keep
+        self.tokens = tokens  # the source rows of a cut vocabulary (``vocab.kept_tokens``), None: all
         self.inexact_scales = 0  # embedding values the power-of-two rescale could not keep
 
     def _load(self, name: str) -> tuple[np.ndarray, int, str]:
@@ -242,6 +243,7 @@ class Gemma3Tensors:
     def _embedding(self) -> np.ndarray:
         p = self.plan
         a, unit, qtype = self._load("token_embd.weight")
+        a = self._rows(a)
         a, bad = _scale_pow2(a, qtype if unit > 1 else "F32", int(math.log2(math.isqrt(p.copies))))
         self.inexact_scales += bad
         du = p.src.n_embd // unit
@@ -249,6 +251,10 @@ class Gemma3Tensors:
         for c in range(p.copies):
             out[:, c * du:(c + 1) * du] = a
         return self._finish("token_embd.weight", out)
+
+    def _rows(self, a: np.ndarray) -> np.ndarray:
+        """The vocabulary rows the stand-in keeps (a row of quant blocks moves whole)."""
+        return a if self.tokens is None else a[self.tokens]
 
     def _norm(self, w: np.ndarray, scale: float, copies: int) -> np.ndarray:
         d = self.plan.src.n_embd
@@ -267,6 +273,7 @@ class Gemma3Tensors:
     def _output(self) -> np.ndarray:
         p = self.plan
         a, unit, _ = self._load("output.weight")
+        a = self._rows(a)
         out = _zeros_like_rows(a, p.out.n_vocab, p.out.n_embd // unit, a.dtype if unit > 1 else np.float16)
         out[:, : p.src.n_embd // unit] = a
         return self._finish("output.weight", out)

@@ -30,14 +30,16 @@ def quantize_gguf(src: Path, out: Path, ftype: str, *, threads: int = 2, verbose
 
 def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f16", *,
                  ffn: int | None = None, threads: int = 2, progress: bool = True,
-                 kv_heads: int | None = None, attn_layers: int | None = None, heads: int | None = None) -> Path:
+                 kv_heads: int | None = None, attn_layers: int | None = None, heads: int | None = None,
+                 vocab: int | None = None) -> Path:
     """Write a stand-in of ``src`` with hidden size ``width`` and ``layers`` layers to ``out``.
 
     The FFN grows in proportion to ``width`` unless ``ffn`` is given. ``ftype`` "f16" writes the
     padded model directly; "q8_0" and "q4_k_m" write it to a temporary F16 file next to ``out``
     and quantize that with llama.cpp. ``kv_heads`` and ``attn_layers`` (LFM2) are as in
     ``plan_standin``. A quantized gemma3 source: "f16" dequantizes it; its own ftype copies its
-    quant blocks (no requantization); any other ftype is refused. Returns ``out``.
+    quant blocks (no requantization); any other ftype is refused. ``vocab`` (gemma3 only) keeps that many
+    of the source's tokens (the ``vocab`` module), for an output layer of a real model's size. Returns ``out``.
 
     Before writing anything, the output's folder must exist and be writable, and the files must fit in its free
     space (``output``); a failed or interrupted write leaves no file behind, partial or whole.
@@ -48,7 +50,8 @@ def make_standin(src: Path, out: Path, width: int, layers: int, ftype: str = "f1
     if ftype not in FTYPES:
         raise InvalidParameterError(f"unknown ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
     check_output(out)
-    kw = {"ffn": ffn, "progress": progress, "kv_heads": kv_heads, "attn_layers": attn_layers, "heads": heads}
+    kw = {"ffn": ffn, "progress": progress, "kv_heads": kv_heads, "attn_layers": attn_layers, "heads": heads,
+          "vocab": vocab}
     if ftype == "f16" or read_source_shape(Path(src)).quantized is not None:  # f16, or the source's quant blocks
         write_standin_f16(Path(src), out, width, layers, ftype_for_checks=ftype,
                           before_write=room_check(out, None, fix=SMALLER, progress=progress), **kw)

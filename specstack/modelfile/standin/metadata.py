@@ -1,13 +1,13 @@
 """The stand-in's GGUF key/values: the source's, with the new shape, epsilon and name.
 
 Everything else (tokenizer, rope, chat template) is copied as is, so llama.cpp tokenizes and
-runs the stand-in like the source. ``specstack.standin.*`` keys record the layout (source name,
+runs the stand-in like the source; only ``--vocab`` replaces the tokenizer's pieces (``vocab``). ``specstack.standin.*`` keys record the layout (source name,
 residual copies, live layers) for later checks.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .shape import StandinPlan
 from .source import read_field
@@ -17,10 +17,11 @@ if TYPE_CHECKING:  # gguf is imported lazily: the rest of specstack runs without
 
 
 def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps: float,
-                  file_type: int = 1) -> None:
+                  file_type: int = 1, tokenizer: dict[str, Any] | None = None) -> None:
     """Write the source's fields to ``writer`` with the stand-in's shape and epsilon ``eps``
     (general.file_type ``file_type``, F16 by default: the quantizer sets its own), then the
-    ``specstack.standin.*`` keys."""
+    ``specstack.standin.*`` keys. ``tokenizer`` replaces the values of those source fields (a smaller
+    vocabulary: ``vocab.vocab_fields``), each written with the source field's own type."""
     from gguf import GGUFValueType as V
 
     o, arch = plan.out, plan.src.arch
@@ -39,7 +40,12 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
         vtype = f.types[0]
-        if f.name in updates:
+        if tokenizer and f.name in tokenizer:
+            if vtype == V.ARRAY:
+                writer.add_key_value(f.name, tokenizer[f.name], V.ARRAY, sub_type=f.types[-1])
+            else:
+                writer.add_key_value(f.name, tokenizer[f.name], vtype)
+        elif f.name in updates:
             val = updates[f.name]
             if isinstance(val, list) and vtype != V.ARRAY:
                 vtype = V.ARRAY
@@ -59,6 +65,8 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, plan: StandinPlan, eps
     src_name = read_field(reader, "general.name") or "?"
     writer.add_key_value("specstack.standin.source", str(src_name), V.STRING)
     writer.add_key_value("specstack.standin.residual_copies", plan.copies, V.UINT32)
+    if plan.out.n_vocab != plan.src.n_vocab:
+        writer.add_key_value("specstack.standin.source_vocab", plan.src.n_vocab, V.UINT32)
     writer.add_key_value("specstack.standin.live_layers",
                          [i for i, live in enumerate(plan.layer_live) if live], V.ARRAY, sub_type=V.INT32)
 

@@ -72,7 +72,7 @@ def _check_blocks(src: LlamaShape, width: int, n_ff: int, ftype: str) -> None:
 
 
 def _plan_gemma3(src: LlamaShape, width: int, layers: int, ffn: int | None, ftype: str,
-                 heads: int | None, kv_heads: int | None) -> StandinPlan:
+                 heads: int | None, kv_heads: int | None, vocab: int | None = None) -> StandinPlan:
     """Gemma 3: head_dim and (by default) the head count stay the source's, as in Gemma 3 1B (see
     the gemma3 module for the padding and why it is exact)."""
     if width < src.n_embd:
@@ -81,10 +81,13 @@ def _plan_gemma3(src: LlamaShape, width: int, layers: int, ffn: int | None, ftyp
     _check_layers(src, layers)
     n_ff = _ffn_width(src, width, ffn)
     n_head, n_head_kv = gemma3_heads(src, heads, kv_heads)
+    if vocab is not None and not 0 < vocab <= src.n_vocab:
+        raise InvalidParameterError(f"--vocab {vocab} must be between 1 and the source's {src.n_vocab} tokens; a "
+                                    "stand-in can only drop tokens")
     if src.quantized is None or ftype == "f16":
         _check_blocks(src, width, n_ff, ftype if ftype != "q4_k_m" else "f16")
     out = LlamaShape(n_embd=width, n_layer=layers, n_head=n_head, n_head_kv=n_head_kv, head_dim=src.head_dim,
-                     n_ff=n_ff, n_vocab=src.n_vocab, tied_output=src.tied_output, arch="gemma3",
+                     n_ff=n_ff, n_vocab=vocab or src.n_vocab, tied_output=src.tied_output, arch="gemma3",
                      quantized=src.quantized if ftype != "f16" else None, row_blocks=src.row_blocks)
     check_gemma3(src, out, ftype)
     layout = gemma3_layout(src.n_layer, layers)
@@ -95,13 +98,15 @@ def _plan_gemma3(src: LlamaShape, width: int, layers: int, ffn: int | None, ftyp
 
 def plan_standin(src: LlamaShape, width: int, layers: int, ffn: int | None = None,
                  ftype: str = "f16", *, kv_heads: int | None = None,
-                 attn_layers: int | None = None, heads: int | None = None) -> StandinPlan:
+                 attn_layers: int | None = None, heads: int | None = None,
+                 vocab: int | None = None) -> StandinPlan:
     """Check the request and work out the stand-in's shape and layer layout.
 
     ``kv_heads``: the stand-in's KV heads per attention layer (default: the source's query heads
     per KV head are kept). ``attn_layers`` (LFM2 only): how many layers are attention layers
     (default: the source's share of ``layers``). ``heads`` (gemma3 only): query heads (default:
-    the source's; llama and lfm2 have width / head_dim).
+    the source's; llama and lfm2 have width / head_dim). ``vocab`` (gemma3 only): keep that many of the
+    source's tokens (``vocab`` module; which ones needs the file, so only the count is checked here).
     """
     if ftype not in FTYPES:
         raise InvalidParameterError(f"unknown --ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
@@ -109,7 +114,10 @@ def plan_standin(src: LlamaShape, width: int, layers: int, ffn: int | None = Non
     if attn_layers is not None and not lfm2:
         raise InvalidParameterError("--attn-layers applies to hybrid (lfm2) sources only")
     if src.arch == "gemma3":
-        return _plan_gemma3(src, width, layers, ffn, ftype, heads, kv_heads)
+        return _plan_gemma3(src, width, layers, ffn, ftype, heads, kv_heads, vocab)
+    if vocab is not None:
+        raise InvalidParameterError(f"--vocab applies to gemma3 sources only (SentencePiece vocabularies; {src.arch} "
+                                    "stand-ins keep the source's)")
     if heads is not None:
         raise InvalidParameterError(f"--heads applies to gemma3 sources only ({src.arch} has width / head_dim heads)")
     _check_heads(src, width, kv_heads)

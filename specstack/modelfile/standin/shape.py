@@ -126,7 +126,9 @@ class StandinPlan:
         LFM2's q/k norms share the residual norms' epsilon but act on unscaled values: only
         c = 1 (epsilon unchanged) is exact there; so it is for Gemma 3, whose embedding scale
         sqrt(n_embd) changes with the width too (``gemma3``). A changed GQA group size (``kv_heads``) is
-        exact in F16 (see ``exact_for``)."""
+        exact in F16 (see ``exact_for``). A cut vocabulary (``--vocab``) is never exact."""
+        if self.out.n_vocab != self.src.n_vocab:  # --vocab: a different function (the ``vocab`` module)
+            return False
         if self.src.arch in ("lfm2", "gemma3"):  # gemma3: see the gemma3 module
             return self.norm_scale == 1.0
         return math.frexp(self.norm_scale)[0] == 0.5

@@ -130,7 +130,7 @@ def _nbytes(info: tuple[tuple[int, ...], np.dtype, object]) -> int:
 
 
 def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: float, jobs: list[_Job],
-                progress: bool, info: _Info, file_type: int = 1) -> None:
+                progress: bool, info: _Info, file_type: int = 1, tokenizer: dict | None = None) -> None:
     """Header, key/values and tensor infos (sizes from ``info``, nothing built yet), then
     each tensor as it is built, checked against the size already promised in the header."""
     from ...ui import Progress
@@ -138,7 +138,7 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
     alignment = read_field(reader, "general.alignment")
     if alignment:
         writer.data_alignment = int(alignment)
-    copy_metadata(reader, writer, plan, eps, file_type=file_type)
+    copy_metadata(reader, writer, plan, eps, file_type=file_type, tokenizer=tokenizer)
     for name, _ in jobs:
         shape, dtype, raw = info(name)
         writer.add_tensor_info(name, shape, dtype, _nbytes((shape, dtype, raw)), raw_dtype=raw)
@@ -157,7 +157,7 @@ def _write_gguf(writer: GGUFWriter, reader: GGUFReader, plan: StandinPlan, eps: 
 
 def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int | None = None,
                       ftype_for_checks: str = "f16", progress: bool = True, kv_heads: int | None = None,
-                      attn_layers: int | None = None, heads: int | None = None,
+                      attn_layers: int | None = None, heads: int | None = None, vocab: int | None = None,
                       before_write: Callable[[int, int], None] | None = None) -> StandinPlan:
     """Write the F16 stand-in, one tensor at a time (peak memory: the largest tensor).
 
@@ -167,13 +167,18 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
     opened (the free-space check of ``output.room_check``): it raises to write nothing."""
     reader = open_source(src)
     plan = plan_standin(read_shape(reader), width, layers, ffn, ftype_for_checks, kv_heads=kv_heads,
-                        attn_layers=attn_layers, heads=heads)
+                        attn_layers=attn_layers, heads=heads, vocab=vocab)
     eps = _scaled_epsilon(reader, plan)
-    file_type = 1
+    file_type, tokens, tokenizer = 1, None, None
+    if vocab is not None:
+        from .vocab import kept_tokens, vocab_fields
+
+        tokens = kept_tokens(reader, vocab)
+        tokenizer = vocab_fields(reader, tokens)
     if plan.src.arch == "gemma3":
         from .gemma3 import Gemma3Tensors
 
-        builder = Gemma3Tensors(reader, plan, keep=plan.out.quantized is not None)
+        builder = Gemma3Tensors(reader, plan, keep=plan.out.quantized is not None, tokens=tokens)
         jobs, info = list(builder.jobs()), builder.info
         if builder.keep:
             file_type = int(read_field(reader, "general.file_type"))
@@ -184,7 +189,7 @@ def write_standin_f16(src: Path, out: Path, width: int, layers: int, *, ffn: int
     if before_write is not None:
         before_write(sum(_nbytes(info(name)) for name, _ in jobs), metadata_bytes(reader.data_offset, len(jobs)))
     with gguf_file(out, plan.src.arch) as writer:
-        _write_gguf(writer, reader, plan, eps, jobs, progress, info, file_type)
+        _write_gguf(writer, reader, plan, eps, jobs, progress, info, file_type, tokenizer)
     if builder is not None and builder.inexact_scales and progress:
         print(f"make-standin: note: {builder.inexact_scales} embedding scales (f16 subnormals) did not divide "
               f"exactly by sqrt({plan.copies})", file=sys.stderr)
