@@ -797,7 +797,7 @@ def _add_spm_tokenizer(vocab: Path):
     return add
 
 
-def _prompt_logits(path: Path, ids: list[int]) -> np.ndarray:
+def _logits_of_ids(path: Path, ids: list[int]) -> np.ndarray:
     from specstack.llama import LlamaModel, ModelConfig
 
     m = LlamaModel(ModelConfig(path, n_ctx=512, n_threads=1))
@@ -855,7 +855,7 @@ def test_vocab_keeps_a_sentencepiece_vocabulary_s_english_pieces_and_their_logit
         a.close()
         b.close()
     assert [int(kept[i]) for i in ids_out] == ids_src
-    np.testing.assert_array_equal(_prompt_logits(src, ids_src)[:, kept], _prompt_logits(out, ids_out))
+    np.testing.assert_array_equal(_logits_of_ids(src, ids_src)[:, kept], _logits_of_ids(out, ids_out))
 
 
 def test_vocab_refusals(work, gemma3_random):
