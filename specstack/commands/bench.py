@@ -205,7 +205,8 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--heads", type=int, default=None,
                    help="gemma3 only: query heads (default: the source's; head_dim stays the source's)")
     p.add_argument("--vocab", type=int, default=None, metavar="N",
-                   help="gemma3 only: keep N of the source's tokens (its rarest multi-character pieces go), so the "
+                   help="gemma3 only: keep N of the source's tokens (other scripts' pieces go first, then the rarest "
+                   "English and code ones), so the "
                    "output layer has a real model's rows, e.g. 151936 (Qwen 2.5) or 128256 (Llama 3) instead of "
                    "Gemma 3's 262144. NOT exact: the stand-in never emits a dropped piece and reads text that held "
                    "one as smaller pieces (docs/standin.md says how often outputs differ)")
@@ -412,8 +413,9 @@ def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
     """``make-standin --mtp LAYOUT``: a random-weight model with a NextN block (``modelfile.standin.mtp``)."""
     from ..modelfile.standin.mtp import make_mtp_standin, n_params, vocab_size
 
-    unused = [flag for flag, dest in (("--ffn", "ffn"), ("--kv-heads", "kv_heads"), ("--heads", "heads"),
-                                      ("--attn-layers", "attn_layers"), ("--vocab", "vocab")) if getattr(args, dest, None) is not None]
+    flags = (("--ffn", "ffn"), ("--kv-heads", "kv_heads"), ("--heads", "heads"), ("--attn-layers", "attn_layers"),
+             ("--vocab", "vocab"))
+    unused = [flag for flag, dest in flags if getattr(args, dest, None) is not None]
     if unused:
         raise InvalidParameterError(f"{', '.join(unused)}: not used with --mtp (the layout fixes them; --width "
                                     "and --experts narrow it)")

@@ -1,8 +1,9 @@
 """The stand-in's GGUF key/values: the source's, with the new shape, epsilon and name.
 
 Everything else (tokenizer, rope, chat template) is copied as is, so llama.cpp tokenizes and
-runs the stand-in like the source; only ``--vocab`` replaces the tokenizer's pieces (``vocab``). ``specstack.standin.*`` keys record the layout (source name,
-residual copies, live layers) for later checks.
+runs the stand-in like the source; only ``--vocab`` replaces the tokenizer's pieces (``vocab``).
+``specstack.standin.*`` keys record the layout (source name, residual copies, live layers, and the
+source's vocabulary size where ``--vocab`` cut it) for later checks.
 """
 
 from __future__ import annotations
