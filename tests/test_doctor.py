@@ -10,6 +10,7 @@ import pytest
 from specstack.host import doctor, sysinfo
 from specstack.cli import main
 from specstack.paths import DEFAULT_TARGET
+from specstack.modelfile.meta import read_gguf
 
 ALL_FEATURES_ON = {k: True for k in sysinfo.CPU_FEATURES} | {"AMX_INT8": False, "AMX_BF16": False}
 
@@ -282,7 +283,12 @@ def test_row_cost_names_the_other_build_where_rows_are_dear():
     off = doctor.row_cost_check(dear, False, "gemma")
     assert off.fix == doctor.LLAMAFILE_ON_FIX and "long" in off.message
     cheap = doctor.row_cost_check(curve_of({1: 1, 2: 1.1, 4: 1.3, 8: 1.9, 16: 3.0}), True, "a 7B model")
-    assert cheap.status == "ok" and cheap.fix is None
+    assert cheap.status == "ok" and cheap.fix is None and "output layer" not in cheap.message
+    big_head = doctor.row_cost_check(dear, True, "gemma", output_share=0.72)
+    assert "Its output layer is 72% of its weights' bytes (a 7B model's: 2-7%)" in big_head.message
+    assert "make-standin" in big_head.message and big_head.fix == doctor.LLAMAFILE_OFF_FIX
+    small_head = doctor.row_cost_check(dear, True, "qwen", output_share=0.19)
+    assert "Its output layer is 19% of its weights' bytes" in small_head.message and "make-standin" not in small_head.message
     assert doctor.llamafile_in("CPU : AVX2 = 1 | LLAMAFILE = 1 |") is True
     assert doctor.llamafile_in("CPU : AVX2 = 1 | LLAMAFILE = 0 |") is False and doctor.llamafile_in(None) is None
 
@@ -291,5 +297,7 @@ def test_cli_doctor_measures_the_row_cost_of_a_model(capsys):
     assert main(["doctor", "-m", str(DEFAULT_TARGET), "--row-cost", "-t", "1", "--json"]) in (0, 1)
     rows = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "rows"]
     assert len(rows) == 1 and "2 rows" in rows[0]["message"] and "at -t 1" in rows[0]["message"]
+    share = read_gguf(DEFAULT_TARGET).output_share
+    assert 0 < share < 1 and f"Its output layer is {100 * share:.0f}% of its weights' bytes" in rows[0]["message"]
     assert main(["doctor", "--row-cost"]) == 2
     assert "give it with -m MODEL" in capsys.readouterr().err

@@ -15,12 +15,13 @@ def row_cost(model: str, threads: int, system_info: str | None) -> Check:
     seconds; nothing to measure where the cache has it)."""
     from ..draft_length import DEFAULT_K_MAX
     from ..loading import TargetSpec, load_calibrated
+    from ..modelfile.meta import read_gguf
 
     costs = load_calibrated(TargetSpec(model=Path(model), threads=threads), n_max=DEFAULT_K_MAX + 1,
                             prefix="specstack doctor").costs
     target = costs.curve
     return row_cost_check(lambda n: target[min(n, len(target)) - 1], llamafile_in(system_info),
-                          f"{Path(model).name} at -t {threads or 'its default'}")
+                          f"{Path(model).name} at -t {threads or 'its default'}", read_gguf(model).output_share)
 
 
 def register(subparsers) -> None:

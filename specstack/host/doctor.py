@@ -250,6 +250,11 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
     return checks
 
 
+# From this share of the weights' bytes on, the doctor says rows here cost more than on a big model (Gemma 3 270M
+# Q4_K_M: 72%, 63% of its parameters; Qwen 2.5 1.5B Q4_K_M: about 19%; 7B models: 2-7%).
+OUTPUT_SHARE_NOTE = 0.25
+
+
 def llamafile_in(system_info: str | None) -> bool | None:
     """Whether llama.cpp was built with llamafile's tinyBLAS (``LLAMAFILE = 1`` in its system info); None: unknown."""
     if not system_info:
@@ -257,25 +262,36 @@ def llamafile_in(system_info: str | None) -> bool | None:
     return sysinfo.parse_llama_system_info(system_info).get("LLAMAFILE") == "1"
 
 
-def row_cost_check(t: Callable[[int], float | None], llamafile: bool | None, where: str) -> Check:
+def row_cost_check(t: Callable[[int], float | None], llamafile: bool | None, where: str,
+                   output_share: float | None = None) -> Check:
     """What a verified row costs (``t``: a measured t(n) in seconds, ``where``: whose curve) and which llama.cpp
     build suits it. llama.cpp hands calls of 2+ rows to llamafile's tinyBLAS where it is built in, and a build
     without it measured cheaper at 2 rows but dearer from 4 on (docs/drafters.md), so the better build depends
-    on how long the drafts are that pay on this model and CPU."""
+    on how long the drafts are that pay on this model and CPU. ``output_share``: the output layer's share of the
+    model's bytes, said beside the curve, because where it is large (a small model with a big vocabulary) the
+    curve is mostly that layer's, and a bigger model of the family can differ (on a 2-core AMD EPYC, 16 rows cost
+    Gemma 3 270M 8.9x one row; on a 2-core Intel Xeon, 4.5x, as they did a 1.5B stand-in with a 22% share)."""
     ratios = {n: t(n) / t(1) for n in ROW_COST_NS if t(n)}  # the sizes the curve measured
     said = ", ".join(f"{n} rows {r:.1f}x" for n, r in ratios.items())
     msg = f"{where}: a verification of {said} one row ({1000 * t(1):.1f} ms)"
+    note = ""
+    if output_share is not None:
+        note = f". Its output layer is {100 * output_share:.0f}% of its weights' bytes"
+        if output_share >= OUTPUT_SHARE_NOTE:
+            note += (" (a 7B model's: 2-7%), so this curve need not be a bigger model's of its family: measure that "
+                     "model, or a stand-in of its shape (specstack bench make-standin), before reading these ratios "
+                     "as its")
     if ratios.get(2, 1.0) <= 1.5:
-        return Check("rows", "ok", msg + ": extra rows are cheap, so even short drafts pay")
+        return Check("rows", "ok", msg + ": extra rows are cheap, so even short drafts pay" + note)
     measured = ("on Gemma 3 270M Q4_K_M, 2-core AMD EPYC, -t 1, a build without it made 2 rows 20% cheaper and 8-16 "
                 "rows 27-41% dearer (docs/drafters.md)")
     if llamafile:
         return Check("rows", "info", msg + "; drafts pay only when long and near-certain (the cost policy prices "
                      f"each by this curve). This build hands 2+ rows to llamafile's tinyBLAS; {measured}: try that "
                      "build for short model drafts (draft-model, mtp at k 1-3), keep this one for long retrieval "
-                     "drafts (suffix, prompt lookup)", LLAMAFILE_OFF_FIX)
+                     "drafts (suffix, prompt lookup)" + note, LLAMAFILE_OFF_FIX)
     return Check("rows", "info", msg + f"; this build runs without llamafile's tinyBLAS ({measured}): for long "
-                 "retrieval drafts (suffix, prompt lookup at k 8-16) the default build verifies cheaper",
+                 "retrieval drafts (suffix, prompt lookup at k 8-16) the default build verifies cheaper" + note,
                  LLAMAFILE_ON_FIX)
 
 
