@@ -784,15 +784,18 @@ def test_gemma3_270m_exact_standin_gives_the_same_greedy_tokens(work):
     out.unlink()
 
 
-def _add_spm_tokenizer(vocab: Path):
-    """A tokenizer adder for ``write_random_gemma3``: every tokenizer field of a SentencePiece vocab-only GGUF."""
+def _add_spm_tokenizer(vocab: Path, bos: int | None = None):
+    """A tokenizer adder for ``write_random_gemma3``: every tokenizer field of a SentencePiece vocab-only GGUF
+    (``bos``: another BOS id instead of its own)."""
     from specstack.modelfile.standin.metadata import copy_field
 
     def add(w) -> int:
         r = gguf.GGUFReader(vocab)
         for f in r.fields.values():
-            if f.name.startswith("tokenizer."):
+            if f.name.startswith("tokenizer.") and not (bos is not None and f.name == "tokenizer.ggml.bos_token_id"):
                 copy_field(w, f)
+        if bos is not None:
+            w.add_bos_token_id(bos)
         return len(r.fields["tokenizer.ggml.tokens"].data)
     return add
 
@@ -846,6 +849,11 @@ def test_vocab_keeps_a_sentencepiece_vocabulary_s_english_pieces_and_their_logit
         kept_tokens(s, 10)
     with pytest.raises(InvalidParameterError, match="--vocab 40000 is more than the source's 32000"):
         kept_tokens(s, 40000)
+
+    broken = write_random_gemma3(work / "gemma3-spm-bad-bos.gguf", n_layer=1,
+                                 add_tokenizer=_add_spm_tokenizer(vocab, bos=99999))
+    with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.bos_token_id is 99999, outside its 32000 tokens"):
+        kept_tokens(gguf.GGUFReader(broken), 20000)
 
     text = "def main(args):\n    return sorted(args, key=len)\n"
     a, b = LlamaModel(ModelConfig(src, n_ctx=512)), LlamaModel(ModelConfig(out, n_ctx=512))

@@ -200,7 +200,7 @@ class GGUFInfo(GGUFFile):
         None without tensor infos. Every verified row runs it, so where it is large (Gemma 3 270M Q4_K_M: 72%; a
         7B model: a few percent) a row's cost is mostly that layer's, and a bigger model of the family can differ."""
         sizes = {t.name: t.n_bytes for t in self.tensors}
-        out = sizes.get("output.weight") or sizes.get("token_embd.weight")
+        out = sizes["output.weight"] if "output.weight" in sizes else sizes.get("token_embd.weight")
         total = sum(b for b in sizes.values() if b)
         return out / total if out and total else None
 

@@ -38,9 +38,15 @@ def _pieces(reader: GGUFReader) -> list[bytes]:
 
 
 def _id_fields(reader: GGUFReader) -> dict[str, int]:
-    """Every ``tokenizer.ggml.*_token_id`` field and the token it names."""
-    return {name: int(f.contents()) for name, f in reader.fields.items()
-            if name.startswith("tokenizer.ggml.") and name.endswith("_token_id")}
+    """Every ``tokenizer.ggml.*_token_id`` field and the token it names (refused where it names none)."""
+    n = len(reader.fields[TOKENS].data)
+    ids = {name: int(f.contents()) for name, f in reader.fields.items()
+           if name.startswith("tokenizer.ggml.") and name.endswith("_token_id")}
+    for name, i in ids.items():
+        if not 0 <= i < n:
+            raise UnsupportedModelError(f"the source's {name} is {i}, outside its {n} tokens, so --vocab cannot "
+                                        "tell which token to keep for it; mend the source's tokenizer or leave --vocab out")
+    return ids
 
 
 def check_vocab_source(reader: GGUFReader) -> None:
