@@ -72,6 +72,7 @@ class _Work:
     draft_s: float = 0.0
     dead_end: bool = False  # the constraints allowed no token at the step's last row: its token is a placeholder
     probs: np.ndarray | None = None  # the rows' sampled distribution p (None: greedy), for post-sampling probs
+    declined: int = -1  # the first token of a draft the policy cut to nothing (``StepOutcome.shadow``)
 
 
 def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
@@ -486,7 +487,9 @@ class Engine:
             else:
                 gen.drafter.advance(committed, result.n_accepted, gen.seq)
             other = ((t0 - t_begin) + (self.clock() - t2)) * share  # bookkeeping, not the consumer's time
-            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other))
+            shadow = -1 if w.declined < 0 or not committed else int(committed[0] == w.declined)
+            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other,
+                                           shadow))
             gen._emit(gen.stop_text.take(final=False))
             if gen.stats.stop_reason:
                 self._finish(gen)
@@ -552,6 +555,7 @@ class Engine:
                     grammar = None  # walked
                 if draft.token_ids:
                     w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
+                    w.declined = -1 if w.draft.token_ids else draft.token_ids[0]
                 if grammar is not None and w.draft.token_ids:  # cut at the grammar's first refusal
                     w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
 

@@ -210,6 +210,30 @@ def test_cost_verifies_a_scored_draft_as_far_as_its_scores_pay_and_learns_when_t
     assert trim(p, "s", 12, probs=sure) == 0  # calibration learnt that "sure" means nothing here
 
 
+def test_a_declined_scored_source_learns_from_the_plain_steps_whether_its_drafts_were_right():
+    """A scored source whose calibration fell (sure drafts rejected early) is declined, so no verification can
+    raise it again: a grounded edit whose answer then copies the prompt for 150 tokens was decoded plain. The plain
+    step's token says whether the declined draft's first token was right (``StepOutcome.shadow``), and the
+    calibration learns from that: right, the source is verified again; wrong, it stays declined."""
+    curve = CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)])
+    sure = (1.0,) * 12
+    for right, verified in ((1, True), (0, False)):
+        p = CostK(curve, k_max=16)
+        p.expect_scores(frozenset({"s"}))
+        for _ in range(20):  # the scores lie at first
+            n = trim(p, "s", 12, probs=sure)
+            p.observe(outcome(n, 0) if n else outcome(0, 0))
+        assert trim(p, "s", 12, probs=sure) == 0
+        for _ in range(20):  # declined: plain steps, each saying whether the draft's first token was the target's
+            assert trim(p, "s", 12, probs=sure) == 0 or verified
+            p.observe(dataclasses.replace(outcome(0, 0), shadow=right))
+        assert (trim(p, "s", 12, probs=sure) > 0) == verified
+        p.observe(outcome(0, 0))
+        for _ in range(20):  # without the plain steps' word (no draft declined) nothing moves
+            p.observe(outcome(0, 0))
+        assert (trim(p, "s", 12, probs=sure) > 0) == verified
+
+
 def test_a_look_at_a_scored_source_skips_an_idle_model_source_and_probes_it_now_and_then():
     """``cascade:suffix,mtp``: the head's drafts are never accepted, so its best k is 0, but the suffix drafter
     scores its drafts, so it is looked at every step. The look used to be off for the whole cascade once the

@@ -81,6 +81,43 @@ def test_a_drafter_the_budget_skips_is_not_asked(target):
     assert 0 < len(asked) <= policy.steps // 2 + 1  # asked only on the steps that did not skip it
 
 
+class _Declining(FixedK):
+    """Fixed k, with every draft cut to nothing by the policy (``Budget.cut``), and the outcomes it is told."""
+
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.outcomes = []
+
+    def budget(self, cap, load=None, tree=False):
+        import dataclasses
+
+        return dataclasses.replace(super().budget(cap), cut=lambda source, n, scores=None: 0)
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+    def fork(self):
+        return self
+
+
+def test_a_plain_step_tells_the_policy_whether_the_draft_it_declined_was_right(target):
+    """``StepOutcome.shadow``: after the policy cuts a draft to nothing, whether the plain step's token is the
+    draft's first; -1 where nothing was drafted. The output is plain decoding's."""
+    drafter = create("prompt-lookup", BuildContext(target))
+    drafts = []
+    propose = drafter.propose
+    drafter.propose = lambda requests: drafts.append((len(requests[0].context), out := propose(requests))) or out
+    policy = _Declining()
+    gen = Engine(target, drafter).generate(PROMPT, GenerationConfig(max_tokens=48), policy=policy).run()
+    plain = Engine(target, create("none", BuildContext(target))).generate(PROMPT, GenerationConfig(max_tokens=48)).run()
+    assert gen.output_ids == plain.output_ids and gen.stats.n_drafted == 0
+    tokens = target.tokenize(PROMPT) + gen.output_ids
+    expected = [int(d[0].token_ids[0] == tokens[n]) for n, d in drafts if d[0].token_ids]
+    assert [o.shadow for o in policy.outcomes if o.shadow >= 0] == expected
+    assert len(policy.outcomes) - len(expected) == sum(o.shadow == -1 for o in policy.outcomes)
+    assert expected.count(1) > 0 and expected.count(0) > 0  # both answers occur on this prompt
+
+
 def test_generation_stops_cleanly_when_context_is_full(target):
     ids = target.tokenize(PROMPT)
     n_prompt = target.capacity - 5

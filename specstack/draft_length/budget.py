@@ -91,6 +91,10 @@ class StepOutcome:
     draft_s: float
     verify_s: float
     other_s: float = 0.0  # the loop's own bookkeeping in this step (observe, commit, policy)
+    # A plain step after the policy cut a draft to nothing: 1 if the draft's first token is the one the step
+    # committed (it would have been accepted), 0 if not, -1 where no draft was declined.  A free outcome: a cost
+    # policy that declines a source's drafts learns nothing from verifications, and would decline them for good.
+    shadow: int = -1
 
 
 class DraftLengthPolicy(Protocol):

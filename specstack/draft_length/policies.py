@@ -282,6 +282,7 @@ class CostK(_Policy):
         self._best: dict[tuple, tuple[int, int]] = {}  # (source, load) -> (best k, step computed)
         self._confidences: dict[str, list[float]] = {}  # the last draft's, per source, for calibration
         self._scores: dict[str, list[float]] = {}  # the last verified scored draft's, per source, for calibration
+        self._declined: tuple[str, float] | None = None  # this step's scored draft cut to nothing: source, 1st score
         self._looked = False  # this step's budget was a look (see ``_worth_looking``)
         self._spent: tuple[str, int, float] = ("", 0, 0.0)  # keep_going's last call: source, tokens, seconds
         self._memo: dict[tuple[int, BatchLoad], float] = {}  # ``_step_cost`` until the next ``observe``
@@ -454,6 +455,7 @@ class CostK(_Policy):
         probs = [st.scores.prob(c) for c in scores]
         m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), len(probs), load.tokens)
         self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
+        self._declined = (name, scores[0]) if m == 0 and scores else None  # calibrated by the plain step's token
         return m
 
     def _worth_verifying(self, name: str, n: int, load: BatchLoad) -> int:
@@ -568,7 +570,10 @@ class CostK(_Policy):
             self._probing = False
             self._note_probe(outcome)
         self._note_idle(outcome)
+        declined, self._declined = self._declined, None
         if n == 0:
+            if declined is not None and outcome.shadow >= 0:
+                self.source(declined[0]).scores.update(declined[1:], outcome.shadow)
             self._plain_steps += 1
             self._plain_s += outcome.verify_s + outcome.other_s
             if computed:  # a model draft whose every token was dropped: its calls were paid
