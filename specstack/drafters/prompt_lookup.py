@@ -8,6 +8,9 @@ the longest, most recent match.  Each draft carries its evidence: how many token
 the match runs back (``match_probs``), so that the cost policy verifies a copy
 of a prompt's line whole, every step, and a coincidence not at all.
 
+A match of ``RESYNC`` tokens or more starts a copy cursor (``retrieval.rewrites``), which follows the document
+through the answer's edits: where the answer renames a name the prompt uses, later copies draft the new name.
+
 Example with n_min=1, n_max=2 and context ``[1, 2, 3, 9, 1, 2]``: the
 suffix ``(1, 2)`` last occurred ending at position 2, so the draft is the
 tokens from there, ``[3, 9, 1, 2]`` (capped at k).
@@ -20,6 +23,7 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError
 from ..retrieval.lookup import going_on
+from ..retrieval.rewrites import MAX_SPAN, Position, Rewrites
 from ..types import Draft
 from .base import BuildContext, DraftRequest, config_from_options, register
 
@@ -39,6 +43,7 @@ class PromptLookupConfig:
 
 
 MAX_MATCH = 64  # how far back a match is followed for its length
+RESYNC = 3  # a match this long starts the copy cursor, and after a break teaches the rewrite it stepped over
 
 
 class _Index:
@@ -80,6 +85,69 @@ class _Index:
         return None
 
 
+class _Seq:
+    """One generation: its index, and the copy its answer is following (``retrieval.rewrites``).
+
+    ``at`` is the cursor, the copy's position after the committed tokens (None: no copy followed); ``run`` is how
+    many tokens it has followed (the drafts' evidence); ``broke`` is (answer position, document position) where the
+    last copy broke, from which the next resync learns what the answer wrote instead."""
+
+    def __init__(self, config: PromptLookupConfig, prompt_ids: Sequence[int]) -> None:
+        self.index = _Index(config.n_min, config.n_max)
+        self.index.extend(prompt_ids)
+        self.rewrites = Rewrites(len(self.index.tokens))
+        self.at: Position | None = None
+        self.run = 0
+        self.broke: tuple[int, int] | None = None
+
+    def follow(self, ids: Sequence[int]) -> None:
+        """Walk newly committed tokens (already indexed) along the copy; a token it did not predict breaks it.  A
+        rewrite the answer did not make is forgotten, and where the answer kept the document's token the copy goes
+        on verbatim."""
+        at = self.at
+        if at is None:
+            return
+        toks = self.index.tokens
+        base = len(toks) - len(ids)
+        for i, t in enumerate(ids):
+            nxt = self.rewrites.step(toks, at)
+            if nxt is not None and nxt[0] != t and nxt[2]:
+                self.rewrites.forget(nxt[2])
+                nxt = self.rewrites.step(toks, at) if at.pending else (toks[at.src], Position(at.src + 1), ())
+            if nxt is None or nxt[0] != t:
+                self.broke = None if at.pending else (base + i, at.src)
+                self.at, self.run = None, 0
+                return
+            at = nxt[1]
+        self.at, self.run = at, min(self.run + len(ids), MAX_MATCH)
+
+    def resync(self, j: int, m: int) -> None:
+        """A match of ``m`` tokens ending at ``j`` takes a copy up again.  Where it is the document a few tokens past
+        the last break, the span skipped there and what the answer wrote instead are a rewrite."""
+        toks = self.index.tokens
+        if self.broke is not None:
+            out0, src0 = self.broke
+            out1, src1 = len(toks) - m, j - m
+            if 0 <= src1 - src0 <= MAX_SPAN and 0 <= out1 - out0 <= MAX_SPAN and src1 <= self.rewrites.document_end:
+                self.rewrites.learn(toks[src0:src1], toks[out0:out1])
+            self.broke = None
+        self.at, self.run = Position(j), m
+
+    def copy(self, after: Sequence[int], n: int) -> tuple[list[int], int] | None:
+        """The cursor's copy after ``after`` (tokens past the committed ones): its tokens and run; None where there
+        is no cursor or ``after`` leaves the copy."""
+        at = self.at
+        if at is None:
+            return None
+        toks = self.index.tokens
+        for t in after:
+            nxt = self.rewrites.step(toks, at)
+            if nxt is None or nxt[0] != t:
+                return None
+            at = nxt[1]
+        return self.rewrites.copy(toks, at, n), self.run + len(after)
+
+
 class PromptLookupDrafter:
     """Longest, most recent n-gram match over prompt + output, indexed incrementally per generation."""
 
@@ -88,16 +156,16 @@ class PromptLookupDrafter:
 
     def __init__(self, config: PromptLookupConfig | None = None) -> None:
         self.config = config or PromptLookupConfig()
-        self._seqs: dict[int, _Index] = {}
+        self._seqs: dict[int, _Seq] = {}
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0) -> None:
-        index = self._seqs[seq] = _Index(self.config.n_min, self.config.n_max)
-        index.extend(prompt_ids)
+        self._seqs[seq] = _Seq(self.config, prompt_ids)
 
     def advance(self, new_ids: Sequence[int], n_accepted: int, seq: int = 0) -> None:
-        index = self._seqs.get(seq)
-        if index is not None:
-            index.extend(new_ids)
+        s = self._seqs.get(seq)
+        if s is not None:
+            s.index.extend(new_ids)
+            s.follow(new_ids)
 
     def end(self, seq: int = 0, complete: bool = True) -> None:
         self._seqs.pop(seq, None)
@@ -108,16 +176,24 @@ class PromptLookupDrafter:
         return [self._one(r.seq, r.context, r.budget.max_tokens) for r in requests]
 
     def _one(self, seq: int, context: Sequence[int], max_tokens: int) -> Draft:
-        index = self._seqs.get(seq)
-        if index is None or max_tokens <= 0:
+        s = self._seqs.get(seq)
+        if s is None or max_tokens <= 0:
             return Draft.empty(self.name)
+        index = s.index
         after = context[len(index.tokens):] if len(context) > len(index.tokens) else ()
-        found = index.find(after)
-        if found is None:
-            return Draft.empty(self.name)
-        j, m = found
-        tokens = tuple(index.tokens[j : j + max_tokens])
-        return Draft(token_ids=tokens, source=self.name, probs=match_probs(m, len(tokens)))
+        copied = s.copy(after, max_tokens)
+        if copied is None or not copied[0]:
+            found = index.find(after)
+            if found is None:
+                return Draft.empty(self.name)
+            j, m = found
+            if m >= RESYNC and not after:
+                s.resync(j, m)
+                copied = s.copy((), max_tokens)
+            else:
+                copied = (index.tokens[j : j + max_tokens], m)
+        tokens, m = copied
+        return Draft(token_ids=tuple(tokens), source=self.name, probs=match_probs(m, len(tokens)))
 
 
 def match_probs(match: int, n: int) -> tuple[float, ...]:
