@@ -54,6 +54,11 @@ def test_the_grounded_edit_workload_holds_third_party_functions_to_copy():
         assert kind == "edit" and r.category == "edit" and module.split(".")[0] not in ("os", "email", "json")
         assert f"def {name}(" in r.prompt and r.prompt.rstrip().endswith("```python")  # the answer starts the copy
         assert r.id.split(":")[0] not in held_out
+        # The edit made as asked (``bench replay --reference``): the function again, as its prompt shows it but for
+        # the edit (one task asks for what the function already does: its answer is the function itself).
+        shown = r.prompt.split("```python\n")[1].split("```")[0]
+        assert r.reference.endswith("```") and r.reference[:-3].count("\n") == shown.count("\n")
+    assert sum(r.reference[:-3] not in r.prompt for r in wl.requests) == 5
 
 
 def test_bundled_workloads_come_only_from_held_out_files():
@@ -86,6 +91,7 @@ def test_groups_run_in_file_order_and_ungrouped_requests_alone():
         ('{"prompt": "x", "category": "c", "max_tokens": "16"}', "'max_tokens' must be an integer >= 1"),
         ('{"prompt": "", "category": "c", "max_tokens": 8}', "'prompt' must be a non-empty string"),
         ('{"prompt": "x", "category": "c", "max_tokens": 8, "max_token": 8}', "unknown field 'max_token'"),
+        ('{"prompt": "x", "category": "c", "max_tokens": 8, "reference": 3}', "'reference' must be a non-empty string"),
         ('{"prompt": "x", "category": "c", "max_tokens": 8, "id": "first"}', "duplicate id 'first' (first used on line 1)"),
     ],
 )
@@ -172,6 +178,7 @@ def tiny_run(tmp_path_factory):
     """2 prompts x (plain, prompt-lookup k=2) x temperature (0, 0.7), 16 tokens each, through the CLI."""
     tmp = tmp_path_factory.mktemp("bench")
     rows = [json.loads(line) for line in workloads.resolve("code-grounded").read_text().splitlines()[:2]]
+    rows[0]["reference"] = rows[0]["prompt"][-300:]  # an answer that copies the prompt's end (``replay --reference``)
     wl = tmp / "tiny.jsonl"
     wl.write_text("".join(json.dumps({**r, "max_tokens": 16}) + "\n" for r in rows))
     out = tmp / "out"
@@ -248,6 +255,28 @@ def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
         assert row["est_tokens_per_second"] > 0 and row["live_tokens_per_second"] > 0
     plain = next(row for row in got["rows"] if row["method"] == "none")
     assert plain["est_speedup"] == 1.0 and plain["same_as_live"] is None
+
+
+def test_replay_over_reference_answers(capsys, tiny_run):
+    """``--reference``: the requests with a reference answer, replayed over it instead of what the model wrote."""
+    _, out = tiny_run
+    results = load_results(out / "results.json")
+    first, second = results["workload"]["requests"]
+    assert first["reference_ids"] and "reference_ids" not in second  # tokenized by the run that had the model
+    got = replay.replay(results, ["prompt-lookup"], [2], reference=True)
+    assert {r["request"] for r in got["requests"]} == {first["id"]}
+    plain = next(r for r in got["requests"] if r["method"] == "none")
+    drafted = next(r for r in got["requests"] if r["method"] == "prompt-lookup")
+    assert plain["n_tokens"] == drafted["n_tokens"] == len(first["reference_ids"]) != 16
+    assert drafted["n_accepted"] > 0  # the reference copies the prompt: prompt lookup drafts it
+    code, stdout, _ = run_cli(capsys, "bench", "replay", str(out / "results.json"), "--methods", "prompt-lookup",
+                              "--reference")
+    assert code == 0 and "| prompt-lookup | 2 | all |" in stdout
+    from specstack.errors import InvalidParameterError
+
+    del first["reference_ids"]
+    with pytest.raises(InvalidParameterError, match="no request in these results has a reference answer"):
+        replay.replay(results, ["prompt-lookup"], [2], reference=True)
 
 
 def test_replay_cli_prints_a_table(capsys, tiny_run):

@@ -74,7 +74,7 @@ def new_results(config: BenchConfig, target: LlamaModel, reqs: list[Tokenized]) 
             "name": wl.name,
             "path": str(wl.path),
             "requests": [{**t.request.to_dict(), "line": t.request.line, "prompt_ids": t.prompt_ids,
-                          "seed": t.seed} for t in reqs],
+                          "seed": t.seed, **_reference_ids(t, target)} for t in reqs],
         },
         "runs": [],
         "peers": [],
@@ -82,6 +82,13 @@ def new_results(config: BenchConfig, target: LlamaModel, reqs: list[Tokenized]) 
         "cost_curve": None,
         "interrupted": False,
     }
+
+
+def _reference_ids(t: Tokenized, target: LlamaModel) -> dict[str, Any]:
+    """A request's reference answer as token ids (``bench replay --reference`` drafts over them), if it has one."""
+    if t.request.reference is None:
+        return {}
+    return {"reference_ids": target.tokenize(t.request.reference, add_special=False)}
 
 
 def config_dict(config: BenchConfig, target: LlamaModel) -> dict[str, Any]:

@@ -14,6 +14,11 @@ run in the order the bench ran them (runner.py), one engine per configuration an
 Example: recorded output ``[5, 6, 7, 8]`` and a draft ``[6, 7, 9]`` after the first (plain) step:
 2 accepted, ``[6, 7, 8]`` committed (8 is the target's token).
 
+With ``--reference`` the recorded output of each request that has a reference answer (a workload's ``reference``:
+the answer asked for, as an instruction-tuned model writes it) is replaced by that answer, so drafters are measured on
+it where the model at hand answers otherwise: a pretrained model asked to rename a parameter mostly copies the
+function unchanged, an instruction-tuned one renames it everywhere.
+
 Exact counts for deterministic drafters (prompt-lookup, suffix, rest; draft-model at temperature 0,
 which loads only the draft GGUF), and for k policies up to what they learn from time (``cost``
 sees priced calls and real drafting).  One case can differ: when an output ended at EOS and a draft
@@ -93,11 +98,35 @@ def _config(request: dict[str, Any], max_tokens: int | None = None) -> Generatio
     return GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0, seed=request.get("seed")))
 
 
+def with_references(results: dict[str, Any]) -> dict[str, Any]:
+    """The results cut to the requests with a reference answer, each answer in place of the recorded plain output.
+
+    The live runs of other methods answered something else, so they are left out (the table then has no live
+    columns), and so is plain decoding's decode time (it timed another answer)."""
+    refs = {q["id"]: q for q in results["workload"]["requests"] if q.get("reference_ids")}
+    if not refs:
+        raise InvalidParameterError("--reference: no request in these results has a reference answer; give the "
+                                    "workload a 'reference' field (the answer asked for) and run `specstack bench run` "
+                                    "on it again")
+    runs = []
+    for r in results["runs"]:
+        q = refs.get(r["request"])
+        if q is not None and r["method"] == PLAIN and float(r["temperature"]) == 0.0:
+            ids = list(q["reference_ids"])
+            stats = {k: v for k, v in r["stats"].items() if k != "decode_s"}
+            runs.append({**r, "output_ids": ids, "stats": {**stats, "stop_reason": "length", "n_tokens": len(ids)}})
+    requests = [dict(q, max_tokens=len(q["reference_ids"])) for q in refs.values()]
+    return {**results, "workload": {**results["workload"], "requests": requests}, "runs": runs}
+
+
 def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks: Sequence[int] | None = None,
-           options: dict[str, Any] | None = None, statistic: str = "min_s") -> dict[str, Any]:
-    """Replay plain decoding and every (method, k) over the recorded outputs on the engine; per-request counts
-    and predicted decode times, plus aggregates beside the live run's (``statistic``: the cost curve's
-    ``min_s``, as the cost policy reads it, or ``median_s``)."""
+           options: dict[str, Any] | None = None, statistic: str = "min_s", reference: bool = False) -> dict[str, Any]:
+    """Replay plain decoding and every (method, k) over the recorded outputs on the engine (``reference``: over the
+    requests' reference answers, ``with_references``); per-request counts and predicted decode times, plus
+    aggregates beside the live run's (``statistic``: the cost curve's ``min_s``, as the cost policy reads it, or
+    ``median_s``)."""
+    if reference:
+        results = with_references(results)
     cfg = results["config"]
     ks = list(ks or cfg["ks"])
     opts = {**cfg.get("drafter_options", {}), **(options or {})}

@@ -24,7 +24,7 @@ from ..paths import DATA_DIR
 
 WORKLOADS_DIR = DATA_DIR / "workloads"
 REQUIRED = ("prompt", "category", "max_tokens")
-OPTIONAL = ("id", "group")
+OPTIONAL = ("id", "group", "reference")
 
 
 class WorkloadError(SpecstackError):
@@ -41,12 +41,17 @@ class Request:
     max_tokens: int
     group: str | None = None
     line: int = 0
+    # The answer the request asks for, as an instruction-tuned model would write it (a grounded edit made as asked):
+    # ``bench replay --reference`` drafts over it where the model at hand answers otherwise (a pretrained one).
+    reference: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "category": self.category, "max_tokens": self.max_tokens}
         if self.group is not None:
             out["group"] = self.group
         out["prompt"] = self.prompt
+        if self.reference is not None:
+            out["reference"] = self.reference
         return out
 
 
@@ -162,6 +167,9 @@ def _parse_one(line: str, where: str, lineno: int, stem: str) -> Request:
     group = obj.get("group")
     if group is not None and (isinstance(group, bool) or not isinstance(group, (str, int)) or group == ""):
         raise WorkloadError(f"{where}: 'group' must be a non-empty string or an integer (got {group!r})")
+    reference = obj.get("reference")
+    if reference is not None and (not isinstance(reference, str) or not reference):
+        raise WorkloadError(f"{where}: 'reference' must be a non-empty string (the answer asked for)")
     return Request(
         id=str(rid),
         prompt=prompt,
@@ -169,4 +177,5 @@ def _parse_one(line: str, where: str, lineno: int, stem: str) -> Request:
         max_tokens=max_tokens,
         group=None if group is None else str(group),
         line=lineno,
+        reference=reference,
     )

@@ -159,6 +159,11 @@ def _register_replay(bsub: argparse._SubParsersAction) -> None:
     add_ks_arg(r, None, "comma-separated draft lengths (default: the run's)")
     r.add_argument("--drafter-option", dest="extra_options", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="drafter config field, e.g. max_spec_factor=2 (repeatable)")
+    r.add_argument("--reference", action="store_true",
+                   help="replay over the requests' reference answers (a workload's 'reference' field, such as the "
+                   "grounded-edit workload's edits made as asked) instead of the recorded outputs: how the drafters "
+                   "would do on the answer an instruction-tuned model writes, where the model at hand answers "
+                   "otherwise")
     r.add_argument("-o", "--output", type=Path, default=None, help="also write the replay as JSON to this file")
     r.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
     r.set_defaults(func=cmd_replay)
@@ -315,7 +320,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..bench.results import load_results
 
     results = load_results(args.results)
-    out = replay.replay(results, args.methods, args.k, dict(args.extra_options))
+    out = replay.replay(results, args.methods, args.k, dict(args.extra_options), reference=args.reference)
     if args.output:
         replay.write_json(out, args.output)
     if args.json:
