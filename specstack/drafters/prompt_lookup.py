@@ -111,9 +111,9 @@ class _Seq:
         base = len(toks) - len(ids)
         for i, t in enumerate(ids):
             nxt = self.rewrites.step(toks, at)
-            if nxt is not None and nxt[0] != t and nxt[2]:
+            if nxt is not None and nxt[0] != t and nxt[2]:  # a rewrite refuted: the document's own token instead
                 self.rewrites.forget(nxt[2])
-                nxt = self.rewrites.step(toks, at) if at.pending else (toks[at.src], Position(at.src + 1), ())
+                nxt = None if at.pending else (toks[at.src], Position(at.src + 1), ())
             if nxt is None or nxt[0] != t:
                 self.broke = None if at.pending else (base + i, at.src)
                 self.at, self.run = None, 0

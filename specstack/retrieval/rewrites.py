@@ -44,18 +44,15 @@ class Rewrites:
     def __len__(self) -> int:
         return self._count
 
-    def learn(self, span: Sequence[int], answer: Sequence[int]) -> bool:
+    def learn(self, span: Sequence[int], answer: Sequence[int]) -> None:
         """Keep ``span`` -> ``answer`` if it is a plausible edit: a non-empty span, both short, not the same."""
         span, answer = tuple(span), tuple(answer)
-        if not span or len(span) > MAX_SPAN or len(answer) > MAX_SPAN or span == answer:
-            return False
-        if self._count >= MAX_RULES:
-            return False
+        if not span or len(span) > MAX_SPAN or len(answer) > MAX_SPAN or span == answer or self._count >= MAX_RULES:
+            return
         rules = self._rules.setdefault(span[0], [])
         rules[:] = [r for r in rules if r[0] != span]  # the newer reading of a span wins
         rules.insert(0, (span, answer))
         self._count = sum(len(v) for v in self._rules.values())
-        return True
 
     def forget(self, span: Sequence[int]) -> None:
         """Drop the rewrite of ``span``: a verification refuted it."""
