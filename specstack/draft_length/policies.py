@@ -46,6 +46,18 @@ PROBE_SHARE = 0.02
 KEPT_WEIGHT = 0.25
 KEPT_FLOOR = 0.02
 
+# What a generation keeps of plain decoding's rate whatever its drafts turn out to be (conservative exploration, as
+# in conservative bandits): a draft is verified only as far as the time its rows would lose were every token
+# refused fits in what the generation has won so far, plus (1 / FLOOR - 1) of the plain decoding time its tokens
+# stand for, plus STAKE plain steps. A generation of 50 tokens or more so keeps 0.97x plain decoding's rate, as
+# the cost model prices it. Priced by expectation alone, scores that earlier requests had found right lost up to 9%
+# on 12 of 25 third-party completions on Gemma 3 270M (`bench replay`, priced at a 2-core AVX2 EPYC's curve, where a
+# 2-row call costs 1.9x a 1-row one); with the floor none fell below 0.97x and the aggregate held (1.00x, 1.01x),
+# while copies lost some early drafts (the grounded edits' references 1.30x, 1.26x). The stake lets a first short
+# draft through: without it, where rows are cheap (t(n) = 1 + 0.1 (n - 1)), those copies fell from 4.96x to 4.74x.
+FLOOR = 0.98
+STAKE = 0.5
+
 # How many more tokens a model draft looks ahead when deciding whether to draft the next: where exact call shapes
 # pad a verification (t(2) = t(3) on the bundled MTP model), one more row can cost more than two.
 LOOKAHEAD = 4
@@ -257,13 +269,21 @@ class CostK(_Policy):
     the whole step's: (their tokens + this one's) / (step cost with this
     draft), so a draft token pays only its marginal cost in that batch.
     When drafting does not pay, k = 0, but every ``probe_every`` plain steps
-    it drafts a little anyway so that the estimates can recover.
+    it drafts a little anyway so that the estimates can recover.  Whatever
+    the estimates say, a generation keeps ``floor`` of plain decoding's rate
+    (``FLOOR``, ``_affordable``): what its drafts may lose is bounded by what
+    they have won; ``floor`` 0 turns the bound off.
     """
 
     name = "cost"
 
-    def __init__(self, costs: CostModel, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2) -> None:
+    def __init__(self, costs: CostModel, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2,
+                 floor: float = FLOOR) -> None:
         super().__init__(check_k(k_max, "k_max"))
+        if not 0.0 <= floor < 1.0:
+            raise InvalidParameterError(f"the cost policy's floor is a share of plain decoding's rate in [0, 1) "
+                                        f"(got {floor}); 0 turns it off")
+        self.floor = floor
         self.costs = costs
         self.k_max = k_max
         self.probe_every = probe_every
@@ -293,8 +313,13 @@ class CostK(_Policy):
         self._skipping = False
         self._probing_idle: frozenset[str] = frozenset()
         self._expected: frozenset[str] = frozenset()  # this generation's drafter's scored sources (``expect_scores``)
+        self._margin_s = 0.0  # this generation's time won over plain decoding, plus the floor's share (``_affordable``)
+        self._load = SOLO  # the load this step's budget was priced at (``_note_margin``)
+        self._afford: dict[BatchLoad, int] = {}  # ``_affordable`` until the next ``observe``
 
     def _reset_generation(self) -> None:
+        self._margin_s = 0.0
+        self._afford = {}
         self._best = {}
         self._confidences = {}
         self._scores = {}
@@ -357,6 +382,7 @@ class CostK(_Policy):
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         self._looked = self._probing = self._skipping = False
         self._probing_idle = frozenset()
+        self._load = load
         if not self._sources:
             return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
         # A scored source this generation's drafter has is priced before its first draft (``expect_scores``): a
@@ -366,13 +392,16 @@ class CostK(_Policy):
         looking = self._worth_looking(load)
         if looking:  # a scored source is asked for its longest draft every step; its scores decide what is verified
             k = self.k_max
+        elif k > 0:  # within the floor (a look is cut by it instead: what it declines still calibrates its scores)
+            k = min(k, self._affordable(load))
         skip, probing = frozenset(), False
         if k > 0:  # a model source beside another (a cascade's) is asked only where its own pricing says it pays
             unscored = self._unscored()
             skip, probing = self._idle_models(unscored, load)
             self._looked = looking and unscored <= skip
         if k == 0:
-            if self._plain_steps >= self._probe_interval and self._plain_s * PROBE_SHARE >= self._probe_cost_s:
+            if (self._plain_steps >= self._probe_interval and self._plain_s * PROBE_SHARE >= self._probe_cost_s
+                    and self._affordable(load) > 0):
                 # Back off while probes keep saying "not worth it": probes cost time too.
                 self._probe_interval = min(self._probe_interval * 2, 64 * self.probe_every)
                 self._plain_steps, self._plain_s = 0, 0.0
@@ -426,10 +455,10 @@ class CostK(_Policy):
             if scores is not None:
                 return self._worth_scored(source, scores, load)
             if probing or self.book.tracker(source).n_observed() < 1.0:
-                return min(n, self.probe_k)
+                return min(n, self.probe_k, self._affordable(load))
             if source in self._ruled:
-                return self._k_for(source, load)
-            return self._worth_verifying(source, n, load)
+                return min(self._k_for(source, load), self._affordable(load))
+            return self._worth_verifying(source, min(n, self._affordable(load)), load)
 
         return cut
 
@@ -453,7 +482,9 @@ class CostK(_Policy):
         self._scored.add(name)
         st = self.source(name)
         probs = [st.scores.prob(c) for c in scores]
-        m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), len(probs), load.tokens)
+        # The best prefix within the floor: a long draft cut to what the floor affords may no longer pay.
+        m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), min(len(probs), self._affordable(load)),
+                   load.tokens)
         self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
         self._declined = (name, scores[0]) if m == 0 and scores else None  # calibrated by the plain step's token
         return m
@@ -470,7 +501,39 @@ class CostK(_Policy):
         return self._cached(("cut", name, n, load), lambda: best_k(self.book.conditional(name), lambda k: 0.0,
                                                                    lambda m: self._step_cost(m, load), n, load.tokens))
 
+    def _affordable(self, load: BatchLoad) -> int:
+        """The most draft tokens this step may verify within the floor (``FLOOR``): what their rows cost beyond a
+        plain step, were every one refused, fits in the generation's margin plus ``STAKE`` plain steps and the
+        floor's share of this one. Drafting time is not in it: a look at a retrieval source costs microseconds,
+        and a model draft's calls are charged to the margin after the step."""
+        if not self.floor:
+            return self.k_max
+        m = self._afford.get(load)
+        if m is None:
+            plain = self._step_cost(1, load)
+            room = self._margin_s + (1.0 / self.floor - 1.0 + STAKE) * plain
+            m = self.k_max if self._step_cost(self.k_max + 1, load) - plain <= room else 0  # a won generation: 1 call
+            while m < self.k_max and self._step_cost(m + 2, load) - plain <= room:
+                m += 1
+            self._afford[load] = m
+        return m
+
+    def _note_margin(self, outcome: StepOutcome) -> None:
+        """The margin moves by the plain decoding time of the step's tokens over the floor, less the step's rows
+        and drafting, priced by the cost model (a measured step's noise would move it more than the draft did) at
+        the load the budget saw, before ``observe`` clears the memo."""
+        if not self.floor:
+            return
+        plain = self._step_cost(1, self._load)
+        tokens = 1 + outcome.n_accepted
+        spent = self._step_cost(1 + outcome.n_drafted, self._load) + outcome.draft_s
+        self._margin_s += tokens * plain / self.floor - spent
+        self._afford = {}
+
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
+        cap = min(cap, self._affordable(load))
+        if cap == 0:
+            return _PLAIN
         self._probing = True
         advice = Advice(self.book, lambda n: self._step_cost(n, load))
         return Budget(min(self.probe_k, cap), tree, self._keep_going(load), advice, self._cut(load, probing=True),
@@ -557,6 +620,7 @@ class CostK(_Policy):
     def observe(self, outcome: StepOutcome) -> None:
         n = outcome.n_drafted
         self._steps += 1
+        self._note_margin(outcome)
         self._memo.clear()
         # This step's model draft (``keep_going``'s record): every token it drafted, kept or not, cost a call.
         confidences = self._confidences.pop(outcome.source, None)
