@@ -318,8 +318,7 @@ class CostK(_Policy):
         self._afford: dict[BatchLoad, int] = {}  # ``_affordable`` until the next ``observe``
 
     def _reset_generation(self) -> None:
-        self._margin_s = 0.0
-        self._afford = {}
+        self._margin_s, self._load, self._afford = 0.0, SOLO, {}
         self._best = {}
         self._confidences = {}
         self._scores = {}
