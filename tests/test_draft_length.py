@@ -31,8 +31,8 @@ from specstack.drafters.prompt_lookup import match_probs
 from specstack.types import Draft
 
 
-# Tests of one mechanism that follow a policy through many steps as one generation build it with ``floor=0.0``: the
-# floor (tested on its own, ``test_a_generation_keeps_the_floor_...``) would hold back the drafts they script.
+# Tests of one mechanism that follow a policy through many scored drafts as one generation build it with ``floor=0.0``:
+# the floor (tested on its own, ``test_a_generation_keeps_the_floor_...``) would hold back the drafts they script.
 
 
 def outcome(drafted, accepted, source="s", draft_s=1e-6, verify_s=0.0):
@@ -181,7 +181,7 @@ def test_cost_verifies_none_of_a_draft_too_short_to_pay():
     """Where a 2-row call costs 2.4x a one-row call (the 1B stand-in, Q4_K_M), a retrieval draft that came back
     with 1 token loses whatever its acceptance: the policy planned a long draft, and cuts a short one to none."""
     p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
-              k_max=16, floor=0.0)
+              k_max=16)
     for _ in range(60):  # every draft accepted whole: long drafts pay
         k = max(trim(p, "s", next_k(p)), 1)
         p.observe(outcome(k, k))
@@ -297,7 +297,7 @@ def test_a_look_at_a_scored_source_skips_an_idle_model_source_and_probes_it_now_
     head had been asked (and the head asked wherever suffix came up short); now the budget skips the head, and
     gives it a probe after a run of skipped steps, with the probe interval backing off as a plain run's does."""
     p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
-              k_max=16, floor=0.0)
+              k_max=16)
     first = p.budget(64)  # nothing known: a first look at every source
     assert first.probe and not first.skip
     first.worth(Draft((1, 2, 3), "s", probs=(1.0, 1.0, 1.0)))  # suffix: a scored draft
@@ -330,7 +330,7 @@ def test_a_scored_source_is_asked_before_its_first_draft():
     only the head was a known source, so its best k (0) made every step plain, and suffix was never asked again
     until a probe. The drafter declares its scored sources (``expect_scores``), and they are asked from the start."""
     p = CostK(CostModel([23.5, 56.7, 69.4, 77.1, 103.7, 115.0, 127.5, 103.6] + [103.6 + 6 * i for i in range(1, 12)]),
-              k_max=16, floor=0.0)
+              k_max=16)
     p.expect_scores(frozenset({"s"}))
     first = p.budget(64)
     first.keep_going("m", [0.2], 1.0)
@@ -339,7 +339,7 @@ def test_a_scored_source_is_asked_before_its_first_draft():
         p.book.update("m", 2, 0)
     b = p.budget(64)
     assert b.max_tokens == 16 and b.skip == {"m"}
-    bare = CostK(p.costs, k_max=16, floor=0.0)  # undeclared, the same course gives plain steps
+    bare = CostK(p.costs, k_max=16)  # undeclared, the same course gives plain steps
     bare.budget(64).keep_going("m", [0.2], 1.0)
     bare.observe(outcome(1, 0, "m", draft_s=1.0, verify_s=50.0))
     for _ in range(30):
@@ -370,7 +370,7 @@ def _request(seq: int, k: int):
 
 
 def test_cost_probes_after_a_run_of_plain_steps():
-    p = CostK(linear_costs(), k_max=8, probe_every=4, probe_k=2, floor=0.0)
+    p = CostK(linear_costs(), k_max=8, probe_every=4, probe_k=2)
     for _ in range(30):
         p.observe(outcome(2, 0))
     ks = []
@@ -387,7 +387,7 @@ def test_cost_probes_spend_at_most_their_share_of_plain_decoding_time():
     from specstack.draft_length.policies import PROBE_SHARE
 
     step = 1e-3
-    p = CostK(CostModel([step * (1 + 0.5 * i) for i in range(40)]), k_max=8, probe_every=4, probe_k=2, floor=0.0)
+    p = CostK(CostModel([step * (1 + 0.5 * i) for i in range(40)]), k_max=8, probe_every=4, probe_k=2)
     for _ in range(30):
         p.observe(outcome(2, 0))
     assert p.budget(64).max_tokens == 0
@@ -451,14 +451,14 @@ def test_keep_going_counts_the_call_already_made_as_spent():
 
 
 def test_keep_going_keeps_a_token_but_stops_when_the_next_call_costs_more_than_it_wins():
-    p = CostK(CostModel([3e-3] * 40), k_max=16, floor=0.0)
+    p = CostK(CostModel([3e-3] * 40), k_max=16)
     _teach_chain(p, "mtp", 1e-3, 2e-2)  # a chained call costs 7 target steps
     keep = p.budget(64).keep_going
     assert keep("mtp", [0.9], 1e-3) == Go.LAST
 
 
 def test_keep_going_drops_a_token_whose_row_costs_more_than_it_is_worth():
-    p = CostK(CostModel([3e-3, 3e-3, 9e-3] + [1e-2] * 37), k_max=16, floor=0.0)  # a third row triples the call
+    p = CostK(CostModel([3e-3, 3e-3, 9e-3] + [1e-2] * 37), k_max=16)  # a third row triples the call
     for _ in range(100):  # the first token is accepted, an unsure second one never
         keep = p.budget(64).keep_going
         keep("mtp", [0.9], 1e-4)

@@ -318,10 +318,10 @@ class CostK(_Policy):
         self._expected: frozenset[str] = frozenset()  # this generation's drafter's scored sources (``expect_scores``)
         self._margin_s = 0.0  # this generation's time won over plain decoding, plus the floor's share (``_affordable``)
         self._load = SOLO  # the load this step's budget was priced at (``_note_margin``)
-        self._afford: dict[BatchLoad, int] = {}  # ``_affordable`` until the next ``observe``
+        self._afford: int | None = None  # ``_affordable``, for this step
 
     def _reset_generation(self) -> None:
-        self._margin_s, self._load, self._afford = 0.0, SOLO, {}
+        self._margin_s, self._load, self._afford = 0.0, SOLO, None
         self._best = {}
         self._confidences = {}
         self._scores = {}
@@ -384,7 +384,7 @@ class CostK(_Policy):
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:
         self._looked = self._probing = self._skipping = False
         self._probing_idle = frozenset()
-        self._load = load
+        self._load, self._afford = load, None
         if not self._sources:
             return self._probe(cap, load, tree)  # nothing known yet: a cheap first look
         # A scored source this generation's drafter has is priced before its first draft (``expect_scores``): a
@@ -482,7 +482,7 @@ class CostK(_Policy):
         st = self.source(name)
         probs = [st.scores.prob(c) for c in scores]
         # The best prefix within the floor: a long draft cut to what the floor affords may no longer pay.
-        m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), min(len(probs), self._affordable(load)),
+        m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), min(len(probs), self._affordable()),
                    load.tokens)
         self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
         self._declined = (name, scores[0]) if m == 0 and scores else None  # calibrated by the plain step's token
@@ -500,34 +500,34 @@ class CostK(_Policy):
         return self._cached(("cut", name, n, load), lambda: best_k(self.book.conditional(name), lambda k: 0.0,
                                                                    lambda m: self._step_cost(m, load), n, load.tokens))
 
-    def _affordable(self, load: BatchLoad) -> int:
+    def _affordable(self) -> int:
         """The most tokens of a scored draft this step may verify within the floor (``FLOOR``): what their rows
         cost beyond a plain step, were every one refused, fits in the generation's margin plus ``STAKE`` plain
         steps and the floor's share of this one. Every step moves the margin (``_note_margin``), whichever source
         drafted it: what a model draft wins in a cascade lets its scored source draft longer."""
         if not self.floor:
             return self.k_max
-        m = self._afford.get(load)
-        if m is None:
+        if self._afford is None:  # priced at this step's load (``budget``)
+            load, m = self._load, 0
             plain = self._step_cost(1, load)
             room = self._margin_s + (1.0 / self.floor - 1.0 + STAKE) * plain
-            m = self.k_max if self._step_cost(self.k_max + 1, load) - plain <= room else 0  # a won generation: 1 call
+            if self._step_cost(self.k_max + 1, load) - plain <= room:  # a generation that has won: one price
+                m = self.k_max
             while m < self.k_max and self._step_cost(m + 2, load) - plain <= room:
                 m += 1
-            self._afford[load] = m
-        return m
+            self._afford = m
+        return self._afford
 
     def _note_margin(self, outcome: StepOutcome) -> None:
         """The margin moves by the plain decoding time of the step's tokens over the floor, less the step's rows
         and drafting, priced by the cost model (a measured step's noise would move it more than the draft did) at
         the load the budget saw, before ``observe`` clears the memo."""
-        if not self.floor:
+        if not self.floor or not self._scored:  # no scored source: nothing reads the margin
             return
         plain = self._step_cost(1, self._load)
         tokens = 1 + outcome.n_accepted
         spent = self._step_cost(1 + outcome.n_drafted, self._load) + outcome.draft_s
         self._margin_s += tokens * plain / self.floor - spent
-        self._afford = {}
 
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
         self._probing = True
