@@ -255,6 +255,15 @@ def test_replay_equals_live_acceptance_for_prompt_lookup(tiny_run):
         assert row["est_tokens_per_second"] > 0 and row["live_tokens_per_second"] > 0
     plain = next(row for row in got["rows"] if row["method"] == "none")
     assert plain["est_speedup"] == 1.0 and plain["same_as_live"] is None
+    assert plain["lowest_speedup"] is None and plain["requests_below"] is None
+    # Per request: the lowest of each request's speedup over its own replayed plain decoding, and the count below
+    # the floor, so an aggregate cannot hide a prompt the drafter slows down.
+    base = {r["request"]: r["decode_s"] for r in got["requests"] if r["method"] == "none"}
+    each = {r["request"]: base[r["request"]] / r["decode_s"] for r in drafted}
+    row = next(row for row in rows if row["category"] == "all")
+    assert row["lowest_speedup"] == pytest.approx(min(each.values()))
+    assert row["lowest_request"] == min(each, key=each.get)
+    assert row["requests_below"] == sum(x < replay.LOSS_BELOW for x in each.values())
 
 
 def test_replay_over_reference_answers(capsys, tiny_run):
@@ -285,6 +294,7 @@ def test_replay_cli_prints_a_table(capsys, tiny_run):
     assert code == 0
     assert "| prompt-lookup | 2 | all |" in stdout and "| suffix | 2 | all |" in stdout and "| yes |" in stdout
     assert "| none | - | all |" in stdout and "est. tok/s" in stdout and "live tok/s" in stdout
+    assert "lowest request" in stdout and "below 0.97x" in stdout
 
 
 # -- replay on a recorded target: the engine's own loop over literal tokens ---------------------------
