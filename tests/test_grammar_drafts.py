@@ -152,6 +152,20 @@ def test_llguidance_allows_exactly_what_llama_cpps_grammar_allows(target):
     assert n > 30
 
 
+def test_a_vocabulary_warmed_ahead_builds_its_grammar_tokenizer_once():
+    """``warm_grammars`` builds llguidance's tokenizer off the caller's thread; grammars built later use that one."""
+    from specstack.llama.vocab import VocabModel
+    from specstack.paths import DEFAULT_TARGET
+
+    vocab = VocabModel(DEFAULT_TARGET)
+    cache = vocab._grammar_cache()
+    assert cache._tokenizer is None
+    tokenizer = vocab.warm_grammars().result(timeout=120)
+    assert tokenizer is not None and cache._tokenizer is tokenizer
+    state = vocab.prepare_grammar(CALL_GBNF).result(timeout=120)
+    assert state.engine == "llguidance" and cache._tokenizer is tokenizer  # not built again
+
+
 # -- Gemma 3 270M: a real model's 262,144-token vocabulary, control tokens and all ------------------------------------
 
 DOCUMENT = ("Invoice INV-2291 from Northwind Traders, 14 Harbour Street, Portsmouth, was issued on 3 March 2024 to "

@@ -462,6 +462,12 @@ class GrammarCache:
                 self._built.popitem(last=False)
             return future
 
+    def warm(self) -> Future:
+        """Build llguidance's tokenizer of this vocabulary now, on the builder thread, so that no request waits for
+        it: about 3 s on Gemma 3's 262,144 tokens here (the first constrained request's time to first token went
+        from 0.5 s to 3.9 s with it), paid once per vocabulary. A grammar prepared meanwhile queues behind it."""
+        return BUILDER.run(self._ensure_tokenizer)
+
     def get(self, gbnf: str) -> "Grammar | GuidedGrammar":
         """A fresh copy of ``gbnf``'s start state (built now, on the builder thread, if it was not prepared)."""
         return self.prepare(gbnf).result().copy()
@@ -469,11 +475,15 @@ class GrammarCache:
     def _build(self, gbnf: str) -> "Grammar | GuidedGrammar":
         """On the builder thread: llama.cpp parses ``gbnf`` (its refusal is the answer), then llguidance runs it."""
         sampler = _init_sampler(llama_cpp_module(), self._vocab, gbnf)
-        if self._tokenizer is None:
-            self._tokenizer = guidance.tokenizer(llama_cpp_module(), self._vocab, self._n_vocab, self._eog_ids)
         try:
-            matcher = guidance.compile_gbnf(self._tokenizer, gbnf)
+            matcher = guidance.compile_gbnf(self._ensure_tokenizer(), gbnf)
         except InvalidParameterError:
             return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
         llama_cpp_module().llama_sampler_free(sampler)
         return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf, self.spellings)
+
+    def _ensure_tokenizer(self) -> Any:
+        """llguidance's tokenizer of the vocabulary, built on first use (on the builder thread: one at a time)."""
+        if self._tokenizer is None:
+            self._tokenizer = guidance.tokenizer(llama_cpp_module(), self._vocab, self._n_vocab, self._eog_ids)
+        return self._tokenizer

@@ -129,6 +129,11 @@ class Vocabulary:
         """Build ``gbnf`` ahead, off the caller's thread: a server awaits this before a request reaches the engine."""
         return self._grammar_cache().prepare(gbnf)
 
+    def warm_grammars(self) -> "Future[Any]":
+        """Build the grammar engine's view of this vocabulary ahead, off the caller's thread (``GrammarCache.warm``):
+        a server does this at load, so its first constrained request does not wait seconds for it."""
+        return self._grammar_cache().warm()
+
     def _grammar_cache(self) -> "GrammarCache":
         cache = self.__dict__.get("_grammars")
         if cache is None:

@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,7 @@ class RoleWorker:
         self.metrics = metrics
         self.max_queue = max_queue
         self.ready = threading.Event()
+        self.grammars_warm: Future | None = None  # the grammar engine's tokenizer, built at load (``_load``)
         self.load_error: str | None = None
         self.target: LlamaModel | None = None
         self.lossy: str | None = None  # the LOSSY label of a role run with fewer MoE experts (``loading.lossy_label``)
@@ -286,6 +288,9 @@ class RoleWorker:
             self.engine = build_engine(calibration, self._drafter(default, 0.0), self._policy(default),
                                        prompt_cache_bytes=role.cache_mb << 20, batch_tokens=role.batch_tokens or None,
                                        prefill_cap=role.prefill_cap)
+            warm = getattr(self.target, "warm_grammars", None)
+            if warm is not None:  # in the background: any request may send a schema or a grammar
+                self.grammars_warm = warm()
         except BaseException:  # no engine will lend the measurement time: its context is freed now
             if calibration.background is not None:
                 calibration.background.abandon()
