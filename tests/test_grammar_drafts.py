@@ -152,6 +152,31 @@ def test_llguidance_allows_exactly_what_llama_cpps_grammar_allows(target):
     assert n > 30
 
 
+@pytest.mark.parametrize("answer, spaced", [
+    ('{ "name": "ab", "size": 1, "ok": true, "', b': ['),  # a space after ':' and ',', none after a closing quote
+    ('{"name":"ab","size":1,"ok":true,"', b':['),  # compact
+])
+def test_forced_text_runs_past_optional_spaces_as_the_answer_spaces_them(target, answer, spaced):
+    """llama.cpp's JSON converter allows a space after every key, ':' and ',', so the bytes the grammar alone forces
+    after '"' are a key's name and its closing quote; the draft goes on past each optional space as the answer so far
+    spaced the same byte, so it carries the key's colon too."""
+    state = target.grammar(schema_to_gbnf(SCHEMA))
+    state.spellings.clear()  # (other tests teach the vocabulary's spellings of these keys)
+    assert state.feed(answer.encode())
+    head = state._m.compute_ff_bytes()
+    assert head == b'tags"'  # what the grammar alone forces
+    assert state._spaced(head) == spaced
+    bare = list(state._tok.tokenize_partial(head)[0])
+    draft = state.forced()
+    assert draft[:len(bare)] == bare and len(draft) > len(bare)
+    assert target.detokenize(draft) == 'tags":'  # (the tokenizer stops before a token '[' could still merge into)
+    assert state.copy().walk(draft) == len(draft)  # the grammar takes the whole draft
+    first = target.grammar(schema_to_gbnf(SCHEMA))  # nothing written after a '"' yet: the forced bytes alone
+    assert first.feed(b'{ "') and first._spaced(b'name"') == b"" and target.detokenize(first.forced()) == "name"
+    state.spellings.put(head, tuple(target.tokenize("t", add_special=False)))  # a model that spells the key otherwise
+    assert state.forced()[:1] == list(target.tokenize("t", add_special=False)) and target.detokenize(state.forced()) == 'tags":'
+
+
 def test_a_vocabulary_warmed_ahead_builds_its_grammar_tokenizer_once():
     """``warm_grammars`` builds llguidance's tokenizer off the caller's thread; grammars built later use that one."""
     from specstack.llama.vocab import VocabModel
