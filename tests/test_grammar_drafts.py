@@ -173,6 +173,10 @@ def test_forced_text_runs_past_optional_spaces_as_the_answer_spaces_them(target,
     assert state.copy().walk(draft) == len(draft)  # the grammar takes the whole draft
     first = target.grammar(schema_to_gbnf(SCHEMA))  # nothing written after a '"' yet: the forced bytes alone
     assert first.feed(b'{ "') and first._spaced(b'name"') == b"" and target.detokenize(first.forced()) == "name"
+    answer_ids = target.tokenize('{ "name": "ab", "size": 1, "ok": true, "tags": ["red"] }', add_special=False)
+    assert first.learn(answer_ids) == 0  # a finished answer: how this grammar's answers are spaced, for the next one
+    nxt = target.grammar(schema_to_gbnf(SCHEMA))
+    assert nxt._spaced(b"{") == b' "name": "' and target.detokenize(nxt.forced()) == '{ "name":'
     state.spellings.put(head, tuple(target.tokenize("t", add_special=False)))  # a model that spells the key otherwise
     assert state.forced()[:1] == list(target.tokenize("t", add_special=False)) and target.detokenize(state.forced()) == 'tags":'
 

@@ -100,6 +100,18 @@ class Spellings:
 
     def __init__(self) -> None:
         self._seen: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        # Per grammar (its GBNF text), the last finished answer's text: how the model spaces it, before the answer at
+        # hand has written the byte in question (``GuidedGrammar._spaced``).
+        self._answers: OrderedDict[str, bytes] = OrderedDict()
+
+    def answer(self, gbnf: str) -> bytes:
+        return self._answers.get(gbnf, b"")
+
+    def put_answer(self, gbnf: str, text: bytes) -> None:
+        self._answers[gbnf] = text[-SPACING_TEXT:]
+        self._answers.move_to_end(gbnf)
+        while len(self._answers) > ANSWERS:
+            self._answers.popitem(last=False)
 
     def get(self, forced: bytes) -> tuple[int, ...] | None:
         return self._seen.get(forced)
@@ -116,6 +128,7 @@ class Spellings:
 
     def clear(self) -> None:
         self._seen.clear()
+        self._answers.clear()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -124,11 +137,18 @@ class Spellings:
 SPELLINGS = 4096
 SPACING_RUNS = 6  # optional-whitespace points one forced draft may cross (``GuidedGrammar._spaced``)
 SPACING_TEXT = 2048  # bytes of the answer kept as evidence of its spacing
+ANSWERS = 64  # grammars whose last answer's spacing is kept
 
 
-def _spacing(text: bytes, prev: bytes) -> bytes | None:
-    """What followed the byte ``prev`` the last time ``text`` has it (before its last byte): b" " for a single space,
-    b"" for no whitespace, None for no such byte or other whitespace (newlines and indents are not guessed)."""
+def _spacing(text: bytes, prev: bytes, nxt: bytes) -> bytes | None:
+    """Whether ``text`` puts a space between the byte ``prev`` and the forced byte ``nxt`` (b" ") or not (b""): as it
+    did the last time it wrote the two; where it never did, what followed ``prev`` the last time ``text`` has it
+    (before its last byte). None for no such byte, or other whitespace (newlines and indents are not guessed).
+    The pair first: a quote closes a key (``"name":``) and a value (``"ab" }`` where Gemma ends an object)."""
+    if prev and nxt:
+        spaced, bare = text.rfind(prev + b" " + nxt), text.rfind(prev + nxt)
+        if spaced >= 0 or bare >= 0:
+            return b" " if spaced > bare else b""
     i = text.rfind(prev, 0, len(text) - 1) if prev else -1
     if i < 0:
         return None
@@ -254,8 +274,10 @@ class GuidedGrammar:
         spacing within an answer (Gemma writes ``{ "city": "Paris", "country": ...``), so after ``, "country`` the
         draft is ``country": "`` rather than ``country``. It is a guess like any draft, verified like any draft: a
         model that spaces otherwise refuses it, and the cost policy calibrates the grammar's scores on outcomes.
-        Only a single space or none is guessed (never newlines and indents), and only from this answer's text."""
-        text = self._text
+        Only a single space or none is guessed (never newlines and indents): from this answer's text, or where it has
+        not yet written the byte, from the last answer to the same grammar (``Spellings.answer``), so an agent's
+        next call to the same tool drafts its first key whole."""
+        text, last = self._text, self.spellings.answer(self.gbnf)
         matcher = self._m
         if head:
             matcher = matcher.deep_copy()
@@ -263,13 +285,16 @@ class GuidedGrammar:
                 return b""
         out = b""
         for _ in range(SPACING_RUNS):
-            space = _spacing(text, (text + head + out)[-1:])
-            if space is None:
-                break
             probe = matcher.deep_copy()
             if not _consume(probe, self._tok, b" "):
                 break
             after = probe.compute_ff_bytes()
+            prev = (text + head + out)[-1:]
+            space = _spacing(text, prev, after[:1])
+            if space is None:
+                space = _spacing(last, prev, after[:1])
+            if space is None:
+                break
             if space:  # the space, even where nothing is forced after it (a number's digits)
                 matcher, out = probe, out + space
             elif after:  # the answer writes no space here: the same text, without it
@@ -284,14 +309,15 @@ class GuidedGrammar:
 
     def learn(self, token_ids: Sequence[int]) -> int:
         """From this state on, walk an answer (``token_ids``, on a copy) and remember, at every position where the
-        grammar forced text, how the answer spelled it (``Spellings``); how many spellings differed from the
-        tokenizer's. About 5 us a token (0.7 ms for a 160-token JSON answer on Gemma 3), once, when an answer is
-        finished."""
+        grammar forced text, how the answer spelled it (``Spellings``), and its text, as how the model spaces this
+        grammar's answers (``_spaced``); how many spellings differed from the tokenizer's. About 5 us a token (0.7 ms
+        for a 160-token JSON answer on Gemma 3), once, when an answer is finished."""
         if self._dead:
             return 0
         m = self._m.deep_copy()
         ids = [int(t) for t in token_ids]
         pieces = [self._tok.decode_bytes([t]) for t in ids]
+        self.spellings.put_answer(self.gbnf, b"".join(pieces))
         learnt = 0
         for i, tok in enumerate(ids):
             if m.is_stopped():
