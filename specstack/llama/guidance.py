@@ -103,6 +103,17 @@ class Spellings:
         # Per grammar (its GBNF text), the last finished answer's text: how the model spaces it, before the answer at
         # hand has written the byte in question (``GuidedGrammar._spaced``).
         self._answers: OrderedDict[str, bytes] = OrderedDict()
+        # Bytes -> token ids as the tokenizer splits them, for walking the grammar past spacing (``_consume``): a
+        # call into llama.cpp's tokenizer cost ~30 us, most of ``forced``'s time; the texts repeat (keys, spaces).
+        self._ids: dict[bytes, list[int]] = {}
+
+    def ids(self, tok: Any, data: bytes) -> list[int]:
+        got = self._ids.get(data)
+        if got is None:
+            if len(self._ids) >= SPELLINGS:
+                self._ids.clear()
+            got = self._ids[data] = list(tok.tokenize_bytes(data))
+        return got
 
     def answer(self, gbnf: str) -> bytes:
         return self._answers.get(gbnf, b"")
@@ -158,10 +169,9 @@ def _spacing(text: bytes, prev: bytes, nxt: bytes) -> bytes | None:
     return b""
 
 
-def _consume(matcher: Any, tok: Any, data: bytes) -> bool:
-    """Advance ``matcher`` by the bytes ``data`` (as the tokenizer splits them; the grammar reads bytes); whether it
+def _consume(matcher: Any, ids: list[int]) -> bool:
+    """Advance ``matcher`` by ``ids`` (some bytes as the tokenizer splits them: the grammar reads bytes); whether it
     took them all."""
-    ids = list(tok.tokenize_bytes(data))
     return matcher.try_consume_tokens(ids) == len(ids)
 
 
@@ -281,12 +291,12 @@ class GuidedGrammar:
         matcher = self._m
         if head:
             matcher = matcher.deep_copy()
-            if not _consume(matcher, self._tok, head):
+            if not _consume(matcher, self.spellings.ids(self._tok, head)):
                 return b""
         out = b""
         for _ in range(SPACING_RUNS):
             probe = matcher.deep_copy()
-            if not _consume(probe, self._tok, b" "):
+            if not _consume(probe, self.spellings.ids(self._tok, b" ")):
                 break
             after = probe.compute_ff_bytes()
             prev = (text + head + out)[-1:]
@@ -299,7 +309,7 @@ class GuidedGrammar:
                 matcher, out = probe, out + space
             elif after:  # the answer writes no space here: the same text, without it
                 probe = matcher.deep_copy()
-            if not after or not _consume(probe, self._tok, after):
+            if not after or not _consume(probe, self.spellings.ids(self._tok, after)):
                 break
             matcher, out = probe, out + after
         return out
