@@ -176,7 +176,11 @@ def test_forced_text_runs_past_optional_spaces_as_the_answer_spaces_them(target,
     answer_ids = target.tokenize('{ "name": "ab", "size": 1, "ok": true, "tags": ["red"] }', add_special=False)
     assert first.learn(answer_ids) == 0  # a finished answer: how this grammar's answers are spaced, for the next one
     nxt = target.grammar(schema_to_gbnf(SCHEMA))
-    assert nxt._spaced(b"{") == b' "name": "' and target.detokenize(nxt.forced()) == '{ "name":'
+    assert nxt._spaced(b"{") == b' "name": "'
+    # The tokenizer alone would stop before the value's opening quote (a token '_"a' could follow); the last answer
+    # wrote that token alone, so the draft carries it.
+    assert list(nxt._tok.tokenize_partial(b'{ "name": "')[0]) == nxt.forced()[:-1]
+    assert target.detokenize(nxt.forced()) == '{ "name": "'
     state.spellings.put(head, tuple(target.tokenize("t", add_special=False)))  # a model that spells the key otherwise
     assert state.forced()[:1] == list(target.tokenize("t", add_special=False)) and target.detokenize(state.forced()) == 'tags":'
 
@@ -241,7 +245,9 @@ def test_on_gemma_the_models_own_spelling_of_forced_text_is_learnt_and_drafted(g
     again = _run(gemma, "prompt-lookup", 8, grammar, max_tokens=80, prompt=prompt)
     assert first.output_ids == again.output_ids == plain.output_ids
     f, a = first.stats.by_source[SOURCE], again.stats.by_source[SOURCE]
-    assert a.n_drafted - a.n_accepted < f.n_drafted - f.n_accepted and a.n_accepted >= f.n_accepted
+    # The second answer also reads the first's spacing and tokens (``_spaced``, ``_tokenized``), so it drafts more:
+    # more of it accepted, and a larger share (measured: 28 of 40 against 22 of 34).
+    assert a.n_accepted > f.n_accepted and a.n_accepted / a.n_drafted > f.n_accepted / f.n_drafted
 
 
 def test_an_answer_teaches_the_grammar_source_its_spelling_of_forced_text(target):
@@ -260,7 +266,9 @@ def test_an_answer_teaches_the_grammar_source_its_spelling_of_forced_text(target
     assert start.forced()[0] == odd[0] and start.walk([]) == 0  # learn walked a copy: the state is where it was
     plain = target.tokenize('make_record(name="ab", size=12, ok=True)', add_special=False)
     start.learn(plain)
-    assert target.grammar(CALL_GBNF).forced() == canonical
+    # Forgotten: the canonical tokens again (and after them, now, the quote the answer wrote alone: ``_tokenized``).
+    again = target.grammar(CALL_GBNF).forced()
+    assert again[:len(canonical)] == canonical and len(again) <= len(canonical) + 1
 
 
 def test_forced_text_and_a_copy_from_the_prompt_alternate_in_one_draft(target):

@@ -102,7 +102,7 @@ class Spellings:
         self._seen: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
         # Per grammar (its GBNF text), the last finished answer's text: how the model spaces it, before the answer at
         # hand has written the byte in question (``GuidedGrammar._spaced``).
-        self._answers: OrderedDict[str, bytes] = OrderedDict()
+        self._answers: OrderedDict[str, tuple[bytes, frozenset[int]]] = OrderedDict()
         # Bytes -> token ids as the tokenizer splits them, for walking the grammar past spacing (``_consume``): a
         # call into llama.cpp's tokenizer cost ~30 us, most of ``forced``'s time; the texts repeat (keys, spaces).
         self._ids: dict[bytes, list[int]] = {}
@@ -115,11 +115,12 @@ class Spellings:
             got = self._ids[data] = list(tok.tokenize_bytes(data))
         return got
 
-    def answer(self, gbnf: str) -> bytes:
-        return self._answers.get(gbnf, b"")
+    def answer(self, gbnf: str) -> tuple[bytes, frozenset[int]]:
+        """The grammar's last finished answer: its text, and the tokens it was written in."""
+        return self._answers.get(gbnf, (b"", frozenset()))
 
-    def put_answer(self, gbnf: str, text: bytes) -> None:
-        self._answers[gbnf] = text[-SPACING_TEXT:]
+    def put_answer(self, gbnf: str, text: bytes, ids: Sequence[int]) -> None:
+        self._answers[gbnf] = (text[-SPACING_TEXT:], frozenset(ids))
         self._answers.move_to_end(gbnf)
         while len(self._answers) > ANSWERS:
             self._answers.popitem(last=False)
@@ -148,6 +149,7 @@ class Spellings:
 SPELLINGS = 4096
 SPACING_RUNS = 6  # optional-whitespace points one forced draft may cross (``GuidedGrammar._spaced``)
 SPACING_TEXT = 2048  # bytes of the answer kept as evidence of its spacing
+SPACING_IDS = 512  # tokens of it kept as evidence of how the model splits what the grammar forces
 ANSWERS = 64  # grammars whose last answer's spacing is kept
 
 
@@ -192,13 +194,14 @@ class GuidedGrammar:
         self._bits: np.ndarray | None = None
         self._dead = False  # fed text it does not allow (``feed``): nothing is allowed
         self._text = b""  # the answer's last ``SPACING_TEXT`` bytes: how it spaces its text (``_spaced``)
+        self._ids: tuple[int, ...] = ()  # the answer's last ``SPACING_IDS`` tokens (``_tokenized``)
 
     def copy(self) -> "GuidedGrammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
         twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf, self.spellings)
         twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
         twin._dead = self._dead
-        twin._text = self._text
+        twin._text, twin._ids = self._text, self._ids
         return twin
 
     def allowed(self, token_ids: Sequence[int]) -> list[bool]:
@@ -235,7 +238,7 @@ class GuidedGrammar:
         if self._dead or not self._m.consume_token(int(token_id)):  # no mask needed: consuming says it
             raise ValueError(f"token {token_id} is not allowed by the grammar here")
         self._bits = None
-        self._wrote(self._tok.decode_bytes([int(token_id)]))
+        self._wrote([int(token_id)])
 
     def walk(self, token_ids: Sequence[int]) -> int:
         """Advance along ``token_ids`` as far as the grammar allows them; how many it took."""
@@ -245,7 +248,7 @@ class GuidedGrammar:
         n = self._m.try_consume_tokens(ids)  # stops at a refused token, no error state
         self._bits = None
         if n:
-            self._wrote(self._tok.decode_bytes(ids[:n]))
+            self._wrote(ids[:n])
         return n
 
     def feed(self, text: bytes) -> bool:
@@ -268,10 +271,25 @@ class GuidedGrammar:
         seen = self.spellings.get(forced) if forced else None
         spaced = self._spaced(forced)
         if seen is None:
-            return list(self._tok.tokenize_partial(forced + spaced)[0]) if forced + spaced else []
+            return self._tokenized(forced + spaced)
         spelled = self._tok.decode_bytes(list(seen))  # the model's spelling of (a prefix of) the forced bytes
         tail = forced[len(spelled):] + spaced if forced.startswith(spelled) else b""
-        return list(seen) + (list(self._tok.tokenize_partial(tail)[0]) if tail else [])
+        return list(seen) + self._tokenized(tail)
+
+    def _tokenized(self, data: bytes) -> list[int]:
+        """``data`` as the tokenizer splits it, stopping before a last token that the bytes after it could still merge
+        into, unless the model has written that token, alone, in this answer or the grammar's last one: Gemma writes
+        ``":`` ``_"`` ``Northwind`` (``_`` a space), so after a key the draft carries the value's opening quote, which
+        the tokenizer alone would leave off (``_"N`` could follow)."""
+        if not data:
+            return []
+        ids, rest = self._tok.tokenize_partial(data)
+        ids = list(ids)
+        if rest:
+            last = self.spellings.ids(self._tok, rest)
+            if len(last) == 1 and (last[0] in self._ids or last[0] in self.spellings.answer(self.gbnf)[1]):
+                ids.append(last[0])
+        return ids
 
     def _spaced(self, head: bytes) -> bytes:
         """After the forced bytes ``head``: where the grammar next allows optional whitespace before text it then
@@ -287,7 +305,7 @@ class GuidedGrammar:
         Only a single space or none is guessed (never newlines and indents): from this answer's text, or where it has
         not yet written the byte, from the last answer to the same grammar (``Spellings.answer``), so an agent's
         next call to the same tool drafts its first key whole."""
-        text, last = self._text, self.spellings.answer(self.gbnf)
+        text, last = self._text, self.spellings.answer(self.gbnf)[0]
         matcher = self._m
         if head:
             matcher = matcher.deep_copy()
@@ -314,8 +332,9 @@ class GuidedGrammar:
             matcher, out = probe, out + after
         return out
 
-    def _wrote(self, data: bytes) -> None:
-        self._text = (self._text + data)[-SPACING_TEXT:]
+    def _wrote(self, ids: list[int]) -> None:
+        self._text = (self._text + self._tok.decode_bytes(ids))[-SPACING_TEXT:]
+        self._ids = (self._ids + tuple(ids))[-SPACING_IDS:]
 
     def learn(self, token_ids: Sequence[int]) -> int:
         """From this state on, walk an answer (``token_ids``, on a copy) and remember, at every position where the
@@ -327,7 +346,7 @@ class GuidedGrammar:
         m = self._m.deep_copy()
         ids = [int(t) for t in token_ids]
         pieces = [self._tok.decode_bytes([t]) for t in ids]
-        self.spellings.put_answer(self.gbnf, b"".join(pieces))
+        self.spellings.put_answer(self.gbnf, b"".join(pieces), ids)
         learnt = 0
         for i, tok in enumerate(ids):
             if m.is_stopped():
