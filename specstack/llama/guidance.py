@@ -96,7 +96,11 @@ class Spellings:
 
     A model does not always write forced text canonically: Gemma 3 270M, constrained to a JSON schema, writes
     ``d`` ``ue`` ``_`` ``day`` ``s`` where its tokenizer says ``due`` ``_`` ``days``, and writes it so again the
-    next time, so the canonical draft fails at its first token on every request with that schema."""
+    next time, so the canonical draft fails at its first token on every request with that schema.
+
+    Beside the spellings, each grammar's last finished answer (its text and tokens: how the model spaces and splits
+    the text around what the grammar forces, ``GuidedGrammar._spaced`` and ``_tokenized``), and a cache of short
+    texts' tokenizations."""
 
     def __init__(self) -> None:
         self._seen: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
@@ -293,8 +297,8 @@ class GuidedGrammar:
 
     def _spaced(self, head: bytes) -> bytes:
         """After the forced bytes ``head``: where the grammar next allows optional whitespace before text it then
-        forces, that text, spaced as this answer spaced it the last time it wrote the same byte, and so on for up to
-        ``SPACING_RUNS`` such points.
+        forces, that text, spaced as this answer spaced the same two bytes the last time it wrote them (``_spacing``),
+        and so on for up to ``SPACING_RUNS`` such points.
 
         llama.cpp's JSON converter puts an optional space after every ``{``, ``:`` and ``,`` and after each key, so
         the forced runs alone are a key's name and a closing quote, too short to pay for a verification's rows where
@@ -303,7 +307,7 @@ class GuidedGrammar:
         draft is ``country": "`` rather than ``country``. It is a guess like any draft, verified like any draft: a
         model that spaces otherwise refuses it, and the cost policy calibrates the grammar's scores on outcomes.
         Only a single space or none is guessed (never newlines and indents): from this answer's text, or where it has
-        not yet written the byte, from the last answer to the same grammar (``Spellings.answer``), so an agent's
+        not yet written the bytes, from the last answer to the same grammar (``Spellings.answer``), so an agent's
         next call to the same tool drafts its first key whole."""
         text, last = self._text, self.spellings.answer(self.gbnf)[0]
         matcher = self._m
