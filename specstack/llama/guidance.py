@@ -152,8 +152,8 @@ class Spellings:
 
 SPELLINGS = 4096
 SPACING_RUNS = 6  # optional-whitespace points one forced draft may cross (``GuidedGrammar._spaced``)
-SPACING_TEXT = 2048  # bytes of the answer kept as evidence of its spacing
-SPACING_IDS = 512  # tokens of it kept as evidence of how the model splits what the grammar forces
+SPACING_IDS = 512  # an answer's last tokens kept as evidence of how it spaces and splits the text around what is forced
+SPACING_TEXT = 2048  # a finished answer's last bytes kept for the grammar's next answer (``Spellings.put_answer``)
 ANSWERS = 64  # grammars whose last answer's spacing is kept
 
 
@@ -197,15 +197,17 @@ class GuidedGrammar:
         self.spellings = spellings if spellings is not None else Spellings()
         self._bits: np.ndarray | None = None
         self._dead = False  # fed text it does not allow (``feed``): nothing is allowed
-        self._text = b""  # the answer's last ``SPACING_TEXT`` bytes: how it spaces its text (``_spaced``)
-        self._ids: tuple[int, ...] = ()  # the answer's last ``SPACING_IDS`` tokens (``_tokenized``)
+        # The answer's last ``SPACING_IDS`` tokens: how it splits forced text (``_tokenized``) and, decoded only when a
+        # draft asks, how it spaces it (``_spaced``). A verification row advances a copy of the state per token, so
+        # this is all that row pays.
+        self._ids: tuple[int, ...] = ()
 
     def copy(self) -> "GuidedGrammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
         twin = GuidedGrammar(self._m.deep_copy(), self._tok, self.n_vocab, self.gbnf, self.spellings)
         twin._bits = self._bits  # the same state allows the same tokens (arrays are never written in place)
         twin._dead = self._dead
-        twin._text, twin._ids = self._text, self._ids
+        twin._ids = self._ids
         return twin
 
     def allowed(self, token_ids: Sequence[int]) -> list[bool]:
@@ -309,7 +311,7 @@ class GuidedGrammar:
         Only a single space or none is guessed (never newlines and indents): from this answer's text, or where it has
         not yet written the bytes, from the last answer to the same grammar (``Spellings.answer``), so an agent's
         next call to the same tool drafts its first key whole."""
-        text, last = self._text, self.spellings.answer(self.gbnf)[0]
+        text, last = self._tok.decode_bytes(list(self._ids)), self.spellings.answer(self.gbnf)[0]
         matcher = self._m
         if head:
             matcher = matcher.deep_copy()
@@ -337,7 +339,6 @@ class GuidedGrammar:
         return out
 
     def _wrote(self, ids: list[int]) -> None:
-        self._text = (self._text + self._tok.decode_bytes(ids))[-SPACING_TEXT:]
         self._ids = (self._ids + tuple(ids))[-SPACING_IDS:]
 
     def learn(self, token_ids: Sequence[int]) -> int:
