@@ -269,11 +269,42 @@ def test_full_queue_answers_429_with_retry_after(server, client):
 
 def test_a_role_builds_its_grammar_engine_at_load_so_no_request_waits_for_it(server):
     """llguidance's tokenizer of a vocabulary took ~3 s on Gemma 3 (the first constrained request's time to first
-    token went from 0.5 s to 3.9 s): a role builds it in the background when it loads."""
+    token went from 0.5 s to 3.9 s): a role builds it when it loads."""
     worker = next(iter(server.app.state.workers.values()))
-    assert worker.grammars_warm is not None
-    built = worker.grammars_warm.result(timeout=120)
+    assert worker.grammars_warm is not None and worker.grammars_warm.done()
+    built = worker.grammars_warm.result()
     assert built is not None and built is worker.target._grammar_cache()._tokenizer
+
+
+def test_a_role_is_ready_only_once_its_grammar_engine_is_built(monkeypatch):
+    """llguidance builds that tokenizer holding the GIL (1.4 s of Gemma 3's 3 s): built behind a role that said it
+    was ready, it froze every request, /health too, for that long. So the role is ready only once it is built
+    (here its build is held back until the test lets it finish)."""
+    from concurrent.futures import Future
+
+    from specstack.llama.vocab import Vocabulary
+    from specstack.server.prometheus import ServerMetrics
+    from specstack.server.worker import RoleWorker
+
+    gate: Future = Future()
+    asked = threading.Event()
+
+    def warm(self) -> Future:
+        asked.set()
+        return gate
+
+    monkeypatch.setattr(Vocabulary, "warm_grammars", warm)
+    worker = RoleWorker(default_roles(parallel=1, exact="off")[0], ServerMetrics())
+    worker.start()
+    try:
+        assert asked.wait(120), worker.load_error
+        time.sleep(0.3)  # room for a role that would not wait to say it is ready
+        assert not worker.ready.is_set()
+        gate.set_result("built")
+        assert worker.ready.wait(60) and worker.load_error is None
+    finally:
+        gate.done() or gate.set_result(None)
+        worker.stop()
 
 
 def test_disconnect_mid_stream_frees_the_slot(server, client):

@@ -465,7 +465,9 @@ class GrammarCache:
     def warm(self) -> Future:
         """Build llguidance's tokenizer of this vocabulary now, on the builder thread, so that no request waits for
         it: about 3 s on Gemma 3's 262,144 tokens here (the first constrained request's time to first token went
-        from 0.5 s to 3.9 s with it), paid once per vocabulary. A grammar prepared meanwhile queues behind it."""
+        from 0.5 s to 3.9 s with it), paid once per vocabulary. A grammar prepared meanwhile queues behind it.
+        llguidance's part of the build (1.4 s of the 3) holds the GIL, so a server waits for this before it serves
+        (``RoleWorker._load``)."""
         return BUILDER.run(self._ensure_tokenizer)
 
     def get(self, gbnf: str) -> "Grammar | GuidedGrammar":

@@ -110,7 +110,7 @@ class RoleWorker:
         self.metrics = metrics
         self.max_queue = max_queue
         self.ready = threading.Event()
-        self.grammars_warm: Future | None = None  # the grammar engine's tokenizer, built at load (``_load``)
+        self.grammars_warm: Future | None = None  # the grammar engine's tokenizer, built before ready (``_load``)
         self.load_error: str | None = None
         self.target: LlamaModel | None = None
         self.lossy: str | None = None  # the LOSSY label of a role run with fewer MoE experts (``loading.lossy_label``)
@@ -289,8 +289,12 @@ class RoleWorker:
                                        prompt_cache_bytes=role.cache_mb << 20, batch_tokens=role.batch_tokens or None,
                                        prefill_cap=role.prefill_cap)
             warm = getattr(self.target, "warm_grammars", None)
-            if warm is not None:  # in the background: any request may send a schema or a grammar
+            if warm is not None:  # any request may send a schema or a grammar
                 self.grammars_warm = warm()
+                # Waited for before the role is ready: llguidance builds its tokenizer holding the GIL (1.4 s of
+                # Gemma 3's 3 s), and built behind a ready server it froze every request, /health too, for that
+                # long (a request 1-1.5 s after ready took 1.75-2.0 s against 0.5 s).
+                self.grammars_warm.result()
         except BaseException:  # no engine will lend the measurement time: its context is freed now
             if calibration.background is not None:
                 calibration.background.abandon()
