@@ -134,6 +134,12 @@ class Vocabulary:
         a server does this at load, so its first constrained request does not wait seconds for it."""
         return self._grammar_cache().warm()
 
+    def adopt_grammars(self, keeper: "Vocabulary") -> None:
+        """Take ``keeper``'s grammar engine (llguidance's tokenizer, the grammars built, the spellings learnt) as this
+        vocabulary's: ``keeper`` is the same GGUF's tokenizer loaded apart, and outlives this model (a sleeping
+        role's model is freed and loaded again; ``server.worker.RoleWorker._keep_grammars``)."""
+        self.__dict__["_grammars"] = keeper._grammar_cache()
+
     def _grammar_cache(self) -> "GrammarCache":
         cache = self.__dict__.get("_grammars")
         if cache is None:
