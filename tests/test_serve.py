@@ -303,7 +303,8 @@ def test_a_role_is_ready_only_once_its_grammar_engine_is_built(monkeypatch):
         gate.set_result("built")
         assert worker.ready.wait(60) and worker.load_error is None
     finally:
-        gate.done() or gate.set_result(None)
+        if not gate.done():
+            gate.set_result(None)
         worker.stop()
 
 

@@ -311,7 +311,7 @@ class GuidedGrammar:
         Only a single space or none is guessed (never newlines and indents): from this answer's text, or where it has
         not yet written the bytes, from the last answer to the same grammar (``Spellings.answer``), so an agent's
         next call to the same tool drafts its first key whole."""
-        text, last = self._tok.decode_bytes(list(self._ids)), self.spellings.answer(self.gbnf)[0]
+        text = last = b""
         matcher = self._m
         if head:
             matcher = matcher.deep_copy()
@@ -322,6 +322,8 @@ class GuidedGrammar:
             probe = matcher.deep_copy()
             if not _consume(probe, self.spellings.ids(self._tok, b" ")):
                 break
+            if not text:  # decoded only where optional whitespace follows (a grammar without any pays nothing)
+                text, last = self._tok.decode_bytes(list(self._ids)), self.spellings.answer(self.gbnf)[0]
             after = probe.compute_ff_bytes()
             prev = (text + head + out)[-1:]
             space = _spacing(text, prev, after[:1])
