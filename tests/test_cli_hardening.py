@@ -143,7 +143,7 @@ def test_serve_ray_refuses_replicas_that_cannot_fit_before_starting_ray():
 
 @pytest.mark.parametrize("flag,value,message", [
     ("--max-queue", "-1", "must be >= 0"),
-    ("--max-tokens", "0", "must be >= 1"),
+    ("--max-tokens", "-1", "must be >= 0"),
     ("--max-body", "0", "must be >= 1"),
     ("--max-body", "-1", "must be >= 1"),
     ("--timeout", "-5", "must be >= 0"),
@@ -415,7 +415,8 @@ def test_serve_takes_llama_servers_flags_as_the_roles_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["-n", "9999"], "-n 9999 must be in 1..4096"),
+    (["-n", "0"], "-n 0 must be >= 1, or -1"),
+    (["-n", "9999", "--max-tokens", "4096"], "-n 9999 must be 1..4096 (--max-tokens)"),
     (["-a", " "], "--alias is empty"),
     (["--repeat-penalty", "-1"], "--repeat-penalty must be > 0"),
     (["--grammar", "root ::= foo"], "does not parse"),

@@ -301,3 +301,12 @@ def test_cli_doctor_measures_the_row_cost_of_a_model(capsys):
     assert 0 < share < 1 and f"Its output layer is {100 * share:.0f}% of its weights' bytes" in rows[0]["message"]
     assert main(["doctor", "--row-cost"]) == 2
     assert "give it with -m MODEL" in capsys.readouterr().err
+
+
+def test_cli_doctor_judges_the_threads_given_with_t(capsys):
+    """Issue 55: `doctor -t 1` reported the default thread count; the threads and load checks judge -t's."""
+    main(["doctor", "--json", "-t", "3"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["facts"]["threads"] == 3
+    [threads] = [c for c in d["checks"] if c["name"] == "threads"]
+    assert "specstack uses 3 thread(s), as -t says" in threads["message"]

@@ -245,9 +245,10 @@ def test_on_gemma_the_models_own_spelling_of_forced_text_is_learnt_and_drafted(g
     again = _run(gemma, "prompt-lookup", 8, grammar, max_tokens=80, prompt=prompt)
     assert first.output_ids == again.output_ids == plain.output_ids
     f, a = first.stats.by_source[SOURCE], again.stats.by_source[SOURCE]
-    # The second answer also reads the first's spacing and tokens (``_spaced``, ``_tokenized``), so it drafts more:
-    # more of it accepted, and a larger share (measured: 28 of 40 against 22 of 34).
-    assert a.n_accepted > f.n_accepted and a.n_accepted / a.n_drafted > f.n_accepted / f.n_drafted
+    # The second answer also reads the first's spacing and tokens (``_spaced``, ``_tokenized``), so more of it comes
+    # from accepted drafts (measured: 28 of 40 against 22 of 34 on an AVX2 EPYC, 26 of 30 against 21 of 23 on an
+    # AVX-512 one).  The share accepted is not asserted: it moves with the CPU's kernels, the learning does not.
+    assert a.n_accepted > f.n_accepted
 
 
 def test_an_answer_teaches_the_grammar_source_its_spelling_of_forced_text(target):

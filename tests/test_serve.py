@@ -465,7 +465,7 @@ def spawn_server(*args: str) -> tuple[subprocess.Popen, str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, timeout=90, interval=0.1)
+        wait_ready(url, proc, timeout=600, interval=0.1)  # a first start measures the machine: minutes on a busy host
     except ServerFailed as exc:
         proc.kill()
         raise RuntimeError(f"{exc}: {proc.communicate()[0][-2000:]}") from None

@@ -66,7 +66,21 @@ def test_choose_ranks_by_the_bench_speedup_per_category():
     assert overall == Setting("prompt-lookup", "fixed", 2)
     lines = text.splitlines()
     assert lines[2].split() == ["a", "prompt-lookup", "/", "fixed", "k=2", "2.00x", "*"]
-    assert lines[4].split() == ["b", "draft-model", "/", "cost", "1.70x", "*"]
+    assert lines[4].split() == ["a", "none", "(plain", "decoding)", "1.00x"]  # plain decoding is ranked too
+    assert lines[5].split() == ["b", "draft-model", "/", "cost", "1.70x", "*"]
+
+
+def test_choose_never_picks_a_setting_slower_than_plain_decoding():
+    """Issue 55: tune wrote a setting measured at 0.98x plain as the best; plain decoding (1.00x, winning ties)
+    is now a candidate of every category, and the profile it writes runs plain decoding."""
+    from specstack.commands.tune import PLAIN_SETTING, Setting, choose, vars_of
+
+    rows = [_row("none", 0, c, 1.0) for c in ("all", "a", "b")] + [
+        _row("suffix@cost", 16, "all", 0.98), _row("suffix@cost", 16, "a", 0.97), _row("suffix@cost", 16, "b", 1.0),
+        _row("prompt-lookup", 4, "all", 0.9), _row("prompt-lookup", 4, "a", 1.2), _row("prompt-lookup", 4, "b", 0.8)]
+    best, overall, _ = choose(rows, ["a", "b"])
+    assert overall == PLAIN_SETTING and best == {"a": Setting("prompt-lookup", "fixed", 4), "b": PLAIN_SETTING}
+    assert vars_of(PLAIN_SETTING) == {"drafter": "none", "k_policy": "fixed"}
 
 
 def test_choose_with_one_category_reads_the_all_rows():

@@ -21,7 +21,7 @@ from ..llama import EngineTarget, LlamaModel, ModelConfig
 from ..ui import Progress
 from .cache import cache_path, entry_key, lookup, need_dict, need_seconds, read_cache, store
 from .shapes import ensure_shapes
-from .timing import MEASURE_TRIES, busy_reason, cacheable, filler, steady_watched, time_calls
+from .timing import MEASURE_TRIES, busy_reason, cached, filler, kept_entry, steady_watched, time_calls
 
 
 def curve_key(model: EngineTarget, n_max: int, flash_attn: bool | None = None) -> tuple[int, str]:
@@ -55,10 +55,10 @@ def _cached_curve(model: EngineTarget, n_max: int) -> tuple[str, list[float] | N
     n_max, key = curve_key(model, n_max)
     path = cache_path()
     cache = read_cache(path)
-    curve = lookup(cache, key, lambda e: _parse_curve(e, n_max), path)
+    curve = cached(cache, key, lambda e: _parse_curve(e, n_max), path, model, "its cost curve")
     if curve is None and getattr(model, "flash_attn", False):
         twin = curve_key(model, n_max, flash_attn=False)[1]
-        curve = lookup(cache, twin, lambda e: _parse_curve(e, n_max), path)
+        curve = cached(cache, twin, lambda e: _parse_curve(e, n_max), path, model, "its cost curve")
     return key, curve
 
 
@@ -83,8 +83,9 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
             return _padded(model, costs)
     curve, busy = _measure_curve(model, n_max)
     _checked.add((path, key))  # measured by this process: nothing to check against
-    if use_cache and cacheable(model, "its cost curve", 0.0, busy):
-        store(path, key, {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()})
+    if use_cache:
+        entry = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}
+        store(path, key, kept_entry(model, "its cost curve", entry, 0.0, busy))
     return _padded(model, CostModel(curve, shapes=model.shapes))
 
 

@@ -53,9 +53,10 @@ class ExactCost:
         """A cached verdict, checked (``cache``): shares >= 0 and a row count, else ValueError."""
         d = need_dict(entry, ("pad", "split", "rows"))
         return cls(pad=need_seconds(d["pad"], "pad", positive=False), split=need_seconds(d["split"], "split", positive=False),
-                   rows=need_int(d["rows"], "rows", 2))
+                   rows=need_int(d["rows"], "rows", 2), busy=str(d.get("busy") or ""))
 
     def entry(self) -> dict:
+        """The verdict as cached (``timing.kept_entry`` adds why the machine was busy, where it was)."""
         return {"pad": self.pad, "split": self.split, "rows": self.rows}
 
     @property
@@ -87,13 +88,14 @@ def auto_verdict(model: EngineTarget, shapes: BatchShapes, cost: ExactCost | Non
 
 
 def _busy_note(cost: ExactCost) -> str:
-    """What a verdict measured on a busy machine adds to its ``why``: that it was, and that it holds for this run
-    only.  The costs it compares shift with the load (+60% at one start, +3% at the next, on one model), so
-    such a verdict is neither the machine's nor cached as if it were."""
+    """What a verdict measured on a busy machine adds to its ``why``: that it was, and until when it holds.  The
+    costs it compares shift with the load (+60% at one start, +3% at the next, on one model), so such a verdict
+    is not the machine's: it is kept for starts while the machine stays busy, and the first start on a quiet
+    machine measures it again (``timing.cached``)."""
     if not cost.busy:
         return ""
-    return (f"; measured while the machine was busy ({cost.busy}), so for this run only (not cached: the next "
-            "start measures again)")
+    return (f"; measured while the machine was busy ({cost.busy}), so kept only until a start on a quiet machine "
+            "measures it again")
 
 
 def _exact_cost_plan(model: EngineTarget, depth: int = 128, rows: int = 17) -> tuple[int, int]:

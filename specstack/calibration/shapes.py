@@ -17,7 +17,7 @@ from ..llama import INEXACT, BatchShapes, EngineTarget
 from ..ui import Progress
 from .cache import cache_path, entry_key, lookup, read_cache, store
 from .modes import ExactCost, auto_verdict, exact_cost_key, exact_mode, is_free, measure_exact_cost
-from .timing import cacheable, filler
+from .timing import cached, filler, kept_entry
 
 
 DEEP_PROBE = 640  # the deeper KV depth of the shape probe (see ``probe_depths``)
@@ -265,11 +265,11 @@ def _exact_shapes(model: EngineTarget, mode: str, use_cache: bool, measure: bool
     if is_free(model, shapes):
         return auto_verdict(model, shapes, None)
     key = exact_cost_key(model, shapes)
-    cost = lookup(cache, key, ExactCost.parse, path)
+    cost = cached(cache, key, ExactCost.parse, path, model, "what exactness costs")
     if cost is None:
         if not measure:
             return None
         cost = measure_exact_cost(model, shapes)
-        if use_cache and cacheable(model, "what exactness costs", cost.noise, cost.busy):
-            store(path, key, cost.entry())
+        if use_cache:
+            store(path, key, kept_entry(model, "what exactness costs", cost.entry(), cost.noise, cost.busy))
     return auto_verdict(model, shapes, cost)

@@ -2,7 +2,8 @@
 
 Every measured cost (the cost curve, what exactness costs, bench's t(n)) keeps the fastest of its
 repetitions, as interference only ever adds time.  A timing taken while the machine was busy is measured
-again (``steady``), and not cached if it stays noisy (``timing_noise``, ``cacheable``).  What exactness costs
+again (``steady``); if it stays noisy it is cached marked so (``timing_noise``, ``kept_entry``), used by later
+starts while the machine stays busy and measured again at the first start that finds it quiet (``cached``).  What exactness costs
 (``--exact auto``'s verdict) also watches the cores (``steady_watched``): other processes' CPU use counts as
 busy by the same limit.
 """
@@ -19,9 +20,10 @@ import numpy as np
 
 from ..host.sysinfo import CpuLoad, CpuWatch
 from ..llama import EngineTarget
-from .cache import say_once
+from .cache import lookup, say_once
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 # Timings of one kind whose two fastest differ by more than this were disturbed by other work on the machine
 # (quiet, they agree within a few percent: see ``timing_noise``), so the fastest may be too.
 NOISE_LIMIT = 0.25
@@ -162,13 +164,48 @@ def busy_reason(noise: float, busy: float = 0.0, load: CpuLoad | None = None, th
     return "; ".join(reasons)
 
 
-def cacheable(model: EngineTarget, what: str, noise: float, busy: str = "") -> bool:
-    """Whether timings with ``noise`` may be cached, ``busy`` saying why the machine was busy if it was
-    (``busy_reason``, other processes' CPU use included); where not, it is said once for this run."""
+QUIET_CHECK_S = 0.3  # how long a start watches the cores before it measures a busy machine's entry again
+_quiet: dict[tuple[int, int], bool] = {}  # (threads, minute) -> whether the cores were quiet then
+
+
+def kept_entry(model: EngineTarget, what: str, entry: dict, noise: float, busy: str = "") -> dict:
+    """``entry`` as cached: marked ``busy`` (why, in words) where the timings were a busy machine's (``noise``,
+    ``busy``: ``busy_reason``), and said once.  Kept rather than dropped: a server started while the cores stay
+    busy used to measure again at every start (ready in ~30 s on Gemma 3 270M, against 3.5 s from the cache),
+    and ``cached`` measures it again at the first start that finds the machine quiet."""
     reason = busy or busy_reason(noise)
     if not reason:
-        return True
+        return entry
     say_once(f"noisy:{model.path}", f"the machine was busy while timing {what} of {Path(str(model.path)).name} "
-             f"({reason} after {MEASURE_TRIES} tries); using them for this run only: they are not cached, and the "
-             "next run measures again")
-    return False
+             f"({reason} after {MEASURE_TRIES} tries); using them, and keeping them for starts while the machine "
+             "stays busy: the first start on a quiet machine measures them again")
+    return {**entry, "busy": reason}
+
+
+def cached(cache: dict, key: str, parse: Callable[[object], T], path: Path, model: EngineTarget, what: str) -> T | None:
+    """``cache.lookup``, where an entry a busy machine measured (``kept_entry``) stands only while the machine is
+    busy: a start that finds the cores quiet gets None, so it measures again and caches a quiet machine's."""
+    value = lookup(cache, key, parse, path)
+    reason = cache[key].get("busy") if value is not None and isinstance(cache.get(key), dict) else None
+    if not reason:
+        return value
+    name = Path(str(model.path)).name
+    if quiet_now(model.n_threads):
+        say_once(f"remeasure:{key}", f"{what} of {name} was measured on a busy machine ({reason}); the machine is "
+                                     "quiet now, so measuring it again")
+        return None
+    say_once(f"kept:{key}", f"using {what} of {name} as measured at an earlier start on a busy machine ({reason}); "
+                            "the machine is busy now too, so it is kept, and a start on a quiet machine measures it again")
+    return value
+
+
+def quiet_now(threads: int) -> bool:
+    """Whether other processes leave the cores ``threads`` threads need free (``NOISE_LIMIT``), watched for
+    ``QUIET_CHECK_S`` once a minute at most (one start looks several entries up)."""
+    slot = (threads, int(time.monotonic() // 60))
+    if slot not in _quiet:
+        watch = CpuWatch()
+        time.sleep(QUIET_CHECK_S)
+        load = watch.read()
+        _quiet[slot] = load is not None and load.contention(threads) <= NOISE_LIMIT
+    return _quiet[slot]

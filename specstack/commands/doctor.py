@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InvalidParameterError
+from .common import at_least
 from ..host.doctor import Check, llamafile_in, render, row_cost_check, run_doctor, to_dict
 
 
@@ -35,7 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--row-cost", action="store_true",
                    help="with -m: load the model and measure what a verified row costs here, t(n)/t(1) at 2-16 rows "
                    "(cached, as generate's cost policy measures it), and say which llama.cpp build suits it")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads for --row-cost (default: one per physical core)")
+    p.add_argument("-t", "--threads", type=at_least(1), default=0, help="the threads the run you are preparing uses: "
+                   "what the threads and load checks judge, and --row-cost measures at (default: one per physical "
+                   "core)")
     p.add_argument("--json", action="store_true", help="print checks and facts as JSON")
     p.set_defaults(func=run)
 
@@ -43,7 +46,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.row_cost and args.model is None:
         raise InvalidParameterError("--row-cost measures a model: give it with -m MODEL")
-    checks, facts = run_doctor(args.model)
+    checks, facts = run_doctor(args.model, args.threads)
     if args.row_cost and not any(c.status == "fail" for c in checks):
         checks.append(row_cost(args.model, args.threads, facts["llama_system_info"]))
     if args.json:

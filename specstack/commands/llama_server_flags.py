@@ -160,13 +160,13 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     sampling = p.add_argument_group("sampling defaults (a request's own value wins; see docs/serve.md)")
     sampling.add_argument("--temp", "--temperature", dest="temperature", type=at_least(0, float), default=None,
                           metavar="T", help="temperature of a request that gives none (the role's temperature; "
-                          "default: llama-server's 0.8 on /completion, OpenAI's 1 on /v1/*)")
+                          "default: llama-server's 0.8, on every route)")
     sampling.add_argument("--top-k", dest="top_k", type=at_least(0), default=None, metavar="N",
-                          help="top_k of a request that gives none (default: 40 on /completion, 0 = off on /v1/*)")
+                          help="top_k of a request that gives none (default: llama-server's 40)")
     sampling.add_argument("--top-p", dest="top_p", type=float, default=None, metavar="P",
-                          help="top_p of a request that gives none (default: 0.95 on /completion, 1 = off on /v1/*)")
+                          help="top_p of a request that gives none (default: llama-server's 0.95)")
     sampling.add_argument("--min-p", dest="min_p", type=float, default=None, metavar="P",
-                          help="min_p of a request that gives none (default: 0.05 on /completion, 0 = off on /v1/*)")
+                          help="min_p of a request that gives none (default: llama-server's 0.05)")
     sampling.add_argument("--typical", "--typical-p", dest="typical_p", type=typical, default=None, metavar="P",
                           help="accepted at 1 (off, the default) only: typical sampling is not implemented")
     reasoning = p.add_argument_group("reasoning (a thinking model's <think> block; see docs/serve.md)")

@@ -86,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "/health stays open. An empty key is refused")
     p.add_argument("--timeout", "-to", type=at_least(0, float), default=600.0,
                    help="seconds a request may take before it is stopped (default 600, as llama-server's -to; 0 = none)")
-    p.add_argument("--max-tokens", type=at_least(1), default=4096, help="largest max_tokens a request may ask for (default 4096)")
+    p.add_argument("--max-tokens", type=at_least(0), default=0, help="largest max_tokens a request may ask for, and where "
+                   "a request without one stops (default 0: no bound but the context's end, as llama-server)")
     p.add_argument("--max-prompt-tokens", type=at_least(0), default=0, help="longest prompt in tokens (default: the context)")
     p.add_argument("--max-body", type=at_least(1), default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     p.add_argument("--drafter", default=None, help="default drafter without --config (default prompt-lookup)")
@@ -143,8 +144,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "'tags' in /v1/models (llama-server's); -a takes several names the same way (A,B: the id is the "
                        "first in sorted order, and every one picks the model)")
     llama.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None, metavar="N",
-                       help="tokens a request generates when it gives no max_tokens (default 16, as OpenAI's "
-                       "completions; -1: --max-tokens)")
+                       help="tokens a request generates when it gives no max_tokens (default -1, as llama-server's: "
+                       "until the end of text or of the slot's context, or --max-tokens where given)")
     llama.add_argument("-s", "--seed", type=int, default=None, help="sampling seed of a request that gives none "
                        "(default: each request its own random one; -1: random)")
     llama.add_argument("--jinja", action="store_true", help="accepted for llama-server command lines: the GGUF's Jinja "
@@ -241,15 +242,24 @@ def ctx_per_slot(total: int, slots: int, model: Path) -> int:
 
 
 def default_tokens(args: argparse.Namespace) -> int:
-    """-n: what a request that names no max_tokens generates (-1: as many as --max-tokens allows)."""
-    if args.n_predict is None:
-        return min(16, args.max_tokens)
-    if args.n_predict == -1:
-        return args.max_tokens
-    if not 1 <= args.n_predict <= args.max_tokens:
-        raise InvalidParameterError(f"-n {args.n_predict} must be in 1..{args.max_tokens} (--max-tokens), or -1 for "
-                                    "--max-tokens")
+    """-n: what a request that names no max_tokens generates; -1 (the default, llama-server's) runs to the end of
+    text or of the context (``jobs._max_tokens`` resolves it per request, since the room left depends on the
+    prompt).  A 16-token default, OpenAI's legacy completions value, cut every agent framework's tool call short."""
+    if args.n_predict is None or args.n_predict == -1:
+        return -1
+    bound = args.max_tokens or None
+    if args.n_predict < 1 or (bound is not None and args.n_predict > bound):
+        within = f"1..{bound} (--max-tokens)" if bound else ">= 1"
+        raise InvalidParameterError(f"-n {args.n_predict} must be {within}, or -1 to run to the end of text or of "
+                                    "the context")
     return args.n_predict
+
+
+def request_limits(args: argparse.Namespace, limits: type) -> Any:
+    """What one request may ask for, from the flags (``server.backends.Limits``, passed in so this module imports
+    no server package before ``run`` has checked they are installed)."""
+    return limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
+                  timeout_s=args.timeout, default_max_tokens=default_tokens(args))
 
 
 def check_api_key(args: argparse.Namespace) -> None:
@@ -323,7 +333,7 @@ def check_drafter(role, from_config: bool):
 
 def run(args: argparse.Namespace) -> int:
     check_api_key(args)
-    n_default = default_tokens(args)
+    default_tokens(args)  # a bad -n fails here, before anything loads
     if not args.ray and (args.address or args.replicas or args.suffix_log or args.no_share_suffix
                          or args.routing != "prefix"):
         raise InvalidParameterError("--address, --replicas, --routing, --suffix-log and --no-share-suffix apply to "
@@ -346,8 +356,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidParameterError(f"specstack serve needs its server packages ({exc.name} is missing): "
                                     "reinstall specstack (pip install .), which brings fastapi, uvicorn and sse-starlette") from None
-    limits = Limits(max_body_bytes=args.max_body, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
-                    timeout_s=args.timeout, default_max_tokens=n_default)
+    limits = request_limits(args, Limits)
     if args.ray:
         return run_ray(args, roles, limits)
     from ..server.access import stderr_line

@@ -99,7 +99,8 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
     # --- threads ---------------------------------------------------------------------------
     msg = (f"{phys} physical core(s), {logical} logical CPU(s) usable"
            + (f" (of {f['os_cpu_count']} on the machine)" if f["os_cpu_count"] and f["os_cpu_count"] > logical else "")
-           + f"; specstack uses {threads} thread(s), one per physical core")
+           + f"; specstack uses {threads} thread(s), "
+           + ("as -t says" if f.get("threads_given") else "one per physical core"))
     if f["cpu_quota"] is not None and f["cpu_quota"] < phys:
         checks.append(Check("threads", "warn", msg + f"; a cgroup CPU quota allows only "
                             f"{f['cpu_quota']:g} CPU(s)",
@@ -315,8 +316,12 @@ def _load_check(load: dict[str, Any] | None, threads: int) -> Check | None:
     return Check("load", "ok", f"quiet: {said}")
 
 
-def run_doctor(model: str | Path | None = None) -> tuple[list[Check], dict[str, Any]]:
+def run_doctor(model: str | Path | None = None, threads: int = 0) -> tuple[list[Check], dict[str, Any]]:
+    """The checks and the facts they read; ``threads`` (``-t``; 0: one per physical core) is what the threads and
+    load checks judge, as the run being prepared will use it."""
     facts = gather_facts()
+    if threads:
+        facts.update(threads=threads, threads_given=True)
     return evaluate(facts, model), facts
 
 

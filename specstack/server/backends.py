@@ -36,7 +36,7 @@ class Limits:
 
     max_body_bytes: int = 1 << 20
     max_prompt_tokens: int = 0  # 0: the role's context
-    max_tokens: int = 4096
+    max_tokens: int = 0  # the most a request may ask for; 0: no bound but the context's end (llama-server's)
     timeout_s: float = 600.0
     retry_after_s: int = 1
     # Choices per request (``n``).  Each is its own generation with its own slot; with more choices than
@@ -45,8 +45,9 @@ class Limits:
     # Seconds a request's body may take to arrive whole: a client that stops sending mid-body (short of its
     # Content-Length, or a chunked body never ended) gets 408 instead of holding a connection open for good.
     body_timeout_s: float = 30.0
-    # Tokens a request generates when it names no max_tokens (`serve --n-predict`, llama-server's -n).
-    default_max_tokens: int = 16
+    # Tokens a request generates when it names no max_tokens (`serve --n-predict`, llama-server's -n); -1: to
+    # the end of text or of the context, llama-server's default.
+    default_max_tokens: int = -1
 
 
 HealthProbe = Callable[[], Awaitable[dict[str, tuple[str | None, dict[str, Any]]]]]

@@ -36,7 +36,7 @@ from .worker import Job
 
 # A request's sampling where it, its role and its route set none: OpenAI's (no filter, temperature 1) and
 # llama-server's (common.h's defaults, on its own /completion)
-OPENAI_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+# llama-server's sampling defaults (common_params_sampling), on every route: /completion, /v1/* and /props alike
 LLAMA_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
@@ -173,7 +173,7 @@ def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limit
     its prompt's processing (``progress`` events)."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
-    max_tokens = _max_tokens(body, limits)
+    max_tokens = _max_tokens(body, limits, w.target.capacity)
     spec = _speculative(body, w.role)
     config = _generation_config(body, w, grammar, max_tokens, triggers)
     sampling, seed = config.sampling, config.sampling.seed
@@ -218,13 +218,14 @@ def _check_prompts(prompts: list[list[int]], target: Any, limits: Limits, prompt
             raise ApiError(400, f"prompt token ids must be in 0..{target.n_vocab - 1} ({where})", param=prompt_field)
 
 
-def _max_tokens(body: Any, limits: Limits) -> int:
-    """The tokens a request may generate; -1 (llama-server's "until the end") is the most this server allows
-    (--max-tokens; the context's end stops a generation earlier, as in llama-server)."""
+def _max_tokens(body: Any, limits: Limits, capacity: int) -> int:
+    """The tokens a request may generate; -1 (llama-server's "until the end", and the default) is the most this
+    server allows: --max-tokens where given, else the slot's ``capacity`` (the context's end stops a generation
+    before that, finish ``length``, as in llama-server)."""
     max_tokens, tokens_field = requested_tokens(body, limits.default_max_tokens)
     if max_tokens == -1:
-        return limits.max_tokens
-    if max_tokens > limits.max_tokens:
+        return limits.max_tokens or capacity
+    if limits.max_tokens and max_tokens > limits.max_tokens:
         raise ApiError(400, f"{tokens_field} is {max_tokens}; this server allows at most {limits.max_tokens}",
                        param=tokens_field)
     return max_tokens
@@ -268,11 +269,11 @@ def _dotted(body: Any, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def sampling_for(body: Any, role: Role) -> dict[str, Any]:
-    """temperature, top_k, top_p and min_p: the request's, else the role's (serve --temp, ...), else OpenAI's
-    (llama-server's /completion fills in its own first: ``routes.llama_server.native_body``); a sampler that the
+    """temperature, top_k, top_p and min_p: the request's, else the role's (serve --temp, ...), else llama-server's
+    (0.8, 40, 0.95, 0.05: what llama-server samples a /v1 request with, and what /props says); a sampler that the
     request's ``samplers`` chain leaves out is off, as llama-server builds its chain from that list alone."""
-    values = {**OPENAI_SAMPLING, **role.sampling()}
-    values.update({k: getattr(body, k) for k in OPENAI_SAMPLING if getattr(body, k) is not None})
+    values = {**LLAMA_SAMPLING, **role.sampling()}
+    values.update({k: getattr(body, k) for k in LLAMA_SAMPLING if getattr(body, k) is not None})
     values.update({k: SAMPLER_OFF[k] for k in samplers_left_out(getattr(body, "samplers", None)) if k in SAMPLER_OFF})
     return values
 

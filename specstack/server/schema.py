@@ -260,10 +260,10 @@ def _shown_value(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def requested_tokens(body: _Common, default: int = 16) -> tuple[int, str]:
+def requested_tokens(body: _Common, default: int = -1) -> tuple[int, str]:
     """How many tokens a request may generate, and the field that said so (errors name it): max_tokens,
-    chat's max_completion_tokens or llama-server's n_predict; ``default`` when none is given (16, as OpenAI's
-    completions, unless `serve --n-predict` says otherwise)."""
+    chat's max_completion_tokens or llama-server's n_predict; ``default`` when none is given (-1, llama-server's:
+    to the end of text or of the context, unless `serve --n-predict` says otherwise)."""
     given = [(name, getattr(body, name)) for name in ("max_tokens", "max_completion_tokens", "n_predict")
              if getattr(body, name, None) is not None]
     if not given:

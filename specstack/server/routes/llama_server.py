@@ -20,7 +20,7 @@ from sse_starlette.sse import EventSourceResponse
 from .. import session
 from ..backends import served
 from ..infill import InfillRequest, infill_prompt
-from ..jobs import LLAMA_SAMPLING, chat_prompt, grammar_for, prompt_ids
+from ..jobs import chat_prompt, grammar_for, prompt_ids
 from ..native import Native, busy_slots, native_text, piece_text, props_body, slot_entries
 from ..responses import ApiError, error
 from ...sampling import MAX_LOGPROBS
@@ -133,7 +133,7 @@ async def completion(body: CompletionRequest, request: Request) -> Response:
     ``generation_settings``; a list of prompts (or ``n_cmpl``) answers with a list of such results."""
     state = served(request)
     w = state.backend(body.model)
-    body = native_body(body, w.role)
+    body = native_body(body)
     unsupported(body)
     return await native_answer(request, w, body, prompt_ids(body.prompt, w.target))
 
@@ -144,7 +144,7 @@ async def infill(body: InfillRequest, request: Request) -> Response:
     ``input_suffix`` and ``input_extra``, then ``/completion``'s path, speculation included."""
     state = served(request)
     w = state.backend(body.model)
-    body = native_body(body, w.role)
+    body = native_body(body)
     unsupported(body)
     n_predict = body.n_predict if body.n_predict and body.n_predict > 0 else state.limits.default_max_tokens
     n_ctx = w.target.capacity
@@ -167,10 +167,10 @@ async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[
     return JSONResponse(results[0] if len(results) == 1 else results)
 
 
-def native_body(body: Any, role: Any) -> Any:
+def native_body(body: Any) -> Any:
     """A /completion body read as /v1/completions reads its own: OpenAI-only fields refused, ``n_probs`` as
-    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids), and llama-server's sampling defaults
-    (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) where neither the request nor the role sets one."""
+    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids); the sampling defaults are every route's
+    (``jobs.sampling_for``: llama-server's)."""
     for name, instead in OPENAI_ONLY.items():
         if name in body.model_fields_set and getattr(body, name) is not None:
             raise ApiError(400, f"{name} is a field of /v1/completions, not of llama-server's /completion ({instead})",
@@ -181,5 +181,4 @@ def native_body(body: Any, role: Any) -> Any:
         raise ApiError(400, f"n_probs must be in 0..{MAX_LOGPROBS} (got {body.n_probs})", param="n_probs")
     if body.n_probs:  # the native route's logprobs
         update.update(n_probs=None, logprobs=body.n_probs)
-    update.update({k: v for k, v in {**LLAMA_SAMPLING, **role.sampling()}.items() if getattr(body, k) is None})
     return body.model_copy(update=update)
