@@ -443,6 +443,8 @@ class Engine:
         gen.stats.total_s = end - gen.started
         if gen.stats.n_tokens > 1 and gen.stats.ttft_s > 0:  # mean gap between tokens after the first
             gen.stats.itl_s = (end - gen.submitted - gen.stats.ttft_s) / (gen.stats.n_tokens - 1)
+        if gen.stats.n_drafted == 0 and gen.traits.drafts and gen.stats.n_steps > 1:
+            gen.stats.idle_why = gen.policy.why_idle(gen.stats)  # a named drafter's zero never stands alone
         self._release(gen, keep_cache=True)
         gen.status = "done"
         if gen.constraint is not None and gen.config.grammar_drafts and gen.traits.drafts:
@@ -556,6 +558,8 @@ class Engine:
                 if draft.token_ids:
                     w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
                     w.declined = -1 if w.draft.token_ids else draft.token_ids[0]
+                    w.gen.stats.n_proposed += len(draft.token_ids)
+                    w.gen.stats.n_declined += not w.draft.token_ids
                 if grammar is not None and w.draft.token_ids:  # cut at the grammar's first refusal
                     w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
 

@@ -62,6 +62,12 @@ class GenerationStats:
     accepted_at: list[int] = field(default_factory=list)
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     steps: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted), for replay
+    n_proposed: int = 0  # draft tokens the drafter proposed, before the k policy cut them (``n_drafted``: after)
+    n_declined: int = 0  # drafts the k policy cut to nothing
+    # Why a drafter the user named drafted nothing in this generation, in words ("" where it drafted): the k
+    # policy's reading (``why_idle``), so that "drafted 0" never stands alone (issue 55: `--drafter suffix` on
+    # Gemma 3 270M said only "max k used 0").
+    idle_why: str = ""
 
     def __post_init__(self) -> None:
         if self.k_policy in K_CHOOSING_POLICIES:
@@ -161,6 +167,9 @@ class GenerationStats:
             "rewind": {"strategy": self.rewind, **self.rewound.to_dict()},
             "stop_reason": self.stop_reason,
             "reused_prompt_tokens": self.n_reused,
+            "proposed": self.n_proposed,
+            "declined": self.n_declined,
+            **({"idle_why": self.idle_why} if self.idle_why else {}),
             "time_s": {
                 "queue": round(self.queue_s, 6),
                 "first_token": round(self.ttft_s, 6),

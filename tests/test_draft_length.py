@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -622,3 +623,39 @@ def test_without_exactness_calls_are_padded_to_their_cheapest_size_and_priced_so
         target._call = real
         target.set_shapes(before)
         target.reset()
+
+
+# -- issue 55 item 7: a drafter that drafted nothing in a generation says why -------------------------------------
+
+REPEATED = "def add(a, b):\n    return a + b\n\n\n" * 6 + "def add(a, b):\n"
+
+
+def _idle_run(target, drafter: str, policy):
+    from specstack.drafters import BuildContext, create
+    from specstack.engine import Engine
+    from specstack.generation import GenerationConfig
+
+    engine = Engine(target, create(drafter, BuildContext(target)), policy)
+    return engine.generate(REPEATED, GenerationConfig(max_tokens=24)).run().stats
+
+
+def test_a_cost_policy_that_declines_every_draft_says_what_it_weighed(target):
+    """Rows priced at 50 plain steps each: prompt lookup proposes the repeated function every step and the cost
+    policy declines it; the statistics say so, with the row cost and the drafts' expected acceptance."""
+    costs = CostModel([1e-3 + 5e-2 * n for n in range(24)])
+    stats = _idle_run(target, "prompt-lookup", CostK(costs, k_max=8, floor=0.0))
+    assert stats.n_drafted == 0 and stats.n_proposed > 0 and stats.n_declined > 0
+    assert stats.idle_why.startswith(f"the cost policy declined all {stats.n_declined} drafts prompt-lookup proposed")
+    cost = re.search(r"a verified row costs (\d+\.\d\d)x a plain step here \(t\(2\) [\d.]+ ms", stats.idle_why)
+    assert cost and float(cost.group(1)) > 10, stats.idle_why  # the priced rows (refined online from the real calls)
+    assert re.search(r"expected to be accepted \d+% at best$", stats.idle_why)
+    assert stats.to_dict()["idle_why"] == stats.idle_why
+
+
+def test_a_drafter_that_found_nothing_says_so_and_one_that_drafted_says_nothing(target):
+    from specstack.metrics import GenerationStats
+
+    said = FixedK(4).why_idle(GenerationStats(drafter="suffix", n_steps=12))
+    assert said == "suffix proposed no draft in 12 steps: nothing in the prompt or output matched what it drafts from"
+    drafted = _idle_run(target, "prompt-lookup", FixedK(4))
+    assert drafted.n_drafted > 0 and drafted.idle_why == "" and "idle_why" not in drafted.to_dict()

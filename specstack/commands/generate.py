@@ -163,6 +163,8 @@ def format_stats(s: GenerationStats, shapes: BatchShapes | None = None, experts:
         ("time (s)", f"prefill {t['prefill']:.3f}  draft {t['draft']:.3f}  verify {t['verify']:.3f}  other {t['other']:.3f}"),
         ("decode speed", f"{s.tokens_per_second:.1f} tok/s"),
     ]
+    if s.idle_why:
+        rows.append(("no drafts", s.idle_why))
     if shapes is not None:
         rows.append(("exact shapes", describe_shapes(shapes)))
     if s.rewind != "truncate":

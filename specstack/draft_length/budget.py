@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .acceptance import AcceptanceBook
 from .costs import CostModel
@@ -116,6 +116,9 @@ class DraftLengthPolicy(Protocol):
 
     def expect_scores(self, sources: frozenset[str]) -> None:
         """These sources score their drafts (``drafters.base.scored_sources``), before any draft of theirs is seen."""
+
+    def why_idle(self, stats: Any) -> str:
+        """Why the generation of ``stats`` (``metrics.GenerationStats``) drafted nothing, in words."""
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import InvalidParameterError
 from .acceptance import AcceptanceBook, ConfidenceCalibration, best_k, expected_accepted
 from .budget import DEFAULT_K, DEFAULT_K_MAX, MAX_DRAFT, SOLO, Advice, BatchLoad, Budget, DraftLengthPolicy, Go, KeepGoing, StepOutcome
 from .costs import CostModel
+
+if TYPE_CHECKING:
+    from ..metrics import GenerationStats
 
 
 # A look at a scored source (``CostK._worth_looking``) is taken every step only while it costs at most
@@ -120,6 +123,14 @@ class _Policy:
     def _learn(self, outcome: StepOutcome) -> None:
         if outcome.n_drafted:
             self.book.update(outcome.source, outcome.n_drafted, outcome.n_accepted)
+
+    def why_idle(self, stats: GenerationStats) -> str:
+        """Why a generation (``stats``) drafted nothing, in words: here, only whether the drafter proposed anything
+        (a fixed-k policy verifies whatever it is given); the cost policy says what it weighed."""
+        if stats.n_proposed == 0:
+            return (f"{stats.drafter} proposed no draft in {stats.n_steps} steps: nothing in the prompt or output "
+                    "matched what it drafts from")
+        return f"every draft {stats.drafter} proposed ({stats.n_proposed} tokens) was cut to nothing"
 
 
 
@@ -319,9 +330,13 @@ class CostK(_Policy):
         self._margin_s = 0.0  # this generation's time won over plain decoding, plus the floor's share (``_affordable``)
         self._load = SOLO  # the load this step's budget was priced at (``_note_margin``)
         self._afford: int | None = None  # ``_affordable``, for this step
+        # Of this generation's drafts cut to nothing: the best first-token acceptance estimated, and how many of
+        # them would have been verified but for the floor (``why_idle``)
+        self._declined_p, self._floor_held = 0.0, 0
 
     def _reset_generation(self) -> None:
         self._margin_s, self._load, self._afford = 0.0, SOLO, None
+        self._declined_p, self._floor_held = 0.0, 0
         self._best = {}
         self._confidences = {}
         self._scores = {}
@@ -486,7 +501,17 @@ class CostK(_Policy):
                    load.tokens)
         self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
         self._declined = (name, scores[0]) if m == 0 and scores else None  # calibrated by the plain step's token
+        if m == 0 and probs:
+            self._note_declined(probs, load)
         return m
+
+    def _note_declined(self, probs: Sequence[float], load: BatchLoad) -> None:
+        """A scored draft cut to nothing: its first token's estimate, and whether the floor alone cut it (the
+        best prefix without it would be verified), for ``why_idle``."""
+        self._declined_p = max(self._declined_p, probs[0])
+        if self._affordable() < len(probs) and best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, self._load),
+                                                       len(probs), load.tokens) > 0:
+            self._floor_held += 1
 
     def _worth_verifying(self, name: str, n: int, load: BatchLoad) -> int:
         """Of a draft that came back with ``n`` tokens, the prefix whose verification raises the expected rate most.
@@ -499,6 +524,27 @@ class CostK(_Policy):
         n = min(n, self.k_max)
         return self._cached(("cut", name, n, load), lambda: best_k(self.book.conditional(name), lambda k: 0.0,
                                                                    lambda m: self._step_cost(m, load), n, load.tokens))
+
+    def why_idle(self, stats: GenerationStats) -> str:
+        """Why a generation drafted nothing under the cost policy: what a verified row costs here against a plain
+        step, what acceptance its drafts were expected to have, and whether the floor held them back."""
+        plain, two = self._step_cost(1), self._step_cost(2)
+        rows = f"a verified row costs {two / plain - 1:.2f}x a plain step here (t(2) {1e3 * two:.1f} ms, t(1) " \
+               f"{1e3 * plain:.1f} ms)"
+        if stats.n_proposed == 0:
+            known = [self.book.conditional(n)[0] for n in self._sources if self.book.tracker(n).n_observed() >= 1.0]
+            seen = f"; acceptance so far {100 * max(known):.0f}% at the first position" if known else ""
+            return (f"the cost policy asked {stats.drafter} for no draft that would pay ({rows}{seen}), or "
+                    f"{stats.drafter} found nothing to draft")
+        said = (f"the cost policy declined all {stats.n_declined} drafts {stats.drafter} proposed "
+                f"({stats.n_proposed} tokens): {rows}")
+        if self._declined_p > 0:
+            said += f", and their first tokens were expected to be accepted {100 * self._declined_p:.0f}% at best"
+        if self._floor_held:
+            said += (f"; {self._floor_held} of them would have paid on average, but the floor (never below "
+                     f"{100 * self.floor:.0f}% of plain decoding's rate) held them back until the generation had "
+                     "won enough to cover a refused draft")
+        return said
 
     def _affordable(self) -> int:
         """The most tokens of a scored draft this step may verify within the floor (``FLOOR``): what their rows
