@@ -248,3 +248,33 @@ def test_quantized_blocks_that_do_not_divide_a_head_are_refused_before_llama_cpp
     check_kv_blocks(meta, "f16", "bf16", "m.gguf")
     with pytest.raises(InvalidParameterError, match="-ctk q8_0: its blocks of 32 do not divide m.gguf's heads of 80"):
         check_kv_blocks(meta, "q8_0", "f16", "m.gguf")
+
+
+# -- served --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [("-ctk", "q8_0", "--exact", "on"), ("-ctk", "q8_0", "-ctv", "q8_0")])
+def test_a_server_with_a_quantized_kv_cache_speculates_and_reuses_prompts(capsys, q8_k, flags):
+    """``specstack serve -ctk q8_0`` (exact: its answer is plain decoding's on a q8_0 K cache) and ``-ctv q8_0`` too
+    (flash attention, exactness off, two slots on one unified cache): drafts accepted, a repeated prompt's KV
+    reused."""
+    import httpx
+
+    from specstack.server.app import Limits, create_app
+    from test_serve import Server
+
+    roles = serve_roles(*flags, "-np", "2", "--drafter", "prompt-lookup", "--k-policy", "fixed", "-t", "1")
+    body = {"prompt": PROMPTS[0], "n_predict": 48, "temperature": 0}
+    with Server(create_app(roles, Limits(max_tokens=64))) as s, httpx.Client(base_url=s.url, timeout=300) as http:
+        first, again = http.post("/completion", json=body).json(), http.post("/completion", json=body).json()
+        health = http.get("/health").json()
+    err = capsys.readouterr().err
+    assert first["timings"]["draft_n_accepted"] > 0 and again["timings"]["cache_n"] > 0
+    assert again["content"] == first["content"]
+    assert ("(K q8_0, V f16, " if "--exact" in flags else "(q8_0, ") in err  # the role's load line: the types it has
+    if "--exact" in flags:
+        engine = Engine(q8_k, create("none", BuildContext(q8_k)))
+        assert first["content"] == engine.generate(PROMPTS[0], GenerationConfig(max_tokens=48)).run().text
+    else:
+        exact = health["roles"]["pycoder-6m"]["exact"]
+        assert exact["mode"] == "off" and "one unified KV cache, with flash attention" in exact["why"]
+        assert "-ctv q8_0 turns flash attention on" in err

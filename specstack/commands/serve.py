@@ -69,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
-        "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, cache_type_k, cache_type_v, and request defaults seed, repeat_penalty, "
+        "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, cache_type_k, cache_type_v, and request defaults "
+        "seed, repeat_penalty, "
         "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
         "min_p, p_min (draft-model/mtp), reasoning_format and reasoning (see docs/serve.md)",
     )

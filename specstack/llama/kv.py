@@ -1,11 +1,11 @@
 """The KV cache's size, known before llama.cpp allocates it: said at load, refused when it cannot fit.
 
 llama.cpp allocates the whole cache when the context is created, at f16 by default: per layer and
-cell, ``n_head_kv x key_length`` K elements and ``n_head_kv x value_length`` V elements, each row stored in its
-cache type's blocks (``-ctk``/``-ctv``: ggml's ``ggml_row_size``, so a q8_0 row takes 34 bytes per 32 elements).  Sliding-window layers (Gemma 2/3, Cohere 2)
-hold as many cells as the others, because llama-cpp-python's context defaults keep the full-size
-window cache (``swa_full``), which is what lets speculation roll a sequence back and reuse a prefix
-anywhere.  Their share is reported apart, since that is the memory a windowed cache would save.
+cell, ``n_head_kv x key_length`` K elements and ``n_head_kv x value_length`` V elements, each row stored
+in its cache type's blocks (``-ctk``/``-ctv``: ggml's ``ggml_row_size``, so a q8_0 row takes 34 bytes per
+32 elements).  Sliding-window layers (Gemma 2/3, Cohere 2) hold as many cells as the others, because
+llama-cpp-python's context defaults keep the full-size window cache (``swa_full``), which is what lets
+speculation roll a sequence back and reuse a prefix anywhere.  Their share is reported apart, since that is the memory a windowed cache would save.
 """
 
 from __future__ import annotations
