@@ -5,7 +5,8 @@ cell, ``n_head_kv x key_length`` K elements and ``n_head_kv x value_length`` V e
 in its cache type's blocks (``-ctk``/``-ctv``: ggml's ``ggml_row_size``, so a q8_0 row takes 34 bytes per
 32 elements).  Sliding-window layers (Gemma 2/3, Cohere 2) hold as many cells as the others, because
 llama-cpp-python's context defaults keep the full-size window cache (``swa_full``), which is what lets
-speculation roll a sequence back and reuse a prefix anywhere.  Their share is reported apart, since that is the memory a windowed cache would save.
+speculation roll a sequence back and reuse a prefix anywhere.  Their share is reported apart, since that is
+the memory a windowed cache would save.
 """
 
 from __future__ import annotations
