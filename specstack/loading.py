@@ -25,6 +25,7 @@ from .engine import Engine
 from .errors import InvalidParameterError
 from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from .llama import LlamaModel, ModelConfig
+from .llama.kv import DEFAULT_KV_TYPE, check_kv_type, is_quantized
 from .llama.recurrent import DEFAULT_DEPTH
 
 if TYPE_CHECKING:
@@ -53,14 +54,22 @@ class TargetSpec:
     tree_branches: int = DEFAULT_TREE_BRANCHES
     kv_overrides: tuple[tuple[str, int], ...] = ()
     # llama.cpp's loading flags: -fa (None: auto, on exactly where exactness is off, since exact shapes are measured
-    # without it), -ub/-b (the physical batch, n_ubatch: the most rows one call decodes), --no-mmap, --mlock
+    # without it), -ub/-b (the physical batch, n_ubatch: the most rows one call decodes), --no-mmap, --mlock,
+    # -ctk/-ctv (the KV cache's types, ``llama.kv.KV_TYPES``; a quantized V cache needs flash attention, so -fa auto
+    # turns it on there, as llama-server's does, and so it needs --exact off)
     flash_attn: bool | None = None
     batch: int = 512
     mmap: bool = True
     mlock: bool = False
+    cache_type_k: str = DEFAULT_KV_TYPE
+    cache_type_v: str = DEFAULT_KV_TYPE
 
     def __post_init__(self) -> None:
         exact_mode(self.exact)  # refuses an unknown mode by name
+        check_kv_type(self.cache_type_k, "-ctk (the K cache type)")
+        check_kv_type(self.cache_type_v, "-ctv (the V cache type)")
+        if is_quantized(self.cache_type_v):
+            check_quantized_v(self.cache_type_v, self.flash_attn, exact_mode(self.exact))
         if self.flash_attn and exact_mode(self.exact) != "off":
             raise InvalidParameterError(f"flash attention (-fa on) needs --exact off (got --exact {self.exact}): exact "
                                         "call shapes are measured without it, and its one-row path depends on the KV "
@@ -84,7 +93,8 @@ class TargetSpec:
         return ModelConfig(path=Path(self.model), n_ctx=self.ctx, n_threads=self.threads,
                            n_seq_max=self.tree_branches, n_slots=self.slots, kv_overrides=self.kv_overrides,
                            experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
-                           flash_attn=self._flash_attn(), n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock)
+                           flash_attn=self._flash_attn(), n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock,
+                           type_k=self.cache_type_k, type_v=self.cache_type_v)
 
     def _flash_attn(self) -> bool | None:
         """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which
@@ -92,6 +102,20 @@ class TargetSpec:
         if self.flash_attn is not None:
             return self.flash_attn
         return {"off": True, "auto": None, "on": False}[exact_mode(self.exact)]
+
+
+def check_quantized_v(kind: str, flash_attn: bool | None, exact: str, exact_flag: str = "--exact") -> None:
+    """A quantized V cache (-ctv ``kind``) needs flash attention, which llama.cpp requires for one
+    (llama_init_from_model: -fa auto turns it on, -fa off is an error), and so exactness off, since exact call
+    shapes are measured without flash attention.  Refused, naming what to pass, where either is not so."""
+    if flash_attn is False:
+        raise InvalidParameterError(f"-ctv {kind} needs flash attention (llama.cpp refuses a quantized V cache "
+                                    "without it): use -fa on, or leave -fa out")
+    if exact != "off":
+        raise InvalidParameterError(f"-ctv {kind} cannot go with {exact_flag} {exact}: llama.cpp runs a quantized V "
+                                    "cache with flash attention (-fa on) only, and exact call shapes are measured "
+                                    f"without it; quantize only K (-ctk {kind}) to keep exactness, or pass {exact_flag} "
+                                    "off")
 
 
 @dataclass(frozen=True)

@@ -575,7 +575,7 @@ def test_several_aliases_and_tags_name_one_role():
     (["--pooling", "mean"], "--pooling cannot apply to specstack serve: embeddings are not offered"),
     (["--slot-save-path", "/tmp"], "--slot-save-path cannot apply to specstack serve: saving and restoring"),
     (["--grp-attn-n", "4"], "--grp-attn-n cannot apply to specstack serve: self-extend"),
-    (["-ctk", "q8_0"], "only f16 (the default) is taken"),
+    (["-ctv", "q8_0", "--exact", "on"], "-ctv q8_0 cannot go with --exact on"),
     (["--typical", "0.9"], "typical sampling is not implemented"),
     (["--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not offered"),
     (["--spec-type", "ngram-x"], "is not one of llama-server's types"),

@@ -45,16 +45,22 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     -c 4096, -c 2048 -np 3 and -c 1024 were identical.  Where a small context bounds a measurement (its depth
     or its largest call), that bound is part of the measurement's scope (``entry_key``), not of this key.
     ``flash_attn``: the key as with flash attention set so (None: as the model has it).
+
+    The KV cache's types (-ctk/-ctv) are in it where either is not f16: a q8_0 K cache rounds every key, so its
+    calls compute other logits, with other kernels, than an f16 cache's, and its shapes and costs are its own.
+    An f16 cache's key is left as it was before the types could change, so its entries stay valid.
     """
     from ..llama import system_info
 
     cfg = model.config
     st = os.stat(model.path)
     recurrent = [cfg.rollback, cfg.rollback_depth] if model.is_recurrent else []
-    return [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
-            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
-            bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
-            cfg.prefill_chunk, recurrent]
+    key = [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
+           system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
+           bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
+           cfg.prefill_chunk, recurrent]
+    kv_types = [cfg.type_k, cfg.type_v]
+    return key + [kv_types] if kv_types != ["f16", "f16"] else key
 
 
 def entry_key(kind: str, model: "EngineTarget", scope: object, flash_attn: bool | None = None) -> str:

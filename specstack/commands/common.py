@@ -26,6 +26,7 @@ from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
+from ..llama.kv import DEFAULT_KV_TYPE, KV_TYPES, is_quantized
 from ..llama import LlamaModel, set_verbose
 from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
@@ -290,21 +291,58 @@ def add_loading_args(g: argparse._ActionsContainer, unset: bool = False) -> None
     g.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=at_least(1), default=default(512), metavar="N",
                    help="llama.cpp's physical batch: the most rows one call decodes (default 512, as llama.cpp). "
                    "specstack's calls are a prefill chunk (128) or a verification batch, so it rarely matters")
+    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default=default(DEFAULT_KV_TYPE),
+                   metavar="TYPE", help=f"the target's K cache type: {', '.join(KV_TYPES)} (default f16, as "
+                   "llama.cpp). A quantized K cache (q8_0: 34 bytes per 32 values, 53%% of f16's) keeps --exact on: "
+                   "exact call shapes are measured for each pair of types")
+    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default=default(DEFAULT_KV_TYPE),
+                   metavar="TYPE", help="the target's V cache type, as -ctk (default f16). A quantized V cache needs "
+                   "flash attention in llama.cpp, so it turns -fa on, as llama-server does, and with it --exact off "
+                   "(refused with --exact on or -fa off)")
     g.add_argument("--mlock", action="store_true", default=default(False), help="keep the weights in RAM (llama.cpp's "
                    "--mlock: never swapped out)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false", default=default(True),
                    help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
 
 
+def cache_type(text: str) -> str:
+    """-ctk/-ctv: one of llama.cpp's KV cache types (``llama.kv.KV_TYPES``, common/arg.cpp's list)."""
+    if text not in KV_TYPES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(KV_TYPES)} (got {text!r})")
+    return text
+
+
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
     """``TargetSpec``'s fields for llama.cpp's loading flags (defaults where a command has none of them)."""
     batch = min(getattr(args, "batch_size", None) or 2048, getattr(args, "ubatch_size", None) or 512)
     return {"flash_attn": FLASH_ATTN[getattr(args, "flash_attn", None) or "auto"], "batch": batch,
-            "mmap": getattr(args, "mmap", None) is not False, "mlock": bool(getattr(args, "mlock", False))}
+            "mmap": getattr(args, "mmap", None) is not False, "mlock": bool(getattr(args, "mlock", False)),
+            "cache_type_k": getattr(args, "cache_type_k", None) or DEFAULT_KV_TYPE,
+            "cache_type_v": getattr(args, "cache_type_v", None) or DEFAULT_KV_TYPE}
+
+
+def settle_quantized_v(args: argparse.Namespace, exact_flag: str = "--exact") -> None:
+    """A quantized V cache (-ctv q8_0) needs flash attention: llama.cpp refuses one without it, and llama-server's
+    -fa auto turns it on (llama_init_from_model).  So here -fa auto becomes on, which needs exactness off: -fa off
+    and --exact on are refused (``loading.check_quantized_v``, in words naming -ctv, not a -fa never typed), and
+    auto runs as off, with a note."""
+    kind = getattr(args, "cache_type_v", None) or DEFAULT_KV_TYPE
+    if not is_quantized(kind):
+        return
+    exact = getattr(args, "exact", None) or "auto"
+    loading.check_quantized_v(kind, FLASH_ATTN[getattr(args, "flash_attn", None) or "auto"],
+                              "off" if exact == "auto" else exact, exact_flag)
+    if exact == "auto":
+        print(f"specstack: note: -ctv {kind} turns flash attention on (-fa on, which llama.cpp needs for a quantized V "
+              f"cache), so it runs with {exact_flag} off: greedy speculative output may differ from plain decoding at "
+              f"near-ties; -ctk {kind} alone keeps exactness", file=sys.stderr)
+    args.flash_attn, args.exact = "on", "off"
 
 
 def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> None:
-    """-fa on needs exactness off: under --exact on it is refused; under auto it runs as off, with a note."""
+    """-fa on needs exactness off: under --exact on it is refused; under auto it runs as off, with a note.  A
+    quantized V cache sets -fa on first (``settle_quantized_v``)."""
+    settle_quantized_v(args, exact_flag)
     if getattr(args, "flash_attn", None) != "on":
         return
     exact = getattr(args, "exact", None) or "auto"

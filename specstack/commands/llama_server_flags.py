@@ -75,7 +75,6 @@ REFUSED = (
 LLAMA_SERVER_ONLY = ("--slots", "--no-slots", "--jinja", "--no-jinja", "-cb", "--cont-batching", "-kvu", "--kv-unified",
                      "--swa-full", "--no-context-shift", "--cache-reuse", "--no-mmproj", "--no-cache-idle-slots",
                      "-bs", "--backend-sampling", "--backend_sampling")
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 class Refuse(argparse.Action):
@@ -97,17 +96,6 @@ def typical(text: str) -> float:
         raise argparse.ArgumentTypeError(f"locally typical sampling is not implemented here, so 1 (off) is the only "
                                          f"value taken (got {text}); leave --typical out or pass 1")
     return value
-
-
-def cache_type(text: str) -> str:
-    """-ctk/-ctv: the KV cache's type; f16 (llama.cpp's default) is the one specstack's exact shapes are measured on."""
-    if text not in CACHE_TYPES:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(CACHE_TYPES)} (got {text!r})")
-    if text != "f16":
-        raise argparse.ArgumentTypeError(f"only f16 (the default) is taken: specstack's exact call shapes and its "
-                                         f"KV memory estimate are measured on an F16 cache, and a {text} cache is not "
-                                         "offered yet; leave the flag out or pass f16")
-    return text
 
 
 # llama.cpp's is_truthy / is_falsey / is_autoy words for --reasoning
@@ -181,10 +169,6 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     reasoning.add_argument("--reasoning-budget", dest="reasoning_budget", type=reasoning_budget, default=None,
                            metavar="N", help="accepted at -1 (unrestricted, the default) only: a thinking budget is "
                            "not implemented")
-    llama.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default=None, metavar="TYPE",
-                       help="the K cache's type: f16 (the default) only")
-    llama.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default=None, metavar="TYPE",
-                       help="the V cache's type: f16 (the default) only")
     llama.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
                        help="read the API key from FILE (its one non-empty line), as --api-key")
     llama.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",

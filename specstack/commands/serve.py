@@ -36,6 +36,7 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--batch-tokens", "batch_tokens", "batch_tokens"), ("--prefill-cap", "prefill_cap", "prefill_cap"),
               # llama.cpp's flags: loading options and request defaults (the role keys of the same names)
               ("-fa", "flash_attn", "flash_attn"), ("--mlock", "mlock", "mlock"), ("--no-mmap", "mmap", "mmap"),
+              ("-ctk", "cache_type_k", "cache_type_k"), ("-ctv", "cache_type_v", "cache_type_v"),
               ("-s", "seed", "seed"), ("--repeat-penalty", "repeat_penalty", "repeat_penalty"),
               ("--repeat-last-n", "repeat_last_n", "repeat_last_n"),
               ("--presence-penalty", "presence_penalty", "presence_penalty"),
@@ -68,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
         "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
-        "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, and request defaults seed, repeat_penalty, "
+        "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, cache_type_k, cache_type_v, and request defaults "
+        "seed, repeat_penalty, "
         "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
         "min_p, p_min (draft-model/mtp), reasoning_format and reasoning (see docs/serve.md)",
     )
@@ -188,7 +190,7 @@ def build_roles(args: argparse.Namespace):
                 f"set {', '.join(ROLE_KEYS.get(k, k) for _, k in given)} in the file's [roles.NAME] tables, or leave "
                 "--config out")
         return load_roles(args.config)
-    settle_flash_attn(args)  # -fa on: exactness off, or refused under --exact on
+    settle_flash_attn(args)  # -fa on (or a quantized -ctv): exactness off, or refused under --exact on
     constraints_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
     values = {key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None}
     check_sampling_flags(args)

@@ -1,10 +1,12 @@
 """The KV cache's size, known before llama.cpp allocates it: said at load, refused when it cannot fit.
 
 llama.cpp allocates the whole cache when the context is created, at f16 by default: per layer and
-cell, ``n_head_kv x (key_length + value_length)`` halves.  Sliding-window layers (Gemma 2/3, Cohere 2)
-hold as many cells as the others, because llama-cpp-python's context defaults keep the full-size
-window cache (``swa_full``), which is what lets speculation roll a sequence back and reuse a prefix
-anywhere.  Their share is reported apart, since that is the memory a windowed cache would save.
+cell, ``n_head_kv x key_length`` K elements and ``n_head_kv x value_length`` V elements, each row stored
+in its cache type's blocks (``-ctk``/``-ctv``: ggml's ``ggml_row_size``, so a q8_0 row takes 34 bytes per
+32 elements).  Sliding-window layers (Gemma 2/3, Cohere 2) hold as many cells as the others, because
+llama-cpp-python's context defaults keep the full-size window cache (``swa_full``), which is what lets
+speculation roll a sequence back and reuse a prefix anywhere.  Their share is reported apart, since that is
+the memory a windowed cache would save.
 """
 
 from __future__ import annotations
@@ -12,10 +14,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import ModelLoadError
+from ..errors import InvalidParameterError, ModelLoadError
 from ..modelfile import archs
 
-F16_BYTES = 2
+# llama.cpp's KV cache types (common/arg.cpp's kv_cache_types, as -ctk/-ctv name them) -> (elements per block,
+# bytes per block), from ggml-common.h's block structs: a quantized block holds 32 elements and its f16 scale
+# (q4_1, q5_1: a scale and a minimum; q5_*: 4 bytes of fifth bits besides).
+KV_TYPES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
+            "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24)}
+DEFAULT_KV_TYPE = "f16"
+
+
+def check_kv_type(name: str, flag: str = "the KV cache type") -> str:
+    """``name`` if it is one of llama.cpp's KV cache types (``KV_TYPES``), else the error naming ``flag``."""
+    if name not in KV_TYPES:
+        raise InvalidParameterError(f"{flag} must be one of {', '.join(KV_TYPES)} (got {name!r})")
+    return name
+
+
+def is_quantized(name: str) -> bool:
+    """Whether a KV type stores blocks (ggml_is_quantized): a quantized V cache needs flash attention."""
+    return KV_TYPES[name][0] > 1
+
+
+def row_bytes(name: str, elements: int) -> int:
+    """Bytes of one row of ``elements`` in KV type ``name`` (ggml_row_size; a partial block counts whole)."""
+    block, size = KV_TYPES[name]
+    return -(-elements // block) * size
 # Sliding-window layers by architecture where the GGUF has no ``<arch>.attention.sliding_window_pattern``, as
 # llama.cpp's src/models/*.cpp default them (load_swa_pattern(ml, n): every n-th layer is global, the others windowed).
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "gemma-embedding": 6, "cohere2": 4, "llama4": 4,
@@ -33,12 +58,19 @@ class KVEstimate:
     swa_window: int  # 0: no sliding window
     swa_layers: int
     n_layers: int
+    type_k: str = DEFAULT_KV_TYPE
+    type_v: str = DEFAULT_KV_TYPE
+
+    @property
+    def types(self) -> str:
+        """The cache's types as said at load: one name where K and V share it (``f16``), else both."""
+        return self.type_k if self.type_k == self.type_v else f"K {self.type_k}, V {self.type_v}"
 
     def describe(self) -> str:
         from ..ui import fmt_bytes
 
         seqs = self.cells // max(self.per_seq, 1)
-        text = (f"KV cache {fmt_bytes(self.total_bytes)} (f16, {self.per_seq} positions x {seqs} "
+        text = (f"KV cache {fmt_bytes(self.total_bytes)} ({self.types}, {self.per_seq} positions x {seqs} "
                 f"sequence{'s' if seqs != 1 else ''}, {self.n_layers} layers)")
         if self.swa_layers:
             text += (f"; {self.swa_layers} sliding-window layers ({self.swa_window} tokens) hold "
@@ -66,9 +98,9 @@ def _windowed_layers(pattern: Any, default: int, n_layers: int) -> list[bool]:
     return [n > 0 and (layer + 1) % n != 0 for layer in range(n_layers)]
 
 
-def estimate_kv(meta: Any, per_seq: int, cells: int) -> KVEstimate | None:
-    """The f16 KV cache of ``cells`` cells from GGUF metadata (``GGUFInfo``); None for purely recurrent models
-    (their state does not grow with the context) or metadata too incomplete to say."""
+def _attention(meta: Any) -> tuple[int, list[int], int, int] | None:
+    """The layer count, KV heads per layer and K and V head sizes from GGUF metadata (``GGUFInfo``), as llama.cpp
+    reads them; None for purely recurrent models or metadata too incomplete to say."""
     arch = meta.architecture
     if not arch or archs.is_recurrent(arch):
         return None
@@ -84,17 +116,42 @@ def estimate_kv(meta: Any, per_seq: int, cells: int) -> KVEstimate | None:
     head_dim = int(n_embd) // max(max(heads), 1)
     k_len = int(meta.get(f"{arch}.attention.key_length") or head_dim)
     v_len = int(meta.get(f"{arch}.attention.value_length") or head_dim)
+    return n_layers, heads_kv, k_len, v_len
+
+
+def estimate_kv(meta: Any, per_seq: int, cells: int, type_k: str = DEFAULT_KV_TYPE,
+                type_v: str = DEFAULT_KV_TYPE) -> KVEstimate | None:
+    """The KV cache of ``cells`` cells in types ``type_k``/``type_v`` from GGUF metadata (``GGUFInfo``); None for
+    purely recurrent models (their state does not grow with the context) or metadata too incomplete to say."""
+    shape = _attention(meta)
+    if shape is None:
+        return None
+    n_layers, heads_kv, k_len, v_len = shape
+    arch = meta.architecture
     window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
     windowed = _windowed_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), SWA_PATTERN.get(arch, 0),
                                 n_layers) if window else [False] * n_layers
     total = swa = n_swa = 0
     for layer, kv in enumerate(heads_kv):
-        size = cells * kv * (k_len + v_len) * F16_BYTES
+        size = cells * (row_bytes(type_k, kv * k_len) + row_bytes(type_v, kv * v_len))
         total += size
         if windowed[layer]:
             swa += size
             n_swa += 1
-    return KVEstimate(cells, per_seq, total, swa, window if n_swa else 0, n_swa, n_layers)
+    return KVEstimate(cells, per_seq, total, swa, window if n_swa else 0, n_swa, n_layers, type_k, type_v)
+
+
+def check_kv_blocks(meta: Any, type_k: str, type_v: str, name: str) -> None:
+    """Refuse, before llama.cpp sees them, quantized KV types whose blocks do not divide a head: llama.cpp refuses
+    them with flash attention (llama_init_from_model) and, without it, asserts in the K product, ending the process."""
+    shape = _attention(meta)
+    if shape is None:
+        return
+    for flag, kind, head in (("-ctk", type_k, shape[2]), ("-ctv", type_v, shape[3])):
+        elements = KV_TYPES[kind][0]
+        if head % elements:
+            raise InvalidParameterError(f"{flag} {kind}: its blocks of {elements} do not divide {name}'s heads of "
+                                        f"{head}; use f16, bf16 or f32 for this model")
 
 
 def check_kv_fits(kv: KVEstimate | None, role: str, name: str, per_seq: int, release: Callable[[], None]) -> None:

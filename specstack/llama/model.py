@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError
 from .target import DEFAULT_CTX, ModelConfig
-from .kv import KVEstimate, check_kv_fits, estimate_kv
+from .kv import KVEstimate, check_kv_blocks, check_kv_fits, estimate_kv
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls, prefill_call
@@ -32,6 +32,9 @@ from .tree import TreeBatches
 from .vocab import Vocabulary
 
 _MAX_CTX = 2**31 - 1
+# ggml.h's enum ggml_type for the KV cache types (``kv.KV_TYPES``); written out because llama_cpp.py lacks
+# GGML_TYPE_BF16
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 MIN_CTX = 16  # below this llama.cpp aborts (a batch must hold every tree branch's output row)  # positions are int32 in llama.cpp
 
 
@@ -66,6 +69,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             override = self.meta.expert_override(config.experts, "--experts" if role == "target" else role)
             self.config = config = dataclasses.replace(config, experts=None,
                                                        kv_overrides=config.kv_overrides + (override,))
+        check_kv_blocks(self.meta, config.type_k, config.type_v, self.path.name)  # before llama.cpp could abort on it
         if self.meta.tensor_count == 0:
             raise ModelLoadError(f"{role} {self.path} is a vocabulary-only GGUF (no weights): `specstack check` can "
                                  "compare its tokenizer, but it cannot run; pass a model with weights")
@@ -203,7 +207,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             given = self.config.ctx_origin or f"--ctx-size {per_seq}"
             warnings.warn(f"{self.role} {self.path.name}: {given} is more than the {self.n_ctx_train} "
                           "positions it was trained on; output past that may degrade", stacklevel=2)
-        self.kv = estimate_kv(self.meta, per_seq, total)
+        self.kv = estimate_kv(self.meta, per_seq, total, self.config.type_k, self.config.type_v)
         check_kv_fits(self.kv, self.role, self.path.name, per_seq, self._free_model)
         params.n_ctx = total
         # Not capped by n_ctx here: llama.cpp rounds a small n_ctx up (to 256) and caps n_batch by that; a batch
@@ -215,6 +219,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             params.n_rs_seq = self.config.rollback_depth
         params.kv_unified = self.unified  # tree branches share the cached prefix
         params.flash_attn_type = 1 if self.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
+        params.type_k, params.type_v = self._ggml_type(self.config.type_k), self._ggml_type(self.config.type_v)
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
 
@@ -228,6 +233,11 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             self._free_model()
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path} (n_ctx={params.n_ctx}); try a smaller --ctx-size")
         return ctx
+
+    @staticmethod
+    def _ggml_type(name: str) -> int:
+        """ggml's type id of a KV cache type name (``kv.KV_TYPES``), as llama_context_params.type_k/type_v take it."""
+        return GGML_TYPES[name]
 
     @staticmethod
     def _interrupted(release: Callable[[], object]) -> None:

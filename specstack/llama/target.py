@@ -20,6 +20,7 @@ import numpy as np
 
 from .batching import BatchShapes, Segment
 from ..errors import InvalidParameterError
+from .kv import DEFAULT_KV_TYPE, check_kv_type, is_quantized
 from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
 from ..types import HiddenRows
 
@@ -67,6 +68,12 @@ class ModelConfig:
     # -t 2, more deeper in. None (auto): off until ``calibration.open_for_mode`` knows exactness is off (a
     # cached ``--exact auto`` verdict), then the context is reopened with it; --exact off turns it on at load.
     flash_attn: bool | None = None
+    # The KV cache's types (llama.cpp's -ctk/-ctv: ``kv.KV_TYPES``).  Exact shapes are measured per pair (the cache
+    # key holds them): a q8_0 K cache rounds K, so its logits differ from f16's, but batches agree with each other
+    # as on f16.  A quantized V cache needs flash attention in llama.cpp (llama_init_from_model), so it is
+    # refused without ``flash_attn`` True, and therefore runs without exactness (see ``flash_attn``).
+    type_k: str = DEFAULT_KV_TYPE
+    type_v: str = DEFAULT_KV_TYPE
     kv_overrides: tuple[tuple[str, int], ...] = ()
     # An MoE model run with this many active experts (lossy for a target): checked against the metadata the load
     # reads, and loaded as the ``{arch}.expert_used_count`` entry of ``kv_overrides`` (which the load's config holds)
@@ -102,6 +109,11 @@ class ModelConfig:
             raise InvalidParameterError(f"the context size must be >= 0 (got {self.n_ctx}); 0 means the model's own")
         if self.n_slots < 1 or self.n_batch < 1:
             raise InvalidParameterError(f"slots and batch size must be >= 1 (got {self.n_slots}, {self.n_batch})")
+        check_kv_type(self.type_k, "the K cache type")
+        check_kv_type(self.type_v, "the V cache type")
+        if is_quantized(self.type_v) and self.flash_attn is not True:
+            raise InvalidParameterError(f"a {self.type_v} V cache needs flash attention (llama.cpp refuses a quantized "
+                                        "V cache without it): load with flash_attn True")
 
 
 class Target(Protocol):

@@ -40,6 +40,7 @@ from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
 from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
+from ..llama.kv import DEFAULT_KV_TYPE, KV_TYPES, is_quantized
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from .request_constraints import ConstraintDefaults
 from .tools.reasoning import FORMATS as REASONING_FORMATS
@@ -78,11 +79,14 @@ class Role:
     tree: bool = False  # verify token trees (suffix, rest, fusion drafts): one-slot roles only (parallel = 1)
     rollback_depth: int = DEFAULT_DEPTH  # recurrent targets: state snapshots per slot (n_rs_seq)
     # llama.cpp's loading options (``loading.TargetSpec``): flash attention auto/on/off (on needs exact = off),
-    # the physical batch (n_ubatch: rows per llama.cpp call), memory-mapped weights, weights locked in RAM
+    # the physical batch (n_ubatch: rows per llama.cpp call), memory-mapped weights, weights locked in RAM, the
+    # KV cache's types (-ctk/-ctv; a quantized V cache needs flash attention, so exact = "off")
     flash_attn: str = "auto"
     ubatch_size: int = 512
     mmap: bool = True
     mlock: bool = False
+    cache_type_k: str = DEFAULT_KV_TYPE
+    cache_type_v: str = DEFAULT_KV_TYPE
     # Request defaults, used where a request gives none (``request_constraints.ConstraintDefaults``): the sampling seed, the
     # penalties, and one grammar (GBNF text, a GBNF file, or a JSON schema: an inline table or JSON text)
     seed: int | None = None
@@ -117,7 +121,8 @@ class Role:
         return TargetSpec(model=self.model, ctx=self.ctx, threads=self.threads, slots=self.parallel, exact=self.exact,
                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                           tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1,
-                          flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock)
+                          flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock,
+                          cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
 
     def speculative(self, drafter: str | None = None) -> dict[str, Any]:
         """The role's speculation settings for a generation drafting with ``drafter`` (None: the role's own):
@@ -188,6 +193,7 @@ class Role:
                                         "shapes are measured without flash attention); use flash_attn = \"auto\"")
         if self.ubatch_size < 1:
             raise InvalidParameterError(f"role {self.name!r}: ubatch_size must be >= 1 (got {self.ubatch_size})")
+        self._check_cache_types()
         for key in ("mmap", "mlock"):
             if not isinstance(getattr(self, key), bool):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be true or false (got {getattr(self, key)!r})")
@@ -222,6 +228,21 @@ class Role:
                 get_format(self.tool_call_format)
             except InvalidParameterError as exc:
                 raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
+
+    def _check_cache_types(self) -> None:
+        """cache_type_k/cache_type_v: llama.cpp's KV types; a quantized V cache needs flash attention (llama.cpp
+        refuses one without it), so exact = "off" (exact shapes are measured without flash attention), and flash_attn
+        not "off"."""
+        for key in ("cache_type_k", "cache_type_v"):
+            if getattr(self, key) not in KV_TYPES:
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be one of {', '.join(KV_TYPES)} "
+                                            f"(got {getattr(self, key)!r})")
+        kind = self.cache_type_v
+        if is_quantized(kind) and (self.exact != "off" or self.flash_attn == "off"):
+            raise InvalidParameterError(f"role {self.name!r}: cache_type_v = \"{kind}\" needs flash attention (llama.cpp "
+                                        "refuses a quantized V cache without it), and so exact = \"off\" (exact call "
+                                        "shapes are measured without it): set exact = \"off\" and leave flash_attn "
+                                        "auto, or quantize only cache_type_k")
 
     def _check_sampling(self) -> None:
         """The sampling defaults in a request's ranges (``SamplingParams``), and p_min where the drafter reads it."""
