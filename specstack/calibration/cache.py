@@ -51,10 +51,14 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     cfg = model.config
     st = os.stat(model.path)
     recurrent = [cfg.rollback, cfg.rollback_depth] if model.is_recurrent else []
+    # -tb (the threads of multi-row calls) and RoPE/YaRN settings change the measured calls too; only where set,
+    # so that the keys of every run without them stay as they were
+    context = [["n_threads_batch", cfg.n_threads_batch]] if cfg.n_threads_batch else []
+    context += [list(kv) for kv in cfg.context_params]
     return [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
             system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
             bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
-            cfg.prefill_chunk, recurrent]
+            cfg.prefill_chunk, recurrent] + ([context] if context else [])
 
 
 def entry_key(kind: str, model: "EngineTarget", scope: object, flash_attn: bool | None = None) -> str:
