@@ -57,7 +57,7 @@ REFUSED = (
     (("-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic"), True, "n-gram lookup cache files are not "
      "read: --spec-type ngram-cache (the suffix drafter) learns from the served prompts and outputs instead"),
     (("-r", "--reverse-prompt"), True, "a server-wide stop string is not offered: send stop in each request"),
-    (("--spm-infill",), False, "/infill builds llama-server's default prefix-suffix-middle prompt only; leave "
+    (("--spm-infill",), False, "/infill builds llama-server's default prefix-suffix-middle prompt only: leave "
      "--spm-infill out"),
     (("-nocb", "--no-cont-batching"), False, "continuous batching cannot be turned off: the -np slots always decode "
      "together; -np 1 serves one request at a time"),
@@ -73,7 +73,7 @@ REFUSED = (
     (("--path",), True, "the page at / is specstack's own status page: serve your files from a web server in front"),
     (("--api-prefix",), True, "routes are served at the root: put a reverse proxy in front that strips the prefix"),
     (("--ui-config", "--webui-config", "--ui-config-file", "--webui-config-file"), True, "there is no web UI to "
-     "configure (the page at / is a read-only status page)"),
+     "configure (the page at / is a read-only status page): leave it out"),
     (("--props",), False, "changing settings through POST /props is not offered (GET /props answers): restart with "
      "the new flags"),
     (("--chat-template-kwargs",), True, "a server-wide default is not offered: send chat_template_kwargs in each "
@@ -87,7 +87,7 @@ REFUSED = (
      "--reasoning-format none keeps the <think> block in content"),
     (("--no-prefill-assistant",), False, "a trailing assistant message is always continued (llama-server's "
      "default): end the messages on a user turn to start a new answer"),
-    (("--no-cors-credentials",), False, "CORS credentials are always allowed here (llama-server's default); "
+    (("--no-cors-credentials",), False, "CORS credentials are always allowed here (llama-server's default): "
      "--cors-origins localhost limits who may call"),
     (("--log-jsonl",), False, "log lines are plain text here: each response's timings and /metrics carry the "
      "figures"),
@@ -104,11 +104,11 @@ REFUSED = (
      "embeddings and reranking are not offered (/v1/embeddings answers 501): serve them with llama-server"),
     (("--pooling",), True, "embeddings are not offered here (--embedding), so there is nothing to pool: serve them "
      "with llama-server"),
-    (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only); "
+    (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only): "
      "a finished prompt's KV is kept in host memory instead (--cache-ram)"),
     (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--media-path"), True, AGENT),
     (("-ag", "--agent"), False, AGENT),
-    (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it"),
+    (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it: leave it out"),
     (("--spec-synth-len", "--spec-synth-rates"), True, "synthetic acceptance (llama-server's benchmarking mode) "
      "accepts draft tokens whether or not the target would have chosen them, so the output is no longer the "
      "target's; speculation here is always lossless: measure acceptance with real drafts (`specstack bench`, the "
@@ -207,7 +207,8 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 
 
 class Refuse(argparse.Action):
-    """A llama-server flag that cannot apply here: refused at once, in one line saying why and what to use."""
+    """A llama-server flag that cannot apply here: refused at once, in one line saying why and what to use (without
+    the usage argparse's errors print first, which the flags below made a hundred lines long)."""
 
     def __init__(self, option_strings: list[str], dest: str, why: str = "", **kwargs: Any) -> None:
         self.why = why
@@ -215,7 +216,7 @@ class Refuse(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        parser.error(f"{option_string} cannot apply to specstack serve: {self.why}")
+        parser.exit(2, f"{parser.prog}: error: {option_string} cannot apply to specstack serve: {self.why}\n")
 
 
 def typical(text: str) -> float:

@@ -59,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server (completions, chat, metrics, live page)",
+        # one line: the whole usage of serve's and llama-server's flags is a hundred lines above every error
+        usage="specstack serve [-h] [OPTIONS]  (specstack serve --help lists them: specstack's and llama-server's)",
         description="Serve one or more models over an OpenAI-compatible API: /v1/completions, /v1/chat/completions "
         "(streaming with stream_options.include_usage), /v1/models, /health, /metrics (Prometheus) and a live page at /. "
         "Every request may override speculation with a 'speculative' object, e.g. "
@@ -357,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
     sleep_s, hosts = sleep_seconds(args), host_list(args.host)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
     apply_server_flags(args)
+    tls = tls_options(args)
     if not 0 < args.port < 65536:
         raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
     try:
@@ -387,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=watch_start, args=(app.state.workers, hosts[0], args.port, names, outcome),
                      name="specstack-ready", daemon=True).start()
     config = uvicorn.Config(app, host=hosts[0], port=args.port, log_level="critical" if args.log_disable else "warning",
-                            timeout_graceful_shutdown=args.timeout or None, **tls_options(args),
+                            timeout_graceful_shutdown=args.timeout or None, **tls,
                             **app.state.http_options)
     own_sockets = len(hosts) > 1 or args.reuse_port  # uvicorn binds one host, without SO_REUSEPORT
     uvicorn.Server(config).run(sockets=bind_sockets(hosts, args.port, args.reuse_port) if own_sockets else None)
