@@ -52,7 +52,7 @@ class TargetSpec:
     rollback: str = "auto"
     rollback_depth: int = DEFAULT_DEPTH
     tree_branches: int = DEFAULT_TREE_BRANCHES
-    kv_overrides: tuple[tuple[str, int], ...] = ()
+    kv_overrides: tuple[tuple[str, int | float | bool | str], ...] = ()  # --override-kv (``ModelConfig``'s)
     # llama.cpp's loading flags: -fa (None: auto, on exactly where exactness is off, since exact shapes are measured
     # without it), -ub/-b (the physical batch, n_ubatch: the most rows one call decodes), --no-mmap, --mlock,
     # -ctk/-ctv (the KV cache's types, ``llama.kv.KV_TYPES``; a quantized V cache needs flash attention, so -fa auto
@@ -63,6 +63,14 @@ class TargetSpec:
     mlock: bool = False
     cache_type_k: str = DEFAULT_KV_TYPE
     cache_type_v: str = DEFAULT_KV_TYPE
+    # and -tb, --load-mode dio, -nr, --special, RoPE/YaRN (context_params), --lazy-mode and --check-tensors
+    # (model_params): ``ModelConfig``'s fields of those names
+    threads_batch: int = 0
+    direct_io: bool = False
+    repack: bool = True
+    special: bool = False
+    context_params: tuple[tuple[str, float], ...] = ()
+    model_params: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         exact_mode(self.exact)  # refuses an unknown mode by name
@@ -94,7 +102,9 @@ class TargetSpec:
                            n_seq_max=self.tree_branches, n_slots=self.slots, kv_overrides=self.kv_overrides,
                            experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                            flash_attn=self._flash_attn(), n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock,
-                           type_k=self.cache_type_k, type_v=self.cache_type_v)
+                           type_k=self.cache_type_k, type_v=self.cache_type_v,
+                           n_threads_batch=self.threads_batch, direct_io=self.direct_io, repack=self.repack,
+                           special=self.special, context_params=self.context_params, model_params=self.model_params)
 
     def _flash_attn(self) -> bool | None:
         """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which

@@ -55,12 +55,17 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     cfg = model.config
     st = os.stat(model.path)
     recurrent = [cfg.rollback, cfg.rollback_depth] if model.is_recurrent else []
+    # -tb (the threads of multi-row calls) and RoPE/YaRN settings change the measured calls too, as do the KV cache's
+    # types; each only where set, so that the keys of every run without them stay as they were
+    context = [["n_threads_batch", cfg.n_threads_batch]] if cfg.n_threads_batch else []
+    context += [list(kv) for kv in cfg.context_params]
     key = [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
            bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
            cfg.prefill_chunk, recurrent]
     kv_types = [cfg.type_k, cfg.type_v]
-    return key + [kv_types] if kv_types != ["f16", "f16"] else key
+    key += [kv_types] if kv_types != ["f16", "f16"] else []
+    return key + ([context] if context else [])
 
 
 def entry_key(kind: str, model: "EngineTarget", scope: object, flash_attn: bool | None = None) -> str:

@@ -27,7 +27,7 @@ from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama.kv import DEFAULT_KV_TYPE, KV_TYPES, is_quantized
-from ..llama import LlamaModel, set_verbose
+from ..llama import LlamaModel, set_numa, set_verbose
 from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
 from ..modelfile.meta import read_gguf
@@ -238,8 +238,17 @@ def load_from_args(args: argparse.Namespace, slots: int = 1, background: bool = 
     calibration (a cost curve where the policy prices; with ``background``, what the cache lacks measured beside
     the first generations)."""
     run = run_spec(args, slots, grammar)
-    set_verbose(getattr(args, "verbose", False))
+    apply_process_flags(args)
     return loading.load_run(run, background=background)
+
+
+def apply_process_flags(args: argparse.Namespace) -> None:
+    """llama.cpp's flags for the whole process, set before any model loads: its log (-v, and serve's -lv N) and
+    its NUMA strategy (--numa)."""
+    verbose = bool(getattr(args, "verbose", False))
+    set_verbose(verbose, None if verbose else getattr(args, "verbosity", None))
+    if getattr(args, "numa", None) is not None:
+        set_numa(NUMA[args.numa])
 
 
 def drafter_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,6 +312,42 @@ def add_loading_args(g: argparse._ActionsContainer, unset: bool = False) -> None
                    "--mlock: never swapped out)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false", default=default(True),
                    help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
+    g.add_argument("-lm", "--load-mode", dest="load_mode", choices=LOAD_MODES, default=None, metavar="MODE",
+                   help="how llama.cpp reads the weights: auto (default: mmap on a CPU), none (read into memory, as "
+                   "--no-mmap), mmap, mlock (read and locked in RAM), mmap+mlock (as --mlock), dio (direct I/O where "
+                   "the OS has it)")
+    g.add_argument("-dio", "--direct-io", dest="load_mode", action="store_const", const="dio",
+                   help="older llama.cpp's spelling of --load-mode dio")
+    g.add_argument("-ndio", "--no-direct-io", dest="no_direct_io", action="store_true",
+                   help="older llama.cpp's spelling for no direct I/O: the default")
+    g.add_argument("-lzm", "--lazy-mode", dest="lazy_mode", choices=tuple(LAZY_MODES), default=None, metavar="MODE",
+                   help="llama.cpp's on-demand reading of large tensors (per-layer embeddings): on, auto (default: "
+                   "tensors over 4 GiB) or off")
+    g.add_argument("--check-tensors", dest="check_tensors", action="store_true", default=None,
+                   help="llama.cpp validates the weights' data as it loads them")
+    g.add_argument("--repack", dest="repack", action="store_true", default=None,
+                   help="llama.cpp repacks the weights for this CPU's kernels (the default)")
+    g.add_argument("-nr", "--no-repack", dest="repack", action="store_false", default=None,
+                   help="keep the weights as the file lays them out (slower; exact shapes are measured apart)")
+    g.add_argument("-tb", "--threads-batch", dest="threads_batch", type=at_least(-1), default=None, metavar="N",
+                   help="threads of llama.cpp calls of more than one row (prompt chunks, verification batches; "
+                   "llama.cpp's n_threads_batch); default, 0 or -1: as -t")
+    g.add_argument("--numa", dest="numa", choices=tuple(NUMA), default=None, metavar="TYPE",
+                   help="llama.cpp's NUMA optimisations for this process (llama_numa_init): distribute, isolate or "
+                   "numactl")
+    g.add_argument("--override-kv", dest="override_kv", type=override_kv, action="append", default=None,
+                   metavar="KEY=TYPE:VALUE,...", help="read these model metadata values in place of the GGUF's "
+                   "(llama.cpp's kv_overrides; TYPE int, float, bool or str), e.g. "
+                   "tokenizer.ggml.add_bos_token=bool:false")
+    g.add_argument("-sp", "--special", dest="special", action="store_true", default=None,
+                   help="output text spells special tokens out (<|im_end|>, <end_of_turn>), as llama.cpp's --special")
+    g.add_argument("--rope-scaling", dest="rope_scaling", choices=tuple(ROPE_SCALING), default=None,
+                   help="RoPE frequency scaling method: none, linear or yarn (default: the model's)")
+    g.add_argument("--rope-scale", dest="rope_scale", type=positive_float, default=None, metavar="N",
+                   help="RoPE context scaling factor: the context is stretched N times (--rope-freq-scale 1/N)")
+    for flag, field, text in ROPE_FLAGS:
+        g.add_argument(flag, dest=field, type=int if field == "yarn_orig_ctx" else float, default=None,
+                       metavar="N", help=f"{text} (llama.cpp's {field}; default: the model's)")
 
 
 def cache_type(text: str) -> str:
@@ -318,7 +363,8 @@ def loading_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"flash_attn": FLASH_ATTN[getattr(args, "flash_attn", None) or "auto"], "batch": batch,
             "mmap": getattr(args, "mmap", None) is not False, "mlock": bool(getattr(args, "mlock", False)),
             "cache_type_k": getattr(args, "cache_type_k", None) or DEFAULT_KV_TYPE,
-            "cache_type_v": getattr(args, "cache_type_v", None) or DEFAULT_KV_TYPE}
+            "cache_type_v": getattr(args, "cache_type_v", None) or DEFAULT_KV_TYPE,
+            **llama_load_values(args)}
 
 
 def settle_quantized_v(args: argparse.Namespace, exact_flag: str = "--exact") -> None:
@@ -337,6 +383,98 @@ def settle_quantized_v(args: argparse.Namespace, exact_flag: str = "--exact") ->
               f"cache), so it runs with {exact_flag} off: greedy speculative output may differ from plain decoding at "
               f"near-ties; -ctk {kind} alone keeps exactness", file=sys.stderr)
     args.flash_attn, args.exact = "on", "off"
+
+
+# llama.cpp's values of --load-mode (mmap, mlock) and --lazy-mode, --numa and --rope-scaling (their enums)
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+LAZY_MODES = {"off": 0, "auto": 1, "on": 2}
+NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
+ROPE_SCALING = {"none": 0, "linear": 1, "yarn": 2}
+# The RoPE/YaRN flags that set a llama_context_params field as given: (flag, field, help)
+ROPE_FLAGS = (("--rope-freq-base", "rope_freq_base", "RoPE base frequency, used by NTK-aware scaling"),
+              ("--rope-freq-scale", "rope_freq_scale", "RoPE frequency scaling factor: the context is stretched "
+               "1/N times"),
+              ("--yarn-orig-ctx", "yarn_orig_ctx", "YaRN: the model's original context size"),
+              ("--yarn-ext-factor", "yarn_ext_factor", "YaRN: extrapolation mix factor (0.0 = full interpolation)"),
+              ("--yarn-attn-factor", "yarn_attn_factor", "YaRN: scale sqrt(t) or attention magnitude"),
+              ("--yarn-beta-slow", "yarn_beta_slow", "YaRN: high correction dim or alpha"),
+              ("--yarn-beta-fast", "yarn_beta_fast", "YaRN: low correction dim or beta"))
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (--rope-scale N divides by it)."""
+    value = at_least(0, float)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
+def override_kv(text: str) -> list[tuple[str, int | float | bool | str]]:
+    """--override-kv KEY=TYPE:VALUE,...: llama.cpp's model metadata overrides, each value of its TYPE (int, float,
+    bool true/false, str of at most 127 bytes), as llama.cpp's ``string_parse_kv_override`` reads them."""
+    out: list[tuple[str, int | float | bool | str]] = []
+    for item in (part for part in text.split(",") if part):
+        key, eq, rest = item.partition("=")
+        kind, colon, value = rest.partition(":")
+        if not (key and eq and colon) or len(key) > 127:
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=TYPE:VALUE (e.g. "
+                                             "tokenizer.ggml.add_bos_token=bool:false)")
+        try:
+            typed: int | float | bool | str = {"int": int, "float": float, "str": str,
+                                               "bool": lambda v: {"true": True, "false": False}[v]}[kind](value)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(f"{item!r}: TYPE must be int, float, bool (true/false) or str, and "
+                                             "VALUE one of it") from None
+        if isinstance(typed, str) and len(typed.encode()) > 127:
+            raise argparse.ArgumentTypeError(f"{key}: a str value holds at most 127 bytes")
+        out.append((key, typed))
+    return out
+
+
+def llama_load_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``TargetSpec`` (and a serve role's) fields of llama.cpp's further loading flags, only those given: -tb,
+    --override-kv, --load-mode, --lazy-mode, --check-tensors, -nr, --special and RoPE/YaRN.  --load-mode says
+    what --mlock and --no-mmap say (llama.cpp now has it in their place), so it goes with neither."""
+    values: dict[str, Any] = {}
+    if getattr(args, "threads_batch", None) is not None:
+        values["threads_batch"] = max(0, args.threads_batch)
+    overrides = [kv for group in getattr(args, "override_kv", None) or () for kv in group]
+    if overrides:
+        values["kv_overrides"] = tuple(overrides)
+    mode = getattr(args, "load_mode", None)
+    if mode is not None:
+        given = [f for f, a, v in (("--mlock", "mlock", True), ("--no-mmap", "mmap", False)) if getattr(args, a) == v]
+        if given:
+            raise InvalidParameterError(f"--load-mode {mode} and {' and '.join(given)} each say how the weights are "
+                                        "read; pass one of them (--load-mode mlock = --mlock --no-mmap)")
+        if mode != "auto":
+            values.update(mmap="mmap" in mode, mlock="mlock" in mode, direct_io=mode == "dio")
+    model = [("lazy_mode", LAZY_MODES[args.lazy_mode])] if getattr(args, "lazy_mode", None) else []
+    model += [("check_tensors", True)] if getattr(args, "check_tensors", None) else []
+    if model:
+        values["model_params"] = tuple(model)
+    for key in ("repack", "special"):
+        if getattr(args, key, None) is not None:
+            values[key] = getattr(args, key)
+    context = rope_params(args)
+    if context:
+        values["context_params"] = context
+    return values
+
+
+def rope_params(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """The llama_context_params RoPE/YaRN fields that --rope-scaling, --rope-scale and the --rope-freq-*/--yarn-*
+    flags set (--rope-scale N is --rope-freq-scale 1/N; beside it --rope-freq-scale is refused: two scales)."""
+    params: list[tuple[str, float]] = []
+    if getattr(args, "rope_scaling", None) is not None:
+        params.append(("rope_scaling_type", ROPE_SCALING[args.rope_scaling]))
+    if getattr(args, "rope_scale", None) is not None:
+        if getattr(args, "rope_freq_scale", None) is not None:
+            raise InvalidParameterError("--rope-scale and --rope-freq-scale each give the RoPE scale (--rope-scale N "
+                                        "is --rope-freq-scale 1/N); pass one of them")
+        params.append(("rope_freq_scale", 1.0 / args.rope_scale))
+    params += [(field, getattr(args, field)) for _, field, _ in ROPE_FLAGS if getattr(args, field, None) is not None]
+    return tuple(params)
 
 
 def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from ..draft_length import MAX_DRAFT
 from ..errors import InvalidParameterError
 from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
-from .common import at_least, flag_given
+from .common import ON_CPU, at_least, flag_given, gpu_layers
 
 # llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
 SPEC_TYPES = {
@@ -39,11 +39,59 @@ NGRAM_TUNING = tuple(f"--spec-ngram{kind}-{knob}" for kind in ("", "-simple", "-
     tuple(f"--spec-ngram-mod-{knob}" for knob in ("n-min", "n-max", "n-match"))
 NOT_OFFERED = ("draft-eagle3", "draft-dflash", "draft-dspark")  # drafts reading the target's hidden states
 
-# Flags that cannot apply here: (flags, takes a value, why and what to use instead)
+AGENT = ("llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
+         "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)")
+DOWNLOADS = ("specstack downloads nothing: fetch the GGUF (huggingface-cli download REPO FILE) and pass -m FILE (-md for "
+             "a draft)")
+# Flags that cannot apply here: (flags, how many values they take, why and what to use instead)
 REFUSED = (
-    (("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), True,
-     "specstack downloads nothing: fetch the GGUF (huggingface-cli download REPO FILE) and pass -m FILE (-md for "
-     "a draft)"),
+    (("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-hff", "--hf-file", "-hft",
+      "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo"), True, DOWNLOADS),
+    (("--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default",
+      "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default", "--gpt-oss-20b-default",
+      "--gpt-oss-120b-default", "--vision-gemma-4b-default", "--vision-gemma-12b-default"), False,
+     "this preset downloads its model from Hugging Face, and " + DOWNLOADS),
+    (("-cl", "--cache-list"), False, "specstack downloads nothing, so it keeps no model cache: `specstack models` lists "
+     "the GGUFs on this machine"),
+    (("--completion-bash",), False, "no shell completion script is offered: `specstack serve --help` lists the flags"),
+    (("-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic"), True, "n-gram lookup cache files are not "
+     "read: --spec-type ngram-cache (the suffix drafter) learns from the served prompts and outputs instead"),
+    (("-r", "--reverse-prompt"), True, "a server-wide stop string is not offered: send stop in each request"),
+    (("--spm-infill",), False, "/infill builds llama-server's default prefix-suffix-middle prompt only: leave "
+     "--spm-infill out"),
+    (("-nocb", "--no-cont-batching"), False, "continuous batching cannot be turned off: the -np slots always decode "
+     "together; -np 1 serves one request at a time"),
+    (("--rpc",), True, "specstack runs every model on this machine's CPU, so RPC devices are not used: scale out "
+     "with --ray (docs/scale-out.md)"),
+    (("--control-vector", "--control-vector-scaled"), True, "control vectors (which change the model's activations) "
+     "are not supported: serve them with llama-server"),
+    (("--control-vector-layer-range",), 2, "control vectors (which change the model's activations) are not "
+     "supported: serve them with llama-server"),
+    (("--lora-init-without-apply",), False, "LoRA adapters are not supported: merge the adapter into the GGUF "
+     "(llama.cpp's export-lora) and serve that with -m"),
+    (("--embd-normalize",), True, "embeddings are not offered here (--embedding): serve them with llama-server"),
+    (("--path",), True, "the page at / is specstack's own status page: serve your files from a web server in front"),
+    (("--api-prefix",), True, "routes are served at the root: put a reverse proxy in front that strips the prefix"),
+    (("--ui-config", "--webui-config", "--ui-config-file", "--webui-config-file"), True, "there is no web UI to "
+     "configure (the page at / is a read-only status page): leave it out"),
+    (("--props",), False, "changing settings through POST /props is not offered (GET /props answers): restart with "
+     "the new flags"),
+    (("--chat-template-kwargs",), True, "a server-wide default is not offered: send chat_template_kwargs in each "
+     "request (-rea on/off sets enable_thinking for all)"),
+    (("--reasoning-effort",), True, "a server-wide default is not offered: send reasoning_effort in each request"),
+    (("--reasoning-budget-message",), True, "a thinking budget is not implemented here, so there is no message to "
+     "inject: leave it out"),
+    (("--no-reasoning-preserve",), False, "the chat template gets each message as the request sends it: leave out "
+     "the reasoning_content of earlier turns to drop it"),
+    (("--skip-chat-parsing",), False, "chat answers are always parsed (reasoning_content, tool_calls): "
+     "--reasoning-format none keeps the <think> block in content"),
+    (("--no-prefill-assistant",), False, "a trailing assistant message is always continued (llama-server's "
+     "default): end the messages on a user turn to start a new answer"),
+    (("--no-cors-credentials",), False, "CORS credentials are always allowed here (llama-server's default): "
+     "--cors-origins localhost limits who may call"),
+    (("--log-jsonl",), False, "log lines are plain text here: each response's timings and /metrics carry the "
+     "figures"),
+    (("--log-prompts-dir",), True, "prompts are not written to files: the access log has one line per request"),
     (("--lora", "--lora-scaled"), True, "LoRA adapters are not supported: merge the adapter into the GGUF "
      "(llama.cpp's export-lora) and serve that with -m"),
     (("-mm", "--mmproj", "-mmu", "--mmproj-url"), True, "multimodal projectors are not supported (specstack serves "
@@ -56,12 +104,11 @@ REFUSED = (
      "embeddings and reranking are not offered (/v1/embeddings answers 501): serve them with llama-server"),
     (("--pooling",), True, "embeddings are not offered here (--embedding), so there is nothing to pool: serve them "
      "with llama-server"),
-    (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only); "
+    (("--slot-save-path",), True, "saving and restoring a slot's KV to files is not offered (GET /slots is read-only): "
      "a finished prompt's KV is kept in host memory instead (--cache-ram)"),
-    (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--media-path"), True,
-     "llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
-     "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)"),
-    (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it"),
+    (("--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--media-path"), True, AGENT),
+    (("-ag", "--agent"), False, AGENT),
+    (("--ui-mcp-proxy", "--webui-mcp-proxy"), False, "there is no web UI, so no MCP proxy for it: leave it out"),
     (("--spec-synth-len", "--spec-synth-rates"), True, "synthetic acceptance (llama-server's benchmarking mode) "
      "accepts draft tokens whether or not the target would have chosen them, so the output is no longer the "
      "target's; speculation here is always lossless: measure acceptance with real drafts (`specstack bench`, the "
@@ -69,6 +116,87 @@ REFUSED = (
     (("-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"), True, "self-extend (grouped attention) is not offered: it "
      "changes the model's attention, so speculation could not stay lossless against plain decoding; give a model "
      "with a longer trained context"),
+)
+CPU = "no-op on a CPU: specstack runs every model on the CPU"
+NO_MMPROJ = "no multimodal projector is ever loaded (text only), so nothing reads it"
+ONE_PROCESS = ("accepted, not used: specstack's prompt, generation and draft calls share one process, whose CPUs and "
+               "priority -C/-Cr and --prio set")
+NO_SHIFT = "the context is never shifted here (a generation stops at the context limit, finish_reason length)"
+# llama-server's flags accepted with nothing to change, device flags on a CPU among them: (flags, value hint, None for
+# a switch, and the note --help shows)
+ACCEPTED = (
+    (("-dev", "--device"), "<dev1,dev2,..>", f"{CPU}, so no device is chosen"),
+    (("-devd", "--device-draft", "--spec-draft-device"), "<dev1,dev2,..>", f"{CPU}, the draft model too"),
+    (("-sm", "--split-mode"), "{none,layer,row,tensor}", f"{CPU}, so there is nothing to split across GPUs"),
+    (("-ts", "--tensor-split"), "N0,N1,...", f"{CPU}, so there is nothing to split across GPUs"),
+    (("-mg", "--main-gpu"), "INDEX", f"{CPU}, so no GPU is used"),
+    (("-fit", "--fit"), "[on|off]", f"{CPU}: nothing is fitted to GPU memory (the KV cache is checked against host "
+     "memory at load instead)"),
+    (("-fitt", "--fit-target"), "MiB0,...", f"{CPU}: nothing is fitted to GPU memory"),
+    (("-fitc", "--fit-ctx"), "N", f"{CPU}: nothing is fitted to GPU memory (-c sets the context)"),
+    (("-ot", "--override-tensor"), "PATTERN=TYPE,...", f"{CPU}, so every tensor is in host memory already"),
+    (("-otd", "--override-tensor-draft", "--spec-draft-override-tensor"), "PATTERN=TYPE,...",
+     f"{CPU}, so every tensor is in host memory already"),
+    (("-cmoe", "--cpu-moe"), None, f"{CPU}, so the MoE experts are there already"),
+    (("-ncmoe", "--n-cpu-moe"), "N", f"{CPU}, so the MoE experts are there already"),
+    (("-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe"), None, f"{CPU}, so the MoE experts are there already"),
+    (("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe"), "N",
+     f"{CPU}, so the MoE experts are there already"),
+    (("-ncffn", "--n-cpu-ffn"), "N", f"{CPU}, so the FFN weights are there already"),
+    (("-kvo", "--kv-offload", "-nkvo", "--no-kv-offload"), None, f"{CPU}, so the KV cache is in host memory either "
+     "way"),
+    (("--op-offload", "--no-op-offload"), None, f"{CPU}, so no operation is offloaded"),
+    (("--no-host",), None, f"{CPU}, so there is no device buffer to bypass"),
+    (("--mmproj-auto", "--no-mmproj-auto", "--mmproj-offload", "--no-mmproj-offload"), None, NO_MMPROJ),
+    (("-mmdev", "--mmproj-device", "--image-min-tokens", "--image-max-tokens", "--mtmd-batch-max-tokens",
+      "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir"), "VALUE", NO_MMPROJ),
+    (("--offline",), None, "specstack never downloads anything, so it is always offline"),
+    (("--threads-http",), "N", "HTTP requests are served by one asyncio event loop (uvicorn), so none waits for an "
+     "HTTP thread; -t sets the model's threads"),
+    (("--keep",), "N", f"{NO_SHIFT}, so there is no shift to keep tokens from; a prompt longer than the context is "
+     "refused (400), never truncated"),
+    (("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cms", "--checkpoint-min-step"), "N",
+     "a finished prompt's whole state (KV and recurrent state) is kept in host memory (--cache-ram) and restored "
+     "whole, so no per-slot checkpoints are needed"),
+    (("-sps", "--slot-prompt-similarity"), "SIMILARITY", "a request reuses the longest cached prefix of any "
+     "finished prompt (--cache-ram), whichever slot it gets"),
+    (("--cache-prompt", "--no-cache-prompt"), None, "a cached prefix is always reused, and never changes the output "
+     "(exact); --cache-ram 0 turns the host cache off"),
+    (("--cache-idle-slots",), None, "finished prompts' KV is kept in host memory by --cache-ram (0: off)"),
+    (("--perf", "--no-perf"), None, "every response carries its timings, and /metrics the totals"),
+    (("-e", "--escape", "--no-escape"), None, "there is no command-line prompt to unescape: request texts are used "
+     "as sent"),
+    (("--warmup", "--no-warmup"), None, "specstack runs no warm-up decode before serving; what its first load "
+     "measures (call shapes, --exact auto's verdict) is cached per model and threads"),
+    (("-dt", "--defrag-thold"), "N", "deprecated in llama.cpp too: the KV cache needs no defragmenting"),
+    (("--spec-draft-p-split", "--draft-p-split"), "P", "drafts are chains per slot (trees only with a roles file's "
+     "tree = true), so there is no split; it changes speed only, never the output"),
+    (("-td", "--threads-draft", "--spec-draft-threads", "-tbd", "--threads-batch-draft",
+      "--spec-draft-threads-batch"), "N", "the draft model runs on the target's -t threads (the two take turns); "
+     "it changes speed only, never the output"),
+    (("-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "-Cd", "--cpu-mask-draft", "--spec-draft-cpu-mask",
+      "-Crd", "--cpu-range-draft", "--spec-draft-cpu-range", "-Cbd", "--cpu-mask-batch-draft",
+      "--spec-draft-cpu-mask-batch", "--prio-batch", "--prio-draft", "--spec-draft-prio", "--prio-batch-draft",
+      "--spec-draft-prio-batch"), "VALUE", ONE_PROCESS),
+    (("--cpu-strict", "--cpu-strict-batch", "--cpu-strict-draft", "--spec-draft-cpu-strict",
+      "--cpu-strict-batch-draft", "--spec-draft-cpu-strict-batch", "--poll", "--poll-batch", "--poll-draft",
+      "--spec-draft-poll", "--poll-batch-draft", "--spec-draft-poll-batch"), "VALUE",
+     "accepted, not used: llama.cpp's threads place and wait as its defaults here (the process's CPUs are -C/-Cr's)"),
+    (("--sse-ping-interval",), "N", "accepted, not used: the interval of a stream's keep-alive pings is not "
+     "configurable here"),
+    (("--cors-credentials",), None, "CORS credentials are always allowed (llama-server's default)"),
+    (("--cors-methods",), "METHODS", "accepted, not used: preflights allow llama-server's default methods (GET, POST, "
+     "DELETE, OPTIONS)"),
+    (("--cors-headers",), "HEADERS", "accepted, not used: preflights allow any header (llama-server's default *)"),
+    (("--log-colors",), "[on|off|auto]", "log lines are plain text"),
+    (("--log-prefix", "--no-log-prefix", "--log-timestamps", "--no-log-timestamps", "--no-log-jsonl"), None,
+     "log lines have one plain format here"),
+    (("--reasoning-preserve",), None, "the chat template gets each message's reasoning_content as the request sends "
+     "it"),
+    (("--no-skip-chat-parsing", "--prefill-assistant"), None, "as specstack always does (llama-server's default)"),
+    (("-no-ag", "--no-agent", "--no-ui-mcp-proxy", "--no-webui-mcp-proxy"), None, "no web-UI agent is offered"),
+    (("--models-autoload", "--no-models-autoload"), None, "there is no router: the models are the roles, each "
+     "loaded at start"),
 )
 # llama-server's switches that change nothing here, so typed only on a llama-server command line (its binary's name
 # swapped): with one of them, /metrics follows llama-server's rule, off (501) unless --metrics (``metrics_endpoint``)
@@ -78,7 +206,8 @@ LLAMA_SERVER_ONLY = ("--slots", "--no-slots", "--jinja", "--no-jinja", "-cb", "-
 
 
 class Refuse(argparse.Action):
-    """A llama-server flag that cannot apply here: refused at once, in one line saying why and what to use."""
+    """A llama-server flag that cannot apply here: refused at once, in one line saying why and what to use (without
+    the usage argparse's errors print first, which the flags below made a hundred lines long)."""
 
     def __init__(self, option_strings: list[str], dest: str, why: str = "", **kwargs: Any) -> None:
         self.why = why
@@ -86,7 +215,7 @@ class Refuse(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        parser.error(f"{option_string} cannot apply to specstack serve: {self.why}")
+        parser.exit(2, f"{parser.prog}: error: {option_string} cannot apply to specstack serve: {self.why}\n")
 
 
 def typical(text: str) -> float:
@@ -130,6 +259,8 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       "draft-model, draft-mtp = mtp, ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/"
                       "ngram-cache = suffix, none = none; a comma list is a cascade of them in that order "
                       "(cascade:suffix,draft-model)")
+    spec.add_argument("--spec-default", dest="spec_type", action="store_const", const="ngram-mod",
+                      help="llama-server's default speculation: --spec-type ngram-mod (the suffix drafter)")
     spec.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", dest="n_max", type=at_least(1),
                       default=None, metavar="N", help=f"most tokens drafted per step, as llama-server's: -k N and "
                       f"--k-max N (the cost policy drafts up to N; at most {MAX_DRAFT})")
@@ -213,12 +344,116 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                        help="as llama-server's unified KV cache, where one sequence may fill the whole -c: each slot's "
                        "context is all of -c, not an equal share (the KV cache is then -np x -c positions, so slots "
                        "never run out of context because of each other); the KV layout still follows --exact")
+    noop.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+                      help="each slot gets an equal share of -c (the default here)")
+    noop.add_argument("--ui", "--webui", dest="no_webui", action="store_false", help="the page at / is on (the "
+                      "default; --no-webui turns it off)")
     noop.add_argument("--swa-full", dest="swa_full", action="store_true",
                       help="sliding-window layers always keep a full-size cache here (llama.cpp's context default)")
+    for flags, hint, note in ACCEPTED:
+        shape = {"action": "store_true"} if hint is None else {"metavar": hint}
+        noop.add_argument(*flags, dest="accepted_" + flags[-1].lstrip("-").replace("-", "_"), help=note, **shape)
+    add_process_args(p, llama)
     refused = p.add_argument_group("llama-server's flags that cannot apply here (refused, saying what to use)")
-    for flags, takes_value, why in REFUSED:
-        shape = {"metavar": "VALUE"} if takes_value else {"nargs": 0}
-        refused.add_argument(*flags, action=Refuse, why=why, dest=argparse.SUPPRESS, **shape)
+    for flags, values, why in REFUSED:
+        refused.add_argument(*flags, action=Refuse, why=why, dest=argparse.SUPPRESS, nargs=int(values),
+                             metavar="VALUE")
+
+
+def add_process_args(p: argparse.ArgumentParser, llama: argparse._ArgumentGroup) -> None:
+    """llama-server's flags for the process and its HTTP side, honoured by ``serve.run`` (``apply_server_flags``):
+    the log, TLS, the port's sharing, CPU affinity and priority; and what prints and exits."""
+    p.add_argument("--usage", action="help", help="show this help and exit (llama-server's spelling of -h)")
+    p.add_argument("--version", action=ShowVersion, nargs=0, help="show specstack's and llama.cpp's versions and exit")
+    p.add_argument("--list-devices", action=ListDevices, nargs=0, help="list the devices models run on (the CPU) "
+                   "and exit")
+    llama.add_argument("-lv", "--verbosity", "--log-verbosity", dest="verbosity", type=at_least(0), default=None,
+                       metavar="N", help="show llama.cpp's own log up to level N: 1 errors, 2 warnings, 3 information, "
+                       "4 debug (-v: all of it)")
+    llama.add_argument("--log-disable", dest="log_disable", action="store_true",
+                       help="no log: neither the access log's line per request nor llama.cpp's")
+    llama.add_argument("--log-file", dest="log_file", type=Path, default=None, metavar="FNAME",
+                       help="also write the log (everything serve writes to stderr) to FNAME")
+    llama.add_argument("--ssl-key-file", dest="ssl_key_file", type=Path, default=None, metavar="FNAME",
+                       help="serve HTTPS with this PEM private key (with --ssl-cert-file)")
+    llama.add_argument("--ssl-cert-file", dest="ssl_cert_file", type=Path, default=None, metavar="FNAME",
+                       help="serve HTTPS with this PEM certificate (with --ssl-key-file)")
+    llama.add_argument("--reuse-port", dest="reuse_port", action="store_true",
+                       help="listen with SO_REUSEPORT, so several servers may share the port")
+    llama.add_argument("-C", "--cpu-mask", dest="cpu_mask", type=cpu_mask, default=None, metavar="M",
+                       help="run the server on the CPUs of this hex mask (the process's affinity)")
+    llama.add_argument("-Cr", "--cpu-range", dest="cpu_range", type=cpu_range, default=None, metavar="lo-hi",
+                       help="run the server on CPUs lo..hi (the process's affinity); with -C, the CPUs of both")
+    llama.add_argument("--prio", dest="prio", type=int, choices=tuple(PRIORITIES), default=None, metavar="N",
+                       help="process priority, as llama.cpp sets it: -1 low, 0 normal (default), 1 medium, 2 high, "
+                       "3 realtime (above normal needs the privilege to raise it)")
+    llama.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="n_gpu_layers_draft",
+                       type=gpu_layers, default=None, metavar="N", help=f"the draft model's -ngl: {ON_CPU}, so 0 only")
+    llama.add_argument("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", dest="cache_type_k_draft",
+                       type=draft_cache_type, default=None, metavar="TYPE", help="the draft's K cache type: f16 only")
+    llama.add_argument("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v", dest="cache_type_v_draft",
+                       type=draft_cache_type, default=None, metavar="TYPE", help="the draft's V cache type: f16 only")
+
+
+def draft_cache_type(text: str) -> str:
+    """-ctkd/-ctvd: the draft model's KV cache stays f16 (llama.cpp's default), the one value taken; a draft's
+    cache changes speed only, never the output, and a small draft's cache is small."""
+    if text != "f16":
+        raise argparse.ArgumentTypeError(f"the draft model's KV cache is f16 here (got {text}): it changes speed only, "
+                                         "never the output; leave the flag out or pass f16 (-ctk/-ctv set the target's)")
+    return text
+
+
+# llama.cpp's --prio levels as nice values (common.cpp's set_process_priority on Linux)
+PRIORITIES = {-1: 5, 0: 0, 1: -5, 2: -10, 3: -20}
+
+
+def cpu_mask(text: str) -> set[int]:
+    """-C M: the CPUs of a hex mask (0x optional), as llama.cpp's parse_cpu_mask reads it."""
+    try:
+        bits = int(text, 16)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a hex CPU mask such as 0xff (got {text!r})") from None
+    cpus = {i for i in range(bits.bit_length()) if bits >> i & 1}
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"names no CPU (got {text!r})")
+    return cpus
+
+
+def cpu_range(text: str) -> set[int]:
+    """-Cr lo-hi: CPUs lo..hi, both included."""
+    lo, dash, hi = text.partition("-")
+    if not (dash and lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
+        raise argparse.ArgumentTypeError(f"must be lo-hi, e.g. 0-7 (got {text!r})")
+    return set(range(int(lo), int(hi) + 1))
+
+
+class ShowVersion(argparse.Action):
+    """--version: specstack's and llama-cpp-python's versions (the latter names the llama.cpp it bundles)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def of(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        print(f"specstack {of('specstack')}, llama-cpp-python {of('llama-cpp-python')}")
+        parser.exit()
+
+
+class ListDevices(argparse.Action):
+    """--list-devices: the one device specstack runs models on."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from ..host.sysinfo import allowed_cpus
+
+        print(f"Available devices:\n  CPU: {len(allowed_cpus())} CPUs (specstack runs every model on the CPU)")
+        parser.exit()
 
 
 def speculation_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
 from ..llama.vocab import check_grammar
-from .common import (add_constraint_args, add_loading_args, at_least, constraints_from_args, flag_given,
-                     json_schema_text, settle_flash_attn)
+from .common import (ROPE_FLAGS, add_constraint_args, add_loading_args, apply_process_flags, at_least,
+                     constraints_from_args, flag_given, json_schema_text, llama_load_values, settle_flash_attn)
 from .llama_server_flags import (add_llama_server_args, api_key_from_file, check_sampling_flags, metrics_endpoint,
                                  speculation_values)
 
@@ -47,7 +47,12 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--reasoning-format", "reasoning_format", "reasoning_format"), ("--reasoning", "reasoning", "reasoning"))
 # Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
 ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
-              ("-a", "alias"), ("--tags", "tags"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"))
+              ("-a", "alias"), ("--tags", "tags"), ("--spec-type", "spec_type"), ("--spec-draft-n-max", "n_max"),
+              # llama.cpp's further loading flags (``common.llama_load_values``)
+              ("-tb", "threads_batch"), ("--override-kv", "override_kv"), ("--load-mode", "load_mode"),
+              ("--lazy-mode", "lazy_mode"), ("--check-tensors", "check_tensors"), ("-nr", "repack"),
+              ("--special", "special"), ("--rope-scaling", "rope_scaling"), ("--rope-scale", "rope_scale"),
+              *((flag, field) for flag, field, _ in ROPE_FLAGS))
 READY_POLL_S = 0.1
 
 
@@ -55,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server (completions, chat, metrics, live page)",
+        # one line: the whole usage of serve's and llama-server's flags is a hundred lines above every error
+        usage="specstack serve [-h] [OPTIONS]  (specstack serve --help lists them: specstack's and llama-server's)",
         description="Serve one or more models over an OpenAI-compatible API: /v1/completions, /v1/chat/completions "
         "(streaming with stream_options.include_usage), /v1/models, /health, /metrics (Prometheus) and a live page at /. "
         "Every request may override speculation with a 'speculative' object, e.g. "
@@ -79,8 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only); a comma "
                    "list listens on each, as llama-server's (--host 127.0.0.1,::1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("-np", "--parallel", type=at_least(1), default=None,
-                   help="slots per role without --config: generations batched together (default 4)")
+    p.add_argument("-np", "--parallel", type=slots, default=None,
+                   help="slots per role without --config: generations batched together (default 4); -1: "
+                   "llama-server's auto, 4 slots sharing one unified KV cache (as -np 4 -kvu: each slot's context "
+                   "is all of -c)")
     p.add_argument("--max-queue", type=at_least(0), default=16,
                    help="requests that may wait for a slot; past it the answer is 429 with Retry-After (default 16)")
     p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
@@ -102,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "roles file's k_max; a request's speculative.k_max). llama-server's --spec-draft-n-max is the "
                    "nearest: -k N --k-max N drafts at most N tokens a step, as it does")
     p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF without --config (default: bundled pycoder-6m)")
-    p.add_argument("-md", "--model-draft", type=Path, default=None,
+    p.add_argument("-md", "--model-draft", "--spec-draft-model", type=Path, default=None,
                    help="draft GGUF without --config, for the draft-model drafter (the role's or a request's; default: "
                    "the bundled pycoder-1m with the bundled target, else only if `specstack check` finds its "
                    "vocabulary identical or compatible with -m)")
@@ -114,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "gets an equal share (-c 16384 -np 4: 4096 per slot; 0 = the model's trained context, shared "
                      "out). Default: 4096 per slot, or the model's trained context if shorter. Each role's context per "
                      "slot and KV cache size are printed at load")
-    ctx.add_argument("--ctx-per-slot", type=at_least(0), default=None, metavar="N",
+    ctx.add_argument("--ctx-per-slot", "--kv-unified-per-slot", type=at_least(0), default=None, metavar="N",
                      help="context of each slot without --config (the roles file's ctx key; 0 = the model's trained "
                      "context)")
     p.add_argument("--exact", choices=EXACT_MODES, default=None,
@@ -129,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
                    "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
                    "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
-    p.add_argument("--cache-ram", type=at_least(0), default=None, help="MiB of host memory for finished prompts' KV, "
+    p.add_argument("-cram", "--cache-ram", type=at_least(0), default=None, help="MiB of host memory for finished prompts' KV, "
                    "restored instead of prefilled when a prompt comes back, without --config (default 512; 0 = off)")
     p.add_argument("--batch-tokens", type=at_least(0), default=None,
                    help="rows one engine step may process without --config (like vLLM's max_num_batched_tokens): the "
@@ -193,6 +202,10 @@ def build_roles(args: argparse.Namespace):
     settle_flash_attn(args)  # -fa on (or a quantized -ctv): exactness off, or refused under --exact on
     constraints_from_args(args)  # the penalties' ranges and the grammar flags, named by flag
     values = {key: getattr(args, attr) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None}
+    unified = bool(args.kv_unified)
+    if values.get("parallel") == -1:  # llama-server's auto: 4 slots, one unified KV cache
+        values["parallel"], unified = AUTO_SLOTS, True
+    values.update(llama_load_values(args))  # -tb, --override-kv, --load-mode, RoPE/YaRN, --special, ...
     check_sampling_flags(args)
     values.update(speculation_values(args))  # --spec-type, --spec-draft-n-max, -md alone: llama-server's meanings
     if args.batch_size is not None or args.ubatch_size is not None:  # llama.cpp: n_ubatch = min(-b, -ub)
@@ -202,7 +215,7 @@ def build_roles(args: argparse.Namespace):
         values["json_schema"] = schema
     if args.ctx_size is not None:
         # -kvu: llama-server's unified KV lets one sequence use the whole -c, so each slot gets all of it here
-        shared_by = 1 if args.kv_unified else values.get("parallel", 4)
+        shared_by = 1 if unified else values.get("parallel", 4)
         values["ctx"] = ctx_per_slot(args.ctx_size, shared_by, values.get("model", DEFAULT_TARGET))
     if args.tags is not None:
         values["tags"] = names_list(args.tags, "--tags")
@@ -224,7 +237,19 @@ def names_list(text: str, flag: str) -> tuple[str, ...]:
 
 ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names",
              "tags": "tags",
-             "spec_type": "drafter", "n_max": "k and k_max"}
+             "spec_type": "drafter", "n_max": "k and k_max", "override_kv": "kv_overrides",
+             "load_mode": "mmap, mlock or direct_io", "lazy_mode": "model_params", "check_tensors": "model_params",
+             "rope_scaling": "context_params", "rope_scale": "context_params",
+             **{field: "context_params" for _, field, _ in ROPE_FLAGS}}
+AUTO_SLOTS = 4  # llama-server's -np -1 (auto): 4 slots and a unified KV cache (tools/server/server.cpp)
+
+
+def slots(text: str) -> int:
+    """-np: a slot count >= 1, or -1 (llama-server's auto)."""
+    value = at_least(-1)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, or -1 for llama-server's auto (4 slots, unified KV) (got 0)")
+    return value
 
 
 def ctx_per_slot(total: int, slots: int, model: Path) -> int:
@@ -345,10 +370,8 @@ def run(args: argparse.Namespace) -> int:
                                     "proxy); give one, or leave --ray out")
     sleep_s, hosts = sleep_seconds(args), host_list(args.host)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
-    if args.verbose:  # -v: llama.cpp's own log, as llama-server prints it
-        from ..llama import set_verbose
-
-        set_verbose(True)
+    apply_server_flags(args)
+    tls = tls_options(args)
     if not 0 < args.port < 65536:
         raise InvalidParameterError(f"--port must be in 1..65535 (got {args.port})")
     try:
@@ -364,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
     from ..server.access import stderr_line
 
     vertex_ai = vertex_from_env(args)
-    app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue, access_log=stderr_line,
+    app = create_app(roles, limits, api_key=args.api_key, max_queue=args.max_queue,
+                     access_log=None if args.log_disable else stderr_line,
                      slots=args.slots, cors_origins=args.cors_origins, page=not args.no_webui, vertex_ai=vertex_ai,
                      verbose=bool(args.verbose), metrics_endpoint=metrics_endpoint(args), sleep_idle_s=sleep_s)
     names = ", ".join(r.name for r in roles)
@@ -376,10 +400,79 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(outcome["status"]))
     threading.Thread(target=watch_start, args=(app.state.workers, hosts[0], args.port, names, outcome),
                      name="specstack-ready", daemon=True).start()
-    config = uvicorn.Config(app, host=hosts[0], port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.timeout or None, **app.state.http_options)
-    uvicorn.Server(config).run(sockets=bind_sockets(hosts, args.port) if len(hosts) > 1 else None)
+    config = uvicorn.Config(app, host=hosts[0], port=args.port, log_level="critical" if args.log_disable else "warning",
+                            timeout_graceful_shutdown=args.timeout or None, **tls,
+                            **app.state.http_options)
+    own_sockets = len(hosts) > 1 or args.reuse_port  # uvicorn binds one host, without SO_REUSEPORT
+    uvicorn.Server(config).run(sockets=bind_sockets(hosts, args.port, args.reuse_port) if own_sockets else None)
     return outcome["status"]
+
+
+def apply_server_flags(args: argparse.Namespace) -> None:
+    """llama-server's flags for the process, before any model loads: llama.cpp's log and NUMA strategy
+    (``apply_process_flags``; --log-disable silences it), --log-file, -C/-Cr (the process's CPUs) and --prio."""
+    if args.log_disable:
+        args.verbose, args.verbosity = False, None
+    apply_process_flags(args)
+    if args.log_file is not None:
+        tee_stderr(args.log_file)
+    cpus = (args.cpu_mask or set()) | (args.cpu_range or set())
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError) as exc:
+            raise InvalidParameterError(f"-C/-Cr: cannot run on CPUs {sorted(cpus)} ({exc}); give CPUs of this "
+                                        f"machine (these may be used: {sorted(os.sched_getaffinity(0))})") from None
+    if args.prio is not None:
+        from .llama_server_flags import PRIORITIES
+
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, PRIORITIES[args.prio])
+        except OSError as exc:
+            raise InvalidParameterError(f"--prio {args.prio}: cannot set this priority ({exc}); raising it needs "
+                                        "the privilege (CAP_SYS_NICE): run with it, or use --prio 0 or -1") from None
+
+
+class _Tee:
+    """stderr written to a log file too (--log-file), line-buffered into both."""
+
+    def __init__(self, stream: Any, log: Any) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.log.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def tee_stderr(path: Path) -> None:
+    """--log-file FNAME: what serve writes to stderr (its notes, the access log, llama.cpp's log) goes to FNAME
+    too, appended."""
+    try:
+        log = path.expanduser().open("a", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidParameterError(f"--log-file {path}: cannot write it ({exc})") from None
+    sys.stderr = _Tee(sys.stderr, log)
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, str]:
+    """uvicorn's TLS settings for --ssl-key-file and --ssl-cert-file (HTTPS: both, or neither)."""
+    key, cert = args.ssl_key_file, args.ssl_cert_file
+    if (key is None) != (cert is None):
+        raise InvalidParameterError("--ssl-key-file and --ssl-cert-file go together (HTTPS needs both the key and "
+                                    "the certificate); give both, or neither for HTTP")
+    if key is None:
+        return {}
+    for flag, path in (("--ssl-key-file", key), ("--ssl-cert-file", cert)):
+        if not path.expanduser().is_file():
+            raise InvalidParameterError(f"{flag} {path}: no such file")
+    return {"ssl_keyfile": str(key.expanduser()), "ssl_certfile": str(cert.expanduser())}
 
 
 def vertex_from_env(args: argparse.Namespace) -> Any:
@@ -415,13 +508,16 @@ def host_list(text: str) -> list[str]:
     return hosts
 
 
-def bind_sockets(hosts: list[str], port: int) -> list[socket.socket]:
-    """One listening socket per address of --host A,B (uvicorn binds a single host by itself)."""
+def bind_sockets(hosts: list[str], port: int, reuse_port: bool = False) -> list[socket.socket]:
+    """One listening socket per address of --host A,B (uvicorn binds a single host by itself); ``reuse_port``:
+    SO_REUSEPORT, so other servers may listen on the port too (--reuse-port)."""
     out = []
     for host in hosts:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:

@@ -25,7 +25,7 @@ Modules, one job each:
 """
 
 from .target import EngineTarget, GrammarTarget, HiddenRowsTarget, ModelConfig, MtpTarget, Target
-from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_verbose, system_info
+from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_numa, set_verbose, system_info
 from .batching import INEXACT, PLAIN_ROWS, BatchShapes, Piece, Segment, plan_calls
 from .model import LlamaModel
 from .vocab import VocabModel
@@ -33,6 +33,6 @@ from .vocab import VocabModel
 __all__ = [
     "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target",
     "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
-    "llama_version", "quantize", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
+    "llama_version", "quantize", "set_numa", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
     "plan_calls", "LlamaModel", "VocabModel",
 ]

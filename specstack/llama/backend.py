@@ -18,7 +18,7 @@ from ..modelfile.read import check_gguf_file  # the one check of a model file, w
 _backend_lock = threading.Lock()
 _backend_ready = False
 recent_log: list[str] = []  # last llama.cpp log lines, quoted in load errors
-_log_state = {"verbose": False}
+_log_state: dict[str, object] = {"verbose": False, "verbosity": None, "numa": 0}
 _log_callback = None  # keep the ctypes callback alive for the process lifetime
 _progress_callback = None  # likewise, passed to every model load
 _interrupt = {"pending": False}  # a Ctrl-C that arrived inside a llama.cpp callback, raised once the call returns
@@ -45,9 +45,19 @@ def ext_module():
     return ext
 
 
-def set_verbose(verbose: bool) -> None:
-    """Show llama.cpp's own log on stderr (off by default: it is very chatty)."""
-    _log_state["verbose"] = verbose
+def set_verbose(verbose: bool, verbosity: int | None = None) -> None:
+    """Show llama.cpp's own log on stderr (off by default: it is very chatty); ``verbosity`` (llama.cpp's -lv:
+    1 errors, 2 warnings too, 3 information, 4 debug) shows only the lines up to that level."""
+    _log_state["verbose"] = verbose or verbosity is not None
+    _log_state["verbosity"] = verbosity
+
+
+def set_numa(strategy: int) -> None:
+    """llama.cpp's NUMA strategy (--numa: ``enum ggml_numa_strategy``, 0 off), for the process: llama_numa_init runs
+    once the backend is up, before any model loads (now, if it is up already)."""
+    _log_state["numa"] = strategy
+    if _backend_ready and strategy:
+        llama_cpp_module().llama_numa_init(strategy)
 
 
 def init_backend() -> None:
@@ -61,6 +71,8 @@ def init_backend() -> None:
         _progress_callback = lc.llama_progress_callback(_on_progress)
         lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
         lc.llama_backend_init()
+        if _log_state["numa"]:
+            lc.llama_numa_init(_log_state["numa"])
         _backend_ready = True
     raise_if_interrupted()
 
@@ -74,10 +86,22 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         line = text.decode("utf-8", errors="replace") if text else ""
         recent_log.append(line)
         del recent_log[:-40]
-        if _log_state["verbose"]:
+        if _log_state["verbose"] and _shown(level):
             sys.stderr.write(line)
     except KeyboardInterrupt:
         _interrupt["pending"] = True
+
+
+def _shown(level: int) -> bool:
+    """Whether a llama.cpp log line of ggml ``level`` (1 debug, 2 info, 3 warn, 4 error) is shown under -lv N
+    (llama.cpp's levels: 1 errors, 2 warnings too, 3 information, 4 debug); every line without -lv.  A
+    continuation line (5) follows the line it continues."""
+    verbosity = _log_state["verbosity"]
+    if verbosity is None:
+        return True
+    if level != 5:
+        _log_state["shown"] = level == 0 or level >= max(1, 5 - int(verbosity))
+    return bool(_log_state.get("shown", True))
 
 
 def _on_progress(progress: float, user_data: ctypes.c_void_p) -> bool:

@@ -158,7 +158,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         params = lc.llama_model_default_params()
         params.load_mtp = self._load_mtp()
         params.use_extra_bufts = self.config.repack
-        params.use_mmap, params.use_mlock = self.config.use_mmap, self.config.use_mlock
+        params.load_mode = self.config.load_mode()
+        for name, value in self.config.model_params:  # --lazy-mode, --check-tensors
+            setattr(params, name, value)
         self._kv_override_array = None
         if self.config.kv_overrides:
             params.kv_overrides = self._make_overrides()
@@ -177,14 +179,21 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         return model
 
     def _make_overrides(self):
-        """kv_overrides for integer keys, e.g. ``{arch}.expert_used_count`` (lossy MoE reduction)."""
+        """kv_overrides, each typed by its value's Python type: ``{arch}.expert_used_count`` (lossy MoE reduction),
+        --override-kv's int, float, bool and str."""
         lc = self._lc
         items = list(self.config.kv_overrides)
         arr = (lc.llama_model_kv_override * (len(items) + 1))()
         for i, (key, value) in enumerate(items):
             arr[i].key = key.encode()
-            arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
-            arr[i].value.val_i64 = int(value)
+            if isinstance(value, bool):
+                arr[i].tag, arr[i].value.val_bool = lc.LLAMA_KV_OVERRIDE_TYPE_BOOL, value
+            elif isinstance(value, float):
+                arr[i].tag, arr[i].value.val_f64 = lc.LLAMA_KV_OVERRIDE_TYPE_FLOAT, value
+            elif isinstance(value, str):
+                arr[i].tag, arr[i].value.val_str = lc.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()
+            else:
+                arr[i].tag, arr[i].value.val_i64 = lc.LLAMA_KV_OVERRIDE_TYPE_INT, int(value)
         arr[len(items)].key = b"\0"
         self._kv_override_array = arr  # must outlive the load call
         return arr
@@ -214,6 +223,10 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         # smaller than n_seq_max (-c 3 with 8 tree branches) would abort inside llama.cpp.
         params.n_batch = params.n_ubatch = max(1, self.config.n_batch)
         params.n_threads = params.n_threads_batch = self.n_threads
+        if self.config.n_threads_batch:  # -tb: multi-row calls on threads of their own count
+            params.n_threads_batch = usable_threads(self.config.n_threads_batch)
+        for name, value in self.config.context_params:  # RoPE scaling and YaRN (--rope-scaling, --yarn-*)
+            setattr(params, name, value)
         params.n_seq_max = self.n_seq_max + scratch
         if self.is_recurrent and self.config.rollback != "checkpoint":
             params.n_rs_seq = self.config.rollback_depth

@@ -74,7 +74,9 @@ class ModelConfig:
     # refused without ``flash_attn`` True, and therefore runs without exactness (see ``flash_attn``).
     type_k: str = DEFAULT_KV_TYPE
     type_v: str = DEFAULT_KV_TYPE
-    kv_overrides: tuple[tuple[str, int], ...] = ()
+    # llama.cpp's model kv_overrides (--override-kv): (key, value) pairs, the value's Python type its type (int, float,
+    # bool or str), which llama.cpp reads in place of the GGUF's own metadata
+    kv_overrides: tuple[tuple[str, int | float | bool | str], ...] = ()
     # An MoE model run with this many active experts (lossy for a target): checked against the metadata the load
     # reads, and loaded as the ``{arch}.expert_used_count`` entry of ``kv_overrides`` (which the load's config holds)
     experts: int | None = None
@@ -94,6 +96,14 @@ class ModelConfig:
     load_mtp: bool | None = None
     use_mmap: bool = True  # llama.cpp's --no-mmap: False reads the weights into memory
     use_mlock: bool = False  # llama.cpp's --mlock: keep the weights in RAM
+    direct_io: bool = False  # llama.cpp's --load-mode dio: read the weights with direct I/O (where the OS has it)
+    # Threads of calls of more than one row (prompt chunks, verification), llama.cpp's n_threads_batch; 0: n_threads
+    n_threads_batch: int = 0
+    # llama_context_params fields set as given (``CONTEXT_PARAMS``: RoPE scaling, YaRN), and llama_model_params ones
+    # (``MODEL_PARAMS``: lazy_mode, check_tensors), in place of llama.cpp's defaults
+    context_params: tuple[tuple[str, float], ...] = ()
+    model_params: tuple[tuple[str, int], ...] = ()
+    special: bool = False  # llama.cpp's --special: a token's text spells special tokens out (``Vocabulary.token_bytes``)
     # Where n_ctx came from, in the user's words, for the warning when it passes the trained context ("": -c as
     # given).  A draft model takes the target's context, which the user may never have set.
     ctx_origin: str = ""
@@ -114,6 +124,27 @@ class ModelConfig:
         if is_quantized(self.type_v) and self.flash_attn is not True:
             raise InvalidParameterError(f"a {self.type_v} V cache needs flash attention (llama.cpp refuses a quantized "
                                         "V cache without it): load with flash_attn True")
+        if self.n_threads_batch < 0:
+            raise InvalidParameterError(f"batch threads must be >= 0 (got {self.n_threads_batch}); 0 means as n_threads")
+        for given, known in ((self.context_params, CONTEXT_PARAMS), (self.model_params, MODEL_PARAMS)):
+            unknown = sorted({name for name, _ in given} - set(known))
+            if unknown:
+                raise InvalidParameterError(f"unknown llama.cpp parameters {', '.join(unknown)}; known: "
+                                            f"{', '.join(known)}")
+
+    def load_mode(self) -> int:
+        """llama.cpp's ``llama_model_params.load_mode`` (``enum llama_load_mode``) for the mmap, mlock and direct I/O
+        options: this llama.cpp has no use_mmap/use_mlock fields, and setting those on its ctypes struct changed
+        nothing (--no-mmap and --mlock were silently ignored)."""
+        if self.direct_io:
+            return 4  # LLAMA_LOAD_MODE_DIRECT_IO
+        return {(True, False): 1, (False, False): 0, (False, True): 2, (True, True): 3}[(self.use_mmap, self.use_mlock)]
+
+
+# The llama_context_params and llama_model_params fields ``ModelConfig`` may set (llama.cpp's flags of those names)
+CONTEXT_PARAMS = ("rope_scaling_type", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor",
+                  "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx")
+MODEL_PARAMS = ("lazy_mode", "check_tensors")
 
 
 class Target(Protocol):

@@ -89,14 +89,17 @@ class Vocabulary:
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int) -> bytes:
-        """The raw bytes of one token's text (cached: called for every output token)."""
+        """The raw bytes of one token's text (cached: called for every output token).  A special token has none,
+        unless the model was loaded with ``ModelConfig.special`` (llama.cpp's --special: spelled out, as
+        ``special_text``), so that what is served, stop strings included, reads as llama-server's output does."""
         piece = self._piece_cache.get(token)
         if piece is None:
+            special = bool(getattr(getattr(self, "config", None), "special", False))
             buf = ctypes.create_string_buffer(64)
-            n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+                n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
             piece = buf.raw[:n]
             self._piece_cache[token] = piece
         return piece

@@ -87,6 +87,16 @@ class Role:
     mlock: bool = False
     cache_type_k: str = DEFAULT_KV_TYPE
     cache_type_v: str = DEFAULT_KV_TYPE
+    # and llama.cpp's further loading options (``TargetSpec``'s fields of these names: -tb, --load-mode dio, -nr,
+    # --special; --override-kv as a table of metadata keys and typed values, RoPE/YaRN as a table of
+    # llama_context_params fields, --lazy-mode/--check-tensors as a table of llama_model_params fields)
+    threads_batch: int = 0
+    direct_io: bool = False
+    repack: bool = True
+    special: bool = False
+    kv_overrides: Any = ()
+    context_params: Any = ()
+    model_params: Any = ()
     # Request defaults, used where a request gives none (``request_constraints.ConstraintDefaults``): the sampling seed, the
     # penalties, and one grammar (GBNF text, a GBNF file, or a JSON schema: an inline table or JSON text)
     seed: int | None = None
@@ -122,7 +132,10 @@ class Role:
                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                           tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1,
                           flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock,
-                          cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+                          cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
+                          threads_batch=self.threads_batch, direct_io=self.direct_io, repack=self.repack,
+                          special=self.special, kv_overrides=self.kv_overrides, context_params=self.context_params,
+                          model_params=self.model_params)
 
     def speculative(self, drafter: str | None = None) -> dict[str, Any]:
         """The role's speculation settings for a generation drafting with ``drafter`` (None: the role's own):
@@ -165,8 +178,8 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: exact must be auto, on or off (got {self.exact!r})") from None
         if self.rollback not in STRATEGIES:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
-        if self.threads < 0 or (self.ctx is not None and self.ctx < 0):
-            raise InvalidParameterError(f"role {self.name!r}: threads and ctx must be >= 0")
+        if self.threads < 0 or self.threads_batch < 0 or (self.ctx is not None and self.ctx < 0):
+            raise InvalidParameterError(f"role {self.name!r}: threads, threads_batch and ctx must be >= 0")
         if not isinstance(self.tree, bool):
             raise InvalidParameterError(f"role {self.name!r}: tree must be true or false (got {self.tree!r})")
         if self.tree and self.parallel != 1:
@@ -194,9 +207,10 @@ class Role:
         if self.ubatch_size < 1:
             raise InvalidParameterError(f"role {self.name!r}: ubatch_size must be >= 1 (got {self.ubatch_size})")
         self._check_cache_types()
-        for key in ("mmap", "mlock"):
+        for key in ("mmap", "mlock", "direct_io", "repack", "special"):
             if not isinstance(getattr(self, key), bool):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be true or false (got {getattr(self, key)!r})")
+        self._check_llama_tables()
         for key in ("repeat_penalty", "frequency_penalty", "presence_penalty"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -243,6 +257,22 @@ class Role:
                                         "refuses a quantized V cache without it), and so exact = \"off\" (exact call "
                                         "shapes are measured without it): set exact = \"off\" and leave flash_attn "
                                         "auto, or quantize only cache_type_k")
+
+    def _check_llama_tables(self) -> None:
+        """kv_overrides, context_params and model_params: a roles file's tables (or the flags' pairs) as sorted
+        pairs, so that a Role stays hashable; the parameter names checked as ``ModelConfig`` checks them."""
+        from ..llama.target import CONTEXT_PARAMS, MODEL_PARAMS
+
+        for key, known in (("kv_overrides", None), ("context_params", CONTEXT_PARAMS), ("model_params", MODEL_PARAMS)):
+            value = getattr(self, key)
+            pairs = tuple(sorted(value.items())) if isinstance(value, dict) else tuple(tuple(p) for p in value)
+            if any(len(p) != 2 or not isinstance(p[1], (int, float, bool, str)) for p in pairs):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be a table of names and values")
+            unknown = sorted({name for name, _ in pairs} - set(known)) if known else []
+            if unknown:
+                raise InvalidParameterError(f"role {self.name!r}: {key} has unknown names {', '.join(unknown)}; "
+                                            f"known: {', '.join(known)}")
+            object.__setattr__(self, key, pairs)
 
     def _check_sampling(self) -> None:
         """The sampling defaults in a request's ranges (``SamplingParams``), and p_min where the drafter reads it."""
@@ -316,7 +346,7 @@ class Role:
 
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",
-             "rollback_depth", "ubatch_size", "seed", "repeat_last_n", "top_k")
+             "rollback_depth", "ubatch_size", "seed", "repeat_last_n", "top_k", "threads_batch")
 ROLE_STRINGS = ("drafter", "k_policy", "rollback", "category", "chat_template", "grammar", "tool_call_format",
                 "reasoning_format", "reasoning")
 REASONING_MODES = ("on", "off", "auto")
