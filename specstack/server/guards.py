@@ -24,9 +24,10 @@ class Guard:
     tokenizer by being unannounced, and one that stops arriving is a 408, not a connection held forever.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None, body_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None, body_timeout_s: float = 30.0,
+                 public: frozenset[str] = frozenset()) -> None:
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
-        self.body_timeout_s = body_timeout_s
+        self.body_timeout_s, self.public = body_timeout_s, PUBLIC_PATHS | public
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -40,7 +41,7 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and needs_key(scope["path"]) and not authorized(headers.get("authorization"), self.api_key,
+        if self.api_key and needs_key(scope["path"], self.public) and not authorized(headers.get("authorization"), self.api_key,
                                                                         headers.get("x-api-key")):
             return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY')",
                                "authentication_error",
@@ -80,11 +81,12 @@ class Guard:
                          "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
 
 
-# What --api-key guards: the OpenAI routes and llama-server's (``routes/llama_server``); the probes (/health, /v1/health,
-# /metrics) and the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
-PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
-LLAMA_PATHS = frozenset({"/completion", "/completions", "/chat/completions", "/responses", "/infill", "/tokenize",
-                         "/detokenize", "/apply-template", "/props", "/slots", "/embedding", "/embeddings", "/models"})
+# What --api-key leaves open: llama-server's public endpoints (server-http.cpp's ``public_endpoints``: /health,
+# /v1/health and its web UI at /) and nothing else.  Every other path needs the key, /metrics, /props, /openapi.json,
+# llama-server's aliases without /v1 (/chat/completions/input_tokens) and an unknown path (401, as llama-server)
+# included: a list of guarded paths left out each path it did not name, and those answered (and ran the template and
+# tokenizer on 1 MiB bodies) without the key.
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
 
 
 def as_json(scope: dict, content_type: str | None) -> dict:
@@ -98,9 +100,9 @@ def as_json(scope: dict, content_type: str | None) -> dict:
     return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
-def needs_key(path: str) -> bool:
-    path = path.rstrip("/")
-    return path not in PUBLIC_PATHS and (path.startswith("/v1/") or path in LLAMA_PATHS)
+def needs_key(path: str, public: frozenset[str] = PUBLIC_PATHS) -> bool:
+    """Whether ``path`` needs the API key: every path but the ``public`` ones (a trailing slash aside)."""
+    return (path.rstrip("/") or "/") not in public
 
 
 class _BodyTooLarge(Exception):
