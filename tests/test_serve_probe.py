@@ -51,3 +51,74 @@ def test_only_llama_servers_public_endpoints_answer_without_the_key(app, method,
 def test_health_and_the_page_stay_open(app):
     for path in ("/health", "/v1/health", "/"):  # server-http.cpp's public_endpoints: /health, /v1/health, the UI
         assert app.get(path).status_code == 200, path
+
+
+# -- 2. constraints that match nothing are refused, naming the field -----------------------------------------------
+
+def _with_schema(schema: dict) -> dict:
+    return {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+@pytest.mark.parametrize("pattern, why", [("^(a$", "missing ), unterminated subpattern"),
+                                          ("^a{3,1}$", "min repeat greater than max repeat")])
+def test_an_invalid_pattern_is_a_400_naming_response_format_and_where(app, pattern, why):
+    """Accepted before, and the output matched nothing the client asked for."""
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}}
+    r = app.post("/v1/chat/completions", json=_with_schema(schema), headers=AUTH)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "response_format", r.text[:300]
+    assert "not a valid regular expression" in error["message"] and why in error["message"]
+    assert "(at properties.code.pattern)" in error["message"]
+
+
+def test_an_empty_character_class_is_a_400_naming_grammar(app):
+    """``root ::= []`` matches nothing: it answered "" with finish stop."""
+    r = app.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": "root ::= []"}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text[:300]
+    assert "character class [] is empty" in r.json()["error"]["message"]
+
+
+# -- 4. each refusal says what is wrong ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [("temperature", "NaN"), ("top_p", "Infinity"), ("repeat_penalty", "-Infinity")])
+def test_a_number_that_is_not_finite_is_refused_as_such(app, field, value):
+    """JSON's NaN and Infinity (Python's parser takes them): ``temperature: NaN`` was "less than or equal to 100"."""
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "%s": %s}' % (field.encode(),
+                                                                                            value.encode())
+    r = app.post("/v1/chat/completions", content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text[:300]
+    assert "finite number" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route, extra", [("/v1/chat/completions", b""), ("/v1/messages", b'"model": "m", ')])
+def test_a_schema_nested_500_deep_gets_the_depth_limit(app, route, extra):
+    """Python's JSON parser gave up on it, and FastAPI said "There was an error parsing the body"."""
+    schema = b'{"type": "string"}'
+    for _ in range(500):
+        schema = b'{"type": "object", "properties": {"a": %s}, "required": ["a"]}' % schema
+    body = (b'{%s"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "response_format": '
+            b'{"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}}' % (extra, schema))
+    r = app.post(route, content=body, headers={**AUTH, "Content-Type": "application/json"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "response_format", r.text[:300]
+    assert "nests more than 256 levels deep (at response_format.json_schema.schema.properties.a" in error["message"]
+    assert "at most 64 levels: flatten it" in error["message"]
+
+
+def test_a_schema_that_refers_to_itself_says_so(app):
+    """``{"$ref": "#"}`` got "the grammar does not parse: expecting newline or end at ::= -"."""
+    r = app.post("/v1/chat/completions", json=_with_schema({"$ref": "#"}), headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text[:300]
+    assert "$ref '#' leads back to where it started before any value is written" in r.json()["error"]["message"]
+    nested = {"type": "object", "properties": {"next": {"$ref": "#"}}}  # a ref to the top below a property is fine
+    assert app.post("/v1/chat/completions", json=_with_schema(nested), headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize("grammar, words", [
+    ('root ::= "a\x00b"', "holds a NUL character"),  # was "unexpected end of input"
+    ('root ::= "\\U7fffffff"', "the escape \\U7fffffff names no character"),  # was "the constraints allow no token"
+])
+def test_a_grammar_that_llama_cpp_misreads_says_what_is_wrong(app, grammar, words):
+    r = app.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": grammar}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text[:300]
+    assert words in r.json()["error"]["message"]

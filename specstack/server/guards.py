@@ -1,4 +1,4 @@
-"""HTTP guards, before any route runs: body size and read time, the API key, and the request head's size.
+"""HTTP guards, before any route runs: body size, read time and nesting, the API key, and the request head's size.
 
 Every refusal is OpenAI's error body (``responses.error``)."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..json_schema import MAX_DEPTH
 from .responses import error
 
 class Guard:
@@ -57,6 +59,9 @@ class Guard:
                 return await self._too_large(f"more than {self.max_body_bytes}", scope, receive, send)
             if body is None:  # the client went away
                 return None
+            deep = too_deep(body)
+            if deep is not None:
+                return await _too_deep(deep)(scope, receive, send)
             receive = _replay(body, receive)
             scope = as_json(scope, headers.get("content-type"))
         return await self.app(scope, receive, send)
@@ -87,6 +92,45 @@ class Guard:
 # included: a list of guarded paths left out each path it did not name, and those answered (and ran the template and
 # tokenizer on 1 MiB bodies) without the key.
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+
+
+# How deep a request body's JSON may nest.  Python's parser gives up near 1,000 levels, and FastAPI then answered
+# "There was an error parsing the body" (a JSON schema nested 500 deep did that); no request needs more than this
+# (a schema at the deepest the server takes, json_schema.MAX_DEPTH nodes, is about twice that many levels).
+MAX_JSON_DEPTH = 256
+# A JSON string (a key when a colon follows it) or a bracket: strings are skipped whole, so a bracket inside
+# one is text.  Anything else (numbers, commas, literals) is not matched.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"\s*:?|[\[\]{}]')
+
+
+def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> list[str] | None:
+    """The keys leading to where ``body``'s JSON nests more than ``limit`` levels deep (objects and arrays alike);
+    None where it does not.  A body with fewer opening brackets than that is not read at all."""
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return None
+    levels: list[str | None] = []  # per open level, the key that opened it
+    key = None
+    for token in _JSON_TOKEN.finditer(body):
+        text = token.group()
+        if text[:1] == b'"':
+            key = text[1:text.rindex(b'"')].decode("utf-8", "replace") if text.endswith(b":") else key
+        elif text in (b"{", b"["):
+            levels.append(key)
+            key = None
+            if len(levels) > limit:
+                return [k for k in levels if k is not None]
+        elif levels:
+            levels.pop()
+    return None
+
+
+def _too_deep(keys: list[str]) -> Any:
+    """The 400 for a body nested past ``MAX_JSON_DEPTH``, naming the field it is in and the way down to it."""
+    field = keys[0] if keys else None
+    way = ".".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+    return error(400, f"{field or 'the body'}: the request's JSON nests more than {MAX_JSON_DEPTH} levels deep (at "
+                      f"{way or 'the top'}); a JSON schema may nest at most {MAX_DEPTH} levels: flatten it",
+                 param=field, code="too_deep")
 
 
 def as_json(scope: dict, content_type: str | None) -> dict:
