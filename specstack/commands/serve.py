@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-template", "--chat-template-file", default=None, metavar="NAME|FILE",
                    help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
                    "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
-                   "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
+                   "GGUF's tokenizer.chat_template; a model without one gets chatml (llama-server's fallback) and a warning")
     p.add_argument("--cache-ram", type=at_least(0), default=None, help="MiB of host memory for finished prompts' KV, "
                    "restored instead of prefilled when a prompt comes back, without --config (default 512; 0 = off)")
     p.add_argument("--batch-tokens", type=at_least(0), default=None,
