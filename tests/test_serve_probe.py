@@ -147,3 +147,21 @@ def test_gemma_3_270m_has_no_template_in_the_file_and_gets_chatml():
     template = load_template(pkg.assemble())
     assert (template.kind, template.text, template.fallback) == ("jinja", CHATML, True)
     assert "chatml" in template.warning and "--chat-template" in template.warning
+
+
+# -- 5. --host is checked before anything loads ------------------------------------------------------------------
+
+@pytest.mark.parametrize("host, words", [
+    ("999.1.1.1", "not an IP address"),
+    ("192.0.2.1", "cannot listen there"),  # TEST-NET-1: an address, but none of this machine's
+    ("no-such-host.invalid", "the name does not resolve"),
+])
+def test_a_host_that_cannot_be_listened_on_is_refused_before_any_load(capsys, monkeypatch, host, words):
+    """``serve --host 999.1.1.1`` loaded the model and measured it, then failed on the host."""
+    from specstack.cli import main
+    from specstack.commands import serve
+
+    monkeypatch.setattr(serve, "check_roles", lambda *a: pytest.fail("the roles were read before --host was checked"))
+    assert main(["serve", "--port", "0", "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert f"--host {host}: {words}" in err and len(err.strip().splitlines()) == 1, err
