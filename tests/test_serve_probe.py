@@ -9,13 +9,15 @@ image on Anthropic's route answered 500.  The server runs in this process (``Tes
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 from fastapi.testclient import TestClient
 
+from specstack.errors import InvalidParameterError
 from specstack.server.app import Limits, create_app
-from specstack.server.roles import default_roles
+from specstack.server.roles import Role, default_roles, load_roles
 
 KEY = "probe-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -76,6 +78,70 @@ def test_an_empty_character_class_is_a_400_naming_grammar(app):
     r = app.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": "root ::= []"}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text[:300]
     assert "character class [] is empty" in r.json()["error"]["message"]
+
+
+# -- 3. with several roles, an unknown model is a 404 on every route -----------------------------------------------
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+PICKING = [  # every route that picks a role, with a body naming the model
+    ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}),
+    ("POST", "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}),
+    ("POST", "/v1/chat/completions/input_tokens", {"messages": MESSAGES}),
+    ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+    ("POST", "/v1/responses/input_tokens", {"input": "hi"}),
+    ("POST", "/v1/messages", {"messages": MESSAGES, "max_tokens": 2}),
+    ("POST", "/v1/messages/count_tokens", {"messages": MESSAGES}),
+    ("POST", "/completion", {"prompt": "x", "n_predict": 2}),
+    ("POST", "/infill", {"input_prefix": "def f(", "input_suffix": ")", "n_predict": 2}),
+    ("POST", "/tokenize", {"content": "x"}),
+    ("POST", "/detokenize", {"tokens": [1]}),
+    ("POST", "/apply-template", {"messages": MESSAGES}),
+    ("GET", "/props", None),
+    ("GET", "/slots", None),
+]
+
+
+@pytest.fixture(scope="module")
+def two_roles():
+    roles = [Role(name="fast", parallel=1, exact="off", k_policy="fixed", aliases=("quick", "speedy")),
+             Role(name="careful", parallel=1, exact="off", drafter="none")]
+    with TestClient(create_app(roles, Limits(max_tokens=64))) as client:
+        deadline = time.time() + 300
+        while client.get("/health").status_code != 200 and time.time() < deadline:
+            time.sleep(0.1)
+        yield client
+
+
+def _ask(client: TestClient, method: str, path: str, body: dict | None, model: str):
+    if body is None:
+        return client.request(method, path, params={"model": model})
+    return client.request(method, path, json={**body, "model": model})
+
+
+@pytest.mark.parametrize("method, path, body", PICKING)
+def test_an_unknown_model_among_several_roles_is_a_404_on_every_route(two_roles, method, path, body):
+    for model in ("gpt-4", "od", "", "fast "):  # "od": inside an alias; "fast ": a role's name and a space
+        r = _ask(two_roles, method, path, body, model)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", (model, r.text[:200])
+    for model in ("careful", "quick"):  # a role's name, or one of its aliases (/infill: 501, pycoder has no FIM)
+        assert _ask(two_roles, method, path, body, model).status_code in (200, 501), model
+
+
+def test_one_role_takes_any_model_name(app):
+    """As llama-server with one model: a client's "gpt-4" is that model."""
+    r = app.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "model": "gpt-4"}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["model"] == "pycoder-6m"
+
+
+def test_a_roles_files_aliases_must_be_a_list(tmp_path):
+    """``aliases = "coder"`` was kept as a string and a model looked up in it as a substring: "od" picked the role."""
+    path = tmp_path / "roles.toml"
+    path.write_text('[roles.a]\naliases = "coder"\n[roles.b]\ndrafter = "none"\n')
+    words = "role 'a': aliases must be a list of non-empty names (got 'coder'); write aliases = [\"coder\"]"
+    with pytest.raises(InvalidParameterError, match=re.escape(words)):
+        load_roles(path)
+    with pytest.raises(InvalidParameterError, match="tags must be a list"):
+        Role(name="x", tags=("ok", ""))
 
 
 # -- 4. each refusal says what is wrong ------------------------------------------------------------------------------
