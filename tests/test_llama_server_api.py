@@ -432,7 +432,8 @@ def test_aliases_tags_cors_the_x_api_key_and_no_ui_as_llama_server():
         chat = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "def f("}], "max_tokens": 2},
                          headers=AUTH)
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
-        metrics = http.get("/metrics")
+        assert http.get("/metrics").status_code == 401  # behind the key, as llama-server's
+        metrics = http.get("/metrics", headers=AUTH)
         assert metrics.headers["process-start-time-unix"].isdigit()  # llama-server's header (its spelling: the suite)
     local = create_app([role], Limits(max_tokens=8), cors_origins="localhost")
     with Server(local) as s, httpx.Client(base_url=s.url, timeout=120) as http:
