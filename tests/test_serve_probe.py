@@ -55,6 +55,18 @@ def test_health_and_the_page_stay_open(app):
         assert app.get(path).status_code == 200, path
 
 
+
+def test_vertex_ais_health_route_stays_open_and_its_prediction_route_needs_the_key():
+    """Vertex AI's health probe sends no key; its predictions run the other routes, which need it."""
+    from specstack.server.vertex import VertexParams
+
+    server = create_app(default_roles(parallel=1, exact="off", k_policy="fixed"), api_key=KEY,
+                        vertex_ai=VertexParams(health_route="/vertex-health"))
+    with TestClient(server) as client:
+        assert client.get("/vertex-health").status_code in (200, 503)  # open: loading or ready, never 401
+        assert client.post("/predict", json={"instances": []}).status_code == 401
+
+
 # -- 2. constraints that match nothing are refused, naming the field -----------------------------------------------
 
 def _with_schema(schema: dict) -> dict:
