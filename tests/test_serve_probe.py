@@ -3,8 +3,9 @@
 Paths that answered without the API key, constraints that were accepted and then matched nothing (an invalid
 ``pattern``, ``root ::= []``), messages that did not say what was wrong (``temperature: NaN``, a schema nested 500
 deep, ``{"$ref": "#"}``, a NUL byte or ``\\U7fffffff`` in a grammar), an alias list read as a string, a host checked
-only after the model loaded, the chat fallback for a GGUF without a template (chatml, as llama-server), and an
-image on Anthropic's route answered 500.  The server runs in this process (``TestClient``) on the bundled pair.
+only after the model loaded, and the chat fallback for a GGUF without a template (chatml, as llama-server).  The
+server runs in this process (``TestClient``) on the bundled pair.  (An image on Anthropic's route, answered 500:
+``test_anthropic_api.test_images_are_a_400_in_llama_server_s_words``.)
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ def app():
     """The bundled pair behind an API key, in this process; ready once /health says so."""
     server = create_app(default_roles(parallel=1, exact="off", k_policy="fixed"), Limits(max_tokens=64), api_key=KEY)
     with TestClient(server) as client:
-        deadline = time.time() + 300
-        while client.get("/health").status_code != 200 and time.time() < deadline:
-            time.sleep(0.1)
-        yield client
+        yield ready(client)
+
+
+def ready(client: TestClient) -> TestClient:
+    """``client`` once /health answers 200 (a first load measures the model: up to minutes on a busy host)."""
+    deadline = time.time() + 300
+    while client.get("/health").status_code != 200 and time.time() < deadline:
+        time.sleep(0.1)
+    return client
 
 
 # -- 1. only llama-server's public endpoints answer without the key ----------------------------------------------
@@ -118,10 +124,7 @@ def two_roles():
     roles = [Role(name="fast", parallel=1, exact="off", k_policy="fixed", aliases=("quick", "speedy")),
              Role(name="careful", parallel=1, exact="off", drafter="none")]
     with TestClient(create_app(roles, Limits(max_tokens=64))) as client:
-        deadline = time.time() + 300
-        while client.get("/health").status_code != 200 and time.time() < deadline:
-            time.sleep(0.1)
-        yield client
+        yield ready(client)
 
 
 def _ask(client: TestClient, method: str, path: str, body: dict | None, model: str):

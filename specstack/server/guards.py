@@ -43,8 +43,8 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and needs_key(scope["path"], self.public) and not authorized(headers.get("authorization"), self.api_key,
-                                                                        headers.get("x-api-key")):
+        if self.api_key and needs_key(scope["path"], self.public) and \
+                not authorized(headers.get("authorization"), self.api_key, headers.get("x-api-key")):
             return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY')",
                                "authentication_error",
                                code="invalid_api_key")(scope, receive, send)
