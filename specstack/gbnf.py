@@ -7,8 +7,9 @@ becomes ``x*``); parentheses nested some 30,000 deep overflow the C stack of its
 So every grammar a request, a roles file or the command line gives is read here first, without recursion, and
 refused with an ``InvalidParameterError`` that names the limit, before llama.cpp parses it.
 
-What is checked: the text's size, the number of rules, how deep groups nest, each repetition's bounds, each
-character range's order, and the size of the grammar once llama.cpp has expanded every repetition into rules
+What is checked: the text's size, NUL characters (llama.cpp reads the text as a C string), the number of rules,
+how deep groups nest, each repetition's bounds, each character range's order, empty classes ``[]``, hex escapes
+past Unicode (``\\U7fffffff``), and the size of the grammar once llama.cpp has expanded every repetition into rules
 (``x{0,n}`` becomes n rules holding x).  Syntax itself is llama.cpp's to judge: its parser's reason is passed on
 (``llama.grammar``).  The limits are measured on this machine class (``docs/constraints.md``).
 """
@@ -29,6 +30,7 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^",
                    "/": "/", "'": "'", "0": "\0"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 class GrammarLimitError(InvalidParameterError):
@@ -50,6 +52,12 @@ def check_gbnf(text: str) -> None:
     if size > MAX_BYTES:
         raise GrammarLimitError(f"the grammar is {size:,} bytes; the limit is {MAX_BYTES:,} (a grammar this large "
                                 "takes many seconds to build and slows every token); send a smaller one")
+    nul = text.find("\0")
+    if nul >= 0:
+        raise GrammarLimitError(f"the grammar holds a NUL character (grammar line {text.count(chr(10), 0, nul) + 1}), "
+                                "where llama.cpp's parser would stop reading it (it reads the text as a C string) and "
+                                "say something about what came before; remove it, or write \\x00 inside a quoted "
+                                "literal or a character class to mean that character")
     _Reader(text).read()
 
 
@@ -197,6 +205,8 @@ class _Reader:
         self.i += 1
         count = 0
         while self.i < n and text[self.i] != '"':
+            if text[self.i] == "\\" and self.i + 1 < n and text[self.i + 1] in _HEX_ESCAPES:
+                self._code_point(self.i)
             self.i += 2 if text[self.i] == "\\" else 1
             count += 1
         self.i += 1
@@ -205,8 +215,10 @@ class _Reader:
     def _char_class(self) -> int:
         """Skip a character class, refusing a range whose end comes before its start; its size is its ranges."""
         text, n = self.text, len(self.text)
+        start_class = self.i
         self.i += 1
-        if self.i < n and text[self.i] == "^":
+        negated = self.i < n and text[self.i] == "^"
+        if negated:
             self.i += 1
         ranges = 0
         while self.i < n and text[self.i] != "]":
@@ -223,8 +235,27 @@ class _Reader:
                 if ord(hi) < ord(lo):
                     self.fail(f"the character range [{text[start:self.i]}] is empty (its end comes before its "
                               "start), so the grammar can never match there; swap its ends")
+        if ranges == 0 and not negated and self.i < n:
+            self.i = start_class
+            self.fail("the character class [] is empty, so it matches no character and the grammar can never match "
+                      "there; put the characters it should allow inside it")
         self.i += 1
         return max(ranges, 1)
+
+    def _code_point(self, at: int) -> int | None:
+        """The character a hex escape at ``at`` (``\\x41``, ``\\u00e9``, ``\\U0001F600``) names; refused past
+        Unicode's last code point (llama.cpp's parser took ``\\U7fffffff`` and the grammar then matched nothing).
+        None: malformed, left to llama.cpp's parser, which says where."""
+        e = self.text[at + 1]
+        digits = self.text[at + 2: at + 2 + _HEX_ESCAPES[e]]
+        if len(digits) != _HEX_ESCAPES[e] or not all(c in _HEX_DIGITS for c in digits):
+            return None
+        value = int(digits, 16)
+        if value > 0x10FFFF:
+            self.i = at
+            self.fail(f"the escape \\{e}{digits} names no character: Unicode ends at \\U0010FFFF, so no text "
+                      "can hold it and the grammar could never match there; write a code point up to 10FFFF")
+        return value
 
     def _char(self) -> str | None:
         """One character of a class, escapes decoded (None: malformed, left to llama.cpp's parser)."""
@@ -239,12 +270,10 @@ class _Reader:
             return None
         e = text[self.i + 1]
         if e in _HEX_ESCAPES:
-            digits = text[self.i + 2: self.i + 2 + _HEX_ESCAPES[e]]
-            try:
-                value = int(digits, 16)
-            except ValueError:
+            value = self._code_point(self.i)
+            if value is None:
                 return None
             self.i += 2 + _HEX_ESCAPES[e]
-            return chr(min(value, 0x10FFFF))
+            return chr(value)
         self.i += 2
         return _SIMPLE_ESCAPES.get(e, e)

@@ -22,6 +22,7 @@ ignored, as the JSON Schema specification says they may be.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterator
 
 from .errors import InvalidParameterError
@@ -52,7 +53,9 @@ class SchemaError(InvalidParameterError):
 
 def check_schema(schema: Any) -> None:
     """Raise ``SchemaError`` unless the converter enforces every keyword of ``schema`` and some value satisfies it."""
-    _Checker(schema).node(schema, "", 0)
+    checker = _Checker(schema)
+    checker.node(schema, "", 0)
+    checker.no_ref_cycle()
 
 
 class _Checker:
@@ -117,6 +120,7 @@ class _Checker:
             self._bounds(schema, "minItems", "maxItems", path)
             return {"type", "items", "minItems", "maxItems"}
         if kind in (None, "string") and "pattern" in schema:
+            check_pattern(schema["pattern"], _join(path, "pattern"))
             return {"type", "pattern"}
         if kind in (None, "string") and schema.get("format") in KNOWN_FORMATS:
             return {"type", "format"}
@@ -132,6 +136,53 @@ class _Checker:
 
     def _ref(self, ref: Any, path: str) -> None:
         resolve_ref(self.root, ref, path)  # its target is checked where it stands (under $defs, say), once
+
+    def no_ref_cycle(self) -> None:
+        """Refuse refs that come back to where they started before any value is written: ``{"$ref": "#"}``, or refs
+        (and ``anyOf``/``oneOf`` branches) that only point at each other.  The grammar would be a rule that begins
+        with itself, which no grammar engine runs (llama.cpp's parser answered ``{"$ref": "#"}`` with a message
+        about a rule named ``-``).  One depth-first walk over those edges, without recursion: a node met again while
+        it is still on the walk's path closes such a cycle."""
+        state: dict[int, bool] = {}  # True: on the current path; False: done, no cycle through it
+        for start, start_path in _all_nodes(self.root):
+            if id(start) in state:
+                continue
+            state[id(start)] = True
+            path = [(start, iter(self._unconsumed(start, start_path)), None)]
+            while path:
+                node, edges, _ = path[-1]
+                step = next(edges, None)
+                if step is None:
+                    state[id(node)] = False
+                    path.pop()
+                    continue
+                child, where, ref, at_ref = step
+                if state.get(id(child)) is True:
+                    at = next(i for i, (n, _, _) in enumerate(path) if n is child)
+                    refs = [r for _, _, r in path[at + 1:] if r is not None] + ([ref] if ref is not None else [])
+                    raise SchemaError(f"$ref {' -> '.join(repr(r) for r in refs)} leads back to where it started "
+                                      "before any value is written: its grammar rule would begin with itself, which "
+                                      "no grammar can run; point the ref at a schema that says what the value is (a "
+                                      "ref back inside properties or items, such as {\"properties\": {\"next\": "
+                                      "{\"$ref\": \"#\"}}}, is fine)", at_ref)
+                if id(child) not in state:
+                    state[id(child)] = True
+                    path.append((child, iter(self._unconsumed(child, where)), ref))
+
+    def _unconsumed(self, node: Any, path: str) -> Iterator[tuple[Any, str, str | None, str]]:
+        """Where a node's value may begin without writing anything first: its ``$ref``'s target and its union
+        branches, each with its path, the ref followed (None for a branch) and where that step stands."""
+        if not isinstance(node, dict):
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target_path = ".".join(p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p)
+            yield resolve_ref(self.root, ref, path), target_path, ref, _join(path, "$ref")
+        for union in ("anyOf", "oneOf"):
+            if isinstance(node.get(union), list):
+                for i, branch in enumerate(node[union]):
+                    where = f"{_join(path, union)}[{i}]"
+                    yield branch, where, None, where
 
     def _object(self, schema: dict, path: str) -> None:
         props = schema.get("properties", {})
@@ -181,6 +232,28 @@ class _Checker:
         if high is not None and low > high:
             raise SchemaError(f"{low_key} {low} is above {high_key} {high}, so no value satisfies it",
                               _join(path, low_key))
+
+
+def check_pattern(pattern: Any, path: str) -> None:
+    """A ``pattern`` that is a regular expression: the converter writes whatever it is given into the grammar, so
+    ``^(a$`` (a group never closed) or ``^a{3,1}$`` (a maximum below its minimum) was accepted and then matched
+    nothing, or something else.  Read with Python's ``re``, whose syntax the converter's (ECMA 262's) shares."""
+    if not isinstance(pattern, str):
+        raise SchemaError(f"pattern must be a string (got {type(pattern).__name__})", path)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        where = f" at position {exc.pos}" if exc.pos is not None else ""
+        raise SchemaError(f"pattern {_short(pattern)} is not a valid regular expression ({exc.msg}{where}), so no "
+                          "string could be checked against it; fix the pattern", path) from None
+    except (OverflowError, RecursionError):
+        raise SchemaError(f"pattern {_short(pattern)} is not a regular expression this server can read (a repetition "
+                          "count too large, or groups nested too deep); simplify it", path) from None
+
+
+def _short(text: str, limit: int = 60) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[:limit - 4] + "...'"
 
 
 def integer_bounds(schema: dict, path: str = "") -> tuple[int, int]:
@@ -308,6 +381,16 @@ def _children(schema: dict, path: str) -> Iterator[tuple[Any, str]]:
         if isinstance(value, list):
             for i, sub in enumerate(value):
                 yield sub, f"{_join(path, key)}[{i}]"
+
+
+def _all_nodes(schema: Any) -> Iterator[tuple[Any, str]]:
+    """Every schema node with its path, the top first (without recursion; the depth was checked before)."""
+    todo = [(schema, "")]
+    while todo:
+        node, path = todo.pop()
+        yield node, path
+        if isinstance(node, dict):
+            todo.extend(_children(node, path))
 
 
 def _join(path: str, key: str) -> str:

@@ -218,13 +218,15 @@ def test_a_forced_tool_call_as_a_tool_use_block(server):
     assert answer.status_code == 200 and answer.json()["content"][0]["type"] == "text"
 
 
-def test_images_get_llama_server_s_error(server):
+def test_images_are_a_400_in_llama_server_s_words(server):
+    """Text only: a 400 naming the block (issue 55: it was llama-server's 500, a server error for the request's fault)."""
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     r = post(server, "/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]})
-    assert r.status_code == 500 and "image input is not supported" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "image input is not supported" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error" and "text only" in r.json()["error"]["message"]
     r = post(server, "/v1/messages", {"max_tokens": 8, "messages": [
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]}]})
-    assert r.status_code == 500 and r.json()["error"]["param"] == "messages[0].content[0].content[0]"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].content[0]"
 
 
 def test_an_empty_conversation_and_unknown_fields(server):

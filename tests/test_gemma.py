@@ -263,7 +263,7 @@ def _disconnect(server, headers: dict[str, str]) -> None:
     from test_serve import count_metric
 
     worker = next(iter(server.app.state.workers.values()))
-    cancelled = count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"')
+    cancelled = count_metric(httpx.get(server.url + "/metrics", headers=headers).text, 'status="cancelled"')
     body = {"prompt": PROMPTS[0][:400], "max_tokens": 400, "temperature": 0}  # the base model runs on: seconds
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=httpx.Timeout(60, read=1.0))
@@ -271,7 +271,7 @@ def _disconnect(server, headers: dict[str, str]) -> None:
     while (worker.engine.running or worker.active) and time.time() < deadline:
         time.sleep(0.02)
     assert worker.engine.running == 0 and worker.active == 0
-    assert count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"') == cancelled + 1
+    assert count_metric(httpx.get(server.url + "/metrics", headers=headers).text, 'status="cancelled"') == cancelled + 1
 
 
 @pytest.mark.parametrize("key", [None, "test-key"])
@@ -313,7 +313,7 @@ def test_sigterm_drains_every_accepted_request_streams_too(key):
         for t in threads[2:]:
             t.start()
         deadline = time.time() + 60  # until both are accepted and queued behind the two decoding streams
-        while time.time() < deadline and "specstack_queue_depth{role=" not in _queued(url, 2):
+        while time.time() < deadline and "specstack_queue_depth{role=" not in _queued(url, 2, headers):
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         for t in threads:
@@ -328,7 +328,7 @@ def test_sigterm_drains_every_accepted_request_streams_too(key):
             proc.kill()
 
 
-def _queued(url: str, n: int) -> str:
-    """The /metrics line saying ``n`` requests wait for a slot, or ""."""
-    lines = httpx.get(url + "/metrics", timeout=10).text.splitlines()
+def _queued(url: str, n: int, headers: dict[str, str]) -> str:
+    """The /metrics line saying ``n`` requests wait for a slot, or "" (``headers``: the API key, which /metrics needs)."""
+    lines = httpx.get(url + "/metrics", headers=headers, timeout=10).text.splitlines()
     return next((line for line in lines if line.startswith("specstack_queue_depth{") and line.endswith(f" {float(n)}")), "")

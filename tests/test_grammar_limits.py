@@ -35,6 +35,11 @@ from specstack.json_schema import SchemaError, check_schema, integer_range
     ("root ::= " + "(" * (MAX_NESTING + 5) + '"a"' + ")" * (MAX_NESTING + 5), "nest more than"),
     ("root ::= " + " ".join(['"abcdefghij"{2000}'] * 30), "expands to more than"),
     ("root ::= " + " | ".join(f'"{i:07d}"' for i in range(40_000)), "bytes; the limit is"),
+    # issue 55: matched nothing and answered "" with finish stop, or got a parser message about something else
+    ("root ::= []", "the character class [] is empty"),
+    ('root ::= "a\x00b"', "holds a NUL character (grammar line 1)"),
+    ('root ::= "\\U7fffffff"', "the escape \\U7fffffff names no character"),
+    ("root ::= [a-b\\U7fffffff]", "Unicode ends at \\U0010FFFF"),
 ])
 def test_a_grammar_over_a_limit_is_refused_naming_it(gbnf, words):
     with pytest.raises(GrammarLimitError, match=re.escape(words)):
@@ -45,6 +50,7 @@ def test_a_grammar_over_a_limit_is_refused_naming_it(gbnf, words):
     'root ::= "a"{3} "b"{0,2000} [a-z]* "#{9,1}" [^\\]-]',  # a string or class holding braces or brackets is text
     'root ::= x{1,3}\nx ::= "[" [0-9] "]"  # a comment {5,1} [z-a]',
     'root ::= ("a" | "b" ( "c" | ))+ .',
+    'root ::= [^] "\\U0010FFFF" [\\x00-\\u00ff]',  # [^] is any character; the last code point is a character
 ])
 def test_grammars_within_the_limits_pass(gbnf):
     check_gbnf(gbnf)
@@ -70,6 +76,15 @@ def test_grammars_within_the_limits_pass(gbnf):
     ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "'maxLength' cannot be enforced"),
     ({"type": "object", "properties": {"a": {}}, "anyOf": [{"required": ["a"]}]}, "'properties' cannot be enforced"),
     ({"$ref": "#/$defs/missing"}, "points at nothing"),
+    # issue 55: an invalid pattern was accepted and matched nothing; a ref to itself got a parser message about "-"
+    ({"type": "string", "pattern": "^(a$"}, "pattern '^(a$' is not a valid regular expression (missing ), "
+                                            "unterminated subpattern at position 1)"),
+    ({"type": "object", "properties": {"p": {"type": "string", "pattern": "^a{3,1}$"}}},
+     "not a valid regular expression (min repeat greater than max repeat at position 3), so no string could be "
+     "checked against it; fix the pattern (at properties.p.pattern)"),
+    ({"$ref": "#"}, "$ref '#' leads back to where it started before any value is written"),
+    ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}},
+      "$ref": "#/$defs/a"}, "leads back to where it started"),
 ])
 def test_a_schema_that_cannot_be_enforced_or_satisfied_is_refused(schema, words):
     with pytest.raises(SchemaError, match=re.escape(words)):
@@ -112,6 +127,14 @@ def test_an_integer_range_matches_exactly_its_integers(lo, width, probe):
 
 
 # -- through llama.cpp: the converter, the parser's reason, the cost of a grammar -----------------------------------
+
+
+def test_a_ref_to_the_whole_schema_inside_a_property_converts(target):
+    """``{"$ref": "#"}`` below a property is a recursive schema, not a cycle: the port named its rule ``#``, and the
+    grammar it wrote did not parse."""
+    from specstack.llama.grammar import schema_to_gbnf
+
+    target.grammar(schema_to_gbnf({"type": "object", "properties": {"next": {"$ref": "#"}}}))
 
 
 def test_recursive_refs_and_boolean_subschemas_convert(target):

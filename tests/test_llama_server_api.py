@@ -92,7 +92,7 @@ def test_apply_template_renders_as_chat_does_and_developer_is_system(http):
     prompt = http.post("/apply-template", json={"messages": messages}).json()["prompt"]
     as_system = [{**messages[0], "role": "system"}, messages[1]]
     assert prompt == render(as_system, load_template(Role(name="x").model)).text
-    assert prompt.startswith("### System:\nBe terse.")
+    assert prompt.startswith("<|im_start|>system\nBe terse.<|im_end|>")  # no template in the GGUF: chatml
     r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200
 
@@ -432,7 +432,8 @@ def test_aliases_tags_cors_the_x_api_key_and_no_ui_as_llama_server():
         chat = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "def f("}], "max_tokens": 2},
                          headers=AUTH)
         assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
-        metrics = http.get("/metrics")
+        assert http.get("/metrics").status_code == 401  # behind the key, as llama-server's
+        metrics = http.get("/metrics", headers=AUTH)
         assert metrics.headers["process-start-time-unix"].isdigit()  # llama-server's header (its spelling: the suite)
     local = create_app([role], Limits(max_tokens=8), cors_origins="localhost")
     with Server(local) as s, httpx.Client(base_url=s.url, timeout=120) as http:

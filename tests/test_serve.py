@@ -28,6 +28,7 @@ from specstack.server.app import Limits, create_app
 from specstack.server.roles import Role, default_roles, load_roles
 
 KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = held_out_prompts(3)[2]
 
 
@@ -120,7 +121,7 @@ def test_models_health_and_metrics(client, server):
     assert health == {"status": "ok", "roles": {"pycoder-6m": {"exact": {"requested": "on", "mode": "on", "why": "--exact on"},
                                                               "lossy": None}}}
     assert client.models.list().data[0].model_extra["speculative"]["exact"] == health["roles"]["pycoder-6m"]["exact"]
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'specstack_spec_decode_num_accepted_tokens_total{role="pycoder-6m",source="prompt-lookup"}' in text
     assert "specstack_spec_decode_num_accepted_tokens_per_pos_total" in text and "specstack_busy_slots" in text
 
@@ -220,7 +221,7 @@ def test_every_error_answer_is_counted_by_its_kind(server):
     headers = {"Authorization": f"Bearer {KEY}"}
 
     def counts() -> dict[str, float]:
-        text = httpx.get(server.url + "/metrics").text
+        text = httpx.get(server.url + "/metrics", headers=AUTH).text
         return {k: count_metric(text, f'role="pycoder-6m",status="{k}"') for k in kinds}
 
     before = counts()
@@ -322,7 +323,7 @@ def test_disconnect_mid_stream_frees_the_slot(server, client):
         time.sleep(0.02)
     assert worker.engine.running == 0 and worker.active == 0
     assert all(worker.target.seq_pos_max(s) < 300 for s in range(worker.target.n_slots))  # nothing ran on to 500 tokens
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'specstack_busy_slots{role="pycoder-6m"} 0.0' in metrics
     assert 'status="cancelled"' in metrics
     r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, temperature=0)  # the next request is served
@@ -423,7 +424,7 @@ def test_latency_is_reported_per_response_and_in_metrics(client, server):
     r = client.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=16, temperature=0)
     spec = r.model_extra["speculative"]
     assert spec["time_to_first_token_s"] > 0 and spec["inter_token_latency_s"] > 0
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'specstack_inter_token_latency_seconds_count{role="pycoder-6m"}' in metrics
     assert 'specstack_time_to_first_token_seconds_count{role="pycoder-6m"}' in metrics
 
@@ -519,7 +520,7 @@ def test_a_disconnect_during_another_prompts_prefill_frees_everything(server, mo
 
     monkeypatch.setattr(engine, "step", held_step)
     headers = {"Authorization": f"Bearer {KEY}"}
-    cancelled = count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"')
+    cancelled = count_metric(httpx.get(server.url + "/metrics", headers=AUTH).text, 'status="cancelled"')
     answers: list[dict] = []
 
     def long_request() -> None:
@@ -544,9 +545,9 @@ def test_a_disconnect_during_another_prompts_prefill_frees_everything(server, mo
     while (engine.running or worker.active) and time.time() < deadline + 10:
         time.sleep(0.02)
     assert engine.running == 0 and worker.active == 0
-    assert count_metric(httpx.get(server.url + "/metrics").text, 'status="cancelled"') == cancelled + 1
+    assert count_metric(httpx.get(server.url + "/metrics", headers=AUTH).text, 'status="cancelled"') == cancelled + 1
     ids = worker.target.tokenize(long_prompt + answers[0]["choices"][0]["text"])
     assert ids[len(worker.target.tokenize(long_prompt)):] == plain_ids(worker.target, long_prompt, 16)
-    assert 'specstack_busy_slots{role="pycoder-6m"} 0.0' in httpx.get(server.url + "/metrics").text
+    assert 'specstack_busy_slots{role="pycoder-6m"} 0.0' in httpx.get(server.url + "/metrics", headers=AUTH).text
     again = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     assert again.completions.create(model="pycoder-6m", prompt=PROMPT, max_tokens=8, temperature=0).usage.completion_tokens == 8

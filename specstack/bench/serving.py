@@ -54,16 +54,19 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
     Raises ``ServerFailed`` when ``proc`` exits first or ``timeout`` seconds pass. Under Ray /health turns 200
     once every replica has loaded; the replicas in /metrics are checked too, so a server from before that (200
-    as soon as one replica had loaded) is waited for right."""
+    as soon as one replica had loaded) is waited for right.  /metrics needs the API key where the server has one
+    (``$SPECSTACK_API_KEY``, as the benchmark's client sends it)."""
     import httpx
 
+    key = os.environ.get("SPECSTACK_API_KEY")
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             raise ServerFailed(f"the server exited with {proc.returncode} before it was ready")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200 and (
-                    replicas == 0 or len(replica_ids(httpx.get(url + "/metrics", timeout=10).text)) >= replicas):
+                    replicas == 0 or len(replica_ids(httpx.get(url + "/metrics", headers=auth, timeout=10).text)) >= replicas):
                 return
         except httpx.HTTPError:
             pass

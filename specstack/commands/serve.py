@@ -137,7 +137,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-template", "--chat-template-file", default=None, metavar="NAME|FILE",
                    help="chat format without --config: one of llama.cpp's built-in templates by name (gemma, chatml, "
                    "llama3, mistral-v7, phi4, ...; an unknown name lists them all) or a Jinja template file. Default: the "
-                   "GGUF's tokenizer.chat_template; a model without one gets a plain '### User:' format and a warning")
+                   "GGUF's tokenizer.chat_template; a model without one gets chatml (llama-server's fallback) and a warning")
     p.add_argument("-cram", "--cache-ram", type=at_least(0), default=None, help="MiB of host memory for finished prompts' KV, "
                    "restored instead of prefilled when a prompt comes back, without --config (default 512; 0 = off)")
     p.add_argument("--batch-tokens", type=at_least(0), default=None,
@@ -369,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--host {args.host}: with --ray the server listens on one address (Ray Serve's "
                                     "proxy); give one, or leave --ray out")
     sleep_s, hosts = sleep_seconds(args), host_list(args.host)
+    for host in hosts:  # before any model loads: a bad --host used to fail only after the load and its measurements
+        check_host(host)
     roles = check_roles(build_roles(args), args.config is not None)  # before anything loads or binds
     apply_server_flags(args)
     tls = tls_options(args)
@@ -506,6 +508,33 @@ def host_list(text: str) -> list[str]:
         raise InvalidParameterError(f"--host has an empty address (got {text!r}); give one address or a comma list "
                                     "of them, e.g. --host 127.0.0.1,::1")
     return hosts
+
+
+def check_host(host: str) -> None:
+    """``host`` is an address of this machine to listen on: an IP address (a string of digits and dots that is not
+    one, 999.1.1.1, is refused without a DNS query) or a name that resolves to one, and an address a socket can be
+    bound to here (port 0: whether --port is free is the server's bind to find, at start)."""
+    import ipaddress
+
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        address = host
+    except ValueError:
+        if ":" in host or all(c in "0123456789." for c in host):
+            raise InvalidParameterError(f"--host {host}: not an IP address (IPv4: four numbers 0..255, such as "
+                                        "127.0.0.1 or 0.0.0.0; IPv6: such as ::1)") from None
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+        except (socket.gaierror, UnicodeError) as exc:
+            raise InvalidParameterError(f"--host {host}: the name does not resolve ({exc}); give an IP address of "
+                                        "this machine, such as 127.0.0.1 or 0.0.0.0") from None
+        address = sockaddr[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError as exc:
+            raise InvalidParameterError(f"--host {host}: cannot listen there ({exc.strerror or exc}); give an address "
+                                        "of this machine, such as 127.0.0.1, or 0.0.0.0 for all of them") from None
 
 
 def bind_sockets(hosts: list[str], port: int, reuse_port: bool = False) -> list[socket.socket]:

@@ -94,6 +94,14 @@ def _converter_class() -> type:
                         self._refs[ref] = resolve_ref(self._root, ref, "")
                     todo.extend(n.values())
 
+        def _resolve_ref(self, ref: str) -> str:
+            """The rule a local ``$ref`` names.  ``#`` (the whole schema, as a recursive schema's
+            ``{"properties": {"child": {"$ref": "#"}}}`` has it) is the rule ``root``: the port named it by the
+            ref's last segment, ``#``, which is no GBNF rule name, and the grammar it wrote did not parse."""
+            if ref.strip("#/") == "":
+                return "root"
+            return super()._resolve_ref(ref)
+
         def visit(self, schema: Any, name: str) -> str:
             if schema is True:
                 schema = {}

@@ -8,8 +8,8 @@ blocks, ``tool_result``'s ``is_error`` and ``cache_control`` accepted: the prefi
 ``max_tokens`` (4096 when left out, as llama-server), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
 ``stream``, ``tools`` (custom tools), ``tool_choice``, ``thinking``, ``metadata.user_id`` (the request's
 ``user``, which routes sessions) and, as the Responses API does, every chat field (``seed``, ``speculative``,
-``chat_template_kwargs`` ...).  Images (``image`` blocks) get llama-server's "image input is not supported" error:
-this server serves text only.  Anything else is a 400 naming the field.
+``chat_template_kwargs`` ...).  Images (``image`` blocks) are a 400 in llama-server's words, "image input is not
+supported": this server serves text only.  Anything else is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ OWN = ("system", "messages", "max_tokens", "stop_sequences", "tools", "tool_choi
 # A chat field's error named as the Anthropic field it came from
 RENAMED = {"stop": "stop_sequences", "user": "metadata.user_id", "messages": "messages"}
 DEFAULT_MAX_TOKENS = 4096  # llama-server's when a request leaves max_tokens out (Anthropic requires it)
-# llama-server's words (server-common.cpp), which its tests look for; its status too (500)
+# llama-server's words (server-common.cpp), which its tests look for; as a 400, the request's fault (llama-server
+# answers 500, which tells a client to retry what can never succeed; /v1/chat/completions refuses an image with 400)
 NO_IMAGES = ("image input is not supported - hint: this server serves text only (no multimodal projector); "
              "send text blocks")
 
@@ -38,8 +39,8 @@ def _refuse(field: str, why: str) -> ApiError:
 
 
 def _no_image(where: str) -> ApiError:
-    """An image block: llama-server answers a text model's image with this 500, and so does this route."""
-    return ApiError(500, NO_IMAGES, "server_error", param=where)
+    """An image block: a 400 naming where it is, in llama-server's words for a text model's image."""
+    return ApiError(400, NO_IMAGES, param=where)
 
 
 def billing_header(text: str) -> str:

@@ -75,8 +75,10 @@ def create_app(roles: list[Role], limits: Limits = Limits(), api_key: str | None
     add_error_handlers(app)
     if sleep_idle_s is not None:  # innermost: a request Guard refuses wakes no model
         app.add_middleware(WakeOnUse, workers=list(workers.values()))
+    # Vertex AI's health route answers as /health does, and Vertex's probe sends no key
+    public = frozenset({vertex_ai.health_route}) if vertex_ai is not None and vertex_ai.health_route else frozenset()
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes, api_key=api_key,
-                       body_timeout_s=limits.body_timeout_s)
+                       body_timeout_s=limits.body_timeout_s, public=public)
     app.add_middleware(AnswerCounter, metrics=metrics, roles=list(workers))  # outside Guard: its refusals count
     app.add_middleware(Cors, origins=cors_origins)  # outside Guard: a browser's preflight carries no key
     if access_log is not None:  # outermost: Guard's refusals are logged too

@@ -1,25 +1,19 @@
-"""Chat messages to a prompt: a chosen template, the GGUF's own, or a documented plain format.
+"""Chat messages to a prompt: a chosen template, the GGUF's own, or chatml, llama-server's fallback.
 
 Where the template comes from, first match wins (as llama-server's ``--chat-template``):
 
 1. ``--chat-template`` / the role's ``chat_template``: a file (Jinja), or a name of llama.cpp's built-in
    templates (``gemma``, ``chatml``, ``llama3``, ...; ``target.builtin_chat_templates()``), which
    llama.cpp itself formats (``llama_chat_apply_template``);
-2. the GGUF's ``tokenizer.chat_template`` (Jinja);
-3. none: the plain format below, with a warning at load that names the flag, since it is a format the
-   model most likely never saw (Gemma 3 echoed the question over and over in it).
+2. the GGUF's ``tokenizer.chat_template`` (Jinja), else its ``tokenizer.chat_template.tool_use``;
+3. none: chatml, the Jinja template llama.cpp's ``common_chat_templates_init`` falls back to (``CHATML``), with a
+   warning at load that names the flag, since the model may never have seen it (Gemma 3 270M and the bundled
+   models have no template in the file).  This was a plain ``### User:`` format of specstack's own, which no
+   client written for llama-server expected.
 
 Jinja templates are rendered in a sandbox as llama.cpp and transformers do, with ``messages``,
 ``add_generation_prompt``, ``bos_token``, ``eos_token`` and a request's ``tools``; what a template cannot
-show of tools, calls and tool results is written into the messages (``template_caps``).  The plain format::
-
-    ### System:
-    You are terse.
-
-    ### User:
-    Write a stack class.
-
-    ### Assistant:
+show of tools, calls and tool results is written into the messages (``template_caps``).
 """
 
 from __future__ import annotations
@@ -39,28 +33,39 @@ from ..llama import apply_builtin_chat_template, builtin_chat_templates
 from .sandbox import compile_template
 
 ROLES = ("system", "user", "assistant", "tool")
+# llama.cpp's CHATML_TEMPLATE_SRC (common/chat.cpp), character for character: the template of a GGUF without one
+CHATML = ("{%- for message in messages -%}\n"
+          "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+          "{%- endfor -%}\n"
+          "{%- if add_generation_prompt -%}\n"
+          "  {{- '<|im_start|>assistant\n' -}}\n"
+          "{%- endif -%}")
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """How a role turns messages into a prompt: ``kind`` jinja (``text`` is the template), builtin (``text``
-    is llama.cpp's name for it) or plain; ``origin`` says where it came from, for /v1/models and the load line."""
+    """How a role turns messages into a prompt: ``kind`` jinja (``text`` is the template) or builtin (``text`` is
+    llama.cpp's name for it); ``origin`` says where it came from, for /v1/models and the load line; ``fallback``:
+    chosen because the GGUF has none (chatml)."""
 
-    kind: Literal["jinja", "builtin", "plain"]
+    kind: Literal["jinja", "builtin"]
     text: str
     origin: str
+    fallback: bool = False
 
     @property
     def warning(self) -> str | None:
-        if self.kind != "plain":
+        if not self.fallback:
             return None
-        return ("has no chat template (tokenizer.chat_template): chat requests get a plain '### User:' format "
-                "the model has most likely never seen; pass --chat-template NAME (gemma, chatml, llama3, ...; "
-                "see `specstack serve --help`) or --chat-template FILE.jinja, or the role key chat_template")
+        return ("has no chat template (tokenizer.chat_template): chat requests get chatml (<|im_start|>), "
+                "llama-server's fallback, which the model may never have seen; pass --chat-template NAME (gemma, "
+                "chatml, llama3, ...; see `specstack serve --help`) or --chat-template FILE.jinja, or the role key "
+                "chat_template")
 
 
 def load_template(model: Path, choice: str | None = None) -> ChatTemplate:
-    """The template for a role: ``choice`` (a file or a built-in name) if given, else the GGUF's, else plain."""
+    """The template for a role: ``choice`` (a file or a built-in name) if given, else the GGUF's (its tool_use
+    variant where it has only that), else chatml, as llama.cpp's ``common_chat_templates_init`` chooses."""
     if choice:
         path = Path(choice).expanduser()
         if path.is_file():
@@ -74,10 +79,12 @@ def load_template(model: Path, choice: str | None = None) -> ChatTemplate:
             raise InvalidParameterError(f"chat template {choice!r} is neither a file nor one of llama.cpp's built-in "
                                         f"templates: {', '.join(names)}")
         return ChatTemplate("builtin", choice, f"llama.cpp built-in {choice!r}")
-    template = read_gguf(model, tensors=False).get("tokenizer.chat_template")
-    if isinstance(template, str) and template.strip():
-        return compiled(ChatTemplate("jinja", template, "the GGUF's tokenizer.chat_template"))
-    return ChatTemplate("plain", "", "none (plain ### format)")
+    meta = read_gguf(model, tensors=False)
+    for key in ("tokenizer.chat_template", "tokenizer.chat_template.tool_use"):
+        template = meta.get(key)
+        if isinstance(template, str) and template.strip():
+            return compiled(ChatTemplate("jinja", template, f"the GGUF's {key}"))
+    return ChatTemplate("jinja", CHATML, "none in the GGUF: chatml (llama-server's fallback)", fallback=True)
 
 
 def compiled(template: ChatTemplate) -> ChatTemplate:
@@ -168,11 +175,6 @@ def render(messages: Sequence[dict[str, Any]], template: ChatTemplate, bos: str 
         messages = add_system(messages, system_note)
     tools = list(tools or ())
     messages = _polyfilled(messages, template_caps(template), tools, tool_example)
-    if template.kind == "plain":
-        pieces: list[tuple[str, bool]] = []
-        for m in messages:
-            pieces += [(f"### {m['role'].capitalize()}:\n", True), (m["content"], False), ("\n\n", True)]
-        return RenderedChat(tuple(pieces) + ((("### Assistant:\n", True),) if generation_prompt else ()))
     # every string a message brings, nested ones too (content, name, tool_calls' arguments, ...), is the user's
     # text; the role is checked
     marks = _Marks()
@@ -250,7 +252,7 @@ class TemplateCaps:
 
 @functools.lru_cache(maxsize=64)
 def template_caps(template: ChatTemplate) -> TemplateCaps:
-    """What ``template`` shows (llama.cpp's built-ins and the plain format: text turns only)."""
+    """What ``template`` shows (llama.cpp's built-ins: text turns only)."""
     if template.kind != "jinja":
         return TemplateCaps()
 

@@ -1,4 +1,4 @@
-"""HTTP guards, before any route runs: body size and read time, the API key, and the request head's size.
+"""HTTP guards, before any route runs: body size, read time and nesting, the API key, and the request head's size.
 
 Every refusal is OpenAI's error body (``responses.error``)."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..json_schema import MAX_DEPTH
 from .responses import error
 
 class Guard:
@@ -24,9 +26,10 @@ class Guard:
     tokenizer by being unannounced, and one that stops arriving is a 408, not a connection held forever.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None, body_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, api_key: str | None, body_timeout_s: float = 30.0,
+                 public: frozenset[str] = frozenset()) -> None:
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
-        self.body_timeout_s = body_timeout_s
+        self.body_timeout_s, self.public = body_timeout_s, PUBLIC_PATHS | public
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -40,8 +43,8 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._too_large(length, scope, receive, send)
-        if self.api_key and needs_key(scope["path"]) and not authorized(headers.get("authorization"), self.api_key,
-                                                                        headers.get("x-api-key")):
+        if self.api_key and needs_key(scope["path"], self.public) and \
+                not authorized(headers.get("authorization"), self.api_key, headers.get("x-api-key")):
             return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY')",
                                "authentication_error",
                                code="invalid_api_key")(scope, receive, send)
@@ -56,6 +59,9 @@ class Guard:
                 return await self._too_large(f"more than {self.max_body_bytes}", scope, receive, send)
             if body is None:  # the client went away
                 return None
+            deep = too_deep(body)
+            if deep is not None:
+                return await _too_deep(deep)(scope, receive, send)
             receive = _replay(body, receive)
             scope = as_json(scope, headers.get("content-type"))
         return await self.app(scope, receive, send)
@@ -80,11 +86,51 @@ class Guard:
                          "(start the server with a larger --max-body)", code="body_too_large")(scope, receive, send)
 
 
-# What --api-key guards: the OpenAI routes and llama-server's (``routes/llama_server``); the probes (/health, /v1/health,
-# /metrics) and the live page (which sends the key itself) stay open, and an unknown path is a plain 404.
-PUBLIC_PATHS = frozenset({"/v1/health"})  # llama-server's public endpoints (server-http.cpp), beside /health
-LLAMA_PATHS = frozenset({"/completion", "/completions", "/chat/completions", "/responses", "/infill", "/tokenize",
-                         "/detokenize", "/apply-template", "/props", "/slots", "/embedding", "/embeddings", "/models"})
+# What --api-key leaves open: llama-server's public endpoints (server-http.cpp's ``public_endpoints``: /health,
+# /v1/health and its web UI at /) and nothing else.  Every other path needs the key, /metrics, /props, /openapi.json,
+# llama-server's aliases without /v1 (/chat/completions/input_tokens) and an unknown path (401, as llama-server)
+# included: a list of guarded paths left out each path it did not name, and those answered (and ran the template and
+# tokenizer on 1 MiB bodies) without the key.
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+
+
+# How deep a request body's JSON may nest.  Python's parser gives up near 1,000 levels, and FastAPI then answered
+# "There was an error parsing the body" (a JSON schema nested 500 deep did that); no request needs more than this
+# (a schema at the deepest the server takes, json_schema.MAX_DEPTH nodes, is about twice that many levels).
+MAX_JSON_DEPTH = 256
+# A JSON string (a key when a colon follows it) or a bracket: strings are skipped whole, so a bracket inside
+# one is text.  Anything else (numbers, commas, literals) is not matched.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"\s*:?|[\[\]{}]')
+
+
+def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> list[str] | None:
+    """The keys leading to where ``body``'s JSON nests more than ``limit`` levels deep (objects and arrays alike);
+    None where it does not.  A body with fewer opening brackets than that is not read at all."""
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return None
+    levels: list[str | None] = []  # per open level, the key that opened it
+    key = None
+    for token in _JSON_TOKEN.finditer(body):
+        text = token.group()
+        if text[:1] == b'"':
+            key = text[1:text.rindex(b'"')].decode("utf-8", "replace") if text.endswith(b":") else key
+        elif text in (b"{", b"["):
+            levels.append(key)
+            key = None
+            if len(levels) > limit:
+                return [k for k in levels if k is not None]
+        elif levels:
+            levels.pop()
+    return None
+
+
+def _too_deep(keys: list[str]) -> Any:
+    """The 400 for a body nested past ``MAX_JSON_DEPTH``, naming the field it is in and the way down to it."""
+    field = keys[0] if keys else None
+    way = ".".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+    return error(400, f"{field or 'the body'}: the request's JSON nests more than {MAX_JSON_DEPTH} levels deep (at "
+                      f"{way or 'the top'}); a JSON schema may nest at most {MAX_DEPTH} levels: flatten it",
+                 param=field, code="too_deep")
 
 
 def as_json(scope: dict, content_type: str | None) -> dict:
@@ -98,9 +144,9 @@ def as_json(scope: dict, content_type: str | None) -> dict:
     return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
-def needs_key(path: str) -> bool:
-    path = path.rstrip("/")
-    return path not in PUBLIC_PATHS and (path.startswith("/v1/") or path in LLAMA_PATHS)
+def needs_key(path: str, public: frozenset[str] = PUBLIC_PATHS) -> bool:
+    """Whether ``path`` needs the API key: every path but the ``public`` ones (a trailing slash aside)."""
+    return (path.rstrip("/") or "/") not in public
 
 
 class _BodyTooLarge(Exception):

@@ -93,7 +93,7 @@ def logit_bias_settings(c: Any, target: Any) -> list[dict[str, Any]]:
 
 def _template(w: Any) -> str:
     t = w.template
-    return "" if t is None or t.kind == "plain" else t.text
+    return "" if t is None else t.text
 
 
 def _special(target: Any, attr: str) -> str:

@@ -343,6 +343,20 @@ class Role:
             value = getattr(self, key)
             if value is not None and not isinstance(value, (str, Path)):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be a file path (got {value!r})")
+        for key in ("aliases", "tags"):
+            object.__setattr__(self, key, _names(self.name, key, getattr(self, key)))
+
+
+def _names(role: str, key: str, value: Any) -> tuple[str, ...]:
+    """A role's ``aliases`` or ``tags`` as a tuple of names.  A roles file's ``aliases = "coder"`` was kept as the
+    string, and a request's model was looked up in it as a substring: "od", "c" or "" picked that role where any
+    other unknown name is a 404 (and /v1/models listed the letters as its aliases)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(n, str) and n.strip() for n in value):
+        shown = f'["{value}"]' if isinstance(value, str) and value.strip() else '["name", ...]'
+        raise InvalidParameterError(f"role {role!r}: {key} must be a list of non-empty names (got {value!r}); write "
+                                    f"{key} = {shown}")
+    return tuple(value)
 
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",

@@ -44,7 +44,7 @@ def _speculative_model() -> type[BaseModel]:
     for flag in DRAFTER_FLAGS:
         if flag.per_request:
             fields[flag.dest] = (Optional[flag.type or bool], Field(None, strict=True))
-    return create_model("Speculative", __config__=ConfigDict(extra="forbid"), **fields)
+    return create_model("Speculative", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields)
 
 
 Speculative = _speculative_model()
@@ -59,9 +59,11 @@ class StreamOptions(BaseModel):
 class _Common(ConstraintFields):
     """The fields both endpoints honour (the logit controls' with them: ``request_constraints.ConstraintFields``).  Anything
     else is a 400: the schemas' other fields by the ``UNIMPLEMENTED`` table, unknown ones as OpenAI does
-    ("Unrecognized request argument supplied")."""
+    ("Unrecognized request argument supplied").  NaN and the infinities (JSON's ``NaN``, ``Infinity``, which
+    Python's parser takes) are refused as not finite: ``temperature: NaN`` was refused as "less than or equal to
+    100"."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     model: str | None = Field(None, strict=True)
     # strict: JSON true is not 1 (max_tokens: true used to mean one token), nor 2.0 an integer; -1: as many as
     # the server allows (llama-server's "until the end"; ``requested_tokens``)

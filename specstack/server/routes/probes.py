@@ -1,5 +1,6 @@
 """What watches and introduces the server: ``/health`` (and llama-server's ``/v1/health``), ``/metrics``,
-``/v1/models`` and the live page at ``/``.  The probes are open without the API key (``guards``)."""
+``/v1/models`` and the live page at ``/``.  ``/health``, ``/v1/health`` and the page are open without the API key,
+as llama-server's public endpoints; ``/metrics`` and ``/v1/models`` need it, as in llama-server (``guards``)."""
 
 from __future__ import annotations
 
