@@ -4,7 +4,11 @@ Three kinds, each declared here once and listed in docs/serve.md's table:
 
 - flags with a meaning here, mapped onto specstack's: ``--spec-type`` onto drafters (``SPEC_TYPES``; a
   comma list is a cascade), ``--spec-draft-n-max`` onto k and k_max, ``--spec-draft-p-min`` onto the
-  draft's p_min, the sampling flags onto the role's request defaults, ``-md`` alone onto draft-model;
+  draft's p_min, the sampling flags onto the role's request defaults (``--ignore-eos``, ``-l``, ``--samplers``
+  among them), ``-md`` alone onto draft-model;
+- flags of samplers not implemented here (Mirostat, DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p):
+  taken at llama.cpp's default only, any other value refused in one line (``DEFAULT_ONLY``), as a request's
+  fields of the same samplers are;
 - flags naming what specstack always does (``--metrics``, ``-cb``, ``--no-context-shift``, ...): accepted,
   their help saying why nothing changes;
 - flags that cannot apply here (``-hf``, ``--lora``, ``--mmproj``, the router's): refused in one line that
