@@ -30,14 +30,16 @@ BY_FLAG = {"--numa": "distribute", "-lzm": "auto", "--lazy-mode": "auto", "-lm":
            "-ngl": "0", "--gpu-layers": "0", "--n-gpu-layers": "0", "--reasoning-budget": "-1", "--spec-type": "ngram-mod",
            "--grammar": 'root ::= "a"', "--prio": "0", "--host": "127.0.0.1", "-fa": "on", "--flash-attn": "on",
            "--typical": "1", "--typical-p": "1", "--top-p": "0.9", "--min-p": "0.1",
-           **dict.fromkeys(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"), "0")}
-# llama-server's sampling flags (arg.cpp's set_sampling) that do not parse yet: the lead's part of issue 55, kept
-# here so that the list of what is left stays true (strict: one that starts parsing fails until it is taken out)
-LEFT_TO_LEAD = {"--samplers", "--sampler-seq", "--sampling-seq", "--ignore-eos", "--top-nsigma", "--top-n-sigma",
-                "--xtc-probability", "--xtc-threshold", "--dry-multiplier", "--dry-base", "--dry-allowed-length",
-                "--dry-penalty-last-n", "--dry-sequence-breaker", "--adaptive-target", "--adaptive-decay",
-                "--dynatemp-range", "--dynatemp-exp", "--mirostat", "--mirostat-lr", "--mirostat-ent", "-l",
-                "--logit-bias"}
+           **dict.fromkeys(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"), "0"),
+           # the sampling flags: a chain applied here (llama.cpp's default one), a bias, and the samplers not
+           # implemented here at llama.cpp's defaults (any other value is refused: test_default_only_sampling_flags_...)
+           "--samplers": "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature",
+           "--sampler-seq": "edskypmxt", "--sampling-seq": "ekpmt", "-l": "15+1", "--logit-bias": "15-inf",
+           "--top-nsigma": "-1", "--top-n-sigma": "-1", "--xtc-probability": "0", "--xtc-threshold": "0.1",
+           "--dry-multiplier": "0", "--dry-base": "1.75", "--dry-allowed-length": "2", "--dry-penalty-last-n": "64",
+           "--dry-sequence-breaker": "\n", "--adaptive-target": "-1", "--adaptive-decay": "0.9",
+           "--dynatemp-range": "0", "--dynatemp-exp": "1", "--mirostat": "0", "--mirostat-lr": "0.1",
+           "--mirostat-ent": "5"}
 
 
 def fixture_flags() -> list[tuple[str, str]]:
@@ -80,9 +82,7 @@ def test_the_fixture_holds_llama_servers_flags_and_none_of_the_cli_ones():
     assert not {"-p", "--prompt", "-cnv", "--image"} & flags  # llama-cli's and mtmd's, not llama-server's
 
 
-@pytest.mark.parametrize("flag,hint", [
-    pytest.param(flag, hint, marks=pytest.mark.xfail(strict=True, reason="sampling flags: the lead's"))
-    if flag in LEFT_TO_LEAD else (flag, hint) for flag, hint in fixture_flags()])
+@pytest.mark.parametrize("flag,hint", fixture_flags())
 def test_every_llama_server_flag_parses_or_is_refused_in_one_line(capsys, flag, hint):
     code, err = parse(capsys, *argv_for(flag, hint))
     if code in (None, 0):  # parsed, or printed what it was asked for (--help, --version) and exited
@@ -155,6 +155,9 @@ def test_a_roles_file_takes_the_same_options(tmp_path):
     (["-np", "0"], "-1 for llama-server's auto"),
     (["--ssl-key-file", "k.pem"], "--ssl-key-file and --ssl-cert-file go together"),
     (["-tb", "2", "--config", "roles.toml"], "-tb would be ignored: set threads_batch"),
+    (["--ignore-eos", "--config", "roles.toml"], "--ignore-eos would be ignored: set ignore_eos"),
+    (["-l", "4096+1"], "-l/--logit-bias: token id 4096 is outside the vocabulary of pycoder-6m.gguf (0..4095)"),
+    (["--dry-sequence-breaker", "\n"], "so its sequence breakers stay llama.cpp's defaults"),
 ])
 def test_bad_values_are_refused_naming_the_flag(capsys, tmp_path, argv, message):
     argv = [str(tmp_path / a) if a == "roles.toml" else a for a in argv]
@@ -165,6 +168,66 @@ def test_bad_values_are_refused_naming_the_flag(capsys, tmp_path, argv, message)
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and "unrecognized arguments" not in err
+
+
+# -- llama-server's sampling flags ---------------------------------------------------------------------------------
+
+# llama.cpp's sampling flags of samplers not implemented here, each with a value other than llama.cpp's default
+NOT_DEFAULT = {"--top-nsigma": "1.5", "--top-n-sigma": "0", "--xtc-probability": "0.5", "--xtc-threshold": "0.2",
+               "--dry-multiplier": "0.8", "--dry-base": "2", "--dry-allowed-length": "3", "--dry-penalty-last-n": "32",
+               "--dry-sequence-breaker": "none", "--adaptive-target": "0.5", "--adaptive-decay": "0.5",
+               "--dynatemp-range": "0.5", "--dynatemp-exp": "2", "--mirostat": "2", "--mirostat-lr": "0.2",
+               "--mirostat-ent": "3"}
+
+
+@pytest.mark.parametrize("flag,value", NOT_DEFAULT.items())
+def test_samplers_not_implemented_take_llamas_default_and_refuse_the_rest_in_one_line(capsys, flag, value):
+    assert parse(capsys, flag, BY_FLAG[flag])[0] is None  # llama.cpp's default: parsed
+    code, err = parse(capsys, flag, value)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "usage" not in err, err
+    assert f"{flag} {value}: " in lines[0] and "not implemented here" in lines[0]
+    assert "distribution that speculation verifies drafts against" in lines[0] and "leave" in lines[0]
+
+
+def test_logit_bias_flag_reads_llamas_syntax_and_refuses_the_rest_in_one_line(capsys):
+    role = serve_role("-l", "15+1", "--logit-bias", "16-inf", "-l", "17-2.5", "-l", "15-0.5")
+    assert role.logit_bias == ((15, -0.5), (16, float("-inf")), (17, -2.5))  # a token named twice: its last bias
+    assert role.controls().logit_bias == role.logit_bias and serve_role().logit_bias == ()
+    for value, message in (("15", "must be TOKEN_ID(+/-)BIAS"), ("x+1", "must be TOKEN_ID(+/-)BIAS"),
+                           ("15*2", "must be TOKEN_ID(+/-)BIAS"), ("15+200", "a bias must be in [-100, 100]"),
+                           ("15+inf", "a bias must be in [-100, 100]")):
+        code, err = parse(capsys, "-l", value)
+        assert code == 2 and err.strip().splitlines() == [err.strip()] and f"-l {value}: {message}" in err, err
+
+
+def test_samplers_flags_are_the_roles_chain_in_names_or_letters(capsys):
+    assert serve_role("--samplers", "Top_K;top-p;minp;temperature").samplers == ("top_k", "top_p", "min_p",
+                                                                                 "temperature")
+    assert serve_role("--sampler-seq", "edkt").samplers == ("penalties", "dry", "top_k", "temperature")
+    assert serve_role().samplers is None  # every sampler, as before
+    for flag, value, message in (("--samplers", "temperature;top_k", "the chain applied here is penalties, top_k"),
+                                 ("--samplers", "top_k;magic", "unknown sampler 'magic'"),
+                                 ("--sampling-seq", "kpmti", "the chain applied here is")):
+        code, err = parse(capsys, flag, value)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and f"{flag} {value}: {message}" in err, err
+
+
+def test_a_roles_file_takes_ignore_eos_logit_bias_and_samplers(tmp_path):
+    from specstack.server.roles import load_roles
+
+    path = tmp_path / "roles.toml"
+    path.write_text('[roles.a]\nignore_eos = true\nlogit_bias = {"15" = 2.5, "16" = false}\nsamplers = "kt"\n'
+                    '[roles.b]\nlogit_bias = [[15, -inf], [16, -1]]\nsamplers = ["penalties", "temperature"]\n')
+    a, b = load_roles(path)
+    assert a.ignore_eos and a.logit_bias == ((15, 2.5), (16, float("-inf"))) and a.samplers == ("top_k", "temperature")
+    assert b.logit_bias == ((15, float("-inf")), (16, -1.0)) and b.samplers == ("penalties", "temperature")
+    for bad, message in (('logit_bias = {"def" = 1}', "'def' is not a token id"),
+                         ('samplers = ["temperature", "top_k"]', "samplers: the chain applied here"),
+                         ("ignore_eos = 1", "ignore_eos must be true or false")):
+        path.write_text(f"[roles.a]\n{bad}\n")
+        with pytest.raises(Exception, match=message):
+            load_roles(path)
 
 
 def test_lv_shows_llama_cpps_log_up_to_its_level():
@@ -223,3 +286,92 @@ def test_rope_settings_change_the_logits_and_special_spells_tokens_out():
     with loaded(context_params=(("rope_freq_base", 100.0),), special=True) as model:
         assert not np.allclose(model.eval(tokens), plain)
         assert eos_text == b"" and model.token_bytes(model.eos_id) == model.special_text(model.eos_id).encode()
+
+
+# -- the honoured sampling flags change what a request gets, over HTTP on the bundled model -----------------------
+
+# A prompt the bundled model continues with repeats: a repeat penalty changes its text.
+REPEATS = 'RECORD = {"name": "alpha", "size": 12, "ok": true}\nRECORD = {"name": "beta", "size": 7, "ok": false}\nRECORD = '
+
+
+def plain(target, prompt: str, n: int, **controls):
+    """Plain decoding (greedy, no drafts) of ``prompt`` under these logit controls: what a request must get."""
+    from specstack.constraints import Constraints
+    from specstack.draft_length import FixedK
+    from specstack.drafters import BuildContext, create
+    from specstack.engine import Engine
+    from specstack.generation import GenerationConfig
+
+    engine = Engine(target, create("none", BuildContext(target)), FixedK(1))
+    return engine.generate(prompt, GenerationConfig(max_tokens=n, constraints=Constraints(**controls))).run()
+
+
+@pytest.fixture(scope="module")
+def flagged(target):
+    """A server of two roles, each built from llama-server's flags as `specstack serve` builds it: "eos" with
+    --ignore-eos and -l banning the first token plain decoding of PROMPT picks; "chain" with --repeat-penalty and a
+    --samplers chain without penalties.  --exact on: outputs are compared with plain decoding token for token."""
+    import httpx
+
+    from specstack.server.app import Limits, create_app
+    from test_serve import PROMPT, Server
+
+    first = plain(target, PROMPT, 1).output_ids[0]
+    eos = serve_role("-a", "eos", "-np", "1", "--exact", "on", "--ignore-eos", "-l", f"{first}-inf")
+    chain = serve_role("-a", "chain", "-np", "1", "--exact", "on", "--repeat-penalty", "1.3", "--samplers",
+                       "top_k;top_p;min_p;temperature")
+    with Server(create_app([eos, chain], Limits(max_tokens=64))) as server:
+        with httpx.Client(base_url=server.url, timeout=300) as http:
+            yield http, PROMPT, first
+
+
+def test_ignore_eos_flag_runs_a_request_that_sends_none_past_the_end_of_text(flagged, target):
+    """The bundled model seldom ends a text, so each request raises the end-of-text token to +100: a request
+    that sends no ignore_eos runs on past it all the same; one that sends ignore_eos false ends at once."""
+    http, prompt, first = flagged
+    push = {str(target.eos_id): 100}
+    r = http.post("/completion", json={"model": "eos", "prompt": prompt, "n_predict": 16, "temperature": 0,
+                                       "logit_bias": push}).json()
+    assert r["tokens_predicted"] == 16 and target.eos_id not in r["tokens"]
+    assert r["tokens"] == plain(target, prompt, 16, ignore_eos=True, logit_bias=((target.eos_id, 100.0),)).output_ids
+    assert r["generation_settings"]["ignore_eos"] is True
+    own = http.post("/completion", json={"model": "eos", "prompt": prompt, "n_predict": 16, "temperature": 0,
+                                         "logit_bias": push, "ignore_eos": False}).json()
+    assert own["stop_type"] == "eos" and own["tokens_predicted"] <= 1
+
+
+def test_logit_bias_flag_bans_its_token_for_a_request_that_sends_no_logit_bias(flagged, target):
+    http, prompt, first = flagged
+    r = http.post("/completion", json={"model": "eos", "prompt": prompt, "n_predict": 12, "temperature": 0}).json()
+    assert first not in r["tokens"]
+    assert r["tokens"] == plain(target, prompt, 12, ignore_eos=True, logit_bias=((first, float("-inf")),)).output_ids
+    # a request's own list replaces the role's, as llama-server's does: the token is free again
+    own = http.post("/v1/completions", json={"model": "eos", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                             "logit_bias": {}}).json()
+    assert own["choices"][0]["text"] == plain(target, prompt, 12, ignore_eos=True).text
+    assert plain(target, prompt, 12).output_ids[0] == first
+
+
+def test_samplers_flag_is_the_chain_of_a_request_that_sends_none(flagged, target):
+    """Role "chain" has --repeat-penalty 1.3 and a chain without penalties: a bare request gets no penalty (as
+    llama-server builds its chain from that list alone); a request whose own chain has penalties gets 1.3."""
+    http, _, _ = flagged
+    free = plain(target, REPEATS, 24).output_ids
+    penalized = plain(target, REPEATS, 24, repeat_penalty=1.3).output_ids
+    assert free != penalized
+    r = http.post("/completion", json={"model": "chain", "prompt": REPEATS, "n_predict": 24, "temperature": 0}).json()
+    assert r["tokens"] == free
+    own = http.post("/completion", json={"model": "chain", "prompt": REPEATS, "n_predict": 24, "temperature": 0,
+                                         "samplers": ["penalties", "top_k", "temperature"]}).json()
+    assert own["tokens"] == penalized
+
+
+def test_props_shows_the_sampling_flags_as_llama_server_does(flagged, target):
+    http, _, first = flagged
+    eos = http.get("/props", params={"model": "eos"}).json()["default_generation_settings"]["params"]
+    assert eos["ignore_eos"] is True
+    assert {"bias": None, "token": first} in eos["logit_bias"]  # the ban, -inf shown as null
+    assert {e["token"] for e in eos["logit_bias"]} == {first, *target.eog_ids()}  # --ignore-eos's bans among them
+    chain = http.get("/props", params={"model": "chain"}).json()["default_generation_settings"]["params"]
+    assert chain["samplers"] == ["top_k", "top_p", "min_p", "temperature"] and chain["repeat_penalty"] == 1.3
+    assert chain["ignore_eos"] is False and chain["logit_bias"] == [] and eos["mirostat"] == 0

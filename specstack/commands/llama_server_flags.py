@@ -4,7 +4,11 @@ Three kinds, each declared here once and listed in docs/serve.md's table:
 
 - flags with a meaning here, mapped onto specstack's: ``--spec-type`` onto drafters (``SPEC_TYPES``; a
   comma list is a cascade), ``--spec-draft-n-max`` onto k and k_max, ``--spec-draft-p-min`` onto the
-  draft's p_min, the sampling flags onto the role's request defaults, ``-md`` alone onto draft-model;
+  draft's p_min, the sampling flags onto the role's request defaults (``--ignore-eos``, ``-l``, ``--samplers``
+  among them), ``-md`` alone onto draft-model;
+- flags of samplers not implemented here (Mirostat, DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p):
+  taken at llama.cpp's default only, any other value refused in one line (``DEFAULT_ONLY``), as a request's
+  fields of the same samplers are;
 - flags naming what specstack always does (``--metrics``, ``-cb``, ``--no-context-shift``, ...): accepted,
   their help saying why nothing changes;
 - flags that cannot apply here (``-hf``, ``--lora``, ``--mmproj``, the router's): refused in one line that
@@ -14,9 +18,11 @@ Three kinds, each declared here once and listed in docs/serve.md's table:
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..draft_length import MAX_DRAFT
 from ..errors import InvalidParameterError
@@ -218,6 +224,139 @@ class Refuse(argparse.Action):
         parser.exit(2, f"{parser.prog}: error: {option_string} cannot apply to specstack serve: {self.why}\n")
 
 
+class Checked(argparse.Action):
+    """A llama-server sampling flag whose value ``check`` reads: one it refuses is refused at once in one line naming
+    the flag, the value, why and what to use (not argparse's usage dump); ``append`` collects every use (-l)."""
+
+    def __init__(self, option_strings: list[str], dest: str, check: Callable[[str], Any] = str, append: bool = False,
+                 **kwargs: Any) -> None:
+        self.check, self.append = check, append
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            value = self.check(values)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            shown = values if values and values.isprintable() and values.strip() == values else repr(values)
+            parser.exit(2, f"{parser.prog}: error: {option_string} {shown}: {exc}\n")
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value] if self.append else value)
+
+
+SPECULATION = "it would change the distribution that speculation verifies drafts against (temperature, top-k, top-p, " \
+    "min-p and the penalties)"
+DRY = f"DRY penalties are not implemented here: {SPECULATION}"
+# llama.cpp's sampling flags whose sampler is not implemented here: each taken at llama.cpp's default (the sampler off,
+# or its parameter as a request's field must be) and refused at any other value, in one line saying why and what to
+# use; a request's fields of the same samplers are taken likewise (``server.unimplemented``).  (flags, value type,
+# the values taken or a test of one, how --help and the refusal name them, why, what to use)
+DEFAULT_ONLY: tuple[tuple[tuple[str, ...], type, tuple[float, ...] | Callable[[float], bool], str, str, str], ...] = (
+    (("--top-nsigma", "--top-n-sigma"), float, (-1.0,), "-1 (off)",
+     f"top-n-sigma sampling is not implemented here: {SPECULATION}", "leave it out, or cut the tail with --min-p"),
+    (("--xtc-probability",), float, (0.0,), "0 (off)", f"XTC sampling is not implemented here: {SPECULATION}",
+     "leave it out"),
+    (("--xtc-threshold",), float, (0.1,), "0.1 (llama.cpp's default; XTC is off)",
+     f"XTC sampling is not implemented here: {SPECULATION}", "leave it out"),
+    (("--dry-multiplier",), float, (0.0,), "0 (off)", DRY, "leave it out, or use --repeat-penalty or --frequency-penalty"),
+    (("--dry-base",), float, (1.75,), "1.75 (llama.cpp's default; DRY is off)", DRY, "leave it out"),
+    (("--dry-allowed-length",), int, (2,), "2 (llama.cpp's default; DRY is off)", DRY, "leave it out"),
+    (("--dry-penalty-last-n",), int, (64, 0), "64 (llama.cpp's default) or 0 (DRY is off)", DRY, "leave it out"),
+    (("--adaptive-target",), float, lambda v: v < 0, "a negative value (off; llama.cpp's default -1)",
+     f"adaptive-p sampling is not implemented here: {SPECULATION}", "leave it out"),
+    (("--adaptive-decay",), float, (0.9,), "0.9 (llama.cpp's default; adaptive-p is off)",
+     f"adaptive-p sampling is not implemented here: {SPECULATION}", "leave it out"),
+    (("--dynatemp-range",), float, (0.0,), "0 (off)", f"dynamic temperature is not implemented here: {SPECULATION}",
+     "leave it out and give a fixed --temp"),
+    (("--dynatemp-exp",), float, (1.0,), "1 (llama.cpp's default; dynamic temperature is off)",
+     f"dynamic temperature is not implemented here: {SPECULATION}", "leave it out and give a fixed --temp"),
+    (("--mirostat",), int, (0,), "0 (off)", f"Mirostat sampling is not implemented here: {SPECULATION}",
+     "leave it out, and bound the output with --top-k, --top-p or --min-p"),
+    (("--mirostat-lr",), float, (0.1,), "0.1 (llama.cpp's default; Mirostat is off)",
+     f"Mirostat sampling is not implemented here: {SPECULATION}", "leave it out"),
+    (("--mirostat-ent",), float, (5.0,), "5 (llama.cpp's default; Mirostat is off)",
+     f"Mirostat sampling is not implemented here: {SPECULATION}", "leave it out"),
+)
+DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default DRY sequence breakers
+DRY_BREAKERS_TAKEN = f"so its sequence breakers stay llama.cpp's defaults ({', '.join(map(repr, DRY_BREAKERS))}); " \
+    "leave --dry-sequence-breaker out"
+
+
+def default_only(kind: type, taken: tuple[float, ...] | Callable[[float], bool], shown: str, why: str,
+                 use: str) -> Callable[[str], float]:
+    """The check of a ``DEFAULT_ONLY`` flag: its value read as llama.cpp reads it, and taken where it changes
+    nothing here."""
+
+    def check(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, and only {shown} "
+                                             f"is taken; {use}") from None
+        if not (taken(value) if callable(taken) else value in taken):
+            raise argparse.ArgumentTypeError(f"{why}, so only {shown} is taken; {use}")
+        return value
+
+    return check
+
+
+def dry_breaker(text: str) -> str:
+    """--dry-sequence-breaker: one of llama.cpp's default breakers (DRY is off here, so they are never read);
+    ``check_sampling_flags`` then wants all four, in llama.cpp's order, as the flag builds a new list."""
+    if text not in DRY_BREAKERS:
+        raise argparse.ArgumentTypeError(f"{DRY}, {DRY_BREAKERS_TAKEN}")
+    return text
+
+
+def sampler_names(text: str) -> tuple[str, ...]:
+    """--samplers: llama.cpp's ';'-separated sampler names (any case) as canonical names, in an order this server
+    applies (``unimplemented.applied_chain``)."""
+    from ..server.unimplemented import applied_chain
+
+    return _chain_or_why(applied_chain, [n.strip().lower() for n in text.split(";") if n.strip()])
+
+
+def sampler_letters(text: str) -> tuple[str, ...]:
+    """--sampler-seq/--sampling-seq: llama.cpp's one-letter sequence (``ekpmt``) as canonical names."""
+    from ..server.unimplemented import applied_chain
+
+    return _chain_or_why(applied_chain, text.strip())
+
+
+def _chain_or_why(read: Callable[[Any], tuple[str, ...]], value: Any) -> tuple[str, ...]:
+    try:
+        return read(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; give llama.cpp's names in the order applied here (penalties;top_k;"
+                                         "top_p;min_p;temperature, or letters ekpmt: each one left out is off), or "
+                                         "leave the flag out") from None
+
+
+LOGIT_BIAS_FORM = ("must be TOKEN_ID(+/-)BIAS, as llama.cpp reads it: 15043+1 raises token 15043, 15043-1 lowers it, "
+                   "15043-inf bans it")
+
+
+def logit_bias(text: str) -> tuple[int, float]:
+    """-l/--logit-bias TOKEN_ID(+/-)BIAS, llama.cpp's syntax (common/arg.cpp): a token id, a sign, a number (``inf``
+    too); a bias in a request's range [-100, 100], or -inf, which bans the token.  The id is checked against the
+    model's vocabulary at start-up (``serve.check_roles``), when the model's vocabulary is read."""
+    from ..constraints import LOGIT_BIAS_LIMIT  # here: numpy is not imported to parse the command line
+
+    match = re.fullmatch(r"\s*(-?\d+)\s*([+-])\s*(\S+)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(LOGIT_BIAS_FORM)
+    token, sign, amount = int(match[1]), match[2], match[3]
+    try:
+        bias = float(amount) * (-1.0 if sign == "-" else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(LOGIT_BIAS_FORM) from None
+    if token < 0:
+        raise argparse.ArgumentTypeError(f"token id {token} is negative; {LOGIT_BIAS_FORM}")
+    if bias != -math.inf and not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+        raise argparse.ArgumentTypeError(f"a bias must be in [-100, 100], a request's logit_bias range (OpenAI's), or "
+                                         f"-inf to ban the token (got {bias:g}); give {token}-inf to ban it")
+    return token, bias
+
+
 def typical(text: str) -> float:
     """--typical: 1 (off, llama.cpp's default) is what specstack samples with; typical sampling is not offered."""
     value = at_least(0, float)(text)
@@ -288,6 +427,7 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                           help="min_p of a request that gives none (default: llama-server's 0.05)")
     sampling.add_argument("--typical", "--typical-p", dest="typical_p", type=typical, default=None, metavar="P",
                           help="accepted at 1 (off, the default) only: typical sampling is not implemented")
+    add_sampler_args(sampling)
     reasoning = p.add_argument_group("reasoning (a thinking model's <think> block; see docs/serve.md)")
     reasoning.add_argument("--reasoning-format", dest="reasoning_format", choices=REASONING_FORMATS, default=None,
                            help="how chat answers return a thinking model's <think> block: none (left in content), "
@@ -358,6 +498,37 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     for flags, values, why in REFUSED:
         refused.add_argument(*flags, action=Refuse, why=why, dest=argparse.SUPPRESS, nargs=int(values),
                              metavar="VALUE")
+
+
+def add_sampler_args(sampling: argparse._ArgumentGroup) -> None:
+    """llama-server's further sampling flags: --ignore-eos, -l and the sampler chain as the role's request defaults
+    (role keys ignore_eos, logit_bias, samplers), and those of samplers not implemented here at their defaults only
+    (``DEFAULT_ONLY``)."""
+    sampling.add_argument("--ignore-eos", dest="ignore_eos", action="store_const", const=True, default=None,
+                          help="end-of-generation tokens are never chosen, for a request that does not send "
+                          "ignore_eos (the role's ignore_eos; /props lists their bans among the logit biases)")
+    sampling.add_argument("-l", "--logit-bias", dest="logit_bias", action=Checked, check=logit_bias, append=True,
+                          default=None, metavar="TOKEN_ID(+/-)BIAS",
+                          help="llama.cpp's syntax: 15043+1 raises token 15043, 15043-1 lowers it, 15043-inf bans it; "
+                          "repeat it for more tokens.  The logit biases of a request that sends no logit_bias (a "
+                          "request's list replaces them, as llama-server); ids checked against the vocabulary at "
+                          "start-up (the role's logit_bias)")
+    sampling.add_argument("--samplers", dest="samplers", action=Checked, check=sampler_names, default=None,
+                          metavar="SAMPLERS", help="the sampler chain of a request that sends no samplers, llama.cpp's "
+                          "names separated by ';': a sampler left out is off (no penalties: no penalty; no "
+                          "temperature: sampling at 1); the ones applied here come in the order penalties;top_k;top_p;"
+                          "min_p;temperature, and dry, typ_p, xtc, top_n_sigma, adaptive_p (off here) may stand "
+                          "anywhere (the role's samplers)")
+    sampling.add_argument("--sampler-seq", "--sampling-seq", dest="samplers", action=Checked, check=sampler_letters,
+                          default=None, metavar="SEQUENCE", help="--samplers in llama.cpp's letters (ekpmt: penalties, "
+                          "top_k, top_p, min_p, temperature)")
+    for flags, kind, taken, shown, why, use in DEFAULT_ONLY:
+        sampling.add_argument(*flags, dest=flags[-1].lstrip("-").replace("-", "_"), action=Checked,
+                              check=default_only(kind, taken, shown, why, use), default=None, metavar="N",
+                              help=f"accepted at {shown} only: {why.split(':')[0]}")
+    sampling.add_argument("--dry-sequence-breaker", dest="dry_sequence_breaker", action=Checked, check=dry_breaker,
+                          append=True, default=None, metavar="STRING", help="accepted at llama.cpp's default "
+                          "breakers only (all four, in order): DRY penalties are not implemented")
 
 
 def add_process_args(p: argparse.ArgumentParser, llama: argparse._ArgumentGroup) -> None:
@@ -483,7 +654,8 @@ def speculation_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_sampling_flags(args: argparse.Namespace) -> None:
     """--temp, --top-k, --top-p and --min-p in a request's ranges, refused in the words typed (``--top-p must be
-    in (0, 1]``), before the role would name its key."""
+    in (0, 1]``), before the role would name its key; and --dry-sequence-breaker's list as llama.cpp's default (each
+    use adds one, so a list short of it is known only here)."""
     from ..sampling import SamplingParams
 
     given = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k) is not None}
@@ -493,6 +665,10 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         word, _, rest = str(exc).partition(" ")
         flag = "--temp" if word == "temperature" else f"--{word.replace('_', '-')}"
         raise InvalidParameterError(f"{flag} {rest}") from None
+    breakers = getattr(args, "dry_sequence_breaker", None)
+    if breakers is not None and tuple(breakers) != DRY_BREAKERS:
+        raise InvalidParameterError(f"--dry-sequence-breaker {' '.join(map(repr, breakers))}: {DRY}, "
+                                    f"{DRY_BREAKERS_TAKEN}")
 
 
 def drafter_for_spec_type(text: str) -> str:

@@ -44,6 +44,8 @@ ROLE_FLAGS = (("-m", "model", "model"), ("-md", "model_draft", "draft"), ("-np",
               ("--grammar-file", "grammar_file", "grammar_file"), ("-j", "json_schema", "json_schema"),
               ("--temp", "temperature", "temperature"), ("--top-k", "top_k", "top_k"), ("--top-p", "top_p", "top_p"),
               ("--min-p", "min_p", "min_p"), ("--spec-draft-p-min", "p_min", "p_min"),
+              ("--ignore-eos", "ignore_eos", "ignore_eos"), ("-l", "logit_bias", "logit_bias"),
+              ("--samplers/--sampler-seq", "samplers", "samplers"),
               ("--reasoning-format", "reasoning_format", "reasoning_format"), ("--reasoning", "reasoning", "reasoning"))
 # Flags beside ROLE_FLAGS that also describe the one role, worked out in ``build_roles``.
 ROLE_EXTRA = (("-c", "ctx_size"), ("-b", "batch_size"), ("-ub", "ubatch_size"), ("-jf", "json_schema_file"),
@@ -79,7 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, cache_type_k, cache_type_v, and request defaults "
         "seed, repeat_penalty, "
         "repeat_last_n, frequency_penalty, presence_penalty, grammar, grammar_file, json_schema, temperature, top_k, top_p, "
-        "min_p, p_min (draft-model/mtp), reasoning_format and reasoning (see docs/serve.md)",
+        "min_p, ignore_eos, logit_bias, samplers, p_min (draft-model/mtp), reasoning_format and reasoning (see "
+        "docs/serve.md)",
     )
     p.add_argument("--config", type=Path, default=None, help="roles file (TOML); default: the bundled pair as one role. "
                    "It sets every role's model and engine: the flags marked 'without --config' cannot go with it")
@@ -322,8 +325,29 @@ def check_roles(roles: list, from_config: bool) -> list:
             raise InvalidParameterError(f"{label}: {exc}" if from_config else str(exc)) from None
         check_grammar(role.model, role.controls().grammar, f"{label}'s grammar" if from_config else "the grammar "
                       "(--grammar, --grammar-file, -j or -jf)")
+        check_logit_bias(role, f"{label}: logit_bias" if from_config else "-l/--logit-bias")
         checked.append(role)
     return checked
+
+
+def check_logit_bias(role, where: str) -> None:
+    """The role's logit biases (``-l``, the roles file's logit_bias) name tokens of its model's vocabulary: checked
+    on a vocabulary-only load before anything is served, where a bad id would otherwise fail every request that
+    takes the defaults (400) while the server looked healthy."""
+    if not role.logit_bias:
+        return
+    from ..llama.vocab import VocabModel
+
+    vocab = VocabModel(role.model)
+    try:
+        n_vocab = vocab.n_vocab
+    finally:
+        vocab.close()
+    bad = [token for token, _ in role.logit_bias if token >= n_vocab]
+    if bad:
+        raise InvalidParameterError(f"{where}: token id {bad[0]} is outside the vocabulary of {role.model.name} "
+                                    f"(0..{n_vocab - 1}); give an id of this model's tokens (a server's /tokenize "
+                                    "shows a text's ids)")
 
 
 def check_drafter(role, from_config: bool):

@@ -271,18 +271,26 @@ def _dotted(body: Any, spec: dict[str, Any]) -> dict[str, Any]:
 def sampling_for(body: Any, role: Role) -> dict[str, Any]:
     """temperature, top_k, top_p and min_p: the request's, else the role's (serve --temp, ...), else llama-server's
     (0.8, 40, 0.95, 0.05: what llama-server samples a /v1 request with, and what /props says); a sampler that the
-    request's ``samplers`` chain leaves out is off, as llama-server builds its chain from that list alone."""
+    request's ``samplers`` chain (else its role's) leaves out is off, as llama-server builds its chain from that
+    list alone."""
     values = {**LLAMA_SAMPLING, **role.sampling()}
     values.update({k: getattr(body, k) for k in LLAMA_SAMPLING if getattr(body, k) is not None})
-    values.update({k: SAMPLER_OFF[k] for k in samplers_left_out(getattr(body, "samplers", None)) if k in SAMPLER_OFF})
+    values.update({k: SAMPLER_OFF[k] for k in samplers_left_out(sampler_chain(body, role)) if k in SAMPLER_OFF})
     return values
+
+
+def sampler_chain(body: Any, role: Role) -> Any:
+    """The ``samplers`` chain a request runs: its own, else its role's (serve --samplers/--sampler-seq, the roles
+    file's samplers), as llama-server starts every request from its server-wide chain; None: every sampler."""
+    own = getattr(body, "samplers", None)
+    return own if own is not None else getattr(role, "samplers", None)
 
 
 def _generation_config(body: Any, w: RoleBackend, grammar: str | None, max_tokens: int,
                        triggers: tuple[str, ...] = ()) -> GenerationConfig:
     """The first choice's ``GenerationConfig``: the logit controls over the role's defaults, stops and sampling."""
     defaults = w.role.controls()
-    if "penalties" in samplers_left_out(getattr(body, "samplers", None)):  # off, the role's default penalties too
+    if "penalties" in samplers_left_out(sampler_chain(body, w.role)):  # off, the role's default penalties too
         body = body.model_copy(update=dict.fromkeys((*PENALTIES_OFF, "repetition_penalty")))
         defaults = dataclasses.replace(defaults, **PENALTIES_OFF)
     try:

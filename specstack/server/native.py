@@ -46,18 +46,22 @@ def native_text(target: Any, ids: list[int]) -> str:
 
 
 
-def default_params(role: Any, limits: Any) -> dict[str, Any]:
+def default_params(role: Any, limits: Any, target: Any = None) -> dict[str, Any]:
     """A role's generation defaults under llama-server's names (``/props``, ``/slots``): what a request to
-    /completion that sets nothing gets here (the sampling: the role's, else llama-server's)."""
+    /completion that sets nothing gets here (the sampling: the role's, else llama-server's; the chain and the
+    logit biases: serve --samplers, -l and --ignore-eos, the bans of ``target``'s end-of-generation tokens among
+    the biases as llama-server lists them)."""
     controls = role.controls()
+    chain = getattr(role, "samplers", None)
     return {"n_predict": limits.default_max_tokens, "seed": LLAMA_DEFAULT_SEED if role.seed is None else role.seed,
             **{**LLAMA_SAMPLING, **role.sampling()}, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
             "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
             **controls.settings(), "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
             "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
-            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stop": [], "max_tokens": limits.default_max_tokens,
-            "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": False, "n_probs": 0, "min_keep": 0,
-            "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9, "stop": [],
+            "max_tokens": limits.default_max_tokens, "n_keep": 0, "n_discard": 0, "stream": False, "n_probs": 0,
+            "min_keep": 0, "logit_bias": logit_bias_settings(controls, target),
+            "samplers": list(chain) if chain is not None else ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "speculative.n_max": role.k_max or DEFAULT_K_MAX, "speculative.n_min": 0,
             "speculative": {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max},
             "timings_per_token": False, "post_sampling_probs": False, "lora": []}
@@ -107,7 +111,7 @@ def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
     """``GET /props``: the role's defaults, slots, model, template and special tokens, as llama-server has them."""
     from ..llama.backend import llama_version
 
-    params = default_params(w.role, limits)
+    params = default_params(w.role, limits, w.target)
     return {
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": w.target.n_ctx,
                                         "speculative": w.role.drafter != "none", "is_processing": False,

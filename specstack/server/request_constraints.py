@@ -11,9 +11,10 @@ applies at every draft position, exactly as plain decoding applies them:
   output only);
 - ``logit_bias``: OpenAI's object ``{"123": 5}`` or llama-server's list ``[[123, 5], [456, false]]``
   (``false`` bans the token); a key that is not a token id is text, and each of its tokens gets the bias,
-  as llama-server does; biases lie in [-100, 100];
+  as llama-server does; biases lie in [-100, 100]; a request's list replaces its role's (``serve -l``);
 - ``min_tokens`` (vLLM): no end of generation, and no stop token, before that many output tokens;
-- ``ignore_eos``: end-of-generation tokens are never chosen;
+- ``ignore_eos``: end-of-generation tokens are never chosen (the role's, ``serve --ignore-eos``, where a
+  request sends none);
 - ``stop`` entries that are integers, and vLLM's ``stop_token_ids``: tokens that end the generation as
   end-of-generation does;
 - the grammar (GBNF) the caller worked out from ``grammar``, ``json_schema``, ``response_format`` or tools;
@@ -75,6 +76,10 @@ class ConstraintDefaults:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     grammar: str | None = None  # GBNF
+    # llama-server's --ignore-eos and -l/--logit-bias: a request's own ignore_eos wins, and its own logit_bias
+    # replaces these (as llama-server clears its defaults for a request's list)
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def check(self) -> None:
         """Each value in the range a request's field must lie in (``ConstraintError`` naming it)."""
@@ -84,7 +89,7 @@ class ConstraintDefaults:
         """As llama-server's ``/props`` names them."""
         return {"repeat_penalty": self.repeat_penalty, "repeat_last_n": self.repeat_last_n,
                 "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
-                "grammar": self.grammar or ""}
+                "grammar": self.grammar or "", "ignore_eos": self.ignore_eos}
 
 
 class Tokenizer(Protocol):
@@ -112,7 +117,7 @@ def request_constraints(body: Any, defaults: ConstraintDefaults = ConstraintDefa
         "frequency_penalty": _pick(_number(body, "frequency_penalty"), defaults.frequency_penalty),
         "presence_penalty": _pick(_number(body, "presence_penalty"), defaults.presence_penalty),
         "min_tokens": _pick(_integer(body, "min_tokens"), 0),
-        "ignore_eos": bool(_get(body, "ignore_eos") or False),
+        "ignore_eos": bool(_pick(_get(body, "ignore_eos"), defaults.ignore_eos)),
     }
     if not (values["repeat_penalty"] > 0 and math.isfinite(values["repeat_penalty"])):
         raise ConstraintError(f"{repeat_field} must be > 0 (got {values['repeat_penalty']}); 1 means none", repeat_field)
@@ -128,7 +133,7 @@ def request_constraints(body: Any, defaults: ConstraintDefaults = ConstraintDefa
         raise ConstraintError(f"min_tokens ({values['min_tokens']}) is more than the tokens the request may generate "
                            f"({max_tokens})", "min_tokens")
     bias = _get(body, "logit_bias")
-    values["logit_bias"] = parse_logit_bias(bias, vocab) if bias is not None else ()
+    values["logit_bias"] = parse_logit_bias(bias, vocab) if bias is not None else defaults.logit_bias
     chosen = defaults.grammar if grammar is None else grammar
     values["grammar"] = chosen if chosen and chosen.strip() else None
     try:

@@ -27,6 +27,7 @@ Relative paths are relative to the roles file.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,14 @@ class Role:
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
+    # llama-server's --ignore-eos, -l/--logit-bias and --samplers/--sampler-seq: a request's ignore_eos, logit_bias
+    # and samplers where it sends none (``request_constraints``, ``jobs.sampler_chain``).  logit_bias: a table of
+    # token ids and biases, or a list of [id, bias] pairs (false or -inf bans), its ids checked against the model's
+    # vocabulary at start-up (``commands.serve.check_roles``); samplers: llama.cpp's names or one-letter string, in
+    # an order this server applies (``unimplemented.applied_chain``), kept as canonical names
+    ignore_eos: bool = False
+    logit_bias: Any = ()
+    samplers: Any = None
     # The draft's confidence floor (draft-model, mtp; serve's --spec-draft-p-min); None: the drafter's default
     p_min: float | None = None
     # How the role's model writes tool calls (``server.tools``); None: detected from the chat template
@@ -154,7 +163,8 @@ class Role:
         """What a request of this role gets for each logit control it does not set (``request_constraints``)."""
         return ConstraintDefaults(repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
                                frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
-                               grammar=self.__dict__.get("_gbnf"))
+                               grammar=self.__dict__.get("_gbnf"), ignore_eos=self.ignore_eos,
+                               logit_bias=self.logit_bias)
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -207,7 +217,7 @@ class Role:
         if self.ubatch_size < 1:
             raise InvalidParameterError(f"role {self.name!r}: ubatch_size must be >= 1 (got {self.ubatch_size})")
         self._check_cache_types()
-        for key in ("mmap", "mlock", "direct_io", "repack", "special"):
+        for key in ("mmap", "mlock", "direct_io", "repack", "special", "ignore_eos"):
             if not isinstance(getattr(self, key), bool):
                 raise InvalidParameterError(f"role {self.name!r}: {key} must be true or false (got {getattr(self, key)!r})")
         self._check_llama_tables()
@@ -223,6 +233,7 @@ class Role:
         if len(given) > 1:
             raise InvalidParameterError(f"role {self.name!r}: {' and '.join(given)} both give the role's grammar; keep one")
         self._check_sampling()
+        self._check_bias_and_chain()
         gbnf = self._read_grammar()
         if gbnf is not None:
             try:
@@ -293,6 +304,31 @@ class Role:
             except InvalidParameterError as exc:
                 raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
 
+    def _check_bias_and_chain(self) -> None:
+        """logit_bias as (token id, bias) pairs, read as a request's is (ids only: a role has no vocabulary before
+        its model loads; -inf, as ``serve -l ID-inf`` gives it, bans like false), and samplers as canonical names
+        where this server applies them in that order; both kept as tuples, so that a Role stays hashable."""
+        from .request_constraints import parse_logit_bias
+        from .unimplemented import applied_chain
+
+        bias = self.logit_bias
+        entries = list(bias.items()) if isinstance(bias, dict) else bias
+        if not isinstance(entries, (list, tuple)):
+            raise InvalidParameterError(f"role {self.name!r}: logit_bias must be a table of token ids and biases, or "
+                                        f"a list of [token id, bias] pairs (got {bias!r})")
+        try:
+            object.__setattr__(self, "logit_bias", parse_logit_bias([_ban_as_false(p) for p in entries]))
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(f"role {self.name!r}: {exc}") from None
+        if self.samplers is not None:
+            if not isinstance(self.samplers, (str, list, tuple)) or not all(isinstance(n, str) for n in self.samplers):
+                raise InvalidParameterError(f"role {self.name!r}: samplers must be a list of sampler names or a string "
+                                            f"of their letters (got {self.samplers!r})")
+            try:
+                object.__setattr__(self, "samplers", applied_chain(self.samplers))
+            except ValueError as exc:
+                raise InvalidParameterError(f"role {self.name!r}: samplers: {exc}") from None
+
     def _read_grammar(self) -> str | None:
         if self.grammar is not None:
             if not self.grammar.strip():
@@ -357,6 +393,13 @@ def _names(role: str, key: str, value: Any) -> tuple[str, ...]:
         raise InvalidParameterError(f"role {role!r}: {key} must be a list of non-empty names (got {value!r}); write "
                                     f"{key} = {shown}")
     return tuple(value)
+
+
+def _ban_as_false(entry: Any) -> Any:
+    """A logit_bias pair with a -inf bias (``serve -l ID-inf``, TOML's -inf) as a request writes a ban: false."""
+    if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], float) and entry[1] == -math.inf:
+        return [entry[0], False]
+    return entry
 
 
 ROLE_INTS = ("k", "k_max", "threads", "ctx", "parallel", "cache_mb", "batch_tokens", "prefill_cap", "replicas", "experts",

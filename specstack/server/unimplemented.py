@@ -41,21 +41,25 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 # llama.cpp's sampler names (``common_sampler_types_from_names``, alternative names, and the one-letter
-# codes of a ``samplers`` string), by canonical name.
+# codes of a ``samplers`` string, last), by canonical name.
 SAMPLER_NAMES = {
     "dry": ("dry", "d"), "top_k": ("top_k", "top-k", "k"), "typ_p": ("typ_p", "typical_p", "typical-p", "typical",
     "typ-p", "typ", "y"), "top_p": ("top_p", "top-p", "nucleus", "p"), "min_p": ("min_p", "min-p", "m"),
     "xtc": ("xtc", "x"), "temperature": ("temperature", "temp", "t"), "top_n_sigma": ("top_n_sigma", "top-n-sigma", "s"),
-    "penalties": ("penalties", "e"), "infill": ("infill", "i"),
+    "penalties": ("penalties", "e"), "infill": ("infill", "i"), "adaptive_p": ("adaptive_p", "adaptive-p", "a"),
 }
-_SAMPLER_BY_NAME = {alias: name for name, aliases in SAMPLER_NAMES.items() for alias in aliases}
+_SAMPLER_BY_NAME = {alias: name for name, aliases in SAMPLER_NAMES.items()
+                    for alias in (*aliases, name.replace("_", ""))}  # llama.cpp's no-dash spellings too: topk, minp
 # Samplers this server applies, in its order (``constraints``, then ``sampling``), and each one's test for being
 # off in a request (penalties: every penalty field left out or at its neutral value).
 SAMPLER_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
 SAMPLER_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
 PENALTIES_OFF = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
-# Samplers that do nothing at the neutral values this server requires of their settings (``UNIMPLEMENTED``).
-SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma")
+# Samplers that do nothing at the neutral values this server requires of their settings (``UNIMPLEMENTED``;
+# adaptive_p's target is always off: no request field sets it, and serve's --adaptive-target is taken negative only).
+SAMPLER_IDLE = ("dry", "typ_p", "xtc", "top_n_sigma", "adaptive_p")
+CHAIN_WHY = (f"the chain applied here is {', '.join(SAMPLER_ORDER)} in that order (a sampler left out is off); a chain "
+             "in another order, or with a sampler not implemented here, cannot be honoured")
 
 
 def _chain(value: str | list[str]) -> list[str | None]:
@@ -73,6 +77,21 @@ def samplers_as_applied(value: str | list[str], body: Any) -> bool:
         return False
     active = [n for n in chain if n not in SAMPLER_IDLE]
     return len(set(active)) == len(active) and active == [n for n in SAMPLER_ORDER if n in active]
+
+
+def applied_chain(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """A chain (names, or llama.cpp's one-letter string) as canonical names, where this server can honour it
+    (``samplers_as_applied``): a role's default chain (serve --samplers/--sampler-seq, the roles file's samplers).
+    ValueError says which sampler is unknown, or why the chain cannot be honoured."""
+    chain = _chain(value)
+    names = list(value)
+    unknown = [n for n, c in zip(names, chain) if c is None]
+    if unknown:
+        raise ValueError(f"unknown sampler {unknown[0]!r}: llama.cpp's are {', '.join(SAMPLER_NAMES)} (or their "
+                         f"letters {''.join(a[-1] for a in SAMPLER_NAMES.values())})")
+    if not samplers_as_applied(value, None):
+        raise ValueError(CHAIN_WHY)
+    return tuple(c for c in chain if c is not None)
 
 
 def samplers_left_out(value: str | list[str] | None) -> tuple[str, ...]:
@@ -140,9 +159,7 @@ UNIMPLEMENTED = (
     Unimplemented("mirostat_eta", F, (0.1,), SAMPLER),
     Unimplemented("top_n_sigma", F, (-1,), SAMPLER),
     Unimplemented("min_keep", I, (0,), SAMPLER),
-    Unimplemented("samplers", S | list[S], samplers_as_applied,
-                  f"the chain applied here is {', '.join(SAMPLER_ORDER)} in that order (a sampler left out is off); "
-                  "a chain in another order, or with a sampler not implemented here, cannot be honoured"),
+    Unimplemented("samplers", S | list[S], samplers_as_applied, CHAIN_WHY),
     Unimplemented("n_probs", I, (0,), LOGPROBS),
     Unimplemented("t_max_predict_ms", I, (0,), "per-request time limits are not implemented (the server has --timeout)"),
     Unimplemented("n_cache_reuse", I, (0,), "KV shifting is not implemented"),
