@@ -116,8 +116,8 @@ def _pooled(target: "LlamaModel", mode: str) -> "LlamaModel":
                                     "use --exact off or auto, or leave -kvu out")
     asked = "off" if mode == "off" else f"{mode}: off"
     target.set_shapes(dataclasses.replace(INEXACT, why=f"--exact {asked}, as the {target.n_slots} slots share one "
-                                                       f"KV pool of {target.pool} cells (-kvu), whose cells interleave "
-                                                       "(a slot's output may differ from a solo run's at near-ties)"))
+                                                       f"KV pool of {target.pool} cells (-kvu): their cells interleave, so "
+                                                       "a slot's output may differ from a solo run's at near-ties"))
     return target
 
 
