@@ -67,6 +67,9 @@ def test_kvu_with_exact_on_is_refused_in_one_line():
     with pytest.raises(InvalidParameterError, match="--exact on cannot go with -kvu"):
         TargetSpec(slots=2, kv_pool=True, exact="on")
     TargetSpec(slots=1, kv_pool=True, exact="on")  # one slot: nothing is shared
+    with pytest.raises(InvalidParameterError, match="--exact on cannot go with -kvu"):
+        serve_roles("-np", "2", "-kvu", "--exact", "on")
+    assert serve_roles("-np", "1", "-kvu", "--exact", "on")[0].exact == "on"
 
 
 def test_kvu_beside_a_roles_file_is_refused(tmp_path):

@@ -223,6 +223,10 @@ def build_roles(args: argparse.Namespace):
     # ...in one pool of -c cells they share; --ctx-per-slot N (llama-server's --kv-unified-per-slot) sizes it
     # -np x N, each slot N, which never runs over: the per-slot layout
     values["kv_unified"] = unified and args.ctx_per_slot is None
+    if values["kv_unified"] and values.get("parallel", 4) > 1 and values.get("exact") == "on":
+        raise InvalidParameterError("--exact on cannot go with -kvu (or -np -1): the slots' cells interleave in "
+                                    "their shared KV pool, which no call shape keeps exact; use --exact off or auto, "
+                                    "or leave -kvu out (each slot then gets -c / -np)")
     if args.tags is not None:
         values["tags"] = names_list(args.tags, "--tags")
     if args.alias is not None:
