@@ -15,6 +15,14 @@ slot being one target sequence.  A finished generation's KV stays in its
 slot, and a new prompt that shares a prefix with it reuses that prefix
 instead of prefilling it again (least recently used slots are overwritten
 first).
+
+Where the slots share one pool of KV cells (``PooledTarget``: llama-server's -kvu), every sequence may grow to
+the whole context, so the engine keeps their sum within the pool (``_pool_left``): a prompt is admitted once the
+pool has room for all of it (it waits until then), the prompts being processed keep the cells they will need,
+idle slots' cells are freed first when the pool runs short (their prefixes to the host prompt cache), a running
+generation that finds no cell for its next token ends with stop reason "context" (finish_reason length, as a
+slot at the end of its context on llama-server), the one holding the most cells first, and drafts are cut to
+the cells left.  llama.cpp's decode is never asked for cells the pool lacks.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from .errors import ContextOverflowError, InvalidParameterError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, one_hot, target_probs, token_logprobs, token_probs
-from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget
+from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget, PooledTarget
 from .llama.batching import Segment, prefill_call
 from .types import Draft, HiddenRows, VerifyResult
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
@@ -100,6 +108,8 @@ class Engine:
         # a grammar for a request's constraints.
         self._take_hidden = target.take_hidden if isinstance(target, HiddenRowsTarget) else None
         self._grammar = target.grammar if isinstance(target, GrammarTarget) else None
+        # One pool of KV cells all sequences share (-kvu), or None: each has its own n_ctx
+        self._pool = target.pool if isinstance(target, PooledTarget) else None
         # Every time the engine measures (steps, drafts, prefill, first token) is read from ``clock``: the wall
         # clock, or a replayed run's (``bench.recorded.RecordedTarget.clock``: its target calls as priced).
         self.clock = clock
@@ -270,33 +280,37 @@ class Engine:
                 if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
                     s.cached, s.prefilled = [], 0
             slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
+            if not self._pool_admits(gen, slot):
+                return  # the shared KV pool lacks room for its prompt now: it waits, and so do those behind it
             self._waiting.remove(gen)
             try:
                 reuse = 0
                 if gen.config.reuse_prompt:
-                    self._swap(slot, gen.prompt_ids, gen.traits.prefix)
+                    self._swap(slot, gen.prompt_ids, gen.traits.prefix, self._room(slot))
                     reuse = reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids)
                 self._start(gen, slot, reuse)
             except BaseException:
                 self.cancel(gen)
                 raise
 
-    def _swap(self, slot: _Slot, prompt: Sequence[int], keeper: PrefixDrafter | None) -> None:
+    def _swap(self, slot: _Slot, prompt: Sequence[int], keeper: PrefixDrafter | None, room: int | None = None) -> None:
         """Bring into ``slot`` the longest reusable prefix of ``prompt`` held elsewhere: a running sibling's
         KV (the other choices of an ``n > 1`` request, so a shared prompt is prefilled once) or the host
         prompt cache's, both copied as llama.cpp's per-sequence state, which computes what a prefill would.
         What the slot held goes to the host cache first, when it would be lost, with what its drafter kept
         for it (``save_prefix``), which a restore hands to the next generation's drafter (``keeper``: None
-        where it keeps no such state)."""
+        where it keeps no such state).  ``room``: the most cells a copy may take (a shared KV pool's free cells and
+        the slot's own; None: no bound)."""
         here = reusable(self.target, slot.cached, slot.prefilled, prompt)
         source, there = None, here
         if not self.target.is_recurrent:  # a recurrent state has moved past the prompt by the time it is copied
             for s in self._slots:
                 n = worth_reusing(self.target, s.cached, s.prefilled, prompt) if s is not slot and s.gen else 0
-                if n > there:
+                if n > there and (room is None or self.target.seq_len[s.seq] <= room):
                     source, there = s, n
         cache = self.prompt_cache
-        saved, kept = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt)) if cache else (None, 0)
+        saved, kept = cache.best(lambda e: worth_reusing(self.target, e.tokens, e.prefilled, prompt)
+                                 if room is None or len(e.tokens) <= room else 0) if cache else (None, 0)
         if cache is not None and here < len(slot.cached) and len(slot.cached) >= MIN_REUSE:  # the slot's prefix would be lost
             cache.put(slot.cached, slot.prefilled, self.target.save_seq(slot.seq), *_drafter_prefix(slot))
         if saved is not None and kept > there:
@@ -317,6 +331,63 @@ class Engine:
                 keeper.restore_prefix(slot.seq, saved.drafter)
         else:
             self.sibling_copies += 1
+
+    # -- the shared KV pool (-kvu) -------------------------------------------
+
+    def _pool_left(self) -> int:
+        """Cells of the shared pool that no sequence holds and no prompt being processed will need (its whole
+        prompt: the last token goes in with its first step), less the pad rows a call may add."""
+        target = self.target
+        claimed = sum(len(g.prompt_ids) - target.seq_len[g.seq] for g in self._prefilling)
+        return self._pool - sum(target.seq_len) - claimed - (target.min_batch - 1)
+
+    def _room(self, slot: _Slot) -> int | None:
+        """The cells ``slot`` may fill as it takes a prompt: the pool's free cells and its own (None: no pool)."""
+        return None if self._pool is None else self._pool_left() + self.target.seq_len[slot.seq]
+
+    def _pool_admits(self, gen: Generation, slot: _Slot) -> bool:
+        """Whether ``gen``'s whole prompt fits the shared pool in ``slot`` now, freeing other idle slots' cells
+        if that makes it fit; always, without a pool."""
+        if self._pool is None:
+            return True
+        need = len(gen.prompt_ids) - self.target.seq_len[slot.seq]
+        return self._free_idle(need, spare=slot)
+
+    def _free_idle(self, need: int, spare: _Slot | None = None) -> bool:
+        """Free idle slots' cells, least recently used first (``spare`` kept), until the pool has ``need``
+        cells left; whether it has.  Their prefixes go to the host prompt cache, as llama-server's
+        ``--cache-idle-slots`` saves idle slots before it clears them."""
+        idle = sorted((s for s in self._slots if s.gen is None and s is not spare and self.target.seq_len[s.seq]),
+                      key=lambda s: s.released)
+        for slot in idle:
+            if self._pool_left() >= need:
+                break
+            self._evict(slot)
+        return self._pool_left() >= need
+
+    def _evict(self, slot: _Slot) -> None:
+        """Empty an idle slot's sequence, its prefix kept in the host prompt cache where worth reusing."""
+        cache, target = self.prompt_cache, self.target
+        if cache is not None and len(slot.cached) >= MIN_REUSE and target.writes[slot.seq] == slot.writes:
+            cache.put(slot.cached, slot.prefilled, target.save_seq(slot.seq), *_drafter_prefix(slot))
+        target.reset(slot.seq)
+        self._hidden(slot.seq)
+        slot.cached, slot.prefilled, slot.keeper, slot.writes = [], 0, None, target.writes[slot.seq]
+
+    def _fit_pool(self, gens: list[Generation]) -> list[Generation]:
+        """The running generations the shared pool has a cell for (their pending token): idle slots are freed
+        first; then, while it still lacks cells, the generation holding the most ends, stop reason "context"
+        (finish_reason length, as a slot at the end of its context on llama-server, which instead fails every
+        running slot when its unified cache is full), its cells freed as its slot falls idle."""
+        if self._pool is None:
+            return gens
+        gens = list(gens)
+        while gens and not self._free_idle(len(gens)):
+            longest = max(gens, key=lambda g: self.target.seq_len[g.seq])
+            longest.stats.stop_reason = "context"
+            self._finish(longest)
+            gens.remove(longest)
+        return gens
 
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         """Give ``gen`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
@@ -457,6 +528,9 @@ class Engine:
     def _advance(self, gens: list[Generation]) -> int:
         """One step of every running generation; returns the rows it verified."""
         t_begin = self.clock()
+        gens = self._fit_pool(gens)
+        if not gens:
+            return 0
         work = self._budgets(gens)
         t0 = self.clock()
         self._propose(work)
@@ -504,13 +578,15 @@ class Engine:
         tokens = 0.0
         free = self._free_rows(gens)
         displaced_s = 0.0 if free is None else self.prefill_token_s or self._prompt_token_estimate(gens)
+        # draft rows the shared pool has cells for, after every generation's pending row (``_fit_pool``)
+        spare = self._pool_left() - len(gens) if self._pool is not None else math.inf
         for i, gen in enumerate(gens):
             room = target.capacity - target.seq_len[gen.seq] - 1  # draft slots left after pending
             if room < 0:
                 gen.stats.stop_reason = "context"
                 self._finish(gen)
                 continue
-            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft))
+            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft, spare))
             if not gen.output_ids:
                 # The first token comes from a plain step, as from llama-server's and vLLM's prefill: verifying
                 # a long draft with it made the client wait for a 17-row call (time to first token p50 118-214 ms
@@ -525,6 +601,7 @@ class Engine:
                     and not target.is_recurrent
                     and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
+            spare -= budget.max_tokens
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
             tokens += budget.expected
             if free is not None:

@@ -20,6 +20,11 @@ class ContextOverflowError(SpecstackError):
     """The prompt (plus at least one new token) does not fit in the context."""
 
 
+class KVPoolFullError(ContextOverflowError):
+    """The KV pool the slots share (-kvu) has no free cells for a call: nothing was placed.  The engine keeps
+    steps within the pool, so this is a guard, never the way a generation ends."""
+
+
 class InvalidParameterError(SpecstackError, ValueError):
     """A generation or configuration parameter is out of range."""
 

@@ -48,6 +48,9 @@ class TargetSpec:
     threads: int = 0  # 0: one per physical core
     slots: int = 1
     exact: str = "auto"
+    # llama-server's -kvu: the slots share one KV pool of ``ctx`` cells (``ModelConfig.kv_pool``), so their cells
+    # interleave and no call shape keeps a slot's output that of a solo run: exactness is off (``on`` refused)
+    kv_pool: bool = False
     experts: int | None = None
     rollback: str = "auto"
     rollback_depth: int = DEFAULT_DEPTH
@@ -76,9 +79,14 @@ class TargetSpec:
         exact_mode(self.exact)  # refuses an unknown mode by name
         check_kv_type(self.cache_type_k, "-ctk (the K cache type)")
         check_kv_type(self.cache_type_v, "-ctv (the V cache type)")
+        if self.shares_pool and exact_mode(self.exact) == "on":
+            raise InvalidParameterError(f"--exact on cannot go with -kvu and {self.slots} slots: their KV pool "
+                                        "interleaves the slots' cells, which changes logits against a solo run "
+                                        "(~1e-3), so no call shape keeps output identical to plain decoding; leave "
+                                        "-kvu out (each slot its own cells: -c is shared out) or use --exact off")
         if is_quantized(self.cache_type_v):
-            check_quantized_v(self.cache_type_v, self.flash_attn, exact_mode(self.exact))
-        if self.flash_attn and exact_mode(self.exact) != "off":
+            check_quantized_v(self.cache_type_v, self.flash_attn, self.exact_in_force)
+        if self.flash_attn and self.exact_in_force != "off":
             raise InvalidParameterError(f"flash attention (-fa on) needs --exact off (got --exact {self.exact}): exact "
                                         "call shapes are measured without it, and its one-row path depends on the KV "
                                         "length; use -fa auto, or --exact off")
@@ -88,6 +96,16 @@ class TargetSpec:
             raise InvalidParameterError(f"tree branches must be >= 1 (got {self.tree_branches})")
         if self.experts is not None and self.experts < 1:
             raise InvalidParameterError(f"experts must be >= 1 (got {self.experts})")
+
+    @property
+    def shares_pool(self) -> bool:
+        """Whether the slots share one KV pool (-kvu with several slots): exactness is then off."""
+        return self.kv_pool and self.slots > 1
+
+    @property
+    def exact_in_force(self) -> str:
+        """--exact as it can hold: off where the slots share a pool (``kv_pool``), else as given."""
+        return "off" if self.shares_pool else exact_mode(self.exact)
 
     @property
     def verifies_trees(self) -> bool:
@@ -104,14 +122,15 @@ class TargetSpec:
                            flash_attn=self._flash_attn(), n_batch=self.batch, use_mmap=self.mmap, use_mlock=self.mlock,
                            type_k=self.cache_type_k, type_v=self.cache_type_v,
                            n_threads_batch=self.threads_batch, direct_io=self.direct_io, repack=self.repack,
-                           special=self.special, context_params=self.context_params, model_params=self.model_params)
+                           special=self.special, context_params=self.context_params, model_params=self.model_params,
+                           kv_pool=self.kv_pool)
 
     def _flash_attn(self) -> bool | None:
         """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which
         ``open_for_mode`` settles once the verdict is known."""
         if self.flash_attn is not None:
             return self.flash_attn
-        return {"off": True, "auto": None, "on": False}[exact_mode(self.exact)]
+        return {"off": True, "auto": None, "on": False}[self.exact_in_force]
 
 
 def check_quantized_v(kind: str, flash_attn: bool | None, exact: str, exact_flag: str = "--exact") -> None:

@@ -1,7 +1,7 @@
 """Calibration's one entry point: ``calibrate_target``, which the loader calls once per loaded target.
 
 It opens the target for its ``--exact`` mode (``open_for_mode``: a multi-slot target under off is reopened
-on one unified KV cache), gives it its call shapes (``shapes``) and, where a cost curve is asked for, the
+on one unified KV cache; one whose slots share a KV pool, -kvu, runs without exactness), gives it its call shapes (``shapes``) and, where a cost curve is asked for, the
 ``CostModel`` the cost policy prices with (``curve``): from the disk cache (``cache``), measured now, or
 measured beside the first generations (``background``).  What it hands back (``Calibration``) the engine
 applies; nothing here calls the engine.
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..draft_length.costs import CostModel
+from ..errors import InvalidParameterError
 from ..llama import INEXACT, PLAIN_ROWS, BatchShapes
 from .background import BackgroundCalibration, describe
 from .cache import say
@@ -62,7 +63,7 @@ def calibrate_target(target: "LlamaModel", exact: bool | str = "auto", *, n_max:
     target = open_for_mode(target, exact, measure=measure)
     if opened is not None:
         opened(target)
-    costs, work = _settle(target, exact, n_max, background=background)
+    costs, work = _settle(target, "off" if target.pool is not None else exact, n_max, background=background)
     return Calibration(target, costs, work)
 
 
@@ -83,6 +84,8 @@ def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False
     slots at -t 2, once per model, thread count and slot count), else the target is kept as it is.
     """
     mode = exact_mode(exact)
+    if target.pool is not None:
+        return _pooled(target, mode)
     several = target.n_slots >= 2 and not target.unified
     flash = target.config.flash_attn is None  # auto: on where exactness is off
     if mode == "on" or target.is_recurrent or not (several or flash):
@@ -101,6 +104,21 @@ def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False
     reopened.set_shapes(dataclasses.replace(shapes, why=f"{shapes.why}; {layout}, with"
                                                         f"{'' if fa else 'out'} flash attention"))
     return reopened
+
+
+def _pooled(target: "LlamaModel", mode: str) -> "LlamaModel":
+    """A target whose slots share one KV pool (-kvu) runs without exactness, whatever ``--exact`` asked (on is
+    refused before the load, ``loading.TargetSpec``): in one unified cache the slots' cells interleave, which
+    changed logits against a solo run by ~3e-3 here (``ModelConfig.n_slots``), and the shape probe, which runs one
+    sequence, cannot see that.  Its shapes say so, and so /health, every response and ``generate``'s table do."""
+    if mode == "on":
+        raise InvalidParameterError(f"--exact on cannot go with {target.n_slots} slots sharing one KV pool (-kvu); "
+                                    "use --exact off or auto, or leave -kvu out")
+    asked = "off" if mode == "off" else f"{mode}: off"
+    target.set_shapes(dataclasses.replace(INEXACT, why=f"--exact {asked}, as the {target.n_slots} slots share one "
+                                                       f"KV pool of {target.pool} cells (-kvu): their cells interleave, so "
+                                                       "a slot's output may differ from a solo run's at near-ties"))
+    return target
 
 
 def _settle(target: "LlamaModel", exact: bool | str, n_max: int | None,

@@ -481,11 +481,17 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       help="a prompt's cached prefix is always reused (--cache-ram); chunks are never moved by KV "
                       "shifting, so N changes nothing")
     llama.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
-                       help="as llama-server's unified KV cache, where one sequence may fill the whole -c: each slot's "
-                       "context is all of -c, not an equal share (the KV cache is then -np x -c positions, so slots "
-                       "never run out of context because of each other); the KV layout still follows --exact")
+                       help="as llama-server's: one KV pool of -c cells that all -np slots share, any one sequence "
+                       "up to all of -c (without it each slot gets -c / -np). The KV cache is -c, not -np x -c. A "
+                       "prompt waits while the pool lacks room for it (one longer than -c is refused); a generation "
+                       "whose next token finds the pool full ends with finish_reason length, its slot freed, the "
+                       "others going on (llama-server fails every running slot there); drafts are cut to the free "
+                       "cells. The slots' cells interleave, so with -np > 1 exactness is off (--exact on is "
+                       "refused; /health says why). With --ctx-per-slot (--kv-unified-per-slot) N: each slot N, "
+                       "the cache -np x N, as llama-server sizes it")
     noop.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
-                      help="each slot gets an equal share of -c (the default here)")
+                      help="each slot gets an equal share of -c (the default here; -np -1 shares one pool all the "
+                      "same, as llama-server's auto)")
     noop.add_argument("--ui", "--webui", dest="no_webui", action="store_false", help="the page at / is on (the "
                       "default; --no-webui turns it off)")
     noop.add_argument("--swa-full", dest="swa_full", action="store_true",

@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  drafter = \"cascade:suffix,prompt-lookup,draft-model\"\n  threads = 16\n  ctx = 8192\n\n"
         "  [roles.architect]\n  model = \"big-q4_k_m.gguf\"\n  draft = \"big-draft.gguf\"\n"
         "  profile = \"architect.toml\"   # from `specstack tune`\n\n"
-        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, exact, rollback, cache_mb, "
+        "keys: model, draft, drafter, k_policy, k, k_max, threads, ctx (per slot), parallel, kv_unified (-kvu: the "
+        "slots share one pool of ctx cells), exact, rollback, cache_mb, "
         "batch_tokens, prefill_cap, profile, category, chat_template, tool_call_format, replicas (with --ray), experts, "
         "tree, rollback_depth, flash_attn, ubatch_size, mmap, mlock, cache_type_k, cache_type_v, and request defaults "
         "seed, repeat_penalty, "
@@ -91,8 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("-np", "--parallel", type=slots, default=None,
                    help="slots per role without --config: generations batched together (default 4); -1: "
-                   "llama-server's auto, 4 slots sharing one unified KV cache (as -np 4 -kvu: each slot's context "
-                   "is all of -c)")
+                   "llama-server's auto, 4 slots sharing one KV pool of -c cells (as -np 4 -kvu: any slot may "
+                   "fill it)")
     p.add_argument("--max-queue", type=at_least(0), default=16,
                    help="requests that may wait for a slot; past it the answer is 429 with Retry-After (default 16)")
     p.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"),
@@ -124,8 +125,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ctx.add_argument("-c", "--ctx-size", type=at_least(0), default=None,
                      help="context of all slots together without --config, as llama-server's -c: each of the -np slots "
                      "gets an equal share (-c 16384 -np 4: 4096 per slot; 0 = the model's trained context, shared "
-                     "out). Default: 4096 per slot, or the model's trained context if shorter. Each role's context per "
-                     "slot and KV cache size are printed at load")
+                     "out), or with -kvu one pool of -c that any slot may fill. Default: 4096 per slot (-kvu: a "
+                     "4096 pool), or the model's trained context if shorter. Each role's context per slot and KV "
+                     "cache size are printed at load")
     ctx.add_argument("--ctx-per-slot", "--kv-unified-per-slot", type=at_least(0), default=None, metavar="N",
                      help="context of each slot without --config (the roles file's ctx key; 0 = the model's trained "
                      "context)")
@@ -195,6 +197,7 @@ def build_roles(args: argparse.Namespace):
 
     given = [(flag, key) for flag, attr, key in ROLE_FLAGS if getattr(args, attr) is not None]
     given += [(flag, attr) for flag, attr in ROLE_EXTRA if getattr(args, attr, None) is not None]
+    given += [("-kvu", "kv_unified")] if args.kv_unified else []
     if args.config is not None:
         if given:
             raise InvalidParameterError(
@@ -217,9 +220,16 @@ def build_roles(args: argparse.Namespace):
     if schema is not None:
         values["json_schema"] = schema
     if args.ctx_size is not None:
-        # -kvu: llama-server's unified KV lets one sequence use the whole -c, so each slot gets all of it here
+        # -kvu: llama-server's unified KV lets one sequence use the whole -c, so each slot may reach all of it
         shared_by = 1 if unified else values.get("parallel", 4)
         values["ctx"] = ctx_per_slot(args.ctx_size, shared_by, values.get("model", DEFAULT_TARGET))
+    # ...in one pool of -c cells they share; --ctx-per-slot N (llama-server's --kv-unified-per-slot) sizes it
+    # -np x N, each slot N, which never runs over: the per-slot layout
+    values["kv_unified"] = unified and args.ctx_per_slot is None
+    if values["kv_unified"] and values.get("parallel", 4) > 1 and values.get("exact") == "on":
+        raise InvalidParameterError("--exact on cannot go with -kvu (or -np -1): the slots' cells interleave in "
+                                    "their shared KV pool, which no call shape keeps exact; use --exact off or auto, "
+                                    "or leave -kvu out (each slot then gets -c / -np)")
     if args.tags is not None:
         values["tags"] = names_list(args.tags, "--tags")
     if args.alias is not None:
@@ -238,7 +248,7 @@ def names_list(text: str, flag: str) -> tuple[str, ...]:
     return names
 
 
-ROLE_KEYS = {"ctx_size": "ctx", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names",
+ROLE_KEYS = {"ctx_size": "ctx", "kv_unified": "kv_unified = true", "batch_size": "ubatch_size", "json_schema_file": "json_schema", "alias": "the table names",
              "tags": "tags",
              "spec_type": "drafter", "n_max": "k and k_max", "override_kv": "kv_overrides",
              "load_mode": "mmap, mlock or direct_io", "lazy_mode": "model_params", "check_tensors": "model_params",

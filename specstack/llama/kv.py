@@ -60,6 +60,7 @@ class KVEstimate:
     n_layers: int
     type_k: str = DEFAULT_KV_TYPE
     type_v: str = DEFAULT_KV_TYPE
+    shared_by: int = 1  # sequences sharing one pool of ``cells`` (-kvu), each up to ``per_seq``; 1: no pool
 
     @property
     def types(self) -> str:
@@ -70,8 +71,10 @@ class KVEstimate:
         from ..ui import fmt_bytes
 
         seqs = self.cells // max(self.per_seq, 1)
-        text = (f"KV cache {fmt_bytes(self.total_bytes)} ({self.types}, {self.per_seq} positions x {seqs} "
-                f"sequence{'s' if seqs != 1 else ''}, {self.n_layers} layers)")
+        layout = (f"one pool of {self.cells} cells shared by {self.shared_by} slots, any one up to {self.per_seq}"
+                  if self.shared_by > 1 else
+                  f"{self.per_seq} positions x {seqs} sequence{'s' if seqs != 1 else ''}")
+        text = f"KV cache {fmt_bytes(self.total_bytes)} ({self.types}, {layout}, {self.n_layers} layers)"
         if self.swa_layers:
             text += (f"; {self.swa_layers} sliding-window layers ({self.swa_window} tokens) hold "
                      f"{fmt_bytes(self.swa_bytes)} of it at full size, so drafts can be rolled back")
@@ -120,9 +123,10 @@ def _attention(meta: Any) -> tuple[int, list[int], int, int] | None:
 
 
 def estimate_kv(meta: Any, per_seq: int, cells: int, type_k: str = DEFAULT_KV_TYPE,
-                type_v: str = DEFAULT_KV_TYPE) -> KVEstimate | None:
+                type_v: str = DEFAULT_KV_TYPE, shared_by: int = 1) -> KVEstimate | None:
     """The KV cache of ``cells`` cells in types ``type_k``/``type_v`` from GGUF metadata (``GGUFInfo``); None for
-    purely recurrent models (their state does not grow with the context) or metadata too incomplete to say."""
+    purely recurrent models (their state does not grow with the context) or metadata too incomplete to say.
+    ``shared_by``: the sequences sharing those cells as one pool (-kvu)."""
     shape = _attention(meta)
     if shape is None:
         return None
@@ -138,7 +142,7 @@ def estimate_kv(meta: Any, per_seq: int, cells: int, type_k: str = DEFAULT_KV_TY
         if windowed[layer]:
             swa += size
             n_swa += 1
-    return KVEstimate(cells, per_seq, total, swa, window if n_swa else 0, n_swa, n_layers, type_k, type_v)
+    return KVEstimate(cells, per_seq, total, swa, window if n_swa else 0, n_swa, n_layers, type_k, type_v, shared_by)
 
 
 def check_kv_blocks(meta: Any, type_k: str, type_v: str, name: str) -> None:

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ModelLoadError
+from ..errors import ContextOverflowError, KVPoolFullError, ModelLoadError
 from .target import DEFAULT_CTX, ModelConfig
 from .kv import KVEstimate, check_kv_blocks, check_kv_fits, estimate_kv
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
@@ -90,14 +90,19 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
                                "recurrent" if lc.llama_model_is_recurrent(self._model) else "attention")
         self.is_recurrent = self.memory != "attention"
         self.n_slots = max(1, config.n_slots)
-        self.unified = config.unified if config.unified is not None else self.n_slots == 1
+        self._pooled = self._wants_pool(config)
+        self.unified = True if self._pooled else config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.
         self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
         self.flash_attn = bool(config.flash_attn)
         self._ctx = self._new_context()
         self._init_rewind()
-        # Positions per sequence: a unified cache is shared (sized slots x n_ctx), streams are per sequence.
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx)) // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
+        # Positions per sequence: a unified cache is shared (sized slots x n_ctx, or one pool of n_ctx: any
+        # sequence may fill it, as llama-server's n_ctx_slot with kv_unified), streams are per sequence.
+        cells = int(lc.llama_n_ctx(self._ctx))
+        self.n_ctx = cells if self._pooled else cells // self.n_slots if self.unified else int(lc.llama_n_ctx_seq(self._ctx))
+        # The cells all sequences share (``ModelConfig.kv_pool``); None: each sequence has its own n_ctx.
+        self.pool: int | None = cells if self._pooled else None
         self._mem = lc.llama_get_memory(self._ctx)
         # llama.cpp rounds a small n_ctx up (to 256) but keeps the n_batch it was given: a call is capped by both.
         n_batch = min(int(lc.llama_n_batch(self._ctx)), int(lc.llama_n_ubatch(self._ctx)))
@@ -128,6 +133,23 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.min_batch = self.shapes.min_rows
         # Positions usable by real tokens: padding needs min_rows - 1 spare slots.
         self.capacity = self.n_ctx - (self.min_batch - 1)
+
+    def pool_used(self) -> int:
+        """Cells the sequences hold together (a unified cache: one cell per position per sequence; nothing here
+        shares cells between slots)."""
+        return sum(self.seq_len)
+
+    def _wants_pool(self, config: ModelConfig) -> bool:
+        """Whether the slots share one pool of n_ctx cells (``ModelConfig.kv_pool``): only an attention-only
+        model of several slots, since a recurrent state is one per slot (warned: each slot then has its own)."""
+        if not config.kv_pool or self.n_slots < 2:
+            return False
+        if self.is_recurrent:
+            warnings.warn(f"{self.role} {self.path.name}: a {self.memory} model keeps one state per slot, so its "
+                          f"{self.n_slots} slots cannot share one KV pool (-kvu): each gets its own context",
+                          stacklevel=3)
+            return False
+        return True
 
     @property
     def n_past(self) -> int:
@@ -207,7 +229,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             raise ModelLoadError(f"--ctx-size {per_seq} is too small: a sequence needs at least {MIN_CTX} positions "
                                  "(prompt, new tokens and the rows a draft or a padded step adds); use -c 4096, the default")
         scratch = 1 if self.is_recurrent else 0
-        total = per_seq * (self.n_slots + (scratch if not self.unified else 0))
+        total = per_seq if self._pooled else per_seq * (self.n_slots + (scratch if not self.unified else 0))
         if total > _MAX_CTX:  # llama.cpp's n_ctx is 32-bit: a larger one wraps and aborts inside llama.cpp
             self._free_model()
             raise ModelLoadError(f"context of {total} positions ({per_seq} per sequence x {total // per_seq}) is more "
@@ -216,7 +238,8 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             given = self.config.ctx_origin or f"--ctx-size {per_seq}"
             warnings.warn(f"{self.role} {self.path.name}: {given} is more than the {self.n_ctx_train} "
                           "positions it was trained on; output past that may degrade", stacklevel=2)
-        self.kv = estimate_kv(self.meta, per_seq, total, self.config.type_k, self.config.type_v)
+        self.kv = estimate_kv(self.meta, per_seq, total, self.config.type_k, self.config.type_v,
+                              shared_by=self.n_slots if self._pooled else 1)
         check_kv_fits(self.kv, self.role, self.path.name, per_seq, self._free_model)
         params.n_ctx = total
         # Not capped by n_ctx here: llama.cpp rounds a small n_ctx up (to 256) and caps n_batch by that; a batch
@@ -375,6 +398,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         """
         for s in segments:
             self._check_room(s.seq, len(s.tokens))
+        self._check_pool(sum(len(s.tokens) for s in segments))
         if len(segments) > 1 and self.is_recurrent:
             # One call per sequence: a recurrent ubatch needs equal rows per sequence, and
             # padding rows on the sequence itself would advance its state.
@@ -406,6 +430,15 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
             raise ContextOverflowError(
                 f"{self.role} context is full: {self.seq_len[seq]} + {n} tokens > n_ctx {self.n_ctx}; "
                 "use a shorter prompt, fewer max tokens or a larger --ctx-size"
+            )
+        self._check_pool(n)
+
+    def _check_pool(self, n: int) -> None:
+        """Refuse a call of ``n`` more cells where the shared pool has fewer free (llama.cpp would fail it)."""
+        if self.pool is not None and self.pool_used() + n > self.pool:
+            raise KVPoolFullError(
+                f"{self.role}'s shared KV pool is full: its sequences hold {self.pool_used()} of {self.pool} cells, "
+                f"{n} more do not fit; raise --ctx-size or serve fewer slots at once"
             )
 
     def _call(self, entries: Sequence[tuple[int, list[int], int, int]],
@@ -461,6 +494,9 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         b.n_tokens = m
         with self.gate:
             rc = lc.llama_decode(self._ctx, b)
+        if rc == 1 and self.pool is not None:  # no free cells: llama.cpp placed nothing (it prepares every ubatch first)
+            raise KVPoolFullError(f"llama.cpp found no free cells for {m} tokens in {self.path.name}'s shared KV pool "
+                                  f"({self.pool_used()} of {self.pool} held)")
         if rc != 0:
             raise ContextOverflowError(
                 f"llama_decode failed (code {rc}) on {m} tokens of {self.path.name}; "

@@ -60,6 +60,11 @@ class ModelConfig:
     # None: unified iff n_slots == 1 (draft models share one cache); under --exact off a multi-slot
     # target is reopened unified, with flash attention (``calibration.open_for_mode``).
     unified: bool | None = None
+    # llama-server's -kvu: the n_ctx cells are one pool in one unified cache that all n_slots sequences share;
+    # any one may grow to n_ctx, all together to n_ctx (``LlamaModel.pool``), so the cache is -c, not -np x -c.
+    # The engine keeps the pool from running over (``Engine._pool_left``).  Attention-only, several slots: a
+    # recurrent state is per slot, and one slot has its n_ctx anyway.
+    kv_pool: bool = False
     # Off: batches of 2..512 rows then agree bit for bit on F16 and Q8_0 here.
     # With flash attention a one-row call matched 2-3 row calls at the KV length
     # measured, yet greedy output broke at a longer one (its single-row path
@@ -160,6 +165,15 @@ class Target(Protocol):
     n_threads: int
     n_slots: int  # generations held at once (one KV stream each when > 1)
     capacity: int  # positions usable by real tokens (padding needs spare ones)
+
+
+@runtime_checkable
+class PooledTarget(Protocol):
+    """A target whose sequences may share one pool of KV cells (``ModelConfig.kv_pool``): ``pool`` cells in all,
+    None where each sequence has its own ``n_ctx``.  The engine checks it once and then keeps every step, prompt
+    and draft within the pool's free cells."""
+
+    pool: int | None
 
 
 class EngineTarget(Target, Protocol):

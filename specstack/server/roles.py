@@ -63,6 +63,9 @@ class Role:
     threads: int = 0
     ctx: int | None = None  # per slot; None = 4096 (or the trained context if shorter), 0 = the trained context
     parallel: int = 4  # slots: generations decoded together
+    # llama-server's -kvu: the slots share one KV pool of ctx cells (any one may fill it; a generation that finds
+    # it full ends with finish_reason length), instead of ctx each; exactness is then off (``TargetSpec.kv_pool``)
+    kv_unified: bool = False
     exact: str = "auto"  # auto, on or off (``calibration.exact_mode``; true/false read as on/off)
     rollback: str = "auto"  # recurrent/hybrid targets: auto, rollback or checkpoint (``recurrent``)
     cache_mb: int = 512  # host memory for finished prompts' KV (restored instead of prefilled)
@@ -138,6 +141,7 @@ class Role:
     def spec(self) -> TargetSpec:
         """The role's target as ``loading.load_target`` builds it: every model option ``generate`` has."""
         return TargetSpec(model=self.model, ctx=self.ctx, threads=self.threads, slots=self.parallel, exact=self.exact,
+                          kv_pool=self.kv_unified,
                           experts=self.experts, rollback=self.rollback, rollback_depth=self.rollback_depth,
                           tree_branches=DEFAULT_TREE_BRANCHES if self.tree else 1,
                           flash_attn=FLASH_ATTN[self.flash_attn], batch=self.ubatch_size, mmap=self.mmap, mlock=self.mlock,
@@ -190,8 +194,13 @@ class Role:
             raise InvalidParameterError(f"role {self.name!r}: rollback must be one of {', '.join(STRATEGIES)} (got {self.rollback!r})")
         if self.threads < 0 or self.threads_batch < 0 or (self.ctx is not None and self.ctx < 0):
             raise InvalidParameterError(f"role {self.name!r}: threads, threads_batch and ctx must be >= 0")
-        if not isinstance(self.tree, bool):
-            raise InvalidParameterError(f"role {self.name!r}: tree must be true or false (got {self.tree!r})")
+        for key in ("tree", "kv_unified"):
+            if not isinstance(getattr(self, key), bool):
+                raise InvalidParameterError(f"role {self.name!r}: {key} must be true or false (got {getattr(self, key)!r})")
+        if self.kv_unified and self.parallel > 1 and self.exact == "on":
+            raise InvalidParameterError(f"role {self.name!r}: kv_unified = true cannot go with exact = \"on\": the "
+                                        f"{self.parallel} slots' cells interleave in the shared pool, which no call "
+                                        "shape keeps exact; set exact = \"off\" (or auto), or leave kv_unified out")
         if self.tree and self.parallel != 1:
             raise InvalidParameterError(f"role {self.name!r}: tree = true needs parallel = 1 (got {self.parallel}): "
                                         "token trees are verified on one-slot targets only")
