@@ -261,29 +261,44 @@ def _generation(parent: CostK, steps: int, right: bool) -> tuple[list[int], floa
     return verified, spent, tokens
 
 
-def test_a_generation_keeps_the_floor_whatever_its_drafts_turn_out_to_be():
+def test_a_generation_risks_one_wager_and_then_keeps_the_floor():
     """Scores that earlier requests found right can be wrong on this one: priced by expectation alone, the cost
     policy went on verifying them (12 of 25 third-party completions on Gemma 3 270M lost 3-9% against plain
-    decoding). A generation may lose to drafts no more than it has won, plus ``STAKE`` plain steps and the floor's
-    share of its plain decoding time; and one whose drafts are right drafts longer as it wins."""
+    decoding). The floor is now held with high probability (issue 56): a draft the evidence makes near-sure is
+    wagered from the first step, and when it is refused whole, that refusal eats the generation's margin and
+    reprices the evidence, so from then on the worst-case bound rules: the generation loses at most that one
+    wager's rows beyond what it has won, ``STAKE`` plain steps and the floor's share of its plain decoding time.
+    Without any floor the same generation loses far more; without the wager it loses no more than the bound."""
     from specstack.draft_length.policies import FLOOR, STAKE
 
-    for floor in (FLOOR, 0.0):
-        p = CostK(CostModel(GEMMA_AVX2), k_max=16, floor=floor)
+    for floor, wager in ((FLOOR, True), (FLOOR, False), (0.0, False)):
+        p = CostK(CostModel(GEMMA_AVX2), k_max=16, floor=floor, wager=wager)
         p.expect_scores(frozenset({"s"}))
         _generation(p, 60, right=True)  # an earlier request: the scores were right
         verified, spent, tokens = _generation(p, 96, right=False)
         plain = p.costs.batch_s((1,))
-        if floor:
-            assert spent <= (tokens / floor + STAKE) * plain + 1e-9
-            assert any(verified)  # the floor lets some drafts through: the scores still learn from outcomes
-        else:  # the bound is what keeps it: without it the same generation loses more
+        if not floor:  # the bound is what keeps it: without it the same generation loses more
             assert spent > tokens * plain / 0.97
-    p = CostK(CostModel(GEMMA_AVX2), k_max=16)
-    p.expect_scores(frozenset({"s"}))
-    verified, spent, tokens = _generation(p, 60, right=True)
-    assert verified[0] == 0 and verified[-1] >= 11  # plain at first, then short drafts, long ones once it has won
-    assert spent < 0.8 * tokens * p.costs.batch_s((1,))
+            continue
+        wagered = p.costs.batch_s((1 + verified[0],)) - plain if wager else 0.0
+        assert (verified[0] > 0) == wager  # the wager is taken at the first step, before anything is won
+        assert max(verified[1:]) <= 1  # once refused, no second wager: the worst-case bound's single tokens only
+        assert spent <= (tokens / floor + STAKE + 0.5) * plain + wagered  # (its share of each step, ``_affordable``)
+
+
+def test_verbatim_evidence_is_verified_from_the_first_step():
+    """A source whose sure drafts were accepted on earlier requests is verified at once on the next one (the wager,
+    priced at the lower confidence bound of its calibrated evidence), where the worst-case bound alone waited for the
+    generation to win a refused draft's price first; and one whose drafts are right drafts longer as it wins."""
+    first = {}
+    for wager in (True, False):
+        p = CostK(CostModel(GEMMA_AVX2), k_max=16, wager=wager)
+        p.expect_scores(frozenset({"s"}))
+        _generation(p, 60, right=True)
+        verified, spent, tokens = _generation(p, 60, right=True)
+        first[wager] = verified[0]
+        assert verified[-1] >= 11 and spent < 0.8 * tokens * p.costs.batch_s((1,))
+    assert first[True] >= 4 and first[False] == 0
 
 
 def test_a_floor_outside_zero_to_one_is_refused():

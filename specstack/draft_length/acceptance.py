@@ -10,6 +10,7 @@ sources (cascade, fusion, through ``budget.Advice``) read it.  ``best_k`` and
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -139,19 +140,43 @@ class ConfidenceCalibration:
     bins: int = 10
     decay: float = 0.995
     trusting: bool = False  # start each bin at its midpoint: for scores that are already probabilities
+    # Bins on the odds of going on (bin b: 1 - 2^-b <= c < 1 - 2^-(b + 1)) rather than of equal width: for a
+    # token's conditional confidence, where a 20-token match (0.955) and a 60-token one (0.984) must not share a bin
+    # with a 9-token one (0.91), which the target refuses four times as often (``CostK._wager``)
+    odds: bool = False
+    prior: float = 2.0  # how many observations a trusting bin's start counts as (others: 2, at 1/2)
+    trust_from: int = 0  # a trusting calibration trusts bins from this one up; those below start at 1/2
     accepted: list[float] = field(default_factory=list)
     reached: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.accepted = [2.0 * (b + 0.5) / self.bins if self.trusting else 1.0 for b in range(self.bins)]
-        self.reached = [2.0] * self.bins
+        trusted = [self.trusting and b >= self.trust_from for b in range(self.bins)]
+        self.reached = [self.prior if t else 2.0 for t in trusted]
+        self.accepted = [n * (self._midpoint(b) if t else 0.5) for b, (n, t) in enumerate(zip(self.reached, trusted))]
+
+    def _midpoint(self, b: int) -> float:
+        """The confidence in the middle of bin ``b`` (a trusting calibration's start)."""
+        return 1.0 - 2.0 ** -(b + 0.5) if self.odds else (b + 0.5) / self.bins
 
     def _bin(self, c: float) -> int:
+        if self.odds:
+            return min(int(-math.log2(max(1.0 - c, 2.0 ** -self.bins))), self.bins - 1)
         return min(int(c * self.bins), self.bins - 1)
 
     def prob(self, c: float) -> float:
         b = self._bin(c)
         return self.accepted[b] / self.reached[b]
+
+    def lower(self, c: float, z: float) -> float:
+        """Wilson's lower confidence bound (``z`` standard errors) on P(accept | reached) at confidence ``c``, from
+        the bin's decayed counts: what the cost policy's wager prices (``CostK._wager``), so that a bin seen a few
+        times is trusted little and one seen hundreds of times nearly at its rate."""
+        b = self._bin(c)
+        n, p = self.reached[b], self.accepted[b] / self.reached[b]
+        zz = z * z
+        centre = p + zz / (2 * n)
+        spread = z * math.sqrt(max(0.0, p * (1 - p) / n + zz / (4 * n * n)))
+        return max(0.0, (centre - spread) / (1 + zz / n))
 
     def update(self, confidences: Sequence[float], n_accepted: int) -> None:
         for i, c in enumerate(confidences[: n_accepted + 1]):

@@ -64,9 +64,35 @@ KEPT_FLOOR = 0.02
 FLOOR = 0.98
 STAKE = 0.5
 
+# The wager (issue 56): beyond that worst-case bound, a scored draft is verified where it pays at the lower confidence
+# bound of its tokens' calibrated acceptance (Wilson, ``WAGER_Z`` standard errors of each bin's decayed counts) and
+# what it would lose in expectation at that bound fits in what the project's floor allows a prompt: ``RISK_FLOOR`` of
+# plain decoding's rate (never below 0.95x), less what the generation has lost, plus ``WAGER_STAKE`` plain steps.
+WAGER_Z = 2.0
+RISK_FLOOR = 0.95
+WAGER_STAKE = 1.0
+# What a copy's evidence is worth before any outcome is seen: a token whose odds of going on are at least
+# 1 - 2^-EVIDENCE_TRUSTED (a prompt-lookup match of 30 tokens or more) is accepted at those odds, as EVIDENCE_PRIOR
+# observations would say. Measured over 14 Gemma 3 270M requests at fixed k 16 (prompt lookup, `bench replay`), the
+# target accepted 80-90% of the drafted tokens after matches of 20 tokens or more and refused none at the first
+# token, but 44-62% after 6-19 and 10-28% after shorter ones, so shorter matches start untrusted and earn their
+# trust from outcomes (a prior of 32 from 14 tokens up let 6 of 50 third-party completions fall below 0.97x plain).
+EVIDENCE_TRUSTED = 5
+EVIDENCE_PRIOR = 32.0
+
 # How many more tokens a model draft looks ahead when deciding whether to draft the next: where exact call shapes
 # pad a verification (t(2) = t(3) on the bundled MTP model), one more row can cost more than two.
 LOOKAHEAD = 4
+
+
+def going_on(scores: Sequence[float]) -> list[float]:
+    """A scored draft's path scores (P(the first i tokens are right)) as each token's own odds of going on: score i
+    over score i - 1 (a copy after a match of m tokens: Laplace's 1 - 1/(m + 2) at every token)."""
+    out, before = [], 1.0
+    for s in scores:
+        out.append(min(1.0, s / before) if before > 0 else 0.0)
+        before = s
+    return out
 
 
 def check_k(k: int, what: str = "k") -> int:
@@ -250,6 +276,11 @@ class _SourceState:
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     # A retrieval draft's scores (``Draft.scores``) mapped to acceptance; starts by believing them.
     scores: ConfidenceCalibration = field(default_factory=lambda: ConfidenceCalibration(trusting=True))
+    # The same outcomes keyed by each token's own odds of going on (its score over the one before: a match's
+    # length, a continuation's count), which the wager's lower bounds read (``CostK._wager``).  Its bins start
+    # trusting that odds only from ``EVIDENCE_TRUSTED`` up, as ``EVIDENCE_PRIOR`` observations: at 1/2 below it
+    evidence: ConfidenceCalibration = field(default_factory=lambda: ConfidenceCalibration(
+        bins=12, odds=True, trusting=True, prior=EVIDENCE_PRIOR, trust_from=EVIDENCE_TRUSTED))
     per_token: _Mean = field(default_factory=_Mean)  # a step's draft time per token drafted (a model: per call)
     # A model draft's calls, timed by ``keep_going``: the first (it also catches up on the tokens the target
     # committed since the last draft, in a bigger batch) and each chained one after it. On the bundled MTP model
@@ -286,18 +317,21 @@ class CostK(_Policy):
     it drafts a little anyway so that the estimates can recover.  Whatever
     a scored source's calibration says, a generation keeps ``floor`` of plain
     decoding's rate (``FLOOR``, ``_affordable``): what its scored drafts may
-    lose is bounded by what it has won; ``floor`` 0 turns the bound off.
+    lose is bounded by what it has won; ``floor`` 0 turns the bound off.  Beyond that bound, ``wager`` verifies
+    a scored draft that pays at the lower confidence bound of its evidence, within the risk the project's floor
+    allows a prompt (``_wager``, ``RISK_FLOOR``).
     """
 
     name = "cost"
 
     def __init__(self, costs: CostModel, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2,
-                 floor: float = FLOOR) -> None:
+                 floor: float = FLOOR, wager: bool = True) -> None:
         super().__init__(check_k(k_max, "k_max"))
         if not 0.0 <= floor < 1.0:
             raise InvalidParameterError(f"the cost policy's floor is a share of plain decoding's rate in [0, 1) "
                                         f"(got {floor}); 0 turns it off")
         self.floor = floor
+        self.wager = wager and floor > 0  # beyond the worst-case bound, the wager (``_wager``); without a floor, moot
         self.costs = costs
         self.k_max = k_max
         self.probe_every = probe_every
@@ -333,10 +367,12 @@ class CostK(_Policy):
         # Of this generation's drafts cut to nothing: the best first-token acceptance estimated, and how many of
         # them would have been verified but for the floor (``why_idle``)
         self._declined_p, self._floor_held = 0.0, 0
+        self._tokens = 0  # tokens this generation has committed (``_risk_room``)
 
     def _reset_generation(self) -> None:
         self._margin_s, self._load, self._afford = 0.0, SOLO, None
         self._declined_p, self._floor_held = 0.0, 0
+        self._tokens = 0  # tokens this generation has committed (``_risk_room``)
         self._best = {}
         self._confidences = {}
         self._scores = {}
@@ -499,11 +535,48 @@ class CostK(_Policy):
         # The best prefix within the floor: a long draft cut to what the floor affords may no longer pay.
         m = best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load), min(len(probs), self._affordable()),
                    load.tokens)
+        if m < len(probs) and self.wager:
+            m = max(m, self._wager(st, scores, load))
         self._scores[name] = list(scores[:m])  # calibrated against the outcome in ``observe``
         self._declined = (name, scores[0]) if m == 0 and scores else None  # calibrated by the plain step's token
         if m == 0 and probs:
             self._note_declined(probs, load)
         return m
+
+    def _wager(self, st: _SourceState, scores: Sequence[float], load: BatchLoad) -> int:
+        """The longest prefix of a scored draft worth verifying at the lower bound of its acceptance (``WAGER_Z``)
+        whose expected loss at that bound fits in the risk the floor allows (``_risk_room``); 0 where none does.
+
+        Verbatim evidence decides here from a generation's first step: a copy the calibration has seen accepted
+        hundreds of times has a lower bound near its rate, so it is verified at once, where the worst-case bound
+        (``_affordable``) waited for the generation to win a refused draft's price first (a 160-token grounded
+        edit on Gemma 3 270M drafted 88 of its tokens, llama.cpp's ngram-map-k4v 133-160)."""
+        lower = [st.evidence.lower(c, WAGER_Z) for c in going_on(scores)]
+        cost = lambda n: self._step_cost(n, load)  # noqa: E731
+        k = best_k(lower, lambda k: 0.0, cost, len(lower), load.tokens)
+        room = self._risk_room(load)
+        while k > 0 and self._expected_loss(lower, k, load) > room:
+            k -= 1
+        return k if k == 0 or best_k(lower[:k], lambda j: 0.0, cost, k, load.tokens) == k else 0
+
+    def _expected_loss(self, lower: Sequence[float], k: int, load: BatchLoad) -> float:
+        """What verifying k draft tokens loses against plain decoding in expectation, were each token accepted at its
+        lower bound: the step's cost less the plain steps of the tokens it commits, where that is positive."""
+        plain, step = self._step_cost(1, load), self._step_cost(k + 1, load)
+        loss, reach = 0.0, 1.0
+        for j in range(k + 1):
+            stop = reach * (1.0 - lower[j]) if j < k else reach  # exactly j accepted
+            loss += stop * max(0.0, step - (j + 1) * plain)
+            if j < k:
+                reach *= lower[j]
+        return loss
+
+    def _risk_room(self, load: BatchLoad) -> float:
+        """The loss a generation may still risk: ``RISK_FLOOR`` of plain decoding's rate over the tokens it has
+        committed (its margin, kept at ``FLOOR``, plus the difference), and ``WAGER_STAKE`` plain steps."""
+        plain = self._step_cost(1, load)
+        tokens = self._tokens
+        return self._margin_s + (1.0 / RISK_FLOOR - 1.0 / self.floor) * tokens * plain + WAGER_STAKE * plain
 
     def _note_declined(self, probs: Sequence[float], load: BatchLoad) -> None:
         """A scored draft cut to nothing: its first token's estimate, and whether the floor alone cut it (the
@@ -574,6 +647,7 @@ class CostK(_Policy):
         tokens = 1 + outcome.n_accepted
         spent = self._step_cost(1 + outcome.n_drafted, self._load) + outcome.draft_s
         self._margin_s += tokens * plain / self.floor - spent
+        self._tokens += tokens
 
     def _probe(self, cap: int, load: BatchLoad, tree: bool) -> Budget:
         self._probing = True
@@ -680,6 +754,7 @@ class CostK(_Policy):
         if n == 0:
             if declined is not None and outcome.shadow >= 0:
                 self.source(declined[0]).scores.update(declined[1:], outcome.shadow)
+                self.source(declined[0]).evidence.update(declined[1:], outcome.shadow)
             self._plain_steps += 1
             self._plain_s += outcome.verify_s + outcome.other_s
             if computed:  # a model draft whose every token was dropped: its calls were paid
@@ -695,6 +770,7 @@ class CostK(_Policy):
         scores = self._scores.pop(outcome.source, None)
         if scores:
             st.scores.update(scores[:n], outcome.n_accepted)
+            st.evidence.update(going_on(scores[:n]), outcome.n_accepted)
         st.per_token.observe(outcome.draft_s / computed)
         self._best.clear()
 
