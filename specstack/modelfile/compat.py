@@ -183,21 +183,39 @@ def _fmt_id(i: int | None, text: str | None) -> str:
     return f"{i} {_show(text)}" if text is not None else f"{i} (out of range)"
 
 
+@dataclass
+class _Found:
+    """What the checks of ``compare`` found: ``fatal`` makes a pair incompatible (or translatable), ``soft`` at most
+    compatible."""
+
+    fatal: list[str] = field(default_factory=list)
+    soft: list[str] = field(default_factory=list)
+
+
 def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
-    """Compare two already-read GGUF infos (see ``check_pair``)."""
+    """Compare two already-read GGUF infos (see ``check_pair``): each part of the tokenizer in turn, then the
+    verdict from what they found."""
     rep = CompatReport(target=_side(target), draft=_side(draft), verdict=IDENTICAL)
-    fatal: list[str] = []   # -> incompatible
-    soft: list[str] = []    # -> at most compatible
+    found = _Found()
+    for check in (_vocabularies, _token_texts, _extra_ids, _pre_tokenizers, _merges, _sp_scores, _token_types,
+                  _special_tokens, _options):
+        check(target, draft, rep, found)
+    return _verdict(target, draft, rep, found)
 
-    tt, dt = target.tokens, draft.tokens
-    if not tt or not dt:
+
+def _vocabularies(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """Both files hold a vocabulary, of the same tokenizer model."""
+    if not target.tokens or not draft.tokens:
         missing = [n for n, i in (("target", target), ("draft", draft)) if not i.tokens]
-        fatal.append(f"no vocabulary (tokenizer.ggml.tokens) in the {' and '.join(missing)}")
+        found.fatal.append(f"no vocabulary (tokenizer.ggml.tokens) in the {' and '.join(missing)}")
     if target.tokenizer_model != draft.tokenizer_model:
-        fatal.append(f"tokenizer models differ: target {target.tokenizer_model!r} vs draft "
-                     f"{draft.tokenizer_model!r}")
+        found.fatal.append(f"tokenizer models differ: target {target.tokenizer_model!r} vs draft "
+                           f"{draft.tokenizer_model!r}")
 
-    # --- token texts, id by id -------------------------------------------------
+
+def _token_texts(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """The shared ids' texts, id by id (``rep.n_common`` is the shared range every later check reads)."""
+    tt, dt = target.tokens, draft.tokens
     n = min(len(tt), len(dt))
     rep.n_common = n
     if tt[:n] != dt[:n]:
@@ -205,109 +223,125 @@ def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
         rep.n_differing = len(diff)
         rep.first_differences = [{"id": i, "target": tt[i], "draft": dt[i]}
                                  for i in diff[:N_EXAMPLES]]
-        fatal.append(f"{len(diff)} of {n} shared token ids have different text")
+        found.fatal.append(f"{len(diff)} of {n} shared token ids have different text")
 
-    # --- extra ids -------------------------------------------------------------
-    if len(tt) != len(dt) and n:
-        bigger, side = (target, "target") if len(tt) > len(dt) else (draft, "draft")
-        types = bigger.token_types
-        ext_types = types[n:] if types is not None and len(types) == bigger.n_vocab else None
-        counts: dict[str, int] = {}
-        if ext_types is not None:
-            vals, cnts = np.unique(ext_types, return_counts=True)
-            counts = {TOKEN_TYPE_NAMES.get(int(v), str(int(v))): int(c) for v, c in zip(vals, cnts)}
-        rep.extra = {
-            "side": side,
-            "count": bigger.n_vocab - n,
-            "types": counts,
-            "first": [{"id": i, "text": bigger.tokens[i],
-                       "type": TOKEN_TYPE_NAMES.get(int(ext_types[i - n]), "?") if ext_types is not None else None}
-                      for i in range(n, min(n + N_EXAMPLES, bigger.n_vocab))],
-        }
-        other = "draft" if side == "target" else "target"
-        if ext_types is None:
-            textual = bigger.n_vocab - n
-        else:
-            textual = int(np.count_nonzero(~np.isin(ext_types, list(_NEVER_FROM_TEXT))))
-        rep.extra["ordinary"] = textual
-        if textual:
-            fatal.append(f"the {side} has {bigger.n_vocab - n} extra ids, {textual} of them tokens that "
-                         f"plain text tokenizes to (normal or user-defined; the {other} cannot "
-                         f"represent them)")
-        else:
-            soft.append(f"the {side} extends the {other} with {bigger.n_vocab - n} special ids "
-                        f"({', '.join(f'{c} {k}' for k, c in counts.items())}) outside ordinary "
-                        f"tokenization")
-            if side == "draft":
-                rep.notes.append(f"mask draft ids >= {n} (the target has only {n} tokens)")
-            else:
-                rep.notes.append(f"target ids >= {n} (special tokens) cannot be fed to the draft; "
-                                 f"map or stop on them")
 
-    # --- pre-tokenizer ---------------------------------------------------------
+def _extra_ids(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """Ids one vocabulary has beyond the other: fatal where plain text tokenizes to them, else special ids to mask."""
+    n = rep.n_common
+    if len(target.tokens) == len(draft.tokens) or not n:
+        return
+    bigger, side = (target, "target") if len(target.tokens) > len(draft.tokens) else (draft, "draft")
+    types = bigger.token_types
+    ext_types = types[n:] if types is not None and len(types) == bigger.n_vocab else None
+    counts: dict[str, int] = {}
+    if ext_types is not None:
+        vals, cnts = np.unique(ext_types, return_counts=True)
+        counts = {TOKEN_TYPE_NAMES.get(int(v), str(int(v))): int(c) for v, c in zip(vals, cnts)}
+    rep.extra = {
+        "side": side,
+        "count": bigger.n_vocab - n,
+        "types": counts,
+        "first": [{"id": i, "text": bigger.tokens[i],
+                   "type": TOKEN_TYPE_NAMES.get(int(ext_types[i - n]), "?") if ext_types is not None else None}
+                  for i in range(n, min(n + N_EXAMPLES, bigger.n_vocab))],
+    }
+    other = "draft" if side == "target" else "target"
+    if ext_types is None:
+        textual = bigger.n_vocab - n
+    else:
+        textual = int(np.count_nonzero(~np.isin(ext_types, list(_NEVER_FROM_TEXT))))
+    rep.extra["ordinary"] = textual
+    if textual:
+        found.fatal.append(f"the {side} has {bigger.n_vocab - n} extra ids, {textual} of them tokens that "
+                           f"plain text tokenizes to (normal or user-defined; the {other} cannot "
+                           f"represent them)")
+        return
+    found.soft.append(f"the {side} extends the {other} with {bigger.n_vocab - n} special ids "
+                      f"({', '.join(f'{c} {k}' for k, c in counts.items())}) outside ordinary "
+                      f"tokenization")
+    if side == "draft":
+        rep.notes.append(f"mask draft ids >= {n} (the target has only {n} tokens)")
+    else:
+        rep.notes.append(f"target ids >= {n} (special tokens) cannot be fed to the draft; "
+                         f"map or stop on them")
+
+
+def _pre_tokenizers(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
     if target.pre != draft.pre:
-        soft.append(f"pre-tokenizer labels differ: target {target.pre or '(none)'!r} vs draft "
-                    f"{draft.pre or '(none)'!r}")
+        found.soft.append(f"pre-tokenizer labels differ: target {target.pre or '(none)'!r} vs draft "
+                          f"{draft.pre or '(none)'!r}")
 
-    # --- merges (BPE) ------------------------------------------------------------
+
+def _merges(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """BPE merges: a difference in the shared ones tokenizes the same text differently; one list extending the
+    other builds extra tokens."""
     tm, dm = target.merges, draft.merges
     rep.merges = {"target": len(tm), "draft": len(dm), "identical": tm == dm}
-    if tm != dm:
-        m = min(len(tm), len(dm))
-        first = next((i for i in range(m) if tm[i] != dm[i]), None)
-        if first is not None:
-            rep.merges["first_difference"] = {"index": first, "target": tm[first], "draft": dm[first]}
-            rep.merges["n_differing"] = sum(1 for i in range(m) if tm[i] != dm[i])
-            fatal.append(f"merges differ ({rep.merges['n_differing']} of {m} shared merges, first at "
-                         f"#{first}): the same text tokenizes differently")
+    if tm == dm:
+        return
+    m = min(len(tm), len(dm))
+    first = next((i for i in range(m) if tm[i] != dm[i]), None)
+    if first is not None:
+        rep.merges["first_difference"] = {"index": first, "target": tm[first], "draft": dm[first]}
+        rep.merges["n_differing"] = sum(1 for i in range(m) if tm[i] != dm[i])
+        found.fatal.append(f"merges differ ({rep.merges['n_differing']} of {m} shared merges, first at "
+                           f"#{first}): the same text tokenizes differently")
+        return
+    longer = "target" if len(tm) > len(dm) else "draft"
+    rep.merges["extends"] = longer
+    if not (rep.extra and rep.extra["side"] == longer and rep.extra["ordinary"]):
+        if not tm or not dm:
+            found.fatal.append(f"only the {longer} has BPE merges")
         else:
-            # one list extends the other: the extra merges build extra tokens
-            longer = "target" if len(tm) > len(dm) else "draft"
-            rep.merges["extends"] = longer
-            if not (rep.extra and rep.extra["side"] == longer and rep.extra["ordinary"]):
-                if not tm or not dm:
-                    fatal.append(f"only the {longer} has BPE merges")
-                else:
-                    soft.append(f"the {longer}'s merges extend the other's by {abs(len(tm) - len(dm))}")
+            found.soft.append(f"the {longer}'s merges extend the other's by {abs(len(tm) - len(dm))}")
 
-    # --- SentencePiece scores (they act as merge priorities) ---------------------
-    ts, ds = target.scores, draft.scores
-    if ts is not None and ds is not None and n:
-        m = min(n, len(ts), len(ds))
-        neq = np.nonzero(ts[:m] != ds[:m])[0]
-        if len(neq):
-            types = target.token_types
-            if types is not None and len(types) >= m:
-                normal = neq[types[neq] == _TOKT_NORMAL]
-            else:
-                normal = neq
-            rep.scores = {"n_differing": int(len(neq)), "n_differing_normal": int(len(normal)),
-                          "first": [int(i) for i in neq[:N_EXAMPLES]]}
-            if len(normal) and target.tokenizer_model in ("llama", "t5", "ugm", None):
-                fatal.append(f"scores of {len(normal)} ordinary tokens differ (first id {int(normal[0])}): "
-                             f"the same text tokenizes differently")
-            else:
-                soft.append(f"scores differ on {len(neq)} special ids")
 
-    # --- token types in the shared range ------------------------------------------
-    ttypes, dtypes = target.token_types, draft.token_types
-    if ttypes is not None and dtypes is not None and n:
-        m = min(n, len(ttypes), len(dtypes))
-        neq = np.nonzero(ttypes[:m] != dtypes[:m])[0]
-        if len(neq):
-            rep.token_type_differences = {
-                "count": int(len(neq)),
-                "first": [{"id": int(i), "text": tt[i] if i < len(tt) else None,
-                           "target": TOKEN_TYPE_NAMES.get(int(ttypes[i]), str(int(ttypes[i]))),
-                           "draft": TOKEN_TYPE_NAMES.get(int(dtypes[i]), str(int(dtypes[i])))}
-                          for i in neq[:N_EXAMPLES]],
-            }
-            if not rep.n_differing:
-                soft.append(f"token types differ on {len(neq)} ids")
-    elif (ttypes is None) != (dtypes is None):
-        soft.append("only one file has token types")
+def _sp_scores(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """SentencePiece scores act as merge priorities: ordinary tokens' must agree."""
+    ts, ds, n = target.scores, draft.scores, rep.n_common
+    if ts is None or ds is None or not n:
+        return
+    m = min(n, len(ts), len(ds))
+    neq = np.nonzero(ts[:m] != ds[:m])[0]
+    if not len(neq):
+        return
+    types = target.token_types
+    normal = neq[types[neq] == _TOKT_NORMAL] if types is not None and len(types) >= m else neq
+    rep.scores = {"n_differing": int(len(neq)), "n_differing_normal": int(len(normal)),
+                  "first": [int(i) for i in neq[:N_EXAMPLES]]}
+    if len(normal) and target.tokenizer_model in ("llama", "t5", "ugm", None):
+        found.fatal.append(f"scores of {len(normal)} ordinary tokens differ (first id {int(normal[0])}): "
+                           f"the same text tokenizes differently")
+    else:
+        found.soft.append(f"scores differ on {len(neq)} special ids")
 
-    # --- special tokens --------------------------------------------------------------
+
+def _token_types(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
+    """Token types in the shared range."""
+    ttypes, dtypes, n, tt = target.token_types, draft.token_types, rep.n_common, target.tokens
+    if ttypes is None or dtypes is None:
+        if (ttypes is None) != (dtypes is None):
+            found.soft.append("only one file has token types")
+        return
+    if not n:
+        return
+    m = min(n, len(ttypes), len(dtypes))
+    neq = np.nonzero(ttypes[:m] != dtypes[:m])[0]
+    if not len(neq):
+        return
+    rep.token_type_differences = {
+        "count": int(len(neq)),
+        "first": [{"id": int(i), "text": tt[i] if i < len(tt) else None,
+                   "target": TOKEN_TYPE_NAMES.get(int(ttypes[i]), str(int(ttypes[i]))),
+                   "draft": TOKEN_TYPE_NAMES.get(int(dtypes[i]), str(int(dtypes[i])))}
+                  for i in neq[:N_EXAMPLES]],
+    }
+    if not rep.n_differing:
+        found.soft.append(f"token types differ on {len(neq)} ids")
+
+
+def _special_tokens(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
     tsp, dsp = target.special_tokens(), draft.special_tokens()
     for name in SPECIAL_NAMES:
         if tsp[name] != dsp[name]:
@@ -317,33 +351,39 @@ def compare(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
                 entry["draft_text"] = _text(draft, dsp[name])
             rep.special_differences[name] = entry
     if rep.special_differences:
-        soft.append("special tokens differ: " + ", ".join(rep.special_differences))
+        found.soft.append("special tokens differ: " + ", ".join(rep.special_differences))
         if "eos" in rep.special_differences or "eot" in rep.special_differences:
             rep.notes.append("stop on the target's EOS/EOT; the draft's own end token means nothing "
                              "to the target")
 
+
+def _options(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> None:
     for key in _OPTION_KEYS:
         a, b = target.get(key), draft.get(key)
         if a != b:
             rep.option_differences[key.rsplit(".", 1)[1]] = {"target": a, "draft": b}
     if rep.option_differences:
-        soft.append("tokenizer options differ: " + ", ".join(rep.option_differences))
+        found.soft.append("tokenizer options differ: " + ", ".join(rep.option_differences))
 
-    if fatal and tt and dt:
+
+def _verdict(target: GGUFInfo, draft: GGUFInfo, rep: CompatReport, found: _Found) -> CompatReport:
+    """Identical, compatible (soft differences only), translatable (ids mean other text, but both have a
+    vocabulary) or incompatible."""
+    if found.fatal and target.tokens and draft.tokens:
         rep.verdict = TRANSLATABLE
-        rep.reasons = fatal + soft
+        rep.reasons = found.fatal + found.soft
         overlap = vocabulary_overlap(target, draft)
         rep.scores["text_overlap"] = round(overlap, 4)
         rep.notes = [f"draft token ids mean different text to the target, so drafts are translated: draft tokens -> "
                      f"text -> the target's tokens, verified by exact match (lossless). {overlap:.1%} of the "
                      "target's tokens have a draft token with the same text"]
-    elif fatal:
+    elif found.fatal:
         rep.verdict = INCOMPATIBLE
-        rep.reasons = fatal + soft
+        rep.reasons = found.fatal + found.soft
         rep.notes = ["a model without a vocabulary cannot draft or be drafted for"]
-    elif soft:
+    elif found.soft:
         rep.verdict = COMPATIBLE
-        rep.reasons = soft
+        rep.reasons = found.soft
     return rep
 
 
