@@ -6,7 +6,8 @@ The suite starts the server binary named by ``LLAMA_SERVER_BIN_PATH`` with llama
 models from Hugging Face (``--hf-repo``), which cannot happen on a machine without the internet.  This script
 copies the suite from the llama.cpp tree that ``scripts/build_llama_bins.sh`` unpacks, and points it at a small
 launcher that swaps each ``--hf-repo``/``--hf-file``/``--model-url`` for a local GGUF (``--model``, the bundled
-pycoder-6m unless given: Gemma 3 270M runs the suite past its 60 s start timeouts on 2 busy cores) and then starts the real server: ``specstack serve`` with every other flag untouched, or
+pycoder-6m unless given: Gemma 3 270M runs the suite past its 60 s start timeouts on 2 busy cores) and then starts the real server: ``specstack serve`` with every other flag untouched (``--offline`` included, as the suite
+passes it: both servers must accept it), or
 llama-server itself (the binary the build script made) with the same substitution.  The preset download step
 (``load_server_presets``) is turned off by a ``conftest.py`` beside the tests; nothing else of the suite changes.
 
@@ -69,7 +70,7 @@ NEEDS = ("requests", "wget", "filelock", "aiohttp", "openai", "prometheus_client
 LAUNCHER = '''#!{python}
 import os, sys
 MODEL, SERVER = {model!r}, {server!r}
-DROP = {{"--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--offline": 0}}
+DROP = {{"--hf-repo": 1, "-hfr": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1}}  # --offline is kept
 args, i, model = [], 1, None
 while i < len(sys.argv):
     a = sys.argv[i]
