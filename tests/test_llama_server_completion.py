@@ -263,3 +263,29 @@ def test_a_completion_stream_reports_prompt_progress_first_with_its_timings(http
     plain = chunks()
     assert not any("prompt_progress" in c for c in plain)
     assert "".join(c["content"] for c in got) == "".join(c["content"] for c in plain)
+
+
+# -- the OpenAI routes' bodies ---------------------------------------------------------------------------------
+
+def test_every_openai_completion_body_and_chunk_carries_a_system_fingerprint(http):
+    """llama-server puts ``system_fingerprint`` (its build, ``b<build>-<commit>``) in every /v1/completions and
+    /v1/chat/completions body and stream chunk; its test_completion_with_openai_library checks that it starts
+    with "b".  Streamed chunks include the usage chunk (stream_options.include_usage)."""
+    import json
+
+    bodies = []
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})):
+        body = {**body, "max_tokens": 3, "temperature": 0}
+        r = http.post(path, json=body)
+        assert r.status_code == 200, r.text
+        bodies.append(r.json())
+        with http.stream("POST", path, json={**body, "stream": True,
+                                             "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert len(chunks) > 2 and chunks[-1]["choices"] == [] and "usage" in chunks[-1]
+        bodies += chunks
+    assert all(b["system_fingerprint"].startswith("b") for b in bodies), [b.get("system_fingerprint") for b in bodies]
+    assert len({b["system_fingerprint"] for b in bodies}) == 1
