@@ -263,3 +263,53 @@ def test_a_completion_stream_reports_prompt_progress_first_with_its_timings(http
     plain = chunks()
     assert not any("prompt_progress" in c for c in plain)
     assert "".join(c["content"] for c in got) == "".join(c["content"] for c in plain)
+
+
+# -- the OpenAI routes' bodies ---------------------------------------------------------------------------------
+
+def test_every_openai_completion_body_and_chunk_carries_a_system_fingerprint(http):
+    """llama-server puts ``system_fingerprint`` (its build, ``b<build>-<commit>``) in every /v1/completions and
+    /v1/chat/completions body and stream chunk; its test_completion_with_openai_library checks that it starts
+    with "b".  Streamed chunks include the usage chunk (stream_options.include_usage)."""
+    import json
+
+    bodies = []
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})):
+        body = {**body, "max_tokens": 3, "temperature": 0}
+        r = http.post(path, json=body)
+        assert r.status_code == 200, r.text
+        bodies.append(r.json())
+        with http.stream("POST", path, json={**body, "stream": True,
+                                             "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert len(chunks) > 2 and chunks[-1]["choices"] == [] and "usage" in chunks[-1]
+        bodies += chunks
+    assert all(b["system_fingerprint"].startswith("b") for b in bodies), [b.get("system_fingerprint") for b in bodies]
+    assert len({b["system_fingerprint"] for b in bodies}) == 1
+
+
+def test_response_fields_cut_a_completion_result_to_the_fields_named(http):
+    """llama-server's response_fields on /completion (json_get_nested_values): only the fields named, a nested one
+    under its path at the top level, one that leads nowhere left out; a stream's final chunk likewise.  llama.cpp's
+    test_completion_response_fields.  OpenAI's routes do not apply it, so there it is still refused."""
+    import json
+
+    fields = ["content", "generation_settings/n_predict", "prompt", "no/such/field"]
+    body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "response_fields": fields}
+    r = http.post("/completion", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert set(got) == {"content", "generation_settings/n_predict", "prompt"}
+    assert got["generation_settings/n_predict"] == 4 and got["prompt"].endswith(PROMPT) and got["content"]
+    whole = http.post("/completion", json={**body, "response_fields": []}).json()
+    assert got["content"] == whole["content"] and "generation_settings" in whole and "timings" in whole
+    with http.stream("POST", "/completion", json={**body, "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert all(c["stop"] is False for c in chunks[:-1])
+    assert set(chunks[-1]) == {"content", "generation_settings/n_predict", "prompt"} and chunks[-1]["content"] == ""
+    assert "".join(c["content"] for c in chunks[:-1]) == got["content"]
+    v1 = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "response_fields": ["content"]})
+    assert v1.status_code == 400 and "response_fields" in v1.text

@@ -154,11 +154,28 @@ def slot_entries(w: RoleBackend, limits: Limits, busy: dict[int, Job]) -> list[d
     return out
 
 
+def nested_values(paths: list[str], body: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``response_fields`` (``json_get_nested_values``): only the fields named, each under its path as
+    given (``generation_settings/n_predict`` at the top level), a path that leads nowhere left out without error."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        value: Any = body
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
+
+
 class Native:
     """A native request's choices as they arrive: text, token ids and probabilities per choice."""
 
-    def __init__(self, limits: Limits, w: RoleBackend, jobs: list[Job], per_prompt: int) -> None:
+    def __init__(self, limits: Limits, w: RoleBackend, jobs: list[Job], per_prompt: int,
+                 fields: list[str] | None = None) -> None:
         self.limits, self.w, self.jobs, self.per_prompt = limits, w, jobs, per_prompt
+        self.fields = fields or []  # response_fields: the final result cut to these (``nested_values``)
         self.texts = [""] * len(jobs)
         self.ids: list[list[int]] = [[] for _ in jobs]
         self.probs: list[list[dict[str, Any]]] = [[] for _ in jobs]
@@ -234,7 +251,7 @@ class Native:
                "speculative": summary(stats)}
         if job.config.logprobs is not None and not streamed:
             out["completion_probabilities"] = self.probs[i]
-        return out
+        return nested_values(self.fields, out) if self.fields else out
 
     def _stopping_word(self, i: int, reason: str) -> str:
         """The stop string that ended choice ``i``: the text stops where it begins."""

@@ -11,6 +11,17 @@ from fastapi.responses import JSONResponse
 
 from .tools import ChoiceOutput
 
+
+def system_fingerprint() -> str:
+    """The ``system_fingerprint`` of every OpenAI completion and chat body and chunk, as llama-server sends it
+    (``llama_build_info()``: ``b<build>-<commit>``, the llama.cpp build).  libllama does not export llama.cpp's
+    build number (it lives in llama.cpp's ``common``), so the build named here is llama-cpp-python's and
+    specstack's: ``b<llama-cpp-python version>-specstack<version>``."""
+    from .. import __version__
+    from ..llama.backend import llama_version
+
+    return f"b{llama_version() or 'unknown'}-specstack{__version__}"
+
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
           code: str | None = None, headers: dict[str, str] | None = None,
           fields: dict[str, Any] | None = None) -> JSONResponse:
@@ -40,7 +51,7 @@ def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], 
     """One stream chunk; ``extra`` goes under ``specstack``, ``top`` beside the choices (llama-server's
     ``timings`` and ``__verbose``)."""
     body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
-                            "choices": [{"index": 0, **choice}]}
+                            "system_fingerprint": system_fingerprint(), "choices": [{"index": 0, **choice}]}
     if include_usage:
         body["usage"] = None
     if extra:
@@ -127,7 +138,7 @@ def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, An
     if len(finals) > 1:
         spec = {**spec, "choices": [summary(f["stats"]) for f in finals]}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": total_usage(finals, per_prompt), "speculative": spec}
+            "model": model, "system_fingerprint": system_fingerprint(), "choices": choices, "usage": total_usage(finals, per_prompt), "speculative": spec}
 
 
 def exactness(w: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 
 from .native import Native
 from .telemetry import final_timings
-from .responses import LogprobsOut, chunk, summary, total_usage
+from .responses import LogprobsOut, chunk, summary, system_fingerprint, total_usage
 from .session import Event, Session
 from .tools import ChoiceOutput
 
@@ -96,7 +96,7 @@ class OpenAIChunks:
         usage = total_usage(self.session.finals(), self.per_prompt)
         self.session.request.state.usage = usage  # for the access log
         tail = [json.dumps({"id": self.rid, "object": self.obj, "created": self.created, "model": self.model,
-                            "choices": [], "usage": usage, "timings": final_timings(self.session.finals()[0])})
+                            "system_fingerprint": system_fingerprint(), "choices": [], "usage": usage, "timings": final_timings(self.session.finals()[0])})
                 ] if self.include_usage else []
         return tail + ["[DONE]"]
 

@@ -167,7 +167,8 @@ UNIMPLEMENTED = (
     Unimplemented("n_indent", I, (0,), "indentation limits are not implemented"),
     Unimplemented("return_tokens", B, (False,), "token ids are not returned (streamed chunks carry specstack.tokens)"),
     Unimplemented("sse_ping_interval", F, (), "streams are pinged every 15 s"),
-    Unimplemented("response_fields", list[S], ([],), "responses are always whole"),
+    Unimplemented("response_fields", list[S], ([],), "only llama-server's /completion and /infill cut their results "
+                  "to response_fields (llama-server's OpenAI routes leave it unapplied)"),
     Unimplemented("lora", list[Any], ([],), "LoRA adapters are not supported"),
     Unimplemented("image_data", list[Any], ([],), TEXT_ONLY),
     Unimplemented("multimodal_data", list[Any], ([],), TEXT_ONLY),

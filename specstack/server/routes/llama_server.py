@@ -133,9 +133,10 @@ async def completion(body: CompletionRequest, request: Request) -> Response:
     ``generation_settings``; a list of prompts (or ``n_cmpl``) answers with a list of such results."""
     state = served(request)
     w = state.backend(body.model)
+    fields = body.response_fields or []
     body = native_body(body)
     unsupported(body)
-    return await native_answer(request, w, body, prompt_ids(body.prompt, w.target))
+    return await native_answer(request, w, body, prompt_ids(body.prompt, w.target), fields)
 
 
 @router.post("/infill")
@@ -144,19 +145,23 @@ async def infill(body: InfillRequest, request: Request) -> Response:
     ``input_suffix`` and ``input_extra``, then ``/completion``'s path, speculation included."""
     state = served(request)
     w = state.backend(body.model)
+    fields = body.response_fields or []
     body = native_body(body)
     unsupported(body)
     n_predict = body.n_predict if body.n_predict and body.n_predict > 0 else state.limits.default_max_tokens
     n_ctx = w.target.capacity
     prompt = infill_prompt(w.target, body, INFILL_BATCH, n_predict, n_ctx)
-    return await native_answer(request, w, body, [prompt])
+    return await native_answer(request, w, body, [prompt], fields)
 
 
-async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[int]]) -> Response:
-    """The prompts run on role ``w`` and answered in llama-server's native shape, streamed or whole."""
+async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[int]],
+                        fields: list[str] | None = None) -> Response:
+    """The prompts run on role ``w`` and answered in llama-server's native shape, streamed or whole; ``fields``
+    (``response_fields``) cut each final result to the fields named, as llama-server's (the stream's last chunk
+    too, which is that result)."""
     state = served(request)
     run = await session.start(request, w, body, prompts, state.limits, chat=False, grammar=grammar_for(body))
-    native = Native(state.limits, w, run.jobs, len(run.jobs) // len(prompts))
+    native = Native(state.limits, w, run.jobs, len(run.jobs) // len(prompts), fields)
     if body.stream:
         return EventSourceResponse(native_stream(run, native, bool(getattr(body, "timings_per_token", None))), ping=15)
     finals = await run.collect(native.add)
@@ -169,13 +174,14 @@ async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[
 
 def native_body(body: Any) -> Any:
     """A /completion body read as /v1/completions reads its own: OpenAI-only fields refused, ``n_probs`` as
-    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids); the sampling defaults are every route's
+    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids), ``response_fields`` taken out (the route cuts
+    its results to them: ``native_answer``); the sampling defaults are every route's
     (``jobs.sampling_for``: llama-server's)."""
     for name, instead in OPENAI_ONLY.items():
         if name in body.model_fields_set and getattr(body, name) is not None:
             raise ApiError(400, f"{name} is a field of /v1/completions, not of llama-server's /completion ({instead})",
                            param=name)
-    update: dict[str, Any] = {"return_tokens": None}
+    update: dict[str, Any] = {"return_tokens": None, "response_fields": None}  # the route applies response_fields
     # n_probs is checked by its own name: from here on it is read as logprobs, which its errors would name
     if body.n_probs is not None and not 0 <= body.n_probs <= MAX_LOGPROBS:
         raise ApiError(400, f"n_probs must be in 0..{MAX_LOGPROBS} (got {body.n_probs})", param="n_probs")
