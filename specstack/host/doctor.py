@@ -93,44 +93,47 @@ def _gib(n: int | None) -> str:
 
 
 def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
-    checks: list[Check] = []
-    phys, logical, threads = f["physical_cores"], f["logical_cpus"], f["threads"]
+    """The checks the facts ``f`` (``gather_facts``) call for, and ``model``'s where given: one function a part."""
+    checks = [*_threads(f), *_numa(f), *_thread_env(f), _huge_pages(f), *_cpu_features(f), _governor(f)]
+    return checks + (_memory(f) if model is None else _model(f, model))
 
-    # --- threads ---------------------------------------------------------------------------
+
+def _threads(f: dict[str, Any]) -> list[Check]:
+    """Cores, a cgroup quota, SMT, and whether other processes hold the cores the threads need."""
+    phys, logical, threads = f["physical_cores"], f["logical_cpus"], f["threads"]
     msg = (f"{phys} physical core(s), {logical} logical CPU(s) usable"
            + (f" (of {f['os_cpu_count']} on the machine)" if f["os_cpu_count"] and f["os_cpu_count"] > logical else "")
            + f"; specstack uses {threads} thread(s), "
            + ("as -t says" if f.get("threads_given") else "one per physical core"))
     if f["cpu_quota"] is not None and f["cpu_quota"] < phys:
-        checks.append(Check("threads", "warn", msg + f"; a cgroup CPU quota allows only "
-                            f"{f['cpu_quota']:g} CPU(s)",
-                            "give the container more CPUs (e.g. docker run --cpus "
-                            f"{phys}), or accept {threads} thread(s)"))
+        check = Check("threads", "warn", msg + f"; a cgroup CPU quota allows only {f['cpu_quota']:g} CPU(s)",
+                      f"give the container more CPUs (e.g. docker run --cpus {phys}), or accept {threads} thread(s)")
     elif logical > phys:
-        checks.append(Check("threads", "ok", msg + f"; SMT is on ({logical // max(1, phys)} threads "
-                            "per core): more threads than cores usually slows llama.cpp down"))
+        check = Check("threads", "ok", msg + f"; SMT is on ({logical // max(1, phys)} threads "
+                      "per core): more threads than cores usually slows llama.cpp down")
     else:
-        checks.append(Check("threads", "ok", msg))
-
+        check = Check("threads", "ok", msg)
     load = _load_check(f.get("cpu_load"), threads)
-    if load is not None:
-        checks.append(load)
+    return [check] + ([load] if load is not None else [])
 
-    # --- NUMA ----------------------------------------------------------------------------------
+
+def _numa(f: dict[str, Any]) -> list[Check]:
     nodes = f["numa_nodes"]
     if nodes <= 1:
-        checks.append(Check("numa", "ok", "1 NUMA node: memory is equally close to every core"))
-    elif not f["numactl"]:
-        checks.append(Check("numa", "warn", f"{nodes} NUMA nodes and no numactl: weights may sit on "
-                            "the far node and threads wander between nodes",
-                            "apt-get install numactl, then: numactl --cpunodebind=0 --membind=0 "
-                            "specstack ... (one node), or numactl --interleave=all specstack ..."))
-    else:
-        checks.append(Check("numa", "info", f"{nodes} NUMA nodes; numactl at {f['numactl']}",
-                            "for a model that fits one node: numactl --cpunodebind=0 --membind=0 "
-                            "specstack ...; otherwise numactl --interleave=all specstack ..."))
+        return [Check("numa", "ok", "1 NUMA node: memory is equally close to every core")]
+    if not f["numactl"]:
+        return [Check("numa", "warn", f"{nodes} NUMA nodes and no numactl: weights may sit on "
+                      "the far node and threads wander between nodes",
+                      "apt-get install numactl, then: numactl --cpunodebind=0 --membind=0 "
+                      "specstack ... (one node), or numactl --interleave=all specstack ...")]
+    return [Check("numa", "info", f"{nodes} NUMA nodes; numactl at {f['numactl']}",
+                  "for a model that fits one node: numactl --cpunodebind=0 --membind=0 "
+                  "specstack ...; otherwise numactl --interleave=all specstack ...")]
 
-    # --- thread environment variables -------------------------------------------------------------
+
+def _thread_env(f: dict[str, Any]) -> list[Check]:
+    """Numerical libraries' thread variables, which would compete with llama.cpp's threads."""
+    phys, checks = f["physical_cores"], []
     for var in THREAD_ENV_VARS:
         val = f["env"].get(var)
         if val is None:
@@ -149,106 +152,106 @@ def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
                                 f"export {var}={phys}   (or: unset {var})"))
         else:
             checks.append(Check(var, "ok", f"{var}={n}"))
+    return checks
 
-    # --- transparent huge pages ------------------------------------------------------------------
+
+def _huge_pages(f: dict[str, Any]) -> Check:
     thp = f["thp"]
     thp_fix = "echo always | sudo tee /sys/kernel/mm/transparent_hugepage/enabled"
     if thp == "always":
-        checks.append(Check("huge pages", "ok", "transparent huge pages: always"))
-    elif thp == "madvise":
-        checks.append(Check("huge pages", "info", "transparent huge pages: madvise; llama.cpp does "
-                            "not madvise its buffers, so weights use 4 KiB pages (a few % slower on "
-                            "large models)", thp_fix))
-    elif thp == "never":
-        checks.append(Check("huge pages", "warn", "transparent huge pages: never (more TLB misses "
-                            "on large models)", thp_fix))
-    else:
-        checks.append(Check("huge pages", "info", "transparent huge pages setting not readable"))
+        return Check("huge pages", "ok", "transparent huge pages: always")
+    if thp == "madvise":
+        return Check("huge pages", "info", "transparent huge pages: madvise; llama.cpp does "
+                     "not madvise its buffers, so weights use 4 KiB pages (a few % slower on "
+                     "large models)", thp_fix)
+    if thp == "never":
+        return Check("huge pages", "warn", "transparent huge pages: never (more TLB misses "
+                     "on large models)", thp_fix)
+    return Check("huge pages", "info", "transparent huge pages setting not readable")
 
-    # --- CPU features vs the llama.cpp build ------------------------------------------------------------
+
+def _cpu_features(f: dict[str, Any]) -> list[Check]:
+    """The llama.cpp build against the CPU: a feature it was built for that the CPU lacks, or the reverse."""
     cpu = f["cpu_features"]
     have = [k for k, v in cpu.items() if v]
     lf = f["llama_features"]
     if f["llama_error"] or lf is None:
-        checks.append(Check("llama.cpp", "fail", f"llama_cpp cannot be imported: {f['llama_error']}",
-                            "pip install llama-cpp-python==0.3.36"))
-        checks.append(Check("cpu features", "info" if cpu.get("AVX2") else "warn",
-                            "CPU: " + (", ".join(have) or "no AVX") + "; llama.cpp: unknown"))
+        return [Check("llama.cpp", "fail", f"llama_cpp cannot be imported: {f['llama_error']}",
+                      "pip install llama-cpp-python==0.3.36"),
+                Check("cpu features", "info" if cpu.get("AVX2") else "warn",
+                      "CPU: " + (", ".join(have) or "no AVX") + "; llama.cpp: unknown")]
+    build = Check("llama.cpp", "ok", f"llama-cpp-python {f['llama_version'] or '?'}: {f['llama_system_info']}")
+    llama_on = {k for k, v in lf.items() if v == "1"}
+    missing = [k for k in LLAMA_FEATURES if cpu.get(k) and k not in llama_on]
+    extra = [k for k in LLAMA_FEATURES if k in llama_on and k in cpu and not cpu[k]]
+    line = ("CPU: " + (", ".join(have) or "none of AVX/AVX2/AVX-512/AMX") + "; llama.cpp uses: "
+            + (", ".join(k for k in LLAMA_FEATURES if k in llama_on) or "none of them"))
+    if extra:
+        features = Check("cpu features", "fail", line + f"; llama.cpp was built for {', '.join(extra)}, "
+                         "which this CPU lacks (illegal instruction risk)", REBUILD_FIX)
+    elif missing:
+        features = Check("cpu features", "warn", line + f"; the CPU has {', '.join(missing)} but "
+                         "this llama.cpp build does not use it", REBUILD_FIX)
+    elif not cpu.get("AVX2"):
+        features = Check("cpu features", "warn", line + "; no AVX2: expect slow inference")
     else:
-        checks.append(Check("llama.cpp", "ok", f"llama-cpp-python {f['llama_version'] or '?'}: "
-                            f"{f['llama_system_info']}"))
-        llama_on = {k for k, v in lf.items() if v == "1"}
-        missing = [k for k in LLAMA_FEATURES if cpu.get(k) and k not in llama_on]
-        extra = [k for k in LLAMA_FEATURES if k in llama_on and k in cpu and not cpu[k]]
-        line = ("CPU: " + (", ".join(have) or "none of AVX/AVX2/AVX-512/AMX") + "; llama.cpp uses: "
-                + (", ".join(k for k in LLAMA_FEATURES if k in llama_on) or "none of them"))
-        if extra:
-            checks.append(Check("cpu features", "fail", line + f"; llama.cpp was built for {', '.join(extra)}, "
-                                "which this CPU lacks (illegal instruction risk)", REBUILD_FIX))
-        elif missing:
-            checks.append(Check("cpu features", "warn", line + f"; the CPU has {', '.join(missing)} but "
-                                "this llama.cpp build does not use it", REBUILD_FIX))
-        elif not cpu.get("AVX2"):
-            checks.append(Check("cpu features", "warn", line + "; no AVX2: expect slow inference"))
-        else:
-            checks.append(Check("cpu features", "ok", line))
+        features = Check("cpu features", "ok", line)
+    return [build, features]
 
-    # --- CPU frequency governor ------------------------------------------------------------------------
+
+def _governor(f: dict[str, Any]) -> Check:
     gov = f["governor"]
     if gov is None:
-        checks.append(Check("cpu governor", "info", "frequency governor not exposed (virtual machine "
-                            "or container)"))
-    elif gov == "performance":
-        checks.append(Check("cpu governor", "ok", "frequency governor: performance"))
-    else:
-        checks.append(Check("cpu governor", "info", f"frequency governor: {gov}; timings vary while "
-                            "the clock ramps up", "sudo cpupower frequency-set -g performance"))
+        return Check("cpu governor", "info", "frequency governor not exposed (virtual machine or container)")
+    if gov == "performance":
+        return Check("cpu governor", "ok", "frequency governor: performance")
+    return Check("cpu governor", "info", f"frequency governor: {gov}; timings vary while the clock ramps up",
+                 "sudo cpupower frequency-set -g performance")
 
-    # --- memory -------------------------------------------------------------------------------------------
-    avail = f["mem_available"]
-    mem_line = (f"{_gib(avail)} available of {_gib(f['mem_total'])}"
-                + (f" (cgroup limit {_gib(f['cgroup_memory_limit'])})" if f["cgroup_memory_limit"] else ""))
-    if model is None:
-        checks.append(Check("memory", "info", mem_line + "; give -m MODEL to check that a model fits"))
-    else:
-        try:
-            info = read_gguf(model)
-        except ModelLoadError as exc:
-            checks.append(Check("model", "fail", str(exc)))
-        else:
-            need = int(info.file_size * MEMORY_HEADROOM)
-            desc = (f"{Path(model).name}: {info.architecture}, "
-                    f"{info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
-                    f"{_gib(info.file_size)} on disk")
-            from ..modelfile.compat import rewind_line
 
-            checks.append(Check("model", "warn" if info.rewind == "checkpoint" else "info",
-                                desc + ("" if info.recurrence == "none" else
-                                        f"; {rewind_line(info.recurrence, info.rewind)}"),
-                                None if info.rewind != "checkpoint" else
-                                "speculation pays a state copy per drafted step; `specstack bench` shows whether it pays"))
-            if info.nextn_layers:
-                from ..modelfile.compat import mtp_line
+def _memory_line(f: dict[str, Any]) -> str:
+    return (f"{_gib(f['mem_available'])} available of {_gib(f['mem_total'])}"
+            + (f" (cgroup limit {_gib(f['cgroup_memory_limit'])})" if f["cgroup_memory_limit"] else ""))
 
-                checks.append(Check("mtp", "info", f"{Path(model).name}: "
-                                    f"{mtp_line(info.nextn_layers, info.mtp_mode, info.architecture)}",
-                                    "specstack generate --drafter mtp (or cascade:suffix,mtp on repetitive work)"
-                                    if info.mtp_mode == "single head" else None))
-            if avail is None:
-                checks.append(Check("memory", "info", f"available memory unknown; the model needs "
-                                    f"about {_gib(need)}"))
-            elif need > avail:
-                checks.append(Check("memory", "fail", f"the model needs about {_gib(need)} but only "
-                                    f"{mem_line}: it will swap or be killed",
-                                    "use a smaller quantization (e.g. Q4_K_M) or a smaller model, "
-                                    "or free memory"))
-            elif need > 0.8 * avail:
-                checks.append(Check("memory", "warn", f"the model needs about {_gib(need)}, close to "
-                                    f"the {mem_line}", "close other programs, or use a smaller "
-                                    "quantization"))
-            else:
-                checks.append(Check("memory", "ok", f"the model needs about {_gib(need)}; {mem_line}"))
-    return checks
+
+def _memory(f: dict[str, Any]) -> list[Check]:
+    """Without a model: what memory there is."""
+    return [Check("memory", "info", _memory_line(f) + "; give -m MODEL to check that a model fits")]
+
+
+def _model(f: dict[str, Any], model: str | Path) -> list[Check]:
+    """The model's file (its recurrence and NextN head) and whether it fits in memory."""
+    try:
+        info = read_gguf(model)
+    except ModelLoadError as exc:
+        return [Check("model", "fail", str(exc))]
+    from ..modelfile.compat import mtp_line, rewind_line
+
+    desc = (f"{Path(model).name}: {info.architecture}, {info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
+            f"{_gib(info.file_size)} on disk")
+    checks = [Check("model", "warn" if info.rewind == "checkpoint" else "info",
+                    desc + ("" if info.recurrence == "none" else f"; {rewind_line(info.recurrence, info.rewind)}"),
+                    None if info.rewind != "checkpoint" else
+                    "speculation pays a state copy per drafted step; `specstack bench` shows whether it pays")]
+    if info.nextn_layers:
+        checks.append(Check("mtp", "info", f"{Path(model).name}: "
+                            f"{mtp_line(info.nextn_layers, info.mtp_mode, info.architecture)}",
+                            "specstack generate --drafter mtp (or cascade:suffix,mtp on repetitive work)"
+                            if info.mtp_mode == "single head" else None))
+    return checks + [_fits(f, int(info.file_size * MEMORY_HEADROOM))]
+
+
+def _fits(f: dict[str, Any], need: int) -> Check:
+    avail, mem_line = f["mem_available"], _memory_line(f)
+    if avail is None:
+        return Check("memory", "info", f"available memory unknown; the model needs about {_gib(need)}")
+    if need > avail:
+        return Check("memory", "fail", f"the model needs about {_gib(need)} but only {mem_line}: it will swap or "
+                     "be killed", "use a smaller quantization (e.g. Q4_K_M) or a smaller model, or free memory")
+    if need > 0.8 * avail:
+        return Check("memory", "warn", f"the model needs about {_gib(need)}, close to the {mem_line}",
+                     "close other programs, or use a smaller quantization")
+    return Check("memory", "ok", f"the model needs about {_gib(need)}; {mem_line}")
 
 
 # From this share of the weights' bytes on, the doctor says rows here cost more than on a big model (Gemma 3 270M
