@@ -154,7 +154,8 @@ def test_errors_have_openai_bodies(client, server):
     assert many.status_code == 400 and many.json()["error"]["param"] == "n"
     big = httpx.post(server.url + "/v1/completions", content=b" " * 70_000, headers=headers)
     assert big.status_code == 413
-    assert httpx.get(server.url + "/nope").json()["error"]["type"] == "not_found_error"
+    assert httpx.get(server.url + "/nope", headers=headers).json()["error"]["type"] == "not_found_error"
+    assert httpx.get(server.url + "/nope").status_code == 401  # as llama-server: only its public routes are open
 
 
 @pytest.mark.parametrize("field,value", [
