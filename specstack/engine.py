@@ -376,15 +376,16 @@ class Engine:
 
     def _fit_pool(self, gens: list[Generation]) -> list[Generation]:
         """The running generations the shared pool has a cell for (their pending token): idle slots are freed
-        first; then, while it still lacks cells, the generation holding the most ends, stop reason "context"
-        (finish_reason length, as a slot at the end of its context on llama-server, which instead fails every
-        running slot when its unified cache is full), its cells freed as its slot falls idle."""
+        first; then, while it still lacks cells, the generation holding the most ends, stop reason "kv_pool" (the
+        server answers it as llama-server answers a slot its full unified cache fails: 500 "Context size has been
+        exceeded.", though llama-server fails every running slot then, and the others go on here), its cells freed
+        as its slot falls idle."""
         if self._pool is None:
             return gens
         gens = list(gens)
         while gens and not self._free_idle(len(gens)):
             longest = max(gens, key=lambda g: self.target.seq_len[g.seq])
-            longest.stats.stop_reason = "context"
+            longest.stats.stop_reason = "kv_pool"
             self._finish(longest)
             gens.remove(longest)
         return gens

@@ -484,8 +484,9 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                        help="as llama-server's: one KV pool of -c cells that all -np slots share, any one sequence "
                        "up to all of -c (without it each slot gets -c / -np). The KV cache is -c, not -np x -c. A "
                        "prompt waits while the pool lacks room for it (one longer than -c is refused); a generation "
-                       "whose next token finds the pool full ends with finish_reason length, its slot freed, the "
-                       "others going on (llama-server fails every running slot there); drafts are cut to the free "
+                       "whose next token finds the pool full ends with llama-server's 500 \"Context size has been "
+                       "exceeded.\", its slot freed, the others going on (llama-server fails every running slot "
+                       "there); drafts are cut to the free "
                        "cells. The slots' cells interleave, so with -np > 1 exactness is off (--exact on is "
                        "refused; /health says why). With --ctx-per-slot (--kv-unified-per-slot) N: each slot N, "
                        "the cache -np x N, as llama-server sizes it")

@@ -17,7 +17,7 @@ from .telemetry import final_timings, progress_timings
 from .worker import Job
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # what llama-server reports for "random" (-1)
-STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "timeout": "limit",
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "kv_pool": "limit", "timeout": "limit",
              "cancelled": "none", "": "none"}
 
 

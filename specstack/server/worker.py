@@ -44,7 +44,8 @@ from .sleep import AsleepTarget
 
 IDLE_LEND_S = 0.05  # an idle worker lends a first run's measurement the cores in slices this long (its wake-up delay)
 FINISH = {"length": "length", "context": "length", "eos": "stop", "stop": "stop", "cancelled": "cancelled",
-          "timeout": "length"}
+          "timeout": "length", "kv_pool": "length"}
+POOL_FULL = "Context size has been exceeded."  # llama-server's answer to a slot its full unified KV cache fails
 
 
 class QueueFull(SpecstackError):
@@ -431,6 +432,9 @@ class RoleWorker:
         gen = job.gen
         if gen.stats.stop_reason == "constraint":  # nothing allowed: an error the client must see, never a "stop"
             self._fail(job, 400, dead_end_message(len(gen.output_ids)), "invalid_request_error")
+            return
+        if gen.stats.stop_reason == "kv_pool":  # -kvu's shared pool ran out under it: llama-server's 500
+            self._fail(job, 500, POOL_FULL, "server_error")
             return
         self._jobs.remove(job)
         self._release_capacity()
