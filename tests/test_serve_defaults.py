@@ -53,7 +53,7 @@ def test_a_request_without_max_tokens_runs_to_the_end_of_the_context(http, path,
     answer = r.json()
     if path == "/completion":
         used, stop = answer["tokens_evaluated"] + answer["tokens_predicted"], answer["stop_type"]
-        assert stop == "limit"
+        assert stop == "limit" and answer["truncated"] is True  # llama-server's flag for the context's end
     else:
         used = answer["usage"]["total_tokens"]
         assert answer["choices"][0]["finish_reason"] == "length"
@@ -71,3 +71,5 @@ def test_v1_routes_sample_with_llama_servers_defaults(http):
     props = http.get("/props").json()["default_generation_settings"]["params"]
     assert {k: props[k] for k in LLAMA_SAMPLING} == LLAMA_SAMPLING
     assert props["n_predict"] == -1
+    short = http.post("/completion", json={"prompt": PROMPT, "n_predict": 2}).json()
+    assert short["stop_type"] == "limit" and short["truncated"] is False  # n_predict, not the context, ended it

@@ -245,7 +245,8 @@ class Native:
                "id_slot": self.slot[i], "stop": True, "model": self.w.role.name,
                "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
                "generation_settings": request_params(job, self.w, self.limits),
-               "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text, "truncated": False,
+               "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text,
+               "truncated": reason == "context",  # llama-server's: stopped at the slot's context capacity
                "stop_type": STOP_TYPE.get(reason, "none"), "stopping_word": self._stopping_word(i, reason),
                "tokens_cached": stats.get("reused_prompt_tokens", 0), "timings": final_timings(final),
                "speculative": summary(stats)}
