@@ -20,9 +20,9 @@ Where the slots share one pool of KV cells (``PooledTarget``: llama-server's -kv
 the whole context, so the engine keeps their sum within the pool (``_pool_left``): a prompt is admitted once the
 pool has room for all of it (it waits until then), the prompts being processed keep the cells they will need,
 idle slots' cells are freed first when the pool runs short (their prefixes to the host prompt cache), a running
-generation that finds no cell for its next token ends with stop reason "context" (finish_reason length, as a
-slot at the end of its context on llama-server), the one holding the most cells first, and drafts are cut to
-the cells left.  llama.cpp's decode is never asked for cells the pool lacks.
+generation that finds no cell for its next token ends with stop reason "kv_pool" (the server answers it with
+llama-server's 500 "Context size has been exceeded."), the one holding the most cells first, and drafts are cut
+to the cells left.  llama.cpp's decode is never asked for cells the pool lacks.
 """
 
 from __future__ import annotations

@@ -194,7 +194,8 @@ class BackgroundCalibration:
                 say(f"WARNING: measuring {self.name} failed ({self.error}); it keeps one-row calls (exact, no "
                      "speedup from speculation); run `specstack doctor` or report it")
             return
-        kept = "cached for later runs" if self.cached else "not cached, as the machine was busy: a later run measures again"
+        kept = ("cached for later runs" if self.cached else "cached marked as a busy machine's: a later start on a quiet "
+                "machine measures again")
         say(f"measured {self.name} in {time.perf_counter() - self.started:.1f} s ({self.spent:.1f} s of it lent by "
              f"the engine; {kept}); now {describe(now)}")
 

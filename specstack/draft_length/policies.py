@@ -85,7 +85,7 @@ EVIDENCE_PRIOR = 32.0
 LOOKAHEAD = 4
 
 
-def going_on(scores: Sequence[float]) -> list[float]:
+def token_odds(scores: Sequence[float]) -> list[float]:
     """A scored draft's path scores (P(the first i tokens are right)) as each token's own odds of going on: score i
     over score i - 1 (a copy after a match of m tokens: Laplace's 1 - 1/(m + 2) at every token)."""
     out, before = [], 1.0
@@ -551,7 +551,7 @@ class CostK(_Policy):
         hundreds of times has a lower bound near its rate, so it is verified at once, where the worst-case bound
         (``_affordable``) waited for the generation to win a refused draft's price first (a 160-token grounded
         edit on Gemma 3 270M drafted 88 of its tokens, llama.cpp's ngram-map-k4v 133-160)."""
-        lower = [st.evidence.lower(c, WAGER_Z) for c in going_on(scores)]
+        lower = [st.evidence.lower(c, WAGER_Z) for c in token_odds(scores)]
         cost = lambda n: self._step_cost(n, load)  # noqa: E731
         k = best_k(lower, lambda k: 0.0, cost, len(lower), load.tokens)
         room = self._risk_room(load)
@@ -582,7 +582,7 @@ class CostK(_Policy):
         """A scored draft cut to nothing: its first token's estimate, and whether the floor alone cut it (the
         best prefix without it would be verified), for ``why_idle``."""
         self._declined_p = max(self._declined_p, probs[0])
-        if self._affordable() < len(probs) and best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, self._load),
+        if self._affordable() < len(probs) and best_k(probs, lambda k: 0.0, lambda n: self._step_cost(n, load),
                                                        len(probs), load.tokens) > 0:
             self._floor_held += 1
 
@@ -770,7 +770,7 @@ class CostK(_Policy):
         scores = self._scores.pop(outcome.source, None)
         if scores:
             st.scores.update(scores[:n], outcome.n_accepted)
-            st.evidence.update(going_on(scores[:n]), outcome.n_accepted)
+            st.evidence.update(token_odds(scores[:n]), outcome.n_accepted)
         st.per_token.observe(outcome.draft_s / computed)
         self._best.clear()
 
