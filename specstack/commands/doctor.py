@@ -28,7 +28,8 @@ def row_cost(model: str, threads: int, system_info: str | None) -> Check:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "doctor",
-        help="check this machine for CPU inference (cores, NUMA, huge pages, CPU features, memory)",
+        help="check this machine for CPU inference (cores, NUMA, huge pages, CPU features, memory bandwidth and "
+        "int8 peak, memory)",
         description="Report what matters for llama.cpp on CPUs, each with a status (ok/info/warn/"
         "fail) and the command that would fix it. Changes nothing. Exit status 1 if a check fails.",
     )
@@ -39,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("-t", "--threads", type=at_least(1), default=0, help="the threads the run you are preparing uses: "
                    "what the threads and load checks judge, and --row-cost measures at (default: one per physical "
                    "core)")
+    p.add_argument("--no-roofline", action="store_true", help="skip the roofline probe (about a second: the cores' "
+                   "streaming read bandwidth and int8 multiply-add peak, at one thread and at -t)")
     p.add_argument("--json", action="store_true", help="print checks and facts as JSON")
     p.set_defaults(func=run)
 
@@ -46,7 +49,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.row_cost and args.model is None:
         raise InvalidParameterError("--row-cost measures a model: give it with -m MODEL")
-    checks, facts = run_doctor(args.model, args.threads)
+    checks, facts = run_doctor(args.model, args.threads, probe=not args.no_roofline)
     if args.row_cost and not any(c.status == "fail" for c in checks):
         checks.append(row_cost(args.model, args.threads, facts["llama_system_info"]))
     if args.json:

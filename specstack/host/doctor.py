@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import sysinfo
+from . import roofline, sysinfo
 from ..errors import ModelLoadError
 from ..modelfile.meta import read_gguf
 from ..ui import fmt_bytes, table
@@ -95,6 +95,7 @@ def _gib(n: int | None) -> str:
 def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
     """The checks the facts ``f`` (``gather_facts``) call for, and ``model``'s where given: one function a part."""
     checks = [*_threads(f), *_numa(f), *_thread_env(f), _huge_pages(f), *_cpu_features(f), _governor(f)]
+    checks += [] if f.get("roofline") is None else [_roofline(f["roofline"])]
     return checks + (_memory(f) if model is None else _model(f, model))
 
 
@@ -209,6 +210,14 @@ def _governor(f: dict[str, Any]) -> Check:
                  "sudo cpupower frequency-set -g performance")
 
 
+def _roofline(probed: dict[str, Any]) -> Check:
+    """What the cores can stream and multiply (``roofline.probe``): the ceilings a verification call's matmuls
+    live under, so that a kernel's measured speed (``benchmarks/kernel_roofline.py``) reads as a share of them."""
+    if "error" in probed:
+        return Check("roofline", "info", f"not measured: {probed['error']}")
+    return Check("roofline", "info", roofline.from_dict(probed).describe())
+
+
 def _memory_line(f: dict[str, Any]) -> str:
     return (f"{_gib(f['mem_available'])} available of {_gib(f['mem_total'])}"
             + (f" (cgroup limit {_gib(f['cgroup_memory_limit'])})" if f["cgroup_memory_limit"] else ""))
@@ -319,12 +328,16 @@ def _load_check(load: dict[str, Any] | None, threads: int) -> Check | None:
     return Check("load", "ok", f"quiet: {said}")
 
 
-def run_doctor(model: str | Path | None = None, threads: int = 0) -> tuple[list[Check], dict[str, Any]]:
+def run_doctor(model: str | Path | None = None, threads: int = 0,
+               probe: bool = True) -> tuple[list[Check], dict[str, Any]]:
     """The checks and the facts they read; ``threads`` (``-t``; 0: one per physical core) is what the threads and
-    load checks judge, as the run being prepared will use it."""
+    load checks judge, as the run being prepared will use it, and the roofline probe (``probe``: about a second,
+    a compile the first time) measures at, beside one core."""
     facts = gather_facts()
     if threads:
         facts.update(threads=threads, threads_given=True)
+    if probe:
+        facts["roofline"] = roofline.probe(facts["threads"])
     return evaluate(facts, model), facts
 
 
