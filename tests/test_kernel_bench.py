@@ -1,0 +1,117 @@
+"""benchmarks/kernel_roofline.py's bit-identity checker, on stock ggml (llama-cpp-python's own libggml-cpu).
+
+The checker runs MUL_MAT once with n activation rows, once per row, and compares both with vec_dot row by row.
+Stock ggml is the control: the paths that keep one row's arithmetic whatever n is must come out identical, and
+the paths that change it (ggml-cpu/tiled/ from 8 rows for K-quants, the repacked Q4_K gemm from 4) must not, so
+a checker that always said "identical" fails here. Needs a C compiler and ggml's headers (skipped without)."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+from pathlib import Path
+
+import pytest
+
+from specstack.host import sysinfo
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("kernel_roofline", REPO / "benchmarks" / "kernel_roofline.py")
+kr = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("kernel_roofline", kr)  # dataclasses look their module up there
+spec.loader.exec_module(kr)
+
+X86_AVX2_FMA = platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= sysinfo.cpu_flags()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness():
+    try:
+        return kr.build()
+    except kr.HarnessError as exc:
+        pytest.skip(f"no harness here: {exc}")
+
+
+def kinds(out, threads):
+    """{comparison: identical} at one thread count."""
+    check = next(c for c in out["checks"] if c["threads"] == threads)
+    return {k: check[k]["identical"] for k in ("batch_vs_single", "batch_vs_vec_dot", "single_vs_vec_dot")}
+
+
+def test_the_outputs_compared_are_the_matmul():
+    out = kr.identity(None, "q4_K", 1024, 64, 2, threads=(1,))
+    assert out["lib"].endswith("libggml-cpu.so.0") and "llama_cpp" in out["lib"]
+    assert out["float_max_abs"] > 1  # random rows of 1024 products: far from zeros that would compare equal
+    assert out["vec_dot_vs_float_max_abs_diff"] < 0.05 * out["float_max_abs"]
+
+
+def test_stock_vec_dot_loop_keeps_rows_identical_below_8_rows():
+    """Q4_K below 8 rows in a plain buffer: the vec_dot chunk loop, one row's arithmetic, at 1-3 threads."""
+    out = kr.identity(None, "q4_K", 1024, 640, 4, threads=(1, 2, 3))
+    assert out["identical"], out["checks"]
+    assert not out["repacked"] and out["vec_dot_type"] == "q8_K"
+
+
+def test_control_stock_tiled_path_breaks_identity_from_8_rows():
+    """The control: from 8 rows ggml-cpu/tiled/ takes K-quants and sums in another order. One row alone still
+    goes through vec_dot, so the batch differs from it and from the single rows, by float rounding only."""
+    out = kr.identity(None, "q4_K", 2048, 640, 8, threads=(1, 2, 3))
+    assert not out["identical"]
+    for t in (1, 2, 3):
+        assert kinds(out, t) == {"batch_vs_single": False, "batch_vs_vec_dot": False, "single_vs_vec_dot": True}
+    check = out["checks"][0]["batch_vs_single"]
+    assert check["rows_differing"] == 8 and 0 < check["max_abs_diff"] < 1e-3
+
+
+def test_control_tiled_forced_moves_one_row_off_vec_dot_too():
+    out = kr.identity(None, "q6_K", 2048, 640, 2, threads=(1, 2), env={"GGML_CPU_TILED_MM_FORCE": "1"})
+    assert out["tiled_mm_force"] == "1"
+    assert kinds(out, 1) == {"batch_vs_single": True, "batch_vs_vec_dot": False, "single_vs_vec_dot": False}
+
+
+@pytest.mark.skipif(not X86_AVX2_FMA, reason="repack's Q4_K 8x8 layout is taken on AVX2 here")
+def test_control_repacked_q4_k_gemm_differs_from_its_gemv():
+    """Repacked Q4_K (llama.cpp's default buffer): 4+ rows run the gemm, one row the gemv, and neither is vec_dot."""
+    out = kr.identity(None, "q4_K", 2048, 640, 4, threads=(1, 2), buft="extra")
+    assert out["repacked"] and out["weight_buft"] == "CPU_REPACK"
+    assert kinds(out, 1) == {"batch_vs_single": False, "batch_vs_vec_dot": False, "single_vs_vec_dot": False}
+
+
+@pytest.mark.skipif(not X86_AVX2_FMA, reason="measured on x86 AVX2+FMA, where tinyBLAS's Q8_0 tile is vec_dot's sum")
+@pytest.mark.parametrize("type_", ["q8_0", "q5_0"])
+def test_stock_tinyblas_q8_0_and_q5_0_rows_are_identical_here(type_):
+    """llamafile's tinyBLAS takes Q8_0/Q5_0 from 2 rows; on x86 with AVX2 and FMA its tile accumulates each
+    block as vec_dot does (one fma a block in 8 lanes, the same horizontal sum), so the rows come out the same
+    bits: not the expected failure. This test fails where that stops holding (another ISA, another ggml)."""
+    out = kr.identity(None, type_, 640, 1001, 7, threads=(1, 2, 3))
+    assert out["identical"], out["checks"]
+
+
+def test_another_library_is_loaded_by_its_path(tmp_path):
+    """--lib NAME=PATH: the harness loads that file, and says so (here a link to the stock one, named apart)."""
+    link = tmp_path / "libggml-cpu-other.so"
+    link.symlink_to(kr.stock_lib().cpu)
+    lib = kr.lib_from(f"other={link}")
+    assert lib.name == "other" and lib.base == kr.stock_lib().base
+    out = kr.identity(lib, "q8_0", 64, 8, 2, threads=(1,))
+    assert Path(out["lib"]) == kr.stock_lib().cpu.resolve()
+
+
+def test_a_missing_library_is_a_clear_error(tmp_path):
+    with pytest.raises(kr.HarnessError, match="no library at"):
+        kr.identity(kr.lib_from(f"gone={tmp_path / 'nope.so'}"), "q8_0", 64, 8, 2, threads=(1,))
+
+
+def test_bench_reports_every_path_for_a_shape():
+    shape = kr.Shape("test", "tiny", "q4_K", 256, 64)
+    result = kr.bench(kr.default_paths(), [shape], [1, 8], rounds=1, min_time=0.001, working_set_mib=1,
+                      log=lambda s: None)
+    assert [r["path"] for r in result["rows"]] == ["stock", "stock, tiled forced", "stock, repacked"]
+    for row in result["rows"]:
+        assert set(row["ms"]) == {"1", "8"} and all(v > 0 for v in row["ms"].values())
+    result.update(n=[1, 8], threads=1, cpus=2,
+                  roofline={"isa": "AVX2", "instruction": "x", "point": {"threads": 1, "read_gbps": 20.0,
+                                                                          "int8_gmacs": 70.0}})
+    text = kr.markdown(result)
+    assert "| test tiny q4_K 256x64 | stock |" in text and "roofline floor" in text and "GMAC/s" in text
