@@ -4,6 +4,7 @@
                                                [--n 1,2,4] [--json OUT.json] [--markdown OUT.md]
     python benchmarks/kernel_roofline.py identity --type q8_0 --k 640 --m 256 --n 4 [--lib PATH] [--threads 1,2,3]
                                                   [--buft plain|extra]
+    python benchmarks/kernel_roofline.py sweep [--lib NAME=PATH]... [--models gemma] [--n 2,4,8]   # identity table
     python benchmarks/kernel_roofline.py build     # compiles the C harness, prints its path
 
 bench times MUL_MAT (``benchmarks/kernels/mul_mat_bench.c``) for the weight shapes and types of the models we run,
@@ -211,6 +212,45 @@ def identity(lib: Lib | None, type: str, k: int, m: int, n: int, threads: Iterab
     return out
 
 
+def identity_sweep(paths_: Sequence[KernelPath], shapes: Sequence[Shape], ns: Sequence[int],
+                   threads: Iterable[int] = (1, 2, 3), max_m: int | None = 4096,
+                   log=lambda s: print(s, file=sys.stderr)) -> list[dict[str, Any]]:
+    """``identity`` for every path, shape and n: what a kernel author checks a library against. ``max_m`` cuts
+    the output rows of a shape (the 262,144-row output matrix would take a while); None keeps them."""
+    rows = []
+    for shape in shapes:
+        m = shape.m if max_m is None else min(shape.m, max_m)
+        for p in paths_:
+            cells = {}
+            for n in ns:
+                out = identity(p.lib, shape.type, shape.k, m, n, threads, p.buft, p.env)
+                cells[str(n)] = {"identical": out["identical"], "repacked": out["repacked"],
+                                 "checks": out["checks"]}
+            rows.append({"label": shape.label, "m": m, "path": p.name, "buft": p.buft,
+                         "repacked": any(c["repacked"] for c in cells.values()), "n": cells})
+        log(f"{shape.label}: checked")
+    return rows
+
+
+def identity_cell(cell: dict[str, Any]) -> str:
+    """same: every row the same bits with n rows, alone and by vec_dot, at every thread count; rows agree: n rows
+    and one row agree, but not with vec_dot; otherwise the largest difference between n rows and one row."""
+    if cell["identical"]:
+        return "same"
+    if all(c["batch_vs_single"]["identical"] for c in cell["checks"]):
+        return "rows agree, not vec_dot"
+    return f"differs ({max(c['batch_vs_single']['max_abs_diff'] for c in cell['checks']):.1e})"
+
+
+def identity_markdown(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> str:
+    lines = ["| shape | path | " + " | ".join(f"n={n}" for n in ns) + " |", "|---|---|" + "---|" * len(ns)]
+    for label, group in itertools.groupby(rows, key=lambda r: r["label"]):
+        for j, row in enumerate(group):
+            lines.append(f"| {label if j == 0 else ''} | {_path_name(row)} | "
+                         + " | ".join(identity_cell(row["n"][str(n)]) for n in ns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---- timing -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KernelPath:
@@ -363,6 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     i.add_argument("--n", type=int, required=True)
     i.add_argument("--threads", type=_ints, default=[1, 2, 3])
     i.add_argument("--buft", choices=("plain", "extra"), default="plain")
+    w = sub.add_parser("sweep", help="the identity check for every path, shape and n, as a table")
+    w.add_argument("--lib", action="append", default=[], metavar="NAME=PATH", help="another libggml-cpu.so (repeatable)")
+    w.add_argument("--models", default="gemma,1b,7b", help=f"shape sets, of {','.join(SHAPES)}")
+    w.add_argument("--n", type=_ints, default=[2, 3, 4, 8, 16, 32])
+    w.add_argument("--threads", type=_ints, default=[1, 2, 3])
+    w.add_argument("--max-m", type=int, default=4096, help="cut each shape's output rows to this (0: keep all)")
+    w.add_argument("--no-stock", action="store_true", help="check only the --lib libraries")
+    w.add_argument("--json", type=Path, help="write the results here")
     sub.add_parser("build", help="compile the C harness and print its path")
     args = ap.parse_args(argv)
     try:
@@ -374,18 +422,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                            args.threads, args.buft)
             print(json.dumps(out, indent=2))
             return 0 if out["identical"] else 1
+        if args.cmd == "sweep":
+            return _sweep_cli(args)
         return _bench_cli(args)
     except HarnessError as exc:
         print(f"kernel_roofline: {exc}", file=sys.stderr)
         return 2
 
 
-def _bench_cli(args: argparse.Namespace) -> int:
-    extra = [lib_from(s) for s in args.lib]
-    paths_ = default_paths(extra)
+def _paths_and_shapes(args: argparse.Namespace) -> tuple[list[KernelPath], list[Shape]]:
+    paths_ = default_paths([lib_from(s) for s in args.lib])
     if args.no_stock:
         paths_ = [p for p in paths_ if p.lib.name != "stock"]
-    shapes = [s for name in args.models.split(",") for s in SHAPES[name.strip()]]
+    return paths_, [s for name in args.models.split(",") for s in SHAPES[name.strip()]]
+
+
+def _sweep_cli(args: argparse.Namespace) -> int:
+    paths_, shapes = _paths_and_shapes(args)
+    rows = identity_sweep(paths_, shapes, args.n, args.threads, args.max_m or None)
+    print(identity_markdown(rows, args.n))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _bench_cli(args: argparse.Namespace) -> int:
+    paths_, shapes = _paths_and_shapes(args)
     try:
         probed = roofline.measure((args.threads,))
         roof = {"isa": probed.isa, "instruction": probed.instruction, "point": asdict(probed.points[0])}

@@ -115,3 +115,12 @@ def test_bench_reports_every_path_for_a_shape():
                                                                           "int8_gmacs": 70.0}})
     text = kr.markdown(result)
     assert "| test tiny q4_K 256x64 | stock |" in text and "roofline floor" in text and "GMAC/s" in text
+
+
+def test_sweep_tabulates_identity_per_path_and_n():
+    """The table a kernel author reads: "same" where the vec_dot loop runs, "differs" where the tiled path takes."""
+    shape = kr.Shape("test", "tiny", "q4_K", 512, 64)
+    rows = kr.identity_sweep(kr.default_paths()[:1], [shape], [4, 8], threads=(1, 2), log=lambda s: None)
+    assert [r["path"] for r in rows] == ["stock"]
+    text = kr.identity_markdown(rows, [4, 8])
+    assert text.splitlines()[2].startswith("| test tiny q4_K 512x64 | stock | same | differs (")

@@ -395,14 +395,15 @@ static void vec_dot_reference(const rig_t * r, int n, float * out) {
 static void float_reference(const rig_t * r, int n, const float * y, double * scale, double * diff) {
     const ggml_to_float_t to_float = ggml_get_type_traits(r->type)->to_float;
     const size_t wrow = ggml_row_size(r->type, r->k);
-    float * wf = malloc(sizeof(float) * (size_t) r->k), * xf = malloc(sizeof(float) * (size_t) r->k);
+    float * wf = malloc(sizeof(float) * (size_t) r->k), * xf = malloc(sizeof(float) * (size_t) (r->k * n));
+    ggml_backend_tensor_get(r->x, xf, 0, sizeof(float) * (size_t) (r->k * n));
     *scale = 0, *diff = 0;
-    for (int i = 0; i < n; i++) {
-        ggml_backend_tensor_get(r->x, xf, (size_t) i * r->x->nb[1], sizeof(float) * (size_t) r->k);
-        for (int64_t j = 0; j < r->m; j++) {
-            to_float((const char *) r->wq + (size_t) j * wrow, wf, r->k);
+    for (int64_t j = 0; j < r->m; j++) {
+        to_float((const char *) r->wq + (size_t) j * wrow, wf, r->k);
+        for (int i = 0; i < n; i++) {
+            const float * x = xf + (size_t) i * r->k;
             double acc = 0;
-            for (int64_t l = 0; l < r->k; l++) acc += (double) wf[l] * xf[l];
+            for (int64_t l = 0; l < r->k; l++) acc += (double) wf[l] * x[l];
             double d = fabs(acc - y[(size_t) i * r->m + j]);
             *scale = fabs(acc) > *scale ? fabs(acc) : *scale;
             *diff = d > *diff || isnan(d) ? d : *diff;
