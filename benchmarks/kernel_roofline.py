@@ -197,18 +197,22 @@ def run(lib: Lib, args: Sequence[str], env: dict[str, str] | None = None) -> dic
 
 
 # ---- bit identity -----------------------------------------------------------------------------------------
+COMPARISONS = ("batch_vs_single", "batch_vs_vec_dot", "single_vs_vec_dot", "batch_vs_first_threads")
+
+
 def identity(lib: Lib | None, type: str, k: int, m: int, n: int, threads: Iterable[int] = (1, 2, 3),
              buft: str = "plain", env: dict[str, str] | None = None, seed: int = 1234) -> dict[str, Any]:
     """MUL_MAT of n rows against n calls of one row and against vec_dot row by row, at each thread count.
 
-    The result's ``checks`` hold, per thread count, ``batch_vs_single``, ``batch_vs_vec_dot`` and
-    ``single_vs_vec_dot``, each ``{"identical", "rows_differing", "max_abs_diff"}``; ``identical`` (top level) is
-    whether every row was the same bits all three ways at every thread count."""
+    The result's ``checks`` hold, per thread count, ``batch_vs_single``, ``batch_vs_vec_dot``,
+    ``single_vs_vec_dot`` and ``batch_vs_first_threads`` (the n-row result against the first thread count's), each
+    ``{"identical", "rows_differing", "max_abs_diff"}``; ``identical`` (top level) is whether every row was the same
+    bits every way at every thread count."""
     args = ["identity", "--type", type, "--k", str(k), "--m", str(m), "--n", str(n),
             "--threads", ",".join(map(str, threads)), "--buft", buft, "--seed", str(seed)]
     out = run(lib or stock_lib(), args, env)
     out["identical"] = all(c[kind]["identical"] for c in out["checks"]
-                           for kind in ("batch_vs_single", "batch_vs_vec_dot", "single_vs_vec_dot"))
+                           for kind in COMPARISONS)
     return out
 
 
@@ -234,12 +238,14 @@ def identity_sweep(paths_: Sequence[KernelPath], shapes: Sequence[Shape], ns: Se
 
 def identity_cell(cell: dict[str, Any]) -> str:
     """same: every row the same bits with n rows, alone and by vec_dot, at every thread count; rows agree: n rows
-    and one row agree, but not with vec_dot; otherwise the largest difference between n rows and one row."""
+    and one row agree, but not with vec_dot; otherwise the largest difference between n rows and one row. A
+    result that changes with the thread count says so first."""
     if cell["identical"]:
         return "same"
+    threads = "" if all(c["batch_vs_first_threads"]["identical"] for c in cell["checks"]) else "threads differ; "
     if all(c["batch_vs_single"]["identical"] for c in cell["checks"]):
-        return "rows agree, not vec_dot"
-    return f"differs ({max(c['batch_vs_single']['max_abs_diff'] for c in cell['checks']):.1e})"
+        return threads + "rows agree, not vec_dot"
+    return threads + f"differs ({max(c['batch_vs_single']['max_abs_diff'] for c in cell['checks']):.1e})"
 
 
 def identity_markdown(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> str:

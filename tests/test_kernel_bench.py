@@ -39,6 +39,10 @@ def kinds(out, threads):
     return {k: check[k]["identical"] for k in ("batch_vs_single", "batch_vs_vec_dot", "single_vs_vec_dot")}
 
 
+def same_at_every_thread_count(out):
+    return all(c["batch_vs_first_threads"]["identical"] for c in out["checks"])
+
+
 def test_the_outputs_compared_are_the_matmul():
     out = kr.identity(None, "q4_K", 1024, 64, 2, threads=(1,))
     assert out["lib"].endswith("libggml-cpu.so.0") and "llama_cpp" in out["lib"]
@@ -62,6 +66,7 @@ def test_control_stock_tiled_path_breaks_identity_from_8_rows():
         assert kinds(out, t) == {"batch_vs_single": False, "batch_vs_vec_dot": False, "single_vs_vec_dot": True}
     check = out["checks"][0]["batch_vs_single"]
     assert check["rows_differing"] == 8 and 0 < check["max_abs_diff"] < 1e-3
+    assert same_at_every_thread_count(out)  # tiles split output rows among threads, never K
 
 
 def test_control_tiled_forced_moves_one_row_off_vec_dot_too():

@@ -417,7 +417,7 @@ static int run_identity(const opts_t * o) {
     rig_t r;
     rig_init(&r, o, 1, n, 0); /* every weight row its own */
     const size_t sz = sizeof(float) * (size_t) (n * o->m);
-    float * batch = malloc(sz), * single = malloc(sz), * ref = malloc(sz);
+    float * batch = malloc(sz), * single = malloc(sz), * ref = malloc(sz), * first = malloc(sz);
     vec_dot_reference(&r, n, ref);
     double scale, diff;
     float_reference(&r, n, ref, &scale, &diff);
@@ -430,6 +430,7 @@ static int run_identity(const opts_t * o) {
         ggml_backend_cpu_set_n_threads(r.backend, o->threads[t]);
         mul_mat(&r, 0, 0, n);
         memcpy(batch, output(&r), sz);
+        if (t == 0) memcpy(first, batch, sz); /* the other thread counts are held to the first's n-row result */
         for (int i = 0; i < n; i++) {
             mul_mat(&r, 0, i, 1);
             memcpy(single + (size_t) i * o->m, output(&r), sizeof(float) * (size_t) o->m);
@@ -440,10 +441,12 @@ static int run_identity(const opts_t * o) {
         print_cmp("batch_vs_vec_dot", compare(batch, ref, n, o->m));
         printf(", ");
         print_cmp("single_vs_vec_dot", compare(single, ref, n, o->m));
+        printf(", ");
+        print_cmp("batch_vs_first_threads", compare(batch, first, n, o->m));
         printf("}");
     }
     printf("]}\n");
-    free(batch), free(single), free(ref);
+    free(batch), free(single), free(ref), free(first);
     rig_free(&r);
     return 0;
 }
