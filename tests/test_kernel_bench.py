@@ -129,3 +129,10 @@ def test_sweep_tabulates_identity_per_path_and_n():
     assert [r["path"] for r in rows] == ["stock"]
     text = kr.identity_markdown(rows, [4, 8])
     assert text.splitlines()[2].startswith("| test tiny q4_K 512x64 | stock | same | differs (")
+
+
+def test_the_report_keeps_the_higher_of_two_probes():
+    before = {"isa": "AVX2", "instruction": "x", "point": {"threads": 1, "read_gbps": 24.0, "int8_gmacs": 200.0}}
+    after = {"isa": "AVX2", "instruction": "x", "point": {"threads": 1, "read_gbps": 42.0, "int8_gmacs": 190.0}}
+    assert kr._best_roof(before, after)["point"] == {"threads": 1, "read_gbps": 42.0, "int8_gmacs": 200.0}
+    assert kr._best_roof(None, after) == after
