@@ -40,7 +40,7 @@ import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from specstack import paths
 from specstack.host import roofline, sysinfo
@@ -67,12 +67,6 @@ class Shape:
     def label(self) -> str:
         return f"{self.model} {self.role} {self.type} {self.k}x{self.m}"
 
-    def weight_bytes(self) -> float:
-        return self.k * self.m * BITS_PER_WEIGHT[self.type.lower()] / 8
-
-
-BITS_PER_WEIGHT = {"q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625, "q5_0": 5.5, "q8_0": 8.5, "q4_0": 4.5, "f16": 16.0,
-                   "f32": 32.0, "q2_k": 2.625, "q3_k": 3.4375}
 
 # Gemma 3 270M Q4_K_M (width 640, 4 heads of 256, 1 KV head, FFN 2048, 262,144-token vocabulary; 640 is no
 # multiple of 256, so the matrices reading it fall back to Q5_0/Q8_0); the 1B stand-in of docs/standin.md
@@ -200,7 +194,7 @@ def run(lib: Lib, args: Sequence[str], env: dict[str, str] | None = None) -> dic
 COMPARISONS = ("batch_vs_single", "batch_vs_vec_dot", "single_vs_vec_dot", "batch_vs_first_threads")
 
 
-def identity(lib: Lib | None, type: str, k: int, m: int, n: int, threads: Iterable[int] = (1, 2, 3),
+def identity(lib: Lib | None, qtype: str, k: int, m: int, n: int, threads: Iterable[int] = (1, 2, 3),
              buft: str = "plain", env: dict[str, str] | None = None, seed: int = 1234) -> dict[str, Any]:
     """MUL_MAT of n rows against n calls of one row and against vec_dot row by row, at each thread count.
 
@@ -208,7 +202,7 @@ def identity(lib: Lib | None, type: str, k: int, m: int, n: int, threads: Iterab
     ``single_vs_vec_dot`` and ``batch_vs_first_threads`` (the n-row result against the first thread count's), each
     ``{"identical", "rows_differing", "max_abs_diff"}``; ``identical`` (top level) is whether every row was the same
     bits every way at every thread count."""
-    args = ["identity", "--type", type, "--k", str(k), "--m", str(m), "--n", str(n),
+    args = ["identity", "--type", qtype, "--k", str(k), "--m", str(m), "--n", str(n),
             "--threads", ",".join(map(str, threads)), "--buft", buft, "--seed", str(seed)]
     out = run(lib or stock_lib(), args, env)
     out["identical"] = all(c[kind]["identical"] for c in out["checks"]
@@ -218,7 +212,7 @@ def identity(lib: Lib | None, type: str, k: int, m: int, n: int, threads: Iterab
 
 def identity_sweep(paths_: Sequence[KernelPath], shapes: Sequence[Shape], ns: Sequence[int],
                    threads: Iterable[int] = (1, 2, 3), max_m: int | None = 4096,
-                   log=lambda s: print(s, file=sys.stderr)) -> list[dict[str, Any]]:
+                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> list[dict[str, Any]]:
     """``identity`` for every path, shape and n: what a kernel author checks a library against. ``max_m`` cuts
     the output rows of a shape (the 262,144-row output matrix would take a while); None keeps them."""
     rows = []
@@ -307,29 +301,33 @@ def bench_shape(path: KernelPath, shape: Shape, ns: Sequence[int], threads: int,
 
 def bench(paths_: Sequence[KernelPath], shapes: Sequence[Shape], ns: Sequence[int], threads: int = 1,
           rounds: int = 3, min_time: float = 0.1, working_set_mib: float = 256,
-          log=lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+          log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
     """Every path on every shape, the paths interleaved per shape, ``rounds`` times; the fastest of each."""
     rows, loads = [], []
     for shape in shapes:
-        meter, best = LoadMeter(), {p.name: None for p in paths_}
-        for r in range(rounds):
+        meter, best = LoadMeter(), {}
+        for _ in range(rounds):
             for p in paths_:
                 out = bench_shape(p, shape, ns, threads, min_time, working_set_mib)
-                prev = best[p.name]
-                if prev is not None:
-                    for a, b in zip(out["results"], prev["results"]):
-                        a["ms"] = min(a["ms"], b["ms"])
-                best[p.name] = out
-        load = meter.read()
-        loads.append(load)
-        for p in paths_:
-            out = best[p.name]
-            rows.append({"shape": asdict(shape), "label": shape.label, "path": p.name, "lib": out["lib"],
-                         "buft": p.buft, "weight_buft": out["weight_buft"], "repacked": out["repacked"],
-                         "weight_bytes": out["weight_bytes"], "copies": out["copies"],
-                         "ms": {str(x["n"]): x["ms"] for x in out["results"]}})
-        log(f"{shape.label}: done" + ("" if load is None else f" (others used {load:.2f} CPUs)"))
+                best[p.name] = _fastest(best.get(p.name), out)
+        loads.append(meter.read())
+        rows += [_row(shape, p, best[p.name]) for p in paths_]
+        log(f"{shape.label}: done" + ("" if loads[-1] is None else f" (others used {loads[-1]:.2f} CPUs)"))
     return {"rows": rows, "others_cpus": loads}
+
+
+def _fastest(prev: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with each n's time the lower of its own and ``prev``'s (a busy machine only adds time)."""
+    if prev is not None:
+        for a, b in zip(out["results"], prev["results"]):
+            a["ms"] = min(a["ms"], b["ms"])
+    return out
+
+
+def _row(shape: Shape, p: KernelPath, out: dict[str, Any]) -> dict[str, Any]:
+    return {"shape": asdict(shape), "label": shape.label, "path": p.name, "lib": out["lib"], "buft": p.buft,
+            "weight_buft": out["weight_buft"], "repacked": out["repacked"], "weight_bytes": out["weight_bytes"],
+            "copies": out["copies"], "ms": {str(x["n"]): x["ms"] for x in out["results"]}}
 
 
 # ---- the report ---------------------------------------------------------------------------------------------
