@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ LIBRARY = "libggml-cpu.so.0"
 BUILDING_LINE = ("specstack: building llama.cpp's CPU backend with specstack's verification kernels for this CPU "
                  "(once, about a minute)")
 LOG_TAIL = 12  # lines of the build log kept in the failure record
+ERROR_LINE = re.compile(r"CMake Error|\berror:|\bfatal error\b|\bERROR\b")
 BUILD_TIMEOUT_S = 3600
 
 
@@ -39,6 +41,7 @@ class BuildResult:
     reason: str | None
     log: Path | None
     log_tail: tuple[str, ...] = ()
+    error: str | None = None  # the log's first error, in a line
     built_now: bool = False
 
 
@@ -71,7 +74,8 @@ def read_result(plan: Plan) -> BuildResult | None:
         return BuildResult(lib, None, plan.dir / "build.log")
     try:
         record = json.loads(failed.read_text())
-        return BuildResult(None, str(record["reason"]), Path(record["log"]), tuple(record.get("log_tail", ())))
+        return BuildResult(None, str(record["reason"]), Path(record["log"]), tuple(record.get("log_tail", ())),
+                           record.get("error"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -114,14 +118,15 @@ def _build(plan: Plan, install: Install) -> BuildResult:
         reason = None
     except Exception as exc:  # noqa: BLE001 - any failure is recorded, and the stock library runs
         reason = str(exc) if isinstance(exc, (BuildFailed, EditError)) else f"{type(exc).__name__}: {exc}"
-        tail = _tail(log)
-        (out / "failed.json").write_text(json.dumps({"reason": reason, "log": str(plan.dir / "build.log"),
-                                                     "log_tail": tail}, indent=1))
+        lines = _lines(log)
+        (out / "failed.json").write_text(json.dumps({"reason": reason, "error": first_error(lines),
+                                                     "log": str(plan.dir / "build.log"),
+                                                     "log_tail": lines[-LOG_TAIL:]}, indent=1))
     _publish(out, plan.dir)
     shutil.rmtree(work, ignore_errors=True)
     result = read_result(plan)
     assert result is not None
-    return BuildResult(result.library, result.reason, result.log, result.log_tail, built_now=True)
+    return BuildResult(result.library, result.reason, result.log, result.log_tail, result.error, built_now=True)
 
 
 def _run_steps(plan: Plan, install: Install, work: Path, log: Path) -> Path:
@@ -129,7 +134,7 @@ def _run_steps(plan: Plan, install: Install, work: Path, log: Path) -> Path:
     cmake = find_cmake()
     if cmake is None:
         raise BuildFailed("no cmake (neither on PATH nor the `cmake` package's): pip install cmake")
-    tree = _extract_tree(_obtain_sdist(install.version, log), work / "src")
+    tree = _extract_tree(obtain_sdist(install.version, log), work / "src")
     _append(log, "applied: " + "; ".join(apply_edits(tree)))
     build = work / "build"
     _run([cmake, "-S", str(tree), "-B", str(build), *plan.flags], log, "cmake configure")
@@ -141,7 +146,7 @@ def _run_steps(plan: Plan, install: Install, work: Path, log: Path) -> Path:
     return built.resolve()
 
 
-def _obtain_sdist(version: str, log: Path) -> Path:
+def obtain_sdist(version: str, log: Path) -> Path:
     """llama-cpp-python's sdist of the installed version: the cached copy, else ``pip download``."""
     path = sdist_path(version)
     if path.is_file():
@@ -191,11 +196,21 @@ def _append(log: Path, line: str) -> None:
         out.write(line + "\n")
 
 
-def _tail(log: Path) -> list[str]:
+def _lines(log: Path) -> list[str]:
     try:
-        return log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        return log.read_text(errors="replace").splitlines()
     except OSError:
         return []
+
+
+def first_error(lines: list[str], width: int = 240) -> str | None:
+    """The first error the log shows (cmake's "CMake Error" and the lines of its message, a compiler's "error:"),
+    in one line of at most ``width`` characters: the log's last lines are usually only "errors occurred"."""
+    for i, line in enumerate(lines):
+        if ERROR_LINE.search(line):
+            said = " ".join(" ".join(lines[i:i + 6]).split())
+            return said if len(said) <= width else said[:width - 3] + "..."
+    return None
 
 
 def _publish(out: Path, final: Path) -> None:

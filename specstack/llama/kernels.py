@@ -49,6 +49,10 @@ class KernelStatus:
             return f"specstack's verification kernels ({_isa_words(self.isa)}; build {self.key}): {self.library}"
         return f"llama-cpp-python's stock CPU backend ({self.why_not}): {self.library or 'not loaded'}"
 
+    def short(self) -> str:
+        """A few words, for a header that says much else."""
+        return f"specstack's kernels (build {self.key})" if self.active else f"stock CPU backend ({self.why_not})"
+
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
@@ -115,8 +119,7 @@ def _load_ours(rebuild: bool) -> KernelStatus:
     plan = make_plan(install)
     result = ensure_built(plan, install, rebuild=rebuild)
     if result.library is None:
-        tail = "; ".join(line.strip() for line in result.log_tail[-3:] if line.strip())
-        why = f"the kernel build failed: {result.reason}" + (f" ({tail})" if tail else "")
+        why = f"the kernel build failed: {result.reason}" + (f": {result.error}" if result.error else "")
         _say_once(f"running on llama-cpp-python's stock CPU backend: {why}; log: {result.log} "
                   "(SPECSTACK_KERNELS=rebuild tries again)")
         return KernelStatus(False, why, plan.key, _real(install.cpu_library), plan.isa, str(result.log))
