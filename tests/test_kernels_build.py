@@ -27,12 +27,13 @@ FALLBACK_LINE = "running on llama-cpp-python's stock CPU backend"
 # a subprocess: load the bundled model, run one call, say which libggml-cpu is mapped and what the status says
 LOAD = """
 import json
-from specstack.llama import LlamaModel, ModelConfig, kernel_status
+from specstack.llama import LlamaModel, ModelConfig, kernel_status, system_info
 from specstack.paths import DEFAULT_TARGET
 model = LlamaModel(ModelConfig(DEFAULT_TARGET), role="target")
 logits = model.eval([1, 2, 3, 4])
 maps = sorted({l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if "libggml-cpu" in l})
-print(json.dumps({"status": kernel_status().to_dict(), "maps": maps, "finite": bool((logits == logits).all())}))
+print(json.dumps({"status": kernel_status().to_dict(), "maps": maps, "finite": bool((logits == logits).all()),
+                  "system_info": system_info()}))
 """
 
 
@@ -164,8 +165,9 @@ def test_a_second_process_loads_the_cached_build_without_building(built):
 
 
 def test_stock_runs_the_stock_library_and_says_why(built):
-    cache, _, _ = built
+    cache, ours, _ = built
     data, err = run_load(cache, SPECSTACK_KERNELS="stock")
+    assert ours["system_info"] == data["system_info"]  # built for the instruction sets and options the stock one has
     status = KernelStatus(**data["status"])
     stock = str(find_install().cpu_library.resolve())
     assert not status.active and status.why_not == "SPECSTACK_KERNELS=stock"
@@ -238,6 +240,7 @@ def test_the_bench_header_says_which_backend_ran():
     from specstack.bench.report import _kernels_line
 
     assert "build abc" in _kernels_line(ACTIVE) and "stock" in _kernels_line(FAILED)
+    assert "build abc" in _kernels_line({**ACTIVE, "a later field": 1})  # a results.json of a later version
 
 
 def test_cost_curves_are_keyed_by_the_kernel_build(target, monkeypatch):

@@ -105,7 +105,7 @@ def _kernels_line(kernels: dict[str, Any]) -> str:
     """Which llama.cpp CPU backend the run had (results.json from before it was recorded: none said)."""
     from ..llama import KernelStatus
 
-    return KernelStatus(**kernels).line()
+    return KernelStatus.from_dict(kernels).line()
 
 
 def _exact_line(target: dict[str, Any]) -> str:

@@ -215,7 +215,7 @@ def _kernel_check(f: dict[str, Any]) -> list[Check]:
 
     if not f.get("kernels"):
         return []
-    k = KernelStatus(**f["kernels"])
+    k = KernelStatus.from_dict(f["kernels"])
     if k.active:
         return [Check("kernels", "ok", k.line())]
     if k.why_not and "build failed" in k.why_not:

@@ -19,8 +19,9 @@ import ctypes
 import os
 import sys
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from .kernel_build import LIBRARY, ensure_built
 from .kernel_key import KernelSetupError, find_install, make_plan
@@ -55,6 +56,11 @@ class KernelStatus:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KernelStatus":
+        """A status read back (doctor's facts, a results.json): fields it does not know are left out."""
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
 def _isa_words(isa: str | None) -> str:
