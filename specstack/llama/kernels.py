@@ -19,11 +19,11 @@ import ctypes
 import os
 import sys
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .kernel_build import LIBRARY, ensure_built
+from .kernel_build import ensure_built
 from .kernel_key import KernelSetupError, find_install, make_plan
 
 MODES = ("auto", "stock", "rebuild")
@@ -95,9 +95,9 @@ def kernel_status() -> KernelStatus:
     if not mapped:  # no /proc, or llama.cpp not loaded yet
         return status
     if status.active and mapped != [status.library]:
-        return _with(status, active=False, library=", ".join(mapped),
+        return replace(status, active=False, library=", ".join(mapped),
                      why_not=f"another libggml-cpu is mapped beside specstack's: {', '.join(mapped)}")
-    return _with(status, library=", ".join(mapped))
+    return replace(status, library=", ".join(mapped))
 
 
 def _decide() -> KernelStatus:
@@ -167,10 +167,6 @@ def _real(path: Path) -> str:
     return os.path.realpath(path)
 
 
-def _with(status: KernelStatus, **changes: object) -> KernelStatus:
-    return KernelStatus(**{**asdict(status), **changes})
-
-
 _said: set[str] = set()
 
 
@@ -180,4 +176,4 @@ def _say_once(message: str) -> None:
         print(f"specstack: {message}", file=sys.stderr, flush=True)
 
 
-__all__ = ["KernelStatus", "kernel_status", "preload", "mode", "LIBRARY"]
+__all__ = ["KernelStatus", "kernel_status", "preload", "mode"]
