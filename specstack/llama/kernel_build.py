@@ -49,9 +49,11 @@ class BuildFailed(RuntimeError):
     """One step of the build failed; ``str`` says which and why."""
 
 
-def sdist_path(version: str) -> Path:
-    """Where the llama-cpp-python sdist is kept: where ``scripts/build_llama_bins.sh`` downloads it too."""
-    return cache_dir() / "llama-bins" / f"llama_cpp_python-{version}.tar.gz"
+def sdist_paths(version: str) -> tuple[Path, Path]:
+    """Where the llama-cpp-python sdist is looked for: the cache's ``llama-bins/`` (where it is downloaded), then
+    ``~/.cache/specstack/llama-bins/``, where ``scripts/build_llama_bins.sh`` keeps it whatever the cache dir."""
+    name = f"llama_cpp_python-{version}.tar.gz"
+    return cache_dir() / "llama-bins" / name, Path.home() / ".cache" / "specstack" / "llama-bins" / name
 
 
 def ensure_built(plan: Plan, install: Install, rebuild: bool = False) -> BuildResult:
@@ -147,11 +149,12 @@ def _run_steps(plan: Plan, install: Install, work: Path, log: Path) -> Path:
 
 
 def obtain_sdist(version: str, log: Path) -> Path:
-    """llama-cpp-python's sdist of the installed version: the cached copy, else ``pip download``."""
-    path = sdist_path(version)
-    if path.is_file():
-        _append(log, f"sdist: {path}")
-        return path
+    """llama-cpp-python's sdist of the installed version: a kept copy, else ``pip download``."""
+    for path in sdist_paths(version):
+        if path.is_file():
+            _append(log, f"sdist: {path}")
+            return path
+    path = sdist_paths(version)[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
           f"llama-cpp-python=={version}", "-d", str(path.parent)], log,
