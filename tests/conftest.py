@@ -16,26 +16,26 @@ SHARED = REPO.parent / "shared"
 def hermetic_cache(tmp_path_factory):
     """Cost curves, shapes and scans go to a temporary cache, never the user's ~/.cache/specstack.
 
-    Except two folders, linked in from the user's cache: specstack's build of llama.cpp's CPU backend (kernels/)
-    and llama-cpp-python's sdist it is built from (llama-bins/).  Each is keyed by everything that goes into it, so
-    sharing them is safe, and a cache of its own would cost every session a minute's build (and a 76 MB download).
-    The backend is loaded here, before any test: a CLI test's subprocess then finds it built and says nothing."""
+    Except the user's builds of llama.cpp's CPU backend: SPECSTACK_KERNELS_DIR names the user's kernels/ for this
+    session and every process it starts, whatever cache a test gives them.  A build is keyed by everything that goes
+    into it, so sharing it is safe, and a folder of the session's own would cost every session (and every test with
+    a fresh cache) a build.  The backend is loaded here, before any test: a CLI test's subprocess then finds it
+    built and says nothing."""
     import os
 
     from specstack.llama import kernel_status
-    from specstack.paths import cache_dir
+    from specstack.llama.kernel_key import kernels_dir
 
     old = os.environ.get("SPECSTACK_CACHE_DIR")
-    users, cache = cache_dir(), tmp_path_factory.mktemp("specstack-cache")
-    for shared in ("kernels", "llama-bins"):
-        try:
-            (users / shared).mkdir(parents=True, exist_ok=True)
-            (cache / shared).symlink_to(users / shared, target_is_directory=True)
-        except OSError:  # a read-only home: the session builds in its own cache
-            pass
-    os.environ["SPECSTACK_CACHE_DIR"] = str(cache)
+    old_kernels = os.environ.get("SPECSTACK_KERNELS_DIR")
+    os.environ["SPECSTACK_KERNELS_DIR"] = str(kernels_dir())
+    os.environ["SPECSTACK_CACHE_DIR"] = str(tmp_path_factory.mktemp("specstack-cache"))
     kernel_status()
     yield
+    if old_kernels is None:
+        os.environ.pop("SPECSTACK_KERNELS_DIR", None)
+    else:
+        os.environ["SPECSTACK_KERNELS_DIR"] = old_kernels
     if old is None:
         os.environ.pop("SPECSTACK_CACHE_DIR", None)
     else:

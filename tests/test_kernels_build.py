@@ -1,7 +1,7 @@
 """specstack's build of llama.cpp's CPU backend (issue 57): the edits, the build, the preload and what it reports.
 
-The builds run in subprocesses with a cache of their own (``SPECSTACK_CACHE_DIR``; the sdist linked in, never
-downloaded again), because which library a process runs is fixed at its first import of llama_cpp.  One real build
+The builds run in subprocesses with a cache of their own (``SPECSTACK_CACHE_DIR``, its ``kernels/``: the session's
+SPECSTACK_KERNELS_DIR is dropped; the sdist linked in, never downloaded again), because which library a process runs is fixed at its first import of llama_cpp.  One real build
 (about 30 s on 2 cores) serves the whole module; the failing builds fail at cmake's compiler check, in seconds.
 """
 
@@ -52,7 +52,7 @@ def fresh_cache(root: Path, sdist: Path) -> Path:
 
 def run_load(cache: Path, script: str = LOAD, **env: str) -> tuple[dict, str]:
     """Run ``script`` in a fresh interpreter on this checkout with ``cache`` as its cache: (its JSON, its stderr)."""
-    full = {k: v for k, v in os.environ.items() if k not in ("SPECSTACK_KERNELS", "CC", "CXX")}
+    full = {k: v for k, v in os.environ.items() if k not in ("SPECSTACK_KERNELS", "SPECSTACK_KERNELS_DIR", "CC", "CXX")}
     full.update(SPECSTACK_CACHE_DIR=str(cache), PYTHONPATH=str(REPO), **env)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=full, cwd=str(cache),
                          timeout=900)
@@ -207,7 +207,7 @@ def test_a_failed_build_falls_back_once_and_is_not_retried(tmp_path, sdist):
 def test_two_processes_build_once(tmp_path, sdist):
     """The second waits on the lock, then finds the result (a failure here: cheap) and builds nothing."""
     cache = fresh_cache(tmp_path / "cache", sdist)
-    env = {k: v for k, v in os.environ.items() if k != "SPECSTACK_KERNELS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECSTACK_KERNELS", "SPECSTACK_KERNELS_DIR")}
     env.update(SPECSTACK_CACHE_DIR=str(cache), PYTHONPATH=str(REPO), CC="false", CXX="false")
     script = "from specstack.llama import kernel_status; print(kernel_status().key)"
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -75,7 +75,10 @@ class Plan:
 
 
 def kernels_dir() -> Path:
-    return cache_dir() / "kernels"
+    """Where builds are kept: $SPECSTACK_KERNELS_DIR, else the cache's ``kernels/``.  Its own variable, so that a
+    run with a fresh cache (a test's, a first measurement's) can still find the library built before."""
+    env = os.environ.get("SPECSTACK_KERNELS_DIR")
+    return Path(env) if env else cache_dir() / "kernels"
 
 
 def find_install() -> Install:
