@@ -117,7 +117,6 @@ def _build(plan: Plan, install: Install) -> BuildResult:
         built = _run_steps(plan, install, work, log)
         shutil.copyfile(built, out / LIBRARY)
         _append(log, f"built in {time.monotonic() - started:.0f} s")
-        reason = None
     except Exception as exc:  # noqa: BLE001 - any failure is recorded, and the stock library runs
         reason = str(exc) if isinstance(exc, (BuildFailed, EditError)) else f"{type(exc).__name__}: {exc}"
         lines = _lines(log)
