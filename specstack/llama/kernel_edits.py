@@ -53,6 +53,11 @@ EDITS: tuple[Edit, ...] = (
     Edit("ggml/src/ggml-cpu/repack.cpp",
          "static const ggml::cpu::tensor_traits * ggml_repack_get_optimal_repack_type(const struct ggml_tensor * cur) {\n",
          _REPACK_SKIP),
+    # flash attention: one query row with a KV of 512+ is split over the threads and its partials reduced, an
+    # order of operations no multi-row call has; with ours, every row is computed alone, as in a verification
+    Edit("ggml/src/ggml-cpu/ops.cpp", '#include "ggml-cpu.h"\n', '#include "specstack-verify.h"\n'),
+    Edit("ggml/src/ggml-cpu/ops.cpp", "    const bool use_split_kv_path = !use_ref && ",
+         "!specstack_verify_rowwise_attention() && "),
 )
 
 

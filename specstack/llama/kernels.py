@@ -100,6 +100,14 @@ def kernel_status() -> KernelStatus:
     return replace(status, library=", ".join(mapped))
 
 
+def flash_attention_is_exact() -> bool:
+    """Whether flash attention computes a row the same in every call shape: where specstack's CPU backend runs
+    (its edit computes each query row alone, never a one-row call split over the KV), so exact modes run with it.
+    The stock backend splits a one-row call over the threads once the KV holds 512 cells, so there exact call
+    shapes are measured without flash attention."""
+    return kernel_status().active
+
+
 def _decide() -> KernelStatus:
     """Why the stock library must run, or ours loaded (never an exception: the stock library is the way out)."""
     if "llama_cpp" in sys.modules:
