@@ -24,7 +24,7 @@ from .drafters.base import Drafter
 from .engine import Engine
 from .errors import InvalidParameterError
 from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
-from .llama import LlamaModel, ModelConfig
+from .llama import LlamaModel, ModelConfig, flash_attention_is_exact
 from .llama.kv import DEFAULT_KV_TYPE, check_kv_type, is_quantized
 from .llama.recurrent import DEFAULT_DEPTH
 
@@ -86,7 +86,7 @@ class TargetSpec:
                                         "-kvu out (each slot its own cells: -c is shared out) or use --exact off")
         if is_quantized(self.cache_type_v):
             check_quantized_v(self.cache_type_v, self.flash_attn, self.exact_in_force)
-        if self.flash_attn and self.exact_in_force != "off":
+        if self.flash_attn and self.exact_in_force != "off" and not flash_attention_is_exact():
             raise InvalidParameterError(f"flash attention (-fa on) needs --exact off (got --exact {self.exact}): exact "
                                         "call shapes are measured without it, and its one-row path depends on the KV "
                                         "length; use -fa auto, or --exact off")
@@ -126,10 +126,13 @@ class TargetSpec:
                            kv_pool=self.kv_pool)
 
     def _flash_attn(self) -> bool | None:
-        """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which
-        ``open_for_mode`` settles once the verdict is known."""
+        """-fa as given; -fa auto is on where specstack's CPU backend makes flash attention exact
+        (``llama.flash_attention_is_exact``), else it follows --exact: on under off, off under on, and under auto
+        None, which ``open_for_mode`` settles once the verdict is known."""
         if self.flash_attn is not None:
             return self.flash_attn
+        if flash_attention_is_exact():
+            return True
         return {"off": True, "auto": None, "on": False}[self.exact_in_force]
 
 

@@ -14,12 +14,28 @@ SHARED = REPO.parent / "shared"
 
 @pytest.fixture(scope="session", autouse=True)
 def hermetic_cache(tmp_path_factory):
-    """Cost curves, shapes and scans go to a temporary cache, never the user's ~/.cache/specstack."""
+    """Cost curves, shapes and scans go to a temporary cache, never the user's ~/.cache/specstack.
+
+    Except the user's builds of llama.cpp's CPU backend: SPECSTACK_KERNELS_DIR names the user's kernels/ for this
+    session and every process it starts, whatever cache a test gives them.  A build is keyed by everything that goes
+    into it, so sharing it is safe, and a folder of the session's own would cost every session (and every test with
+    a fresh cache) a build.  The backend is loaded here, before any test: a CLI test's subprocess then finds it
+    built and says nothing."""
     import os
 
+    from specstack.llama import kernel_status
+    from specstack.llama.kernel_key import kernels_dir
+
     old = os.environ.get("SPECSTACK_CACHE_DIR")
+    old_kernels = os.environ.get("SPECSTACK_KERNELS_DIR")
+    os.environ["SPECSTACK_KERNELS_DIR"] = str(kernels_dir())
     os.environ["SPECSTACK_CACHE_DIR"] = str(tmp_path_factory.mktemp("specstack-cache"))
+    kernel_status()
     yield
+    if old_kernels is None:
+        os.environ.pop("SPECSTACK_KERNELS_DIR", None)
+    else:
+        os.environ["SPECSTACK_KERNELS_DIR"] = old_kernels
     if old is None:
         os.environ.pop("SPECSTACK_CACHE_DIR", None)
     else:

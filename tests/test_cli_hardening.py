@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from specstack.cli import main
+from specstack.llama import flash_attention_is_exact
 from specstack.modelfile.compat import EXIT_CODES
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from test_serve import Server, free_port
@@ -351,9 +352,26 @@ def test_llama_cpps_flags_reach_the_target_spec():
     assert target_spec(parsed("bench", "run", "--workload", "x", "-ub", "64")).batch == 64
 
 
-def test_flash_attention_on_needs_exactness_off(capsys):
+def test_flash_attention_on_goes_with_exactness_on_specstacks_backend(capsys):
+    """specstack's CPU backend computes each query row alone, so -fa on keeps --exact on and auto."""
     from specstack.commands.common import run_spec
 
+    assert flash_attention_is_exact()
+    spec = run_spec(parsed("generate", "-p", "x", "-fa", "on", "--exact", "on")).target
+    assert spec.exact == "on" and spec.flash_attn is True
+    assert run_spec(parsed("generate", "-p", "x", "-fa", "on")).target.exact == "auto"
+    assert run_spec(parsed("generate", "-p", "x")).target.model_config().flash_attn is True  # -fa auto: on
+    assert "-fa on runs with" not in capsys.readouterr().err
+
+
+def test_flash_attention_on_needs_exactness_off_on_the_stock_backend(capsys, monkeypatch):
+    from specstack import loading
+    from specstack.commands import common
+    from specstack.commands.common import run_spec
+
+    monkeypatch.setattr(common, "flash_attention_is_exact", lambda: False)
+    monkeypatch.setattr(loading, "flash_attention_is_exact", lambda: False)
+    assert run_spec(parsed("generate", "-p", "x", "--exact", "on")).target.model_config().flash_attn is False
     code, _, err = run_cli(capsys, "generate", "-p", "x", "-fa", "on", "--exact", "on")
     assert code == 2 and "-fa on cannot go with --exact on" in err
     spec = run_spec(parsed("generate", "-p", "x", "-fa", "on")).target
@@ -420,7 +438,6 @@ def test_serve_takes_llama_servers_flags_as_the_roles_defaults(tmp_path):
     (["-a", " "], "--alias is empty"),
     (["--repeat-penalty", "-1"], "--repeat-penalty must be > 0"),
     (["--grammar", "root ::= foo"], "does not parse"),
-    (["-fa", "on", "--exact", "on"], "-fa on cannot go with --exact on"),
 ])
 def test_serve_refuses_bad_llama_flags_before_starting(capsys, flags, message):
     code, err = serve_cli(capsys, *flags)

@@ -102,6 +102,7 @@ def test_props_and_slots(http, server):
     assert {"default_generation_settings", "total_slots", "model_path", "chat_template", "modalities",
             "build_info"} <= set(props)
     assert props["total_slots"] == 2 and props["model_alias"] == ALIAS
+    assert {"active", "why_not", "key", "library", "isa"} <= set(props["specstack_kernels"])  # which CPU backend serves
     params = props["default_generation_settings"]["params"]
     assert params["repeat_penalty"] == 1.0 and params["samplers"][0] == "penalties"
     strict = http.get("/props", params={"model": "strict"}).json()["default_generation_settings"]["params"]

@@ -41,9 +41,7 @@ def load_average() -> list[float] | None:
 def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
     """Facts that explain a number: CPU, cores, load, versions."""
     from ..host import sysinfo
-    from ..llama import llama_version
-
-    from ..llama import llama_system_info
+    from ..llama import kernel_status, llama_system_info, llama_version
 
     raw, _err = llama_system_info()
     info: dict[str, Any] = {
@@ -56,6 +54,7 @@ def machine_info(target: LlamaModel | None = None) -> dict[str, Any]:
         "load_average": load_average(),
         "llama_cpp_python": llama_version(),
         "llama_system_info": raw,
+        "kernels": kernel_status().to_dict(),  # specstack's CPU backend or the stock one: a number depends on which
     }
     if target is not None:
         info["threads"] = target.n_threads

@@ -90,6 +90,8 @@ def _header(results: dict[str, Any]) -> list[str]:
         + (f"; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end" if load0 and load1 else "")
         + ". Methods ran interleaved per request, so only ratios from one run are comparable.",
     ]
+    if mach.get("kernels"):
+        parts += ["", f"CPU backend: {_kernels_line(mach['kernels'])}."]
     parts += ["", _exact_line(cfg["target"])]
     if cfg["target"].get("lossy"):
         parts += ["", f"**LOSSY: the target ran with {cfg['target']['experts_used']} active expert(s) (`--experts`), "
@@ -97,6 +99,13 @@ def _header(results: dict[str, Any]) -> list[str]:
     if results.get("interrupted"):
         parts += ["", "**Interrupted: partial results.**"]
     return parts
+
+
+def _kernels_line(kernels: dict[str, Any]) -> str:
+    """Which llama.cpp CPU backend the run had (results.json from before it was recorded: none said)."""
+    from ..llama import KernelStatus
+
+    return KernelStatus.from_dict(kernels).line()
 
 
 def _exact_line(target: dict[str, Any]) -> str:

@@ -49,8 +49,12 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     The KV cache's types (-ctk/-ctv) are in it where either is not f16: a q8_0 K cache rounds every key, so its
     calls compute other logits, with other kernels, than an f16 cache's, and its shapes and costs are its own.
     An f16 cache's key is left as it was before the types could change, so its entries stay valid.
+
+    specstack's own CPU backend (``kernel_status``: llama.cpp's ggml-cpu with our verification kernels) is in it by
+    its build key where it runs: its kernels compute other calls, at other costs, than the stock library's, so
+    neither's curves and shapes may stand for the other's.  The stock library's keys stay as they were.
     """
-    from ..llama import system_info
+    from ..llama import kernel_status, system_info
 
     cfg = model.config
     st = os.stat(model.path)
@@ -63,6 +67,8 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
            bool(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
            cfg.prefill_chunk, recurrent]
+    kernels = kernel_status()
+    key += [["kernels", kernels.key]] if kernels.active else []
     kv_types = [cfg.type_k, cfg.type_v]
     key += [kv_types] if kv_types != ["f16", "f16"] else []
     return key + ([context] if context else [])

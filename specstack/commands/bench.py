@@ -242,6 +242,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..bench.outputs import check_output_dir
     from ..bench.runner import run_bench
     from ..bench.workloads import Workload, load
+    from ..llama import kernel_status
 
     if args.plots:
         plots.require_plotting()  # before the measurements, not after them
@@ -268,8 +269,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
     n_cfg = len(config.configurations())
     print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "
-          f"temperature(s) x {config.repeat} repeat(s) on {target.path.name}, {target.n_threads} threads -> {outdir}",
-          file=sys.stderr)
+          f"temperature(s) x {config.repeat} repeat(s) on {target.path.name}, {target.n_threads} threads, "
+          f"{kernel_status().short()} -> {outdir}", file=sys.stderr)
     results = run_bench(config, target, progress=not args.quiet)
     # Write the JSON first: whatever fails after it, the run is not lost.
     paths = report.write_outputs(results, outdir, plots=False)

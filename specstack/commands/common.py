@@ -27,7 +27,7 @@ from ..constraints import Constraints
 from ..sampling import SamplingParams
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from ..llama.kv import DEFAULT_KV_TYPE, KV_TYPES, is_quantized
-from ..llama import LlamaModel, set_numa, set_verbose
+from ..llama import LlamaModel, flash_attention_is_exact, set_numa, set_verbose
 from ..llama.target import DEFAULT_CTX
 from ..gbnf import check_gbnf
 from ..modelfile.meta import read_gguf
@@ -478,10 +478,11 @@ def rope_params(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
 
 
 def settle_flash_attn(args: argparse.Namespace, exact_flag: str = "--exact") -> None:
-    """-fa on needs exactness off: under --exact on it is refused; under auto it runs as off, with a note.  A
-    quantized V cache sets -fa on first (``settle_quantized_v``)."""
+    """-fa on needs exactness off on llama.cpp's stock CPU backend: under --exact on it is refused; under auto it
+    runs as off, with a note.  Where specstack's backend runs, flash attention is exact and goes with every mode.
+    A quantized V cache sets -fa on first (``settle_quantized_v``)."""
     settle_quantized_v(args, exact_flag)
-    if getattr(args, "flash_attn", None) != "on":
+    if getattr(args, "flash_attn", None) != "on" or flash_attention_is_exact():
         return
     exact = getattr(args, "exact", None) or "auto"
     if exact == "on":

@@ -66,6 +66,7 @@ def gather_facts() -> dict[str, Any]:
         "llama_features": sysinfo.parse_llama_system_info(raw) if raw else None,
         "llama_error": err,
         "llama_version": _llama_version() if raw else None,
+        "kernels": _kernels() if raw else None,
         "mem_total": mem.get("MemTotal"),
         "mem_available": sysinfo.available_memory(),
         "cgroup_memory_limit": lim,
@@ -81,6 +82,13 @@ def _cpu_load() -> dict[str, Any] | None:
     return None if load is None else asdict(load)
 
 
+def _kernels() -> dict[str, Any]:
+    """Which CPU backend runs (``specstack.llama.kernel_status``), as a dict of ``KernelStatus``'s fields."""
+    from ..llama import kernel_status
+
+    return kernel_status().to_dict()
+
+
 def _llama_version() -> str | None:
     from ..llama import llama_version
 
@@ -94,7 +102,8 @@ def _gib(n: int | None) -> str:
 
 def evaluate(f: dict[str, Any], model: str | Path | None = None) -> list[Check]:
     """The checks the facts ``f`` (``gather_facts``) call for, and ``model``'s where given: one function a part."""
-    checks = [*_threads(f), *_numa(f), *_thread_env(f), _huge_pages(f), *_cpu_features(f), _governor(f)]
+    checks = [*_threads(f), *_numa(f), *_thread_env(f), _huge_pages(f), *_cpu_features(f), *_kernel_check(f),
+              _governor(f)]
     checks += [] if f.get("roofline") is None else [_roofline(f["roofline"])]
     return checks + (_memory(f) if model is None else _model(f, model))
 
@@ -198,6 +207,22 @@ def _cpu_features(f: dict[str, Any]) -> list[Check]:
     else:
         features = Check("cpu features", "ok", line)
     return [build, features]
+
+
+def _kernel_check(f: dict[str, Any]) -> list[Check]:
+    """Whether specstack's verification kernels run (its own build of llama.cpp's CPU backend) or the stock one, and
+    why: a failed build is a warning with what retries it, a chosen stock library (SPECSTACK_KERNELS=stock) is not."""
+    from ..llama import KernelStatus
+
+    if not f.get("kernels"):
+        return []
+    k = KernelStatus.from_dict(f["kernels"])
+    if k.active:
+        return [Check("kernels", "ok", k.line())]
+    if k.why_not and "build failed" in k.why_not:
+        return [Check("kernels", "warn", f"{k.line()}; log: {k.log}",
+                      "install a C/C++ compiler (and cmake), then: SPECSTACK_KERNELS=rebuild specstack doctor")]
+    return [Check("kernels", "info", k.line())]
 
 
 def _governor(f: dict[str, Any]) -> Check:

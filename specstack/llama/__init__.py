@@ -13,6 +13,9 @@ Modules, one job each:
 - ``recurrent``: the rollback/checkpoint plan for recurrent and hybrid models, pure
 - ``backend``: importing llama_cpp (and its staging API, ``ext_module``), its backend and log, GGUF file
   checks, quantizing, system info
+- ``kernels``: which CPU backend runs (``KernelStatus``, ``kernel_status``): specstack's build of llama.cpp's
+  ggml-cpu with its verification kernels, loaded before llama_cpp (``kernel_edits``: the edits to llama.cpp's tree;
+  ``kernel_key``: what it is built for and its cache key; ``kernel_build``: the cmake build, cached once per key)
 - ``kv``: the KV cache's size before llama.cpp allocates it
 - ``model``: ``LlamaModel`` loading, context, batches and calls
 - ``memory``: sequences: reset, truncate, recurrent rollback and checkpoints, saved copies
@@ -26,6 +29,7 @@ Modules, one job each:
 
 from .target import EngineTarget, GrammarTarget, HiddenRowsTarget, ModelConfig, MtpTarget, Target
 from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_numa, set_verbose, system_info
+from .kernels import KernelStatus, flash_attention_is_exact, kernel_status
 from .batching import INEXACT, PLAIN_ROWS, BatchShapes, Piece, Segment, plan_calls
 from .model import LlamaModel
 from .vocab import VocabModel
@@ -34,5 +38,5 @@ __all__ = [
     "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target",
     "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
     "llama_version", "quantize", "set_numa", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
-    "plan_calls", "LlamaModel", "VocabModel",
+    "plan_calls", "LlamaModel", "VocabModel", "KernelStatus", "flash_attention_is_exact", "kernel_status",
 ]

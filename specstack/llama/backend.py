@@ -26,7 +26,11 @@ _threads_warned: set[int] = set()
 
 
 def llama_cpp_module():
-    """Import llama_cpp lazily, so commands that only read metadata stay fast."""
+    """Import llama_cpp lazily, so commands that only read metadata stay fast.  specstack's CPU backend is loaded
+    first (``kernels.preload``): once llama_cpp is imported, its stock library is in the process for good."""
+    from .kernels import preload
+
+    preload()
     try:
         import llama_cpp
     except ImportError as exc:  # pragma: no cover - install problem
@@ -40,6 +44,7 @@ def ext_module():
     """``llama_cpp.llama_cpp_ext``: llama.cpp's staging API (``src/llama-ext.h``) as llama-cpp-python wraps it.
     Here, beside ``llama_cpp_module``, because both the target's hidden rows (``hidden``) and the MTP context
     (``mtp``) call it, and ``mtp`` imports the model that ``hidden`` is part of."""
+    llama_cpp_module()  # our CPU backend first
     import llama_cpp.llama_cpp_ext as ext
 
     return ext

@@ -72,6 +72,7 @@ def schema_to_gbnf(schema: dict[str, Any] | bool) -> str:
 def _converter_class() -> type:
     """llama.cpp's converter with what its Python port lacks: recursive local refs, boolean sub-schemas, integer
     bounds (as llama.cpp's C++ converter has them)."""
+    llama_cpp_module()  # our CPU backend first: importing llama_cpp loads its library
     from llama_cpp.llama_grammar import SchemaConverter
 
     class Converter(SchemaConverter):
@@ -220,6 +221,7 @@ _CONVERTER: type | None = None
 
 
 def _reserved_names() -> Any:
+    llama_cpp_module()  # our CPU backend first: importing llama_cpp loads its library
     from llama_cpp.llama_grammar import RESERVED_NAMES
 
     return RESERVED_NAMES

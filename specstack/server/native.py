@@ -109,6 +109,7 @@ def _special(target: Any, attr: str) -> str:
 
 def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
     """``GET /props``: the role's defaults, slots, model, template and special tokens, as llama-server has them."""
+    from ..llama import kernel_status
     from ..llama.backend import llama_version
 
     params = default_params(w.role, limits, w.target)
@@ -123,7 +124,9 @@ def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
         "bos_token": _special(w.target, "bos_id"), "eos_token": _special(w.target, "eos_id"),
         "modalities": {"vision": False, "audio": False},
         "build_info": f"specstack {__version__} (llama-cpp-python {llama_version() or 'unknown'})",
-        "is_sleeping": bool(getattr(w, "sleeping", False))}
+        "is_sleeping": bool(getattr(w, "sleeping", False)),
+        # specstack's own: which llama.cpp CPU backend serves (its verification kernels, or the stock one and why)
+        "specstack_kernels": kernel_status().to_dict()}
 
 
 def busy_slots(w: RoleBackend) -> dict[int, Job]:

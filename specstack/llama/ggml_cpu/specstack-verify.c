@@ -1,0 +1,701 @@
+// specstack's verification kernels for ggml-cpu: MUL_MAT for 1-32 activation rows that reads each
+// weight block once and applies it to every row.
+//
+// Why: a speculative verification of n draft tokens is a matmul with n activation rows. llama.cpp's CPU
+// paths were built for n = 1 (vec_dot) or for prompts (tinyBLAS, repacked gemm, tiled from 8 rows), so
+// n = 2..16 costs 2.4-8.3x one row where the memory system allows ~1-3.6x, and each path orders its
+// float operations differently, so a row's logits depend on how many rows the call has.
+//
+// What: for every (weight row, activation row) the float operations are exactly those of ggml's own
+// x86 vec_dot for that type (ggml/src/ggml-cpu/arch/x86/quants.c), in the same order; only the integer
+// work (exact) is reorganised, and the weight decoding is hoisted out of the loop over activation rows.
+// So a row's result is bit-identical whatever n is, at any thread count (threads split weight rows,
+// never a reduction), and equal to stock vec_dot's. Used for n = 1 too, so plain decoding and
+// verification run the same arithmetic.
+//
+// Types: Q8_0 and Q5_0 (activations quantized to Q8_0), Q4_K, Q5_K and Q6_K (activations in Q8_K),
+// on AVX2 (with AVX-512 VNNI's 256-bit dot products where the build has them, as vec_dot does).
+
+#define GGML_COMMON_IMPL_C
+#include "ggml-common.h"
+#include "ggml-quants.h"
+#include "ggml-impl.h"
+#include "ggml-cpu.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+#include "specstack-verify.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SV_ENABLED 1
+#include <immintrin.h>
+#else
+#define SV_ENABLED 0
+#endif
+
+#define SV_MAX_ROWS 32
+
+#if SV_ENABLED
+
+// Activation rows a weight block is applied to in one pass: their accumulators stay in registers.
+#if defined(__AVX512F__)
+#define SV_GROUP 12
+#define SV_PAIRS 8
+#else
+#define SV_GROUP 6
+#define SV_PAIRS 1
+#endif
+
+#define SV_INLINE static inline __attribute__((always_inline))
+#define SV_SET_M128I(a, b) _mm256_insertf128_si256(_mm256_castsi128_si256(b), (a), 1)
+
+// ---- helpers identical to quants.c's -------------------------------------------------------------
+
+SV_INLINE float sv_hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+// sum of 4 products per int32 lane of |x| (u8) and sign(y, x) (i8): quants.c's mul_sum_us8_pairs_float
+SV_INLINE __m256 sv_mul_sum_us8_pairs_float(const __m256i ax, const __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+#elif defined(__AVXVNNI__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy));
+#else
+    const __m256i dot = _mm256_maddubs_epi16(ax, sy);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
+#endif
+}
+
+// int32 lanes += madd(scales, p16): an exact integer sum, fused where VNNI has it
+SV_INLINE __m256i sv_madd_add(const __m256i acc, const __m256i scales, const __m256i p16) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, scales, p16);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, scales, p16);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(scales, p16));
+#endif
+}
+
+static const uint8_t sv_shuffle_k4[256] = {
+     0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+     2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+     4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5,
+     6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
+     8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9,
+    10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,
+    12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,12,13,
+    14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15,14,15
+};
+
+static const uint8_t sv_shuffle_q6[128] = {
+     0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+     4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+     6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7,
+     8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9,
+    10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11,
+    12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13,
+    14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15
+};
+
+// Unpack 32 4-bit fields into 32 bytes in [0, 15]: quants.c's bytes_from_nibbles_32
+SV_INLINE __m256i sv_bytes_from_nibbles_32(const uint8_t * rsi) {
+    const __m128i tmp = _mm_loadu_si128((const __m128i *)rsi);
+    const __m256i bytes = SV_SET_M128I(_mm_srli_epi16(tmp, 4), tmp);
+    return _mm256_and_si256(_mm256_set1_epi8(0xF), bytes);
+}
+
+// spread 32 bits to 32 bytes { 0x00, 0xFF }: quants.c's bytes_from_bits_32
+SV_INLINE __m256i sv_bytes_from_bits_32(const uint8_t * x) {
+    uint32_t x32;
+    memcpy(&x32, x, sizeof(uint32_t));
+    const __m256i shuf_mask = _mm256_set_epi64x(
+            0x0303030303030303, 0x0202020202020202,
+            0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
+    const __m256i bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+    bytes = _mm256_or_si256(bytes, bit_mask);
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+// ---- per-call scratch (activation scales prepared once per call, per thread) -----------------------
+
+static _Thread_local float * sv_scratch;
+static _Thread_local size_t sv_scratch_floats;
+
+static float * sv_scratch_get(size_t floats) {
+    if (floats > sv_scratch_floats) {
+        free(sv_scratch);
+        sv_scratch = (float *) malloc(floats * sizeof(float));
+        sv_scratch_floats = sv_scratch ? floats : 0;
+    }
+    return sv_scratch;
+}
+
+// What one thread computes: weight rows [r0, r1) against n activation rows.
+struct sv_job {
+    const char * w;        // weight row 0
+    size_t       w_stride; // bytes between weight rows
+    int64_t      r0, r1;
+    int          nb;       // blocks per row (32- or 256-element)
+    const char * act;      // quantized activation row 0
+    size_t       a_stride; // bytes between activation rows
+    int          n;        // activation rows
+    float *      dst;      // dst[c * d_stride + r]
+    size_t       d_stride; // floats between dst columns
+    const float * ad;      // Q8_0 activations: their block scales as floats, [c * nb + b]
+    const int32_t * acorr; // Q8_0 activations, AVX-512: -128 x each int32 lane's sum, per pair and block
+    const int8_t * ypairs; // Q8_0 activations, AVX-512: the values of a pair of rows, per pair and block
+};
+
+// ---- Q8_0 and Q5_0 (x Q8_0) ------------------------------------------------------------------------
+//
+// vec_dot: acc = fma(set1(xd * yd), cvt(dot4(|x|, sign(y, x))), acc) per block, then hsum_float_8(acc).
+// The product xd * yd is the same float product whether a lane or a scalar computes it. With AVX-512
+// VNNI two activation rows share a zmm register (lanes 0-7 one row's acc, 8-15 the other's), and the
+// integer lanes come from dpbusd on x + 128 (unsigned), started at -128 x the activation's lane sums:
+// the same exact integers as vec_dot's, with the per-row sign work done once per call.
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SV_Q8_ZMM 1
+#else
+#define SV_Q8_ZMM 0
+#endif
+
+SV_INLINE __m256i sv_q5_0_values(const block_q5_0 * x) {
+    __m256i qx = sv_bytes_from_nibbles_32(x->qs);
+    __m256i bxhi = sv_bytes_from_bits_32(x->qh);
+    bxhi = _mm256_andnot_si256(bxhi, _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(qx, bxhi);
+}
+
+#if SV_Q8_ZMM
+
+// Activations prepared once per call, in pairs of rows p = (2p, 2p + 1), per block b: 64 bytes of values,
+// 16 int32 lane corrections and 16 floats of block scale (eight of each row's).
+SV_INLINE void sv_q8_pairs(const int P, const struct sv_job * job, const __m256i qx, const float xd, const int p0,
+                           const int b, __m512 * acc) {
+    const __m512i xu = _mm512_broadcast_i64x4(_mm256_xor_si256(qx, _mm256_set1_epi8((char) 0x80)));
+    const __m512 vxd = _mm512_set1_ps(xd);
+    for (int p = 0; p < P; ++p) {
+        const size_t at = (size_t)(p0 + p) * job->nb + b;
+        const __m512i corr = _mm512_loadu_si512((const __m512i *) job->acorr + at);
+        const __m512i dot = _mm512_dpbusd_epi32(corr, xu, _mm512_loadu_si512((const __m512i *) job->ypairs + at));
+        const __m512 d = _mm512_mul_ps(vxd, _mm512_loadu_ps(job->ad + 16 * at));
+        acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[p]);
+    }
+}
+
+SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const __m512 * acc, const int64_t r, const int p0) {
+    for (int p = 0; p < P; ++p) {
+        const int c = 2 * (p0 + p);
+        job->dst[(size_t) c * job->d_stride + r] = sv_hsum_float_8(_mm512_castps512_ps256(acc[p]));
+        job->dst[(size_t)(c + 1) * job->d_stride + r] = sv_hsum_float_8(_mm512_extractf32x8_ps(acc[p], 1));
+    }
+}
+
+// The odd last activation row: the first half of its pair, in a ymm register (same lane operations).
+SV_INLINE void sv_q8_single(const struct sv_job * job, const __m256i qx, const float xd, const int p0, const int b, __m256 * acc) {
+    const __m256i xu = _mm256_xor_si256(qx, _mm256_set1_epi8((char) 0x80));
+    const size_t at = (size_t) p0 * job->nb + b;
+    const __m256i corr = _mm256_loadu_si256((const __m256i *)(job->acorr + 16 * at));
+    const __m256i dot = _mm256_dpbusd_epi32(corr, xu, _mm256_loadu_si256((const __m256i *)(job->ypairs + 64 * at)));
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_loadu_ps(job->ad + 16 * at));
+    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
+}
+
+static void sv_q8_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+    __m256 acc = _mm256_setzero_ps();
+    const block_q8_0 * x = (const block_q8_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_single(job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, &acc);
+    }
+    job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+}
+
+static void sv_q5_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+    __m256 acc = _mm256_setzero_ps();
+    const block_q5_0 * x = (const block_q5_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_single(job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, &acc);
+    }
+    job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+}
+
+// G counts pairs of activation rows here.
+SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+    __m512 acc[SV_GROUP];
+    for (int p = 0; p < G; ++p) acc[p] = _mm512_setzero_ps();
+    const block_q8_0 * x = (const block_q8_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_pairs(G, job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+    }
+    sv_q8_pairs_finish(G, job, acc, r, p0);
+}
+
+SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+    __m512 acc[SV_GROUP];
+    for (int p = 0; p < G; ++p) acc[p] = _mm512_setzero_ps();
+    const block_q5_0 * x = (const block_q5_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_pairs(G, job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+    }
+    sv_q8_pairs_finish(G, job, acc, r, p0);
+}
+
+// Per call and thread: the pairs' values, lane corrections and block scales (see sv_q8_pairs).
+static void sv_prepare_q8_0(struct sv_job * job) {
+    const int n = job->n, nb = job->nb, P = (n + 1) / 2;
+    const size_t blocks = (size_t) P * nb;
+    float * scratch = sv_scratch_get(blocks * (16 + 16 + 16) + 16);
+    GGML_ASSERT(scratch != NULL);
+    float * ad = scratch;
+    int32_t * acorr = (int32_t *)(ad + blocks * 16);
+    int8_t * ypairs = (int8_t *)(acorr + blocks * 16);
+    for (int c = 0; c < 2 * P; ++c) {
+        const int p = c / 2, half = c % 2;
+        for (int b = 0; b < nb; ++b) {
+            const size_t at = (size_t) p * nb + b;
+            __m256i qy = _mm256_setzero_si256();
+            float yd = 0.0f;
+            if (c < n) {
+                const block_q8_0 * y = (const block_q8_0 *)(job->act + (size_t) c * job->a_stride) + b;
+                qy = _mm256_loadu_si256((const __m256i *) y->qs);
+                yd = GGML_CPU_FP16_TO_FP32(y->d);
+            }
+            const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char) 0x80), qy);
+            _mm256_storeu_si256((__m256i *)(acorr + 16 * at + 8 * half), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+            _mm256_storeu_si256((__m256i *)(ypairs + 64 * at + 32 * half), qy);
+            _mm256_storeu_ps(ad + 16 * at + 8 * half, _mm256_set1_ps(yd));
+        }
+    }
+    job->ad = ad;
+    job->acorr = acorr;
+    job->ypairs = ypairs;
+}
+
+#else  // AVX2: one activation row per ymm accumulator, vec_dot's sign trick
+
+SV_INLINE void sv_q8_block(const int G, __m256 * acc, const __m256i qx, const float xd,
+                           const struct sv_job * job, const int c0, const int b) {
+    const __m256i ax = _mm256_sign_epi8(qx, qx);
+    for (int g = 0; g < G; ++g) {
+        const block_q8_0 * y = (const block_q8_0 *)(job->act + (size_t)(c0 + g) * job->a_stride) + b;
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);
+        const __m256 q = sv_mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
+        const __m256 d = _mm256_set1_ps(xd * job->ad[(size_t)(c0 + g) * job->nb + b]);
+        acc[g] = _mm256_fmadd_ps(d, q, acc[g]);
+    }
+}
+
+SV_INLINE void sv_q8_finish(const int G, const struct sv_job * job, const __m256 * acc, const int64_t r, const int c0) {
+    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+}
+
+SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+    __m256 acc[SV_GROUP];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    const block_q8_0 * x = (const block_q8_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_block(G, acc, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), job, c0, b);
+    }
+    sv_q8_finish(G, job, acc, r, c0);
+}
+
+SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+    __m256 acc[SV_GROUP];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    const block_q5_0 * x = (const block_q5_0 *) wrow;
+    for (int b = 0; b < job->nb; ++b) {
+        sv_q8_block(G, acc, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), job, c0, b);
+    }
+    sv_q8_finish(G, job, acc, r, c0);
+}
+
+// Per call and thread: the activations' block scales as floats.
+static void sv_prepare_q8_0(struct sv_job * job) {
+    const int n = job->n, nb = job->nb;
+    float * ad = sv_scratch_get((size_t) n * nb + 16);
+    GGML_ASSERT(ad != NULL);
+    for (int c = 0; c < n; ++c) {
+        const block_q8_0 * y = (const block_q8_0 *)(job->act + (size_t) c * job->a_stride);
+        for (int b = 0; b < nb; ++b) ad[(size_t) c * nb + b] = GGML_CPU_FP16_TO_FP32(y[b].d);
+    }
+    job->ad = ad;
+}
+
+#endif
+
+// ---- Q4_K and Q5_K (x Q8_K) ------------------------------------------------------------------------
+
+// The 8 scales and 8 mins of a Q4_K/Q5_K super-block as int16: vec_dot's utmp unpacking.
+SV_INLINE __m256i sv_k4_mins_and_scales(const uint8_t * scales) {
+    static const uint32_t kmask1 = 0x3f3f3f3f;
+    static const uint32_t kmask2 = 0x0f0f0f0f;
+    static const uint32_t kmask3 = 0x03030303;
+    uint32_t utmp[4];
+    memcpy(utmp, scales, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+    return _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+}
+
+// A decoded Q4_K/Q5_K super-block: eight 32-byte chunks of unsigned weights and their scales.
+struct sv_k4 {
+    __m256i q[8];
+    __m256i s[8];
+    __m128i mins;
+};
+
+SV_INLINE void sv_k4_scales(struct sv_k4 * k, const __m256i mins_and_scales) {
+    const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+    const __m256i scales = SV_SET_M128I(sc128, sc128);
+    for (int j = 0; j < 8; ++j) {
+        k->s[j] = _mm256_shuffle_epi8(scales, _mm256_loadu_si256((const __m256i *) sv_shuffle_k4 + j));
+    }
+    k->mins = _mm256_extracti128_si256(mins_and_scales, 1);
+}
+
+SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
+    const uint8_t * q4 = x->qs;
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q4bits = _mm256_loadu_si256((const __m256i *)(q4 + 32 * j));
+        k->q[2 * j + 0] = _mm256_and_si256(q4bits, m4);
+        k->q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+    }
+}
+
+SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
+    const uint8_t * q5 = x->qs;
+    const __m256i hbits = _mm256_loadu_si256((const __m256i *) x->qh);
+    __m256i hmask = _mm256_set1_epi8(1);
+    int bit = 0;
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q5bits = _mm256_loadu_si256((const __m256i *)(q5 + 32 * j));
+        const __m256i q5l_0 = _mm256_and_si256(q5bits, m4);
+        const __m256i q5h_0 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_and_si256(hbits, hmask), bit++), 4);
+        k->q[2 * j + 0] = _mm256_add_epi8(q5l_0, q5h_0);
+        hmask = _mm256_slli_epi16(hmask, 1);
+        const __m256i q5l_1 = _mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4);
+        const __m256i q5h_1 = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_and_si256(hbits, hmask), bit++), 4);
+        k->q[2 * j + 1] = _mm256_add_epi8(q5l_1, q5h_1);
+        hmask = _mm256_slli_epi16(hmask, 1);
+    }
+}
+
+// The super-block's integer sum for one activation row: vec_dot's sumi, lane for lane.
+SV_INLINE __m256i sv_k4_sumi(const struct sv_k4 * k, const int8_t * q8) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+        const __m256i q8j = _mm256_loadu_si256((const __m256i *)(q8 + 32 * j));
+        sumi = sv_madd_add(sumi, k->s[j], _mm256_maddubs_epi16(k->q[j], q8j));
+    }
+    return sumi;
+}
+
+// the mins' product with the activation's block sums: vec_dot's prod
+SV_INLINE __m128i sv_k4_prod(const struct sv_k4 * k, const block_q8_K * y) {
+    const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+    const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+    return _mm_madd_epi16(k->mins, q8s);
+}
+
+SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+    __m256 acc[SV_GROUP];
+    __m128 acc_m[SV_GROUP];
+    for (int g = 0; g < G; ++g) { acc[g] = _mm256_setzero_ps(); acc_m[g] = _mm_setzero_ps(); }
+    const block_q4_K * x = (const block_q4_K *) wrow;
+    for (int i = 0; i < job->nb; ++i) {
+        struct sv_k4 k;
+        sv_q4_K_decode(&k, x + i);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+        for (int g = 0; g < G; ++g) {
+            const block_q8_K * y = (const block_q8_K *)(job->act + (size_t)(c0 + g) * job->a_stride) + i;
+            const float d = y->d * xd;
+            const float dmin = -y->d * xdmin;
+            const __m128i prod = sv_k4_prod(&k, y);
+            acc_m[g] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[g]);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs);
+            acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        __m128 m = acc_m[g];
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]) + _mm_cvtss_f32(m);
+    }
+}
+
+SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+    __m256 acc[SV_GROUP];
+    float summs[SV_GROUP];
+    for (int g = 0; g < G; ++g) { acc[g] = _mm256_setzero_ps(); summs[g] = 0.f; }
+    const __m128i mzero = _mm_setzero_si128();
+    const block_q5_K * x = (const block_q5_K *) wrow;
+    for (int i = 0; i < job->nb; ++i) {
+        struct sv_k4 k;
+        sv_q5_K_decode(&k, x + i);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+        for (int g = 0; g < G; ++g) {
+            const block_q8_K * y = (const block_q8_K *)(job->act + (size_t)(c0 + g) * job->a_stride) + i;
+            const float d = y->d * xd;
+            const float dmin = -y->d * xdmin;
+            const __m128i prod = sv_k4_prod(&k, y);
+            const __m128i hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+            summs[g] += dmin * _mm_extract_epi32(hsum, 0);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs);
+            acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
+        }
+    }
+    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]) + summs[g];
+}
+
+// ---- Q6_K (x Q8_K) ---------------------------------------------------------------------------------
+
+struct sv_k6 {
+    __m256i q[8];    // 6-bit weights, unsigned
+    __m256i s[8];    // their int16 scales, per 16 weights
+    __m256i scales_16;
+};
+
+SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m128i scales = _mm_loadu_si128((const __m128i *) x->scales);
+    k->scales_16 = _mm256_cvtepi8_epi16(scales);
+    const uint8_t * q4 = x->ql;
+    const uint8_t * qh = x->qh;
+    for (int j = 0; j < 2; ++j) {
+        const __m256i q4bits1 = _mm256_loadu_si256((const __m256i *)(q4 + 64 * j));
+        const __m256i q4bits2 = _mm256_loadu_si256((const __m256i *)(q4 + 64 * j + 32));
+        const __m256i q4bitsH = _mm256_loadu_si256((const __m256i *)(qh + 32 * j));
+        const __m256i q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, m3), 4);
+        const __m256i q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(12)), 2);
+        const __m256i q4h_2 = _mm256_and_si256(q4bitsH, _mm256_set1_epi8(48));
+        const __m256i q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(-64)), 2);
+        k->q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+        k->q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+        k->q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+        k->q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+        for (int t = 0; t < 4; ++t) {
+            const __m128i sh = _mm_loadu_si128((const __m128i *) sv_shuffle_q6 + 4 * j + t);
+            k->s[4 * j + t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sh));
+        }
+    }
+}
+
+SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+    __m256 acc[SV_GROUP];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    const block_q6_K * x = (const block_q6_K *) wrow;
+    for (int i = 0; i < job->nb; ++i) {
+        struct sv_k6 k;
+        sv_q6_K_decode(&k, x + i);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        for (int g = 0; g < G; ++g) {
+            const block_q8_K * y = (const block_q8_K *)(job->act + (size_t)(c0 + g) * job->a_stride) + i;
+            const float d = y->d * xd;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, k.scales_16), 5);
+            __m256i sumi = _mm256_setzero_si256();
+            for (int t = 0; t < 8; ++t) {
+                const __m256i q8t = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                sumi = sv_madd_add(sumi, k.s[t], _mm256_maddubs_epi16(k.q[t], q8t));
+            }
+            sumi = _mm256_sub_epi32(sumi, q8sclsub);
+            acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc[g]);
+        }
+    }
+    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+}
+
+// ---- dispatch: a pass per group of activation rows, the group size a compile-time constant ---------
+
+#define SV_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+// Units are activation rows, or pairs of rows where PAIRED; MAXG of them per pass.
+#define SV_DEFINE_ROWS(NAME, PAIRED, MAXG)                                                          \
+    static void NAME##_rows(const struct sv_job * job) {                                            \
+        const int units = (PAIRED) ? job->n / 2 : job->n;                                           \
+        for (int64_t r = job->r0; r < job->r1; ++r) {                                               \
+            const char * wrow = job->w + (size_t) r * job->w_stride;                                \
+            for (int u0 = 0; u0 < units; u0 += (MAXG)) {                                            \
+                switch (SV_MIN(units - u0, (MAXG))) {                                               \
+                case 1: NAME##_group(SV_MIN(1, MAXG), job, wrow, r, u0); break;                                          \
+                case 2: NAME##_group(SV_MIN(2, MAXG), job, wrow, r, u0); break;                                          \
+                case 3: NAME##_group(SV_MIN(3, MAXG), job, wrow, r, u0); break;                                          \
+                case 4: NAME##_group(SV_MIN(4, MAXG), job, wrow, r, u0); break;                                          \
+                case 5: NAME##_group(SV_MIN(5, MAXG), job, wrow, r, u0); break;                                          \
+                case 6: NAME##_group(SV_MIN(6, MAXG), job, wrow, r, u0); break;                                          \
+                case 7: NAME##_group(SV_MIN(7, MAXG), job, wrow, r, u0); break;                                          \
+                case 8: NAME##_group(SV_MIN(8, MAXG), job, wrow, r, u0); break;                                          \
+                case 9: NAME##_group(SV_MIN(9, MAXG), job, wrow, r, u0); break;                                          \
+                case 10: NAME##_group(SV_MIN(10, MAXG), job, wrow, r, u0); break;                                        \
+                case 11: NAME##_group(SV_MIN(11, MAXG), job, wrow, r, u0); break;                                        \
+                case 12: NAME##_group(SV_MIN(12, MAXG), job, wrow, r, u0); break;                                        \
+                case 13: NAME##_group(SV_MIN(13, MAXG), job, wrow, r, u0); break;                                        \
+                case 14: NAME##_group(SV_MIN(14, MAXG), job, wrow, r, u0); break;                                        \
+                case 15: NAME##_group(SV_MIN(15, MAXG), job, wrow, r, u0); break;                                        \
+                case 16: NAME##_group(SV_MIN(16, MAXG), job, wrow, r, u0); break;                                        \
+                default: GGML_ABORT("specstack-verify: a group of %d", units - u0);                 \
+                }                                                                                   \
+            }                                                                                       \
+            if ((PAIRED) && job->n % 2 == 1) NAME##_odd(job, wrow, r, units);                       \
+        }                                                                                           \
+    }
+
+#if SV_Q8_ZMM
+#define sv_q8_0_odd sv_q8_0_single
+#define sv_q5_0_odd sv_q5_0_single
+#else
+#define sv_q8_0_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: no pairs without AVX-512")
+#define sv_q5_0_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: no pairs without AVX-512")
+#endif
+#define sv_q4_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q4_K is not paired")
+#define sv_q5_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q5_K is not paired")
+#define sv_q6_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q6_K is not paired")
+
+SV_DEFINE_ROWS(sv_q8_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP))
+SV_DEFINE_ROWS(sv_q5_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP))
+SV_DEFINE_ROWS(sv_q4_K, 0, SV_GROUP)
+SV_DEFINE_ROWS(sv_q5_K, 0, SV_GROUP)
+SV_DEFINE_ROWS(sv_q6_K, 0, SV_GROUP)
+
+typedef void (*sv_rows_fn)(const struct sv_job * job);
+
+static sv_rows_fn sv_rows_for(enum ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q8_0: return sv_q8_0_rows;
+        case GGML_TYPE_Q5_0: return sv_q5_0_rows;
+        case GGML_TYPE_Q4_K: return sv_q4_K_rows;
+        case GGML_TYPE_Q5_K: return sv_q5_K_rows;
+        case GGML_TYPE_Q6_K: return sv_q6_K_rows;
+        default: return NULL;
+    }
+}
+
+static bool sv_disabled(void) {
+    static int disabled = -1;
+    if (disabled < 0) {
+        const char * env = getenv("SPECSTACK_VERIFY_KERNELS");
+        disabled = env != NULL && strcmp(env, "0") == 0;
+    }
+    return disabled;
+}
+
+bool specstack_verify_takes(const struct ggml_tensor * weight) {
+    if (sv_disabled() || sv_rows_for(weight->type) == NULL) {
+        return false;
+    }
+    return weight->ne[0] % ggml_blck_size(weight->type) == 0 && weight->ne[2] == 1 && weight->ne[3] == 1;
+}
+
+bool specstack_verify_rowwise_attention(void) {
+    return !sv_disabled();
+}
+
+static bool sv_shape_fits(const struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    return specstack_verify_takes(src0)
+        && src1->type == GGML_TYPE_F32
+        && src1->ne[1] >= 1 && src1->ne[1] <= SV_MAX_ROWS
+        && src1->ne[2] == 1 && src1->ne[3] == 1
+        && src1->nb[0] == sizeof(float)
+        && src0->nb[0] == ggml_type_size(src0->type)
+        && src0->nb[1] >= ggml_row_size(src0->type, src0->ne[0])
+        && dst->type == GGML_TYPE_F32 && dst->nb[0] == sizeof(float)
+        && dst->ne[0] == src0->ne[1] && dst->ne[1] == src1->ne[1];
+}
+
+// Quantize this thread's share of every activation row into the work buffer, as the stock path does.
+static void sv_quantize(const struct ggml_compute_params * params, const struct ggml_tensor * src1,
+                        enum ggml_type vec_dot_type, char * wdata, size_t a_stride) {
+    ggml_from_float_t const from_float = ggml_get_type_traits_cpu(vec_dot_type)->from_float;
+    const int64_t bs = ggml_blck_size(vec_dot_type);
+    const int64_t ne10 = src1->ne[0];
+    const int64_t start = (params->ith * ne10 / bs) / params->nth;
+    const int64_t end = ((params->ith + 1) * ne10 / bs) / params->nth;
+    for (int64_t i11 = 0; i11 < src1->ne[1]; ++i11) {
+        const float * row = (const float *)((const char *) src1->data + i11 * src1->nb[1]) + start * bs;
+        from_float(row, wdata + i11 * a_stride + start * ggml_type_size(vec_dot_type), (end - start) * bs);
+    }
+}
+
+bool specstack_verify_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    if (params->use_ref || !sv_shape_fits(dst)) {
+        return false;
+    }
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    const enum ggml_type vec_dot_type = ggml_get_type_traits_cpu(src0->type)->vec_dot_type;
+    const size_t a_stride = ggml_row_size(vec_dot_type, src1->ne[0]);
+    const int n = (int) src1->ne[1];
+    if (params->wsize < a_stride * n) {
+        return false;  // a graph planned for another path: every thread sees the same and runs stock
+    }
+    char * wdata = (char *) params->wdata;
+
+    sv_quantize(params, src1, vec_dot_type, wdata, a_stride);
+    ggml_barrier(params->threadpool);
+
+    struct sv_job job;
+    job.w = (const char *) src0->data;
+    job.w_stride = src0->nb[1];
+    job.nb = (int)(src0->ne[0] / ggml_blck_size(src0->type));
+    job.act = wdata;
+    job.a_stride = a_stride;
+    job.n = n;
+    job.dst = (float *) dst->data;
+    job.d_stride = dst->nb[1] / sizeof(float);
+    job.ad = NULL;
+    // threads split weight rows, never a row's reduction: a row's result is the same at any thread count
+    const int64_t nr = src0->ne[1];
+    job.r0 = (nr * params->ith) / params->nth;
+    job.r1 = (nr * (params->ith + 1)) / params->nth;
+    if (job.r0 >= job.r1) {
+        return true;
+    }
+    if (vec_dot_type == GGML_TYPE_Q8_0) {
+        sv_prepare_q8_0(&job);
+    }
+    sv_rows_for(src0->type)(&job);
+    return true;
+}
+
+#else  // no AVX2 + FMA + F16C: the stock paths run everything
+
+bool specstack_verify_takes(const struct ggml_tensor * weight) {
+    (void) weight;
+    return false;
+}
+
+bool specstack_verify_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    (void) params;
+    (void) dst;
+    return false;
+}
+
+bool specstack_verify_rowwise_attention(void) {
+    return false;
+}
+
+#endif
