@@ -9,9 +9,10 @@
 
 bench times MUL_MAT (``benchmarks/kernels/mul_mat_bench.c``) for the weight shapes and types of the models we run,
 at n = 1..32 activation rows, on each CPU path: stock ggml with the weights in a plain CPU buffer, the same with
-``GGML_CPU_TILED_MM_FORCE=1``, stock with repacked weights (the CPU extra buffer types, llama.cpp's default), and
-every ``--lib NAME=PATH`` (a libggml-cpu.so built from the same tree, e.g. with specstack's kernels; run as llama.cpp
-loads it, extra buffer types offered). It prints ms per call, GMAC/s and weight GB/s beside the roofline probe's
+``GGML_CPU_TILED_MM_FORCE=1``, stock with repacked weights (the CPU extra buffer types, llama.cpp's default),
+specstack's own build with its verification kernels (``specstack.llama``'s, built first where not cached;
+``--no-specstack`` leaves it out), and every ``--lib NAME=PATH`` (another libggml-cpu.so built from the same tree).
+The libraries other than stock run as llama.cpp loads them, extra buffer types offered. It prints ms per call, GMAC/s and weight GB/s beside the roofline probe's
 bandwidth and int8 peak (``specstack.host.roofline``). The machine may be shared: the paths are interleaved per
 shape, every figure is the fastest of ``--rounds`` subprocesses (each the fastest of its own calls), and the
 report says how busy other processes kept the CPUs.
@@ -168,8 +169,28 @@ def stock_lib() -> Lib:
     return Lib("stock", d / "libggml-cpu.so.0", d / "libggml-base.so.0")
 
 
+def specstack_lib() -> Lib:
+    """specstack's own build of libggml-cpu, the one ``specstack.llama`` loads (``docs/kernels.md``): found in its
+    cache by key, or built there first (about a minute, once). Nothing is loaded into this process."""
+    from specstack.llama.kernel_build import ensure_built
+    from specstack.llama.kernel_key import KernelSetupError, find_install, make_plan
+
+    try:
+        install = find_install()
+        plan = make_plan(install)
+        result = ensure_built(plan, install)
+    except KernelSetupError as exc:
+        raise HarnessError(f"specstack's kernels cannot be built here: {exc}") from exc
+    if result.library is None:
+        raise HarnessError(f"specstack's kernel build {plan.key} failed: {result.reason} (log: {result.log})")
+    return Lib("specstack", Path(result.library), stock_lib().base)
+
+
 def lib_from(spec: str) -> Lib:
-    """``NAME=PATH`` (or a bare PATH, named after its folder) as a ``Lib`` beside the stock libggml-base."""
+    """``NAME=PATH`` (or a bare PATH, named after its folder) as a ``Lib`` beside the stock libggml-base;
+    ``specstack`` alone is specstack's own build (``specstack_lib``)."""
+    if spec == "specstack":
+        return specstack_lib()
     name, sep, path = spec.partition("=")
     if not sep:
         name, path = Path(spec).parent.name or "lib", spec
@@ -397,10 +418,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--working-set-mib", type=float, default=256,
                    help="copies of each matrix to cycle through, so that weights come from memory (default 256)")
     b.add_argument("--no-stock", action="store_true", help="time only the --lib libraries")
+    b.add_argument("--no-specstack", action="store_true",
+                   help="leave out specstack's own build (timed by default, built first where not cached)")
     b.add_argument("--json", type=Path, help="write the results here")
     b.add_argument("--markdown", type=Path, help="write the tables here too")
     i = sub.add_parser("identity", help="are a library's rows bit-identical at n rows, one row, and vec_dot?")
-    i.add_argument("--lib", default=None, metavar="[NAME=]PATH", help="libggml-cpu.so (default: stock)")
+    i.add_argument("--lib", default=None, metavar="[NAME=]PATH",
+                   help="libggml-cpu.so (default: stock; 'specstack': specstack's own build)")
     i.add_argument("--type", required=True, help="ggml type name, e.g. q8_0, q4_K")
     i.add_argument("--k", type=int, required=True)
     i.add_argument("--m", type=int, required=True)
@@ -414,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--threads", type=_ints, default=[1, 2, 3])
     w.add_argument("--max-m", type=int, default=4096, help="cut each shape's output rows to this (0: keep all)")
     w.add_argument("--no-stock", action="store_true", help="check only the --lib libraries")
+    w.add_argument("--no-specstack", action="store_true", help="leave out specstack's own build")
     w.add_argument("--json", type=Path, help="write the results here")
     sub.add_parser("build", help="compile the C harness and print its path")
     args = ap.parse_args(argv)
@@ -435,7 +460,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _paths_and_shapes(args: argparse.Namespace) -> tuple[list[KernelPath], list[Shape]]:
-    paths_ = default_paths([lib_from(s) for s in args.lib])
+    extra = [lib_from(s) for s in args.lib]
+    if not args.no_specstack and not any(lib.name == "specstack" for lib in extra):
+        extra.insert(0, specstack_lib())
+    paths_ = default_paths(extra)
     if args.no_stock:
         paths_ = [p for p in paths_ if p.lib.name != "stock"]
     return paths_, [s for name in args.models.split(",") for s in SHAPES[name.strip()]]

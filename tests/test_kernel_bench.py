@@ -136,3 +136,23 @@ def test_the_report_keeps_the_higher_of_two_probes():
     after = {"isa": "AVX2", "instruction": "x", "point": {"threads": 1, "read_gbps": 42.0, "int8_gmacs": 190.0}}
     assert kr._best_roof(before, after)["point"] == {"threads": 1, "read_gbps": 42.0, "int8_gmacs": 200.0}
     assert kr._best_roof(None, after) == after
+
+
+@pytest.fixture(scope="module")
+def ours():
+    """specstack's own libggml-cpu (docs/kernels.md), as specstack.llama loads it; the session has built it."""
+    try:
+        return kr.specstack_lib()
+    except kr.HarnessError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("qtype,k,m", [("q4_K", 2048, 640), ("q6_K", 2048, 640), ("q5_0", 640, 1024),
+                                       ("q8_0", 640, 1024)])
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32])
+def test_specstack_kernels_keep_every_row_identical(ours, qtype, k, m, n):
+    """What the verification kernels promise: a row's output is the same bits at any n, alone, and by vec_dot, at
+    1-3 threads, with the weights offered to the repack buffer as llama.cpp does (the kernels keep theirs)."""
+    out = kr.identity(ours, qtype, k, m, n, threads=(1, 2, 3), buft="extra")
+    assert Path(out["lib"]) == ours.cpu.resolve()
+    assert out["identical"], [{k_: c[k_] for k_ in kr.COMPARISONS} for c in out["checks"]]
