@@ -391,7 +391,27 @@ def markdown(result: dict[str, Any]) -> str:
             if key == "ms" and point is not None:
                 floors = [fmt.format(derived(group[0], n, point)["floor_ms"]) for n in ns]
                 lines.append("| | roofline floor | " + " | ".join(floors) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _speedup_table(result["rows"], ns)) + "\n"
+
+
+STOCK_PATHS = ("stock", "stock, repacked")  # what llama.cpp runs with and without use_extra_bufts
+
+
+def _speedup_table(rows: Sequence[dict[str, Any]], ns: Sequence[int]) -> list[str]:
+    """Each other library's time against the faster of stock's plain and repacked paths: above 1, it is faster."""
+    lines = ["", "**the faster of stock and stock repacked / this path's time (above 1: faster than stock)**", "",
+             "| shape | path | " + " | ".join(f"n={n}" for n in ns) + " |", "|---|---|" + "---|" * len(ns)]
+    found = False
+    for label, group in itertools.groupby(rows, key=lambda r: r["label"]):
+        group = list(group)
+        stock = [r for r in group if r["path"] in STOCK_PATHS]
+        others = [r for r in group if r["path"] not in STOCK_PATHS and r["path"] != "stock, tiled forced"]
+        for j, row in enumerate(others if stock else []):
+            best = [min(r["ms"][str(n)] for r in stock) / row["ms"][str(n)] for n in ns]
+            lines.append(f"| {label if j == 0 else ''} | {_path_name(row)} | " + " | ".join(f"{b:.2f}" for b in best)
+                         + " |")
+            found = True
+    return lines if found else []
 
 
 def _path_name(row: dict[str, Any]) -> str:
