@@ -160,6 +160,13 @@ def test_a_bad_choice_is_refused_before_measuring(tmp_path, capsys):
     assert code == 2 and "--peer-kernels must be one of stock, specstack, both" in capsys.readouterr().err
 
 
+def test_missing_specstack_bins_stop_the_cli_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(peers.SPECSTACK_BIN_DIR_ENV, str(tmp_path / "none"))
+    code = main(["bench", "run", "--workload", "code-grounded", "--peer-kernels", "both", "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and BUILD in err and "loaded" not in err  # said before the model loads
+
+
 # -- the real specstack-kernel binaries, where built ------------------------------------------------------------------
 def _specstack_bins() -> Path | None:
     try:

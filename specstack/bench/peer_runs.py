@@ -48,16 +48,21 @@ def peer_methods(config: BenchConfig, known: Sequence[str]) -> list[str]:
 
 
 def load_peers(config: BenchConfig, target: Any) -> PeerRunner:
-    """The peer runner, failing now (not after the first request) on a missing module or binary folder: a
-    missing specstack-kernel folder is one line naming the command that builds it."""
+    """The peer runner, failing now (not after the first request) on a missing module or binary folder."""
+    peers, folders = peer_folders(config)
+    return PeerRunner(peers, config, target, folders)
+
+
+def peer_folders(config: BenchConfig) -> tuple[Any, dict[str, Path]]:
+    """The peers module and the checked bin folder of each kernel set the config asks for (``bench run`` asks
+    before loading the model): a missing specstack-kernel folder is one line naming the command that builds it."""
     try:
         from . import peers  # llama.cpp binaries; imported only when asked for
     except ImportError as exc:
         raise InvalidParameterError(
             f"--llama-cpp-bin needs specstack.bench.peers, which is not available ({exc}); run without --llama-cpp-bin"
         ) from None
-    folders = peers.kernel_folders(config.peer_kernel_sets, config.llama_cpp_bin)
-    return PeerRunner(peers, config, target, folders)
+    return peers, peers.kernel_folders(config.peer_kernel_sets, config.llama_cpp_bin)
 
 
 def peer_label(method: str, kernels: str | None) -> str:

@@ -7,6 +7,10 @@ into a dict with the keys in ``RESULT_KEYS``. Parsing is kept in pure functions
 (``parse_speculative_simple``, ``parse_lookup``, ``parse_plain``, ``parse_llama_bench``) so it is
 testable on captured outputs without the binaries.
 
+Kernels: the stock build runs llama.cpp's own CPU kernels; ``KERNELS=specstack scripts/build_llama_bins.sh``
+builds the same binaries with specstack's verification kernels into another folder.  ``bin_dir(path, kernels)``
+finds and checks the folder of either, so a run labelled with one kernel set never ran on the other.
+
 Units: ``tok_per_s`` is the decode rate each binary reports itself. For speculative-simple and
 lookup that is generated tokens / decode-loop seconds (drafting included, prompt excluded); for
 plain generation it is llama.cpp's "eval time" rate (one token per run, prompt excluded).
@@ -216,7 +220,7 @@ def bin_dir(path: Path | str | None = None, kernels: str = "stock") -> Path:
     env, default = (BIN_DIR_ENV, DEFAULT_BIN_DIR) if kernels == "stock" else (SPECSTACK_BIN_DIR_ENV, SPECSTACK_BIN_DIR)
     d = Path(path or os.environ.get(env) or default)
     if not (d / "llama-speculative-simple").exists():
-        minutes = "about 8 minutes" if kernels == "stock" else "about 15 minutes, once"
+        minutes = "about 8 minutes" if kernels == "stock" else "once, about 9 minutes"
         raise PeerError(f"llama.cpp peer binaries on {kernels} kernels not found in {d}; build them with "
                         f"{BUILD_COMMAND[kernels]} ({minutes} on 2 cores) or set ${env}")
     found = kernels_of(d)

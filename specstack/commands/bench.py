@@ -246,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import plots, report
     from ..bench.config import BenchConfig
     from ..bench.outputs import check_output_dir
+    from ..bench.peer_runs import peer_folders
     from ..bench.runner import run_bench
     from ..bench.workloads import Workload, load
     from ..llama import kernel_status
@@ -272,6 +273,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
     check_output_dir(outdir)  # before measuring: a bad -o found after the run would lose all of it
+    if config.runs_peers:
+        peer_folders(config)  # a missing or stale bin folder, before the model loads and calibrates
     target = target_from_args(args)
     n_cfg = len(config.configurations())
     print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "
