@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-PeerConfiguration = tuple[str, int, str]  # (peer method, k, kernels)
-
 from ..errors import InvalidParameterError
 from .config import BenchConfig, split_method
 from .records import Tokenized
 from .results import PLAIN
+
+PeerConfiguration = tuple[str, int, str]  # (peer method, k, kernels)
 
 # Which llama.cpp peers stand beside each specstack method when --peers is "auto".
 PEERS_FOR: dict[str, tuple[str, ...]] = {
