@@ -469,7 +469,8 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
 
     calls = []
 
-    def fake_run_peer(method, model, prompt, *, draft=None, n_predict=128, threads=2, k=4, ctx=512, seed=1, bins=None):
+    def fake_run_peer(method, model, prompt, *, draft=None, n_predict=128, threads=2, k=4, ctx=512, seed=1, bins=None,
+                      kernels="stock"):
         calls.append((method, k, n_predict, threads))
         drafted = 0 if method == "llama-plain" else 10
         return {"tok_per_s": 100.0 if method == "llama-plain" else 250.0, "n_predicted": n_predict,
@@ -493,7 +494,8 @@ def test_peers_run_beside_each_request_and_render(tiny_run, monkeypatch, tmp_pat
     assert peers.run_request(tok, 0.7, 0, "x") == []  # the peer binaries run greedy only
     results["peers"] = recs
     md = report.render_markdown(results)
-    assert "## llama.cpp peers" in md and "| llama-lookup | 4 | 0 | 250.0 | 2.50x |" in md
+    assert "## llama.cpp peers" in md and "| llama-lookup [stock kernels] | 4 | 0 | 250.0 | 2.50x |" in md
+    assert "vs stock kernels" not in md  # a column only where specstack's kernels ran too (--peer-kernels)
 
 
 def test_sequence_curves_give_each_grouped_request_its_speedup_in_order():

@@ -16,7 +16,11 @@ from ..errors import InvalidParameterError
 from .results import PLAIN
 from .workloads import Workload
 
-__all__ = ["DEFAULT_K_MAX", "BenchConfig", "adaptive_start", "request_seed"]
+__all__ = ["DEFAULT_K_MAX", "PEER_KERNELS", "BenchConfig", "adaptive_start", "peer_kernel_sets", "request_seed"]
+
+# --peer-kernels: which ggml-cpu kernels llama.cpp's own binaries run on (peers.KERNELS), or both side by side,
+# so a table tells the kernels' gain from the drafting's
+PEER_KERNELS = ("stock", "specstack", "both")
 
 
 @dataclass
@@ -39,8 +43,9 @@ class BenchConfig:
     cost_depth: int = 200
     cost_reps: int = 7
     warmup: bool = True
-    llama_cpp_bin: Path | None = None
+    llama_cpp_bin: Path | None = None  # the stock-kernel peers' folder
     peers: list[str] = field(default_factory=lambda: ["auto"])
+    peer_kernels: str | None = None  # one of PEER_KERNELS; None: stock, where --llama-cpp-bin runs peers
 
     def __post_init__(self) -> None:
         """Refuse a bad setting now: a benchmark that fails after minutes of measuring wastes them."""
@@ -61,6 +66,19 @@ class BenchConfig:
             raise InvalidParameterError(f"--temp needs temperatures >= 0 (got {self.temperatures})")
         if self.cost_max_n < 1 or self.cost_reps < 1:
             raise InvalidParameterError("--cost-max-n and --cost-reps must be >= 1")
+        if self.peer_kernels is not None and self.peer_kernels not in PEER_KERNELS:
+            raise InvalidParameterError(f"--peer-kernels must be one of {', '.join(PEER_KERNELS)} "
+                                        f"(got {self.peer_kernels!r})")
+
+    @property
+    def runs_peers(self) -> bool:
+        """llama.cpp's binaries run beside ours where their stock folder or their kernels are named."""
+        return self.llama_cpp_bin is not None or self.peer_kernels is not None
+
+    @property
+    def peer_kernel_sets(self) -> tuple[str, ...]:
+        """The kernels the peers run on, stock first (``peer_kernel_sets``)."""
+        return peer_kernel_sets(self.peer_kernels)
 
     def configurations(self) -> list[tuple[str, int]]:
         """(method, k) in run order for each request: plain first (the reference), then the rest.
@@ -87,6 +105,12 @@ def configurations(methods: list[str] | tuple[str, ...], ks: list[int] | tuple[i
     for m in methods:
         out += [(m, k_max or max(ks))] if split_method(m)[1] is not None else [(m, k) for k in ks]
     return out
+
+
+def peer_kernel_sets(choice: str | None) -> tuple[str, ...]:
+    """--peer-kernels as the kernel sets the peers run on: ``both`` is stock then specstack; None is stock."""
+    choice = choice or "stock"
+    return ("stock", "specstack") if choice == "both" else (choice,)
 
 
 def adaptive_start(k_max: int) -> int:

@@ -1,8 +1,9 @@
-"""llama.cpp's own binaries beside specstack's runs (``bench run --llama-cpp-bin DIR``).
+"""llama.cpp's own binaries beside specstack's runs (``bench run --llama-cpp-bin DIR``, ``--peer-kernels``).
 
 Which peers stand beside which method, and running them on a request right after
-specstack's runs of it.  The binaries themselves are driven by ``peers.py``
-(``run_peer``), imported only when peers are asked for.
+specstack's runs of it, on llama.cpp's stock CPU kernels, on specstack's, or on both back to
+back (each record says which: the kernels' gain apart from the drafting's).  The binaries
+themselves are driven by ``peers.py`` (``run_peer``), imported only when peers are asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from ..errors import InvalidParameterError
 from .config import BenchConfig, split_method
 from .records import Tokenized
 from .results import PLAIN
+
+PeerConfiguration = tuple[str, int, str]  # (peer method, k, kernels)
 
 # Which llama.cpp peers stand beside each specstack method when --peers is "auto".
 PEERS_FOR: dict[str, tuple[str, ...]] = {
@@ -46,56 +49,76 @@ def peer_methods(config: BenchConfig, known: Sequence[str]) -> list[str]:
 
 def load_peers(config: BenchConfig, target: Any) -> PeerRunner:
     """The peer runner, failing now (not after the first request) on a missing module or binary folder."""
+    peers, folders = peer_folders(config)
+    return PeerRunner(peers, config, target, folders)
+
+
+def peer_folders(config: BenchConfig) -> tuple[Any, dict[str, Path]]:
+    """The peers module and the checked bin folder of each kernel set the config asks for (``bench run`` asks
+    before loading the model): a missing specstack-kernel folder is one line naming the command that builds it."""
     try:
         from . import peers  # llama.cpp binaries; imported only when asked for
     except ImportError as exc:
         raise InvalidParameterError(
             f"--llama-cpp-bin needs specstack.bench.peers, which is not available ({exc}); run without --llama-cpp-bin"
         ) from None
-    peers.bin_dir(config.llama_cpp_bin)
-    return PeerRunner(peers, config, target)
+    return peers, peers.kernel_folders(config.peer_kernel_sets, config.llama_cpp_bin)
+
+
+def peer_label(method: str, kernels: str | None) -> str:
+    """A peer row's name, saying which kernels its binary ran (a record from before --peer-kernels: stock)."""
+    return f"{method} [{kernels or 'stock'} kernels]"
 
 
 class PeerRunner:
     """Runs llama.cpp's binaries on each request right after specstack's runs of it (greedy only).
 
     ``target`` needs only ``path``, ``n_threads`` and ``n_ctx``: the binaries load the model themselves.
+    ``folders`` maps each kernel set to its bin folder (``peers.kernel_folders``, checked); without it, the
+    config's kernel sets with --llama-cpp-bin for stock, left to ``run_peer`` to find and check.
     """
 
-    def __init__(self, module: Any, config: BenchConfig, target: Any) -> None:
+    def __init__(self, module: Any, config: BenchConfig, target: Any,
+                 folders: dict[str, Path | None] | None = None) -> None:
         self.module, self.config = module, config
+        self.folders: dict[str, Path | None] = dict(folders) if folders is not None else {
+            k: (config.llama_cpp_bin if k == "stock" else None) for k in config.peer_kernel_sets}
         self.methods = peer_methods(config, module.PEER_METHODS)
         self.model: Path = target.path
         self.threads: int = target.n_threads
         self.ctx: int = target.n_ctx
         self.draft = config.drafter_options.get("draft_model")
 
-    def configurations(self) -> list[tuple[str, int]]:
-        """(peer, k) per request: each k of the run, except peers whose draft length is fixed."""
+    def configurations(self) -> list[PeerConfiguration]:
+        """(peer, k, kernels) per request: each k of the run, except peers whose draft length is fixed, on each
+        kernel set back to back (a noisy moment slows both alike, as specstack's configurations interleave)."""
         fixed = {"llama-plain": 0, "llama-ngram-cache": getattr(self.module, "NGRAM_CACHE_DRAFT", 8)}
-        out: list[tuple[str, int]] = []
+        out: list[PeerConfiguration] = []
         for m in self.methods:
-            out.extend([(m, fixed[m])] if m in fixed else [(m, k) for k in self.config.ks])
+            for k in ([fixed[m]] if m in fixed else self.config.ks):
+                out.extend((m, k, kernels) for kernels in self.folders)
         return out
 
     def run_request(self, tok: Tokenized, temp: float, rep: int, plain_text: str) -> list[dict[str, Any]]:
         """One record per peer configuration; a failing peer is recorded with its error, never raised."""
         if temp != 0.0:
             return []  # the peer runners are greedy (--temp 0 --top-k 1)
-        return [self._run_one(method, k, tok, temp, rep, plain_text) for method, k in self.configurations()]
+        return [self._run_one(cfg, tok, temp, rep, plain_text) for cfg in self.configurations()]
 
-    def _run_one(self, method: str, k: int, tok: Tokenized, temp: float, rep: int, plain_text: str) -> dict[str, Any]:
+    def _run_one(self, cfg: PeerConfiguration, tok: Tokenized, temp: float, rep: int, plain_text: str) -> dict[str, Any]:
+        method, k, kernels = cfg
         req = tok.request
         rec: dict[str, Any] = {"request": req.id, "category": req.category, "method": method, "k": k,
-                               "temperature": temp, "repeat": rep}
+                               "kernels": kernels, "temperature": temp, "repeat": rep}
         try:
             res = self.module.run_peer(method, self.model, req.prompt, draft=self.draft, n_predict=req.max_tokens,
                                        threads=self.threads, k=max(k, 1), ctx=self.ctx, seed=tok.seed,
-                                       bins=self.config.llama_cpp_bin)
+                                       bins=self.folders[kernels], kernels=kernels)
             rec.update(_peer_fields(res, k, plain_text))
         except Exception as exc:  # noqa: BLE001 - a failing peer must not lose specstack's runs
             rec["error"] = f"{type(exc).__name__}: {exc}"
-            print(f"\nbench: llama.cpp peer {method} k={k} failed on {req.id!r}: {rec['error']}", file=sys.stderr)
+            print(f"\nbench: llama.cpp peer {peer_label(method, kernels)} k={k} failed on {req.id!r}: {rec['error']}",
+                  file=sys.stderr)
         return rec
 
 

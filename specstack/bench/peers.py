@@ -7,6 +7,10 @@ into a dict with the keys in ``RESULT_KEYS``. Parsing is kept in pure functions
 (``parse_speculative_simple``, ``parse_lookup``, ``parse_plain``, ``parse_llama_bench``) so it is
 testable on captured outputs without the binaries.
 
+Kernels: the stock build runs llama.cpp's own CPU kernels; ``KERNELS=specstack scripts/build_llama_bins.sh``
+builds the same binaries with specstack's verification kernels into another folder.  ``bin_dir(path, kernels)``
+finds and checks the folder of either, so a run labelled with one kernel set never ran on the other.
+
 Units: ``tok_per_s`` is the decode rate each binary reports itself. For speculative-simple and
 lookup that is generated tokens / decode-loop seconds (drafting included, prompt excluded); for
 plain generation it is llama.cpp's "eval time" rate (one token per run, prompt excluded).
@@ -51,6 +55,13 @@ PEER_METHODS: tuple[str, ...] = (
 
 DEFAULT_BIN_DIR = Path.home() / ".cache" / "specstack" / "llama-bins" / "bin"
 BIN_DIR_ENV = "SPECSTACK_LLAMA_BINS"
+# The same binaries built from a tree with specstack's verification kernels in ggml-cpu
+# (KERNELS=specstack scripts/build_llama_bins.sh), so a table can tell the kernels' gain from the drafting's.
+SPECSTACK_BIN_DIR = Path.home() / ".cache" / "specstack" / "llama-bins-specstack" / "bin"
+SPECSTACK_BIN_DIR_ENV = "SPECSTACK_LLAMA_BINS_SPECSTACK"
+KERNELS = ("stock", "specstack")  # which ggml-cpu kernels a bin folder's binaries run
+BUILD_COMMAND = {"stock": "scripts/build_llama_bins.sh",
+                 "specstack": "KERNELS=specstack scripts/build_llama_bins.sh"}
 
 
 # llama.cpp's logger writes from a worker thread and is never joined at exit (llama.cpp issue
@@ -198,13 +209,57 @@ def generated_text(stdout: str, prompt: str) -> str:
 # Running
 # ---------------------------------------------------------------------------------------------
 
-def bin_dir(path: Path | str | None = None) -> Path:
-    """Where the peer binaries live: ``path``, else $SPECSTACK_LLAMA_BINS, else the build cache."""
-    d = Path(path or os.environ.get(BIN_DIR_ENV) or DEFAULT_BIN_DIR)
+def bin_dir(path: Path | str | None = None, kernels: str = "stock") -> Path:
+    """Where the peer binaries on ``kernels`` live: ``path``, else $SPECSTACK_LLAMA_BINS (stock) or
+    $SPECSTACK_LLAMA_BINS_SPECSTACK (specstack), else the build cache's folder.
+
+    The folder must hold binaries on those kernels, and ours must be built from the current C sources and
+    edits: a row labelled with one kernel set must never have run on the other."""
+    if kernels not in KERNELS:
+        raise InvalidParameterError(f"unknown peer kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+    env, default = (BIN_DIR_ENV, DEFAULT_BIN_DIR) if kernels == "stock" else (SPECSTACK_BIN_DIR_ENV, SPECSTACK_BIN_DIR)
+    d = Path(path or os.environ.get(env) or default)
     if not (d / "llama-speculative-simple").exists():
-        raise PeerError(f"llama.cpp peer binaries not found in {d}; build them with "
-                        f"scripts/build_llama_bins.sh (about 8 minutes on 2 cores) or set ${BIN_DIR_ENV}")
+        minutes = "about 8 minutes" if kernels == "stock" else "once, about 9 minutes"
+        raise PeerError(f"llama.cpp peer binaries on {kernels} kernels not found in {d}; build them with "
+                        f"{BUILD_COMMAND[kernels]} ({minutes} on 2 cores) or set ${env}")
+    found = kernels_of(d)
+    if found != kernels:
+        raise PeerError(f"{d} holds llama.cpp binaries on {found} kernels, not {kernels}: point "
+                        f"${env} at the folder {BUILD_COMMAND[kernels]} prints")
+    if kernels == "specstack":
+        _check_current(d)
     return d
+
+
+def kernels_of(folder: Path) -> str:
+    """Which kernels a bin folder's binaries run: its KERNELS file (written by the specstack build) says."""
+    try:
+        line = (folder / "KERNELS").read_text().strip()
+    except OSError:
+        return "stock"
+    return "specstack" if line.startswith("specstack") else "stock"
+
+
+def _check_current(folder: Path) -> None:
+    """Specstack-kernel bins built from other C sources or edits than this checkout's would run other kernels."""
+    from ..llama.kernel_tree import bins_key  # stdlib and the edit list only: no llama_cpp
+
+    try:
+        version = (folder / "VERSION").read_text().splitlines()[0].strip()
+        built = (folder / "KERNELS").read_text().split()[1]
+    except (OSError, IndexError):
+        raise PeerError(f"{folder} does not say what it was built from (VERSION, KERNELS); rebuild with "
+                        f"{BUILD_COMMAND['specstack']}") from None
+    if built != bins_key(version):
+        raise PeerError(f"the llama.cpp binaries in {folder} were built with older specstack kernels (build {built}, "
+                        f"now {bins_key(version)}); rebuild with {BUILD_COMMAND['specstack']}")
+
+
+def kernel_folders(kernels: Sequence[str], stock: Path | str | None = None) -> dict[str, Path]:
+    """The checked bin folder of each of ``kernels``, in order; ``stock`` is --llama-cpp-bin (the specstack
+    folder is found by its variable or in the cache): a missing one fails before anything is measured."""
+    return {k: bin_dir(stock if k == "stock" else None, k) for k in kernels}
 
 
 def _common(model: Path, prompt_file: Path, n_predict: int, threads: int, ctx: int, seed: int) -> list[str]:
@@ -215,13 +270,13 @@ def _common(model: Path, prompt_file: Path, n_predict: int, threads: int, ctx: i
 
 def peer_command(method: str, model: Path | str, prompt_file: Path | str, *, draft: Path | str | None = None,
                  n_predict: int = 128, threads: int = 2, k: int = 4, ctx: int = 512, seed: int = 1,
-                 bins: Path | str | None = None) -> list[str]:
-    """The argv that runs ``method`` (one of ``PEER_METHODS``)."""
+                 bins: Path | str | None = None, kernels: str = "stock") -> list[str]:
+    """The argv that runs ``method`` (one of ``PEER_METHODS``) from the bin folder on ``kernels``."""
     if method not in PEER_METHODS:
         raise InvalidParameterError(f"unknown peer method {method!r}; choose one of {', '.join(PEER_METHODS)}")
     if k < 1:
         raise InvalidParameterError(f"k must be at least 1, got {k}")
-    b = bin_dir(bins)
+    b = bin_dir(bins, kernels)
     common = _common(Path(model), Path(prompt_file), n_predict, threads, ctx, seed)
     if method == "llama-plain":
         return [str(b / "llama-completion"), *common, "-no-cnv", "--no-display-prompt"]
@@ -252,11 +307,12 @@ _PARSERS: dict[str, Callable[[str, str | None], dict[str, Any]]] = {
 def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str | None = None,
              n_predict: int = 128, threads: int = 2, k: int = 4, ctx: int = 512, seed: int = 1,
              bins: Path | str | None = None, timeout: float = 600,
-             extra_args: Sequence[str] = ()) -> dict[str, Any]:
+             extra_args: Sequence[str] = (), kernels: str = "stock") -> dict[str, Any]:
     """Run one peer greedily on ``prompt`` and return its parsed result.
 
-    Besides ``RESULT_KEYS`` the dict holds ``command``, ``k`` (the effective draft cap), and
-    ``text`` (the generated text, to check that every method produced the same output).
+    Besides ``RESULT_KEYS`` the dict holds ``command``, ``k`` (the effective draft cap), ``kernels``
+    (the ggml-cpu kernels its binary runs: ``stock`` or ``specstack``) and ``text`` (the generated text,
+    to check that every method produced the same output).
     """
     parse = _PARSERS.get(method, parse_speculative_simple)
     with tempfile.TemporaryDirectory(prefix="specstack-peer-") as tmp:
@@ -264,7 +320,7 @@ def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str |
         # llama.cpp's -f drops one trailing newline; add one so the prompt arrives unchanged.
         prompt_file.write_text(prompt + "\n", encoding="utf-8")
         cmd = [*peer_command(method, model, prompt_file, draft=draft, n_predict=n_predict, threads=threads,
-                             k=k, ctx=ctx, seed=seed, bins=bins), *extra_args]
+                             k=k, ctx=ctx, seed=seed, bins=bins, kernels=kernels), *extra_args]
         for attempt in range(1, LOST_LOG_TRIES + 1):
             proc = _run(cmd, method, timeout, show_command=True)
             try:
@@ -275,6 +331,7 @@ def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str |
                 if attempt == LOST_LOG_TRIES:
                     raise
     result["command"] = cmd
+    result["kernels"] = kernels
     result["text"] = generated_text(proc.stdout, prompt)
     if method == "llama-plain":
         result["k"] = 0
@@ -284,13 +341,14 @@ def run_peer(method: str, model: Path | str, prompt: str, *, draft: Path | str |
 
 
 def run_llama_bench(model: Path | str, *, n_gen: int = 128, threads: int = 2, repetitions: int = 3,
-                    bins: Path | str | None = None, timeout: float = 600) -> dict[str, Any]:
-    """Plain decode rate from ``llama-bench`` (no prompt, ``repetitions`` runs averaged)."""
-    cmd = [str(bin_dir(bins) / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(n_gen),
+                    bins: Path | str | None = None, timeout: float = 600, kernels: str = "stock") -> dict[str, Any]:
+    """Plain decode rate from ``llama-bench`` (no prompt, ``repetitions`` runs averaged) on ``kernels``."""
+    cmd = [str(bin_dir(bins, kernels) / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(n_gen),
            "-t", str(threads), "-r", str(repetitions), "-o", "jsonl"]
     proc = _run(cmd, "llama-bench", timeout)
     result = parse_llama_bench(proc.stdout)
     result["command"] = cmd
+    result["kernels"] = kernels
     return result
 
 

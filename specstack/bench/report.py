@@ -269,10 +269,12 @@ def _peers(results: dict[str, Any]) -> list[str]:
     peers = peer_rows(results)
     if not peers:
         return []
-    head = ["peer", "k", "temp", "tok/s", "speedup vs llama-plain", "vs specstack plain", "acceptance",
-            "text agrees with specstack plain", "runs", "errors"]
-    rows = [[p["method"], "-" if not p["k"] else str(p["k"]), f"{p['temperature']:g}", num(p["tokens_per_second"]),
-             _speedup(p["speedup"]), _speedup(p["vs_specstack_plain"]), pct(p["acceptance_rate"]),
+    ours = any(p["kernels"] != "stock" for p in peers)  # --peer-kernels specstack or both
+    head = ["peer", "k", "temp", "tok/s", "speedup vs llama-plain", *(["vs stock kernels"] if ours else []),
+            "vs specstack plain", "acceptance", "text agrees with specstack plain", "runs", "errors"]
+    rows = [[p["label"], "-" if not p["k"] else str(p["k"]), f"{p['temperature']:g}", num(p["tokens_per_second"]),
+             _speedup(p["speedup"]), *([_speedup(p["vs_stock_kernels"])] if ours else []),
+             _speedup(p["vs_specstack_plain"]), pct(p["acceptance_rate"]),
              "-" if p["same_text"] is None else "%d/%d" % p["same_text"], str(p["runs"]), str(p["errors"])]
             for p in peers]
     return ["", "## llama.cpp peers (same models, prompts, threads and k)", "", markdown_table(head, rows), "",
@@ -280,7 +282,11 @@ def _peers(results: dict[str, Any]) -> list[str]:
             "the loop specstack's plain rate times). The peers run "
             "greedy only, right after specstack's runs of each request. Text can differ where llama.cpp "
             "evaluates one-token batches (see README: exactness); agreement is checked up to the shorter text, since "
-            "the speculative binaries overshoot n_predict by up to k tokens."]
+            "the speculative binaries overshoot n_predict by up to k tokens. [stock kernels]: llama.cpp's binaries "
+            "as llama.cpp ships them; [specstack kernels]: the same binaries built with specstack's verification "
+            "kernels in ggml-cpu (--peer-kernels). Speedup is over llama-plain on the same kernels: the drafting's "
+            "gain" + (", and vs stock kernels is over the same peer and k on stock kernels: the kernels' gain."
+                       if ours else ".")]
 
 
 def _exactness(results: dict[str, Any]) -> list[str]:

@@ -47,7 +47,7 @@ def run_bench(config: BenchConfig, target: LlamaModel, progress: bool = True, la
     (``results.aggregate``), so all three measure and compare in one way.
     """
     reqs = _tokenize(config, target)
-    peers = load_peers(config, target) if config.llama_cpp_bin else None
+    peers = load_peers(config, target) if config.runs_peers else None
     configs = config.configurations()
     _check_and_warm_up(config, target, configs, reqs[0])
     results = new_results(config, target, reqs)

@@ -126,6 +126,12 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
                    help="llama.cpp peers for --llama-cpp-bin: auto (llama-plain plus the peers of --methods: "
                    "draft-model -> llama-draft-simple, mtp -> llama-draft-mtp, prompt-lookup -> llama-ngram-simple,llama-lookup, "
                    "suffix -> llama-ngram-cache), all, or a comma-separated list")
+    r.add_argument("--peer-kernels", default=None, metavar="stock|specstack|both",
+                   help="which CPU kernels the llama.cpp peers run on: stock (the default; --llama-cpp-bin), "
+                   "specstack (the same binaries built with specstack's verification kernels by "
+                   "KERNELS=specstack scripts/build_llama_bins.sh, found in $SPECSTACK_LLAMA_BINS_SPECSTACK or "
+                   "~/.cache/specstack/llama-bins-specstack/bin) or both, back to back; each peer row says which, "
+                   "so the kernels' gain reads apart from the drafting's. Runs the peers even without --llama-cpp-bin")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the short unrecorded warm-up generation per configuration")
     r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
@@ -240,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..bench import plots, report
     from ..bench.config import BenchConfig
     from ..bench.outputs import check_output_dir
+    from ..bench.peer_runs import peer_folders
     from ..bench.runner import run_bench
     from ..bench.workloads import Workload, load
     from ..llama import kernel_status
@@ -262,10 +269,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         workload=wl, methods=args.methods, ks=args.k, k_max=args.k_max, temperatures=args.temps, repeat=args.repeat, seed=args.seed,
         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, drafter_options=options, cost_curve=args.cost_curve,
         cost_max_n=args.cost_max_n, cost_depth=args.cost_depth, cost_reps=args.cost_reps,
-        warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin, peers=args.peers,
+        warmup=args.warmup, llama_cpp_bin=args.llama_cpp_bin, peers=args.peers, peer_kernels=args.peer_kernels,
     )
     outdir = args.output or Path("bench-results") / f"{wl.name}-{datetime.now():%Y%m%d-%H%M%S}"
     check_output_dir(outdir)  # before measuring: a bad -o found after the run would lose all of it
+    if config.runs_peers:
+        peer_folders(config)  # a missing or stale bin folder, before the model loads and calibrates
     target = target_from_args(args)
     n_cfg = len(config.configurations())
     print(f"bench: {wl.name} ({len(wl.requests)} requests) x {n_cfg} configurations x {len(config.temperatures)} "

@@ -15,7 +15,8 @@ Modules, one job each:
   checks, quantizing, system info
 - ``kernels``: which CPU backend runs (``KernelStatus``, ``kernel_status``): specstack's build of llama.cpp's
   ggml-cpu with its verification kernels, loaded before llama_cpp (``kernel_edits``: the edits to llama.cpp's tree;
-  ``kernel_key``: what it is built for and its cache key; ``kernel_build``: the cmake build, cached once per key)
+  ``kernel_key``: what it is built for and its cache key; ``kernel_build``: the cmake build, cached once per key;
+  ``kernel_tree``: a whole edited llama.cpp tree, for llama.cpp's own binaries on specstack's kernels)
 - ``kv``: the KV cache's size before llama.cpp allocates it
 - ``model``: ``LlamaModel`` loading, context, batches and calls
 - ``memory``: sequences: reset, truncate, recurrent rollback and checkpoints, saved copies
