@@ -87,7 +87,7 @@ def open_for_mode(target: "LlamaModel", exact: bool | str, measure: bool = False
     if target.pool is not None:
         return _pooled(target, mode)
     several = target.n_slots >= 2 and not target.unified
-    flash = target.config.flash_attn is None  # auto: on where exactness is off
+    flash = target.config.flash_attn is None and not target.flash_attn  # auto: on where exactness is off
     if mode == "on" or target.is_recurrent or not (several or flash):
         return target
     shapes = cached_shapes(target, mode)

@@ -30,7 +30,7 @@ Modules, one job each:
 
 from .target import EngineTarget, GrammarTarget, HiddenRowsTarget, ModelConfig, MtpTarget, Target
 from .backend import apply_builtin_chat_template, builtin_chat_templates, check_gguf_file, default_threads, llama_system_info, llama_version, quantize, set_numa, set_verbose, system_info
-from .kernels import KernelStatus, flash_attention_is_exact, kernel_status
+from .kernels import KernelStatus, flash_attention_is_exact, kernel_status, resolved_flash_attn
 from .batching import INEXACT, PLAIN_ROWS, BatchShapes, Piece, Segment, plan_calls
 from .model import LlamaModel
 from .vocab import VocabModel
@@ -39,5 +39,5 @@ __all__ = [
     "EngineTarget", "GrammarTarget", "HiddenRowsTarget", "ModelConfig", "MtpTarget", "Target",
     "apply_builtin_chat_template", "builtin_chat_templates", "check_gguf_file", "default_threads", "llama_system_info",
     "llama_version", "quantize", "set_numa", "set_verbose", "system_info", "INEXACT", "PLAIN_ROWS", "BatchShapes", "Piece", "Segment",
-    "plan_calls", "LlamaModel", "VocabModel", "KernelStatus", "flash_attention_is_exact", "kernel_status",
+    "plan_calls", "LlamaModel", "VocabModel", "KernelStatus", "flash_attention_is_exact", "kernel_status", "resolved_flash_attn",
 ]

@@ -108,6 +108,12 @@ def flash_attention_is_exact() -> bool:
     return kernel_status().active
 
 
+def resolved_flash_attn(flash_attn: bool | None) -> bool:
+    """``ModelConfig.flash_attn`` as a context gets it: None (auto) is on where flash attention is exact here,
+    else off until ``calibration.open_for_mode`` knows the --exact verdict."""
+    return flash_attention_is_exact() if flash_attn is None else bool(flash_attn)
+
+
 def _decide() -> KernelStatus:
     """Why the stock library must run, or ours loaded (never an exception: the stock library is the way out)."""
     if "llama_cpp" in sys.modules:

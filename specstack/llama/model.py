@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import ContextOverflowError, KVPoolFullError, ModelLoadError
 from .target import DEFAULT_CTX, ModelConfig
 from .kv import KVEstimate, check_kv_blocks, check_kv_fits, estimate_kv
+from .kernels import resolved_flash_attn
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls, prefill_call
@@ -94,7 +95,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.unified = True if self._pooled else config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.
         self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
-        self.flash_attn = bool(config.flash_attn)
+        self.flash_attn = resolved_flash_attn(config.flash_attn)
         self._ctx = self._new_context()
         self._init_rewind()
         # Positions per sequence: a unified cache is shared (sized slots x n_ctx, or one pool of n_ctx: any
