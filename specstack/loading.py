@@ -126,13 +126,14 @@ class TargetSpec:
                            kv_pool=self.kv_pool)
 
     def _flash_attn(self) -> bool | None:
-        """-fa as given; -fa auto is on where specstack's CPU backend makes flash attention exact
-        (``llama.flash_attention_is_exact``), else it follows --exact: on under off, off under on, and under auto
-        None, which ``open_for_mode`` settles once the verdict is known."""
+        """-fa as given; -fa auto follows --exact: on under off, off under on, and under auto None, which
+        ``open_for_mode`` settles once the verdict is known.  Where specstack's CPU backend makes flash attention
+        exact (``llama.flash_attention_is_exact``) it is None under on too: the loaded file decides
+        (``llama.resolved_flash_attn``: on for the weight types its kernels take)."""
         if self.flash_attn is not None:
             return self.flash_attn
-        if flash_attention_is_exact():
-            return True
+        if flash_attention_is_exact() and self.exact_in_force != "off":
+            return None  # the loaded file decides (``llama.resolved_flash_attn``)
         return {"off": True, "auto": None, "on": False}[self.exact_in_force]
 
 

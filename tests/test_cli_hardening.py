@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from specstack.cli import main
-from specstack.llama import flash_attention_is_exact
+from specstack.llama import flash_attention_is_exact, resolved_flash_attn
 from specstack.modelfile.compat import EXIT_CODES
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from test_serve import Server, free_port
@@ -360,7 +360,8 @@ def test_flash_attention_on_goes_with_exactness_on_specstacks_backend(capsys):
     spec = run_spec(parsed("generate", "-p", "x", "-fa", "on", "--exact", "on")).target
     assert spec.exact == "on" and spec.flash_attn is True
     assert run_spec(parsed("generate", "-p", "x", "-fa", "on")).target.exact == "auto"
-    assert run_spec(parsed("generate", "-p", "x")).target.model_config().flash_attn is True  # -fa auto: on
+    assert run_spec(parsed("generate", "-p", "x", "--exact", "on")).target.model_config().flash_attn is None
+    assert resolved_flash_attn(None, 15) and not resolved_flash_attn(None, 1)  # -fa auto: on for Q4_K_M, not F16
     assert "-fa on runs with" not in capsys.readouterr().err
 
 

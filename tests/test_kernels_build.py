@@ -22,7 +22,7 @@ from specstack.llama.kernel_build import BUILDING_LINE, first_error, obtain_sdis
 from specstack.llama.kernel_key import AVX2_FLAGS, NATIVE_FLAGS, choose_isa, feature_flags, find_install
 
 REPO = Path(__file__).resolve().parents[1]
-EDITED = ("ggml/src/ggml-cpu/CMakeLists.txt", "ggml/src/ggml-cpu/ggml-cpu.c", "ggml/src/ggml-cpu/repack.cpp")
+EDITED = tuple(sorted({edit.path for edit in kernel_edits.EDITS}))  # every file the edits touch
 FALLBACK_LINE = "running on llama-cpp-python's stock CPU backend"
 # a subprocess: load the bundled model, run one call, say which libggml-cpu is mapped and what the status says
 LOAD = """

@@ -54,7 +54,7 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     its build key where it runs: its kernels compute other calls, at other costs, than the stock library's, so
     neither's curves and shapes may stand for the other's.  The stock library's keys stay as they were.
     """
-    from ..llama import kernel_status, resolved_flash_attn, system_info
+    from ..llama import kernel_status, system_info
 
     cfg = model.config
     st = os.stat(model.path)
@@ -65,13 +65,21 @@ def machine_key(model: "EngineTarget", flash_attn: bool | None = None) -> list[o
     context += [list(kv) for kv in cfg.context_params]
     key = [CACHE_VERSION, str(Path(model.path).resolve()), st.st_size, int(st.st_mtime), model.n_threads,
            system_info(), cfg.repack, [list(kv) for kv in cfg.kv_overrides],
-           resolved_flash_attn(cfg.flash_attn if flash_attn is None else flash_attn), cfg.exact,
+           _flash_attn(model, flash_attn), cfg.exact,
            cfg.prefill_chunk, recurrent]
     kernels = kernel_status()
     key += [["kernels", kernels.key]] if kernels.active else []
     kv_types = [cfg.type_k, cfg.type_v]
     key += [kv_types] if kv_types != ["f16", "f16"] else []
     return key + ([context] if context else [])
+
+
+def _flash_attn(model: "EngineTarget", flash_attn: bool | None) -> bool:
+    """Flash attention as the key holds it: as asked (``flash_attn``), else as the model's context runs it."""
+    if flash_attn is not None:
+        return bool(flash_attn)
+    fa = getattr(model, "flash_attn", None)
+    return bool(model.config.flash_attn if fa is None else fa)
 
 
 def entry_key(kind: str, model: "EngineTarget", scope: object, flash_attn: bool | None = None) -> str:

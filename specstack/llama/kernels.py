@@ -108,10 +108,20 @@ def flash_attention_is_exact() -> bool:
     return kernel_status().active
 
 
-def resolved_flash_attn(flash_attn: bool | None) -> bool:
-    """``ModelConfig.flash_attn`` as a context gets it: None (auto) is on where flash attention is exact here,
-    else off until ``calibration.open_for_mode`` knows the --exact verdict."""
-    return flash_attention_is_exact() if flash_attn is None else bool(flash_attn)
+# llama_ftype values of the files whose weights specstack's kernels take (Q8_0, Q5_0, Q4_K_S/M, Q5_K_S/M, Q6_K)
+KERNEL_FTYPES = frozenset({7, 8, 14, 15, 16, 17, 18})
+
+
+def resolved_flash_attn(flash_attn: bool | None, file_type: int | None = None) -> bool:
+    """``ModelConfig.flash_attn`` as a context gets it.  None (auto) is on where flash attention is exact here
+    and the file's weights are ones specstack's kernels take (``file_type``, llama.cpp's ``general.file_type``):
+    there every call of up to 32 rows is exact with it, and without it the attention's F16 products are not.
+    Elsewhere (an F16 model, the stock backend) it is off until ``calibration.open_for_mode`` knows the
+    --exact verdict: a prompt's calls of 64+ rows take flash attention's tiled path, so with it on a prefill
+    computes KV unlike decoding, and a cached prefix is reused only up to a prefill call's edge."""
+    if flash_attn is not None:
+        return bool(flash_attn)
+    return file_type in KERNEL_FTYPES and flash_attention_is_exact()
 
 
 def _decide() -> KernelStatus:

@@ -11,6 +11,7 @@ statistics, and its prompt-lookup path crashed on these models.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 
 import warnings
@@ -95,7 +96,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.unified = True if self._pooled else config.unified if config.unified is not None else self.n_slots == 1
         # Tree branches need one recurrent state each; recurrent targets verify chains.
         self.n_seq_max = max(self.n_slots, config.n_seq_max if self.unified and not self.is_recurrent else 1)
-        self.flash_attn = resolved_flash_attn(config.flash_attn)
+        self.flash_attn = resolved_flash_attn(config.flash_attn, self._file_type())
         self._ctx = self._new_context()
         self._init_rewind()
         # Positions per sequence: a unified cache is shared (sized slots x n_ctx, or one pool of n_ctx: any
@@ -139,6 +140,15 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         """Cells the sequences hold together (a unified cache: one cell per position per sequence; nothing here
         shares cells between slots)."""
         return sum(self.seq_len)
+
+    def _file_type(self) -> int | None:
+        """``general.file_type`` (llama_ftype: 15 is Q4_K_M), None where the file does not say."""
+        buf = ctypes.create_string_buffer(32)
+        n = self._lc.llama_model_meta_val_str(self._model, b"general.file_type", buf, 32)
+        try:
+            return int(buf.value) if n > 0 else None
+        except ValueError:
+            return None
 
     def _wants_pool(self, config: ModelConfig) -> bool:
         """Whether the slots share one pool of n_ctx cells (``ModelConfig.kv_pool``): only an attention-only

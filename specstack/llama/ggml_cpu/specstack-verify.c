@@ -154,7 +154,23 @@ struct sv_job {
     const float * ad;      // Q8_0 activations: their block scales as floats, [c * nb + b]
     const int32_t * acorr; // Q8_0 activations, AVX-512: -128 x each int32 lane's sum, per pair and block
     const int8_t * ypairs; // Q8_0 activations, AVX-512: the values of a pair of rows, per pair and block
+    int          i0, i1;   // the blocks of this pass: [i0, i1) of nb (a K-chunk that keeps activations in L1)
 };
+
+// Floats of state an activation row (or pair) carries from one K-chunk to the next: its accumulators.
+#define SV_STATE 16
+
+SV_INLINE __m256 sv_in8(const struct sv_job * job, const float * st) {
+    return job->i0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(st);
+}
+
+SV_INLINE __m128 sv_in4(const struct sv_job * job, const float * st) {
+    return job->i0 == 0 ? _mm_setzero_ps() : _mm_loadu_ps(st);
+}
+
+SV_INLINE bool sv_last(const struct sv_job * job) {
+    return job->i1 == job->nb;
+}
 
 // ---- Q8_0 and Q5_0 (x Q8_0) ------------------------------------------------------------------------
 //
@@ -194,7 +210,12 @@ SV_INLINE void sv_q8_pairs(const int P, const struct sv_job * job, const __m256i
     }
 }
 
-SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const __m512 * acc, const int64_t r, const int p0) {
+SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const __m512 * acc, const int64_t r, const int p0,
+                                  float * st) {
+    if (!sv_last(job)) {
+        for (int p = 0; p < P; ++p) _mm512_storeu_ps(st + p * SV_STATE, acc[p]);
+        return;
+    }
     for (int p = 0; p < P; ++p) {
         const int c = 2 * (p0 + p);
         job->dst[(size_t) c * job->d_stride + r] = sv_hsum_float_8(_mm512_castps512_ps256(acc[p]));
@@ -212,43 +233,47 @@ SV_INLINE void sv_q8_single(const struct sv_job * job, const __m256i qx, const f
     *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
 }
 
-static void sv_q8_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
-    __m256 acc = _mm256_setzero_ps();
+static void sv_q8_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0, float * st) {
+    __m256 acc = sv_in8(job, st);
     const block_q8_0 * x = (const block_q8_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_single(job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, &acc);
     }
-    job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+    if (sv_last(job)) job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+    else _mm256_storeu_ps(st, acc);
 }
 
-static void sv_q5_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
-    __m256 acc = _mm256_setzero_ps();
+static void sv_q5_0_single(const struct sv_job * job, const char * wrow, const int64_t r, const int p0, float * st) {
+    __m256 acc = sv_in8(job, st);
     const block_q5_0 * x = (const block_q5_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_single(job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, &acc);
     }
-    job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+    if (sv_last(job)) job->dst[(size_t)(2 * p0) * job->d_stride + r] = sv_hsum_float_8(acc);
+    else _mm256_storeu_ps(st, acc);
 }
 
 // G counts pairs of activation rows here.
-SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0,
+                            float * st) {
     __m512 acc[SV_GROUP];
-    for (int p = 0; p < G; ++p) acc[p] = _mm512_setzero_ps();
+    for (int p = 0; p < G; ++p) acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
     const block_q8_0 * x = (const block_q8_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_pairs(G, job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
     }
-    sv_q8_pairs_finish(G, job, acc, r, p0);
+    sv_q8_pairs_finish(G, job, acc, r, p0, st);
 }
 
-SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0) {
+SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0,
+                            float * st) {
     __m512 acc[SV_GROUP];
-    for (int p = 0; p < G; ++p) acc[p] = _mm512_setzero_ps();
+    for (int p = 0; p < G; ++p) acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
     const block_q5_0 * x = (const block_q5_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_pairs(G, job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
     }
-    sv_q8_pairs_finish(G, job, acc, r, p0);
+    sv_q8_pairs_finish(G, job, acc, r, p0, st);
 }
 
 // Per call and thread: the pairs' values, lane corrections and block scales (see sv_q8_pairs).
@@ -296,28 +321,34 @@ SV_INLINE void sv_q8_block(const int G, __m256 * acc, const __m256i qx, const fl
     }
 }
 
-SV_INLINE void sv_q8_finish(const int G, const struct sv_job * job, const __m256 * acc, const int64_t r, const int c0) {
-    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+SV_INLINE void sv_q8_finish(const int G, const struct sv_job * job, const __m256 * acc, const int64_t r, const int c0,
+                            float * st) {
+    for (int g = 0; g < G; ++g) {
+        if (sv_last(job)) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+        else _mm256_storeu_ps(st + g * SV_STATE, acc[g]);
+    }
 }
 
-SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+                            float * st) {
     __m256 acc[SV_GROUP];
-    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[g] = sv_in8(job, st + g * SV_STATE);
     const block_q8_0 * x = (const block_q8_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_block(G, acc, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), job, c0, b);
     }
-    sv_q8_finish(G, job, acc, r, c0);
+    sv_q8_finish(G, job, acc, r, c0, st);
 }
 
-SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+                            float * st) {
     __m256 acc[SV_GROUP];
-    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[g] = sv_in8(job, st + g * SV_STATE);
     const block_q5_0 * x = (const block_q5_0 *) wrow;
-    for (int b = 0; b < job->nb; ++b) {
+    for (int b = job->i0; b < job->i1; ++b) {
         sv_q8_block(G, acc, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), job, c0, b);
     }
-    sv_q8_finish(G, job, acc, r, c0);
+    sv_q8_finish(G, job, acc, r, c0, st);
 }
 
 // Per call and thread: the activations' block scales as floats.
@@ -332,6 +363,34 @@ static void sv_prepare_q8_0(struct sv_job * job) {
     job->ad = ad;
 }
 
+#endif
+
+// ---- Q4_K, Q5_K and Q6_K (x Q8_K)
+//
+// vec_dot's float operations per super-block (acc = fma(d, cvt(sumi), acc), the mins' acc_m, hsum at the end) on
+// integer lanes summed as vec_dot sums them: lane k of sumi holds bytes 4k..4k+3 of every 32-byte chunk times its
+// scale. With AVX-512 two chunks share a zmm register and the halves are added at the end (exact integers).
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define SV_K_ZMM 1
+#else
+#define SV_K_ZMM 0
+#endif
+
+#if SV_K_ZMM
+SV_INLINE __m512i sv_join(const __m256i lo, const __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// chunks 2i and 2i+1 in one register each (weights, scales); q8 holds the super-block's 256 activations
+SV_INLINE __m256i sv_sumi_zmm(const __m512i * q, const __m512i * sc, const int8_t * q8) {
+    __m512i sumi = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) {
+        const __m512i q8i = _mm512_loadu_si512((const __m512i *)(q8 + 64 * i));
+        sumi = _mm512_dpwssd_epi32(sumi, sc[i], _mm512_maddubs_epi16(q[i], q8i));
+    }
+    return _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+}
 #endif
 
 // ---- Q4_K and Q5_K (x Q8_K) ------------------------------------------------------------------------
@@ -356,7 +415,24 @@ struct sv_k4 {
     __m256i q[8];
     __m256i s[8];
     __m128i mins;
+#if SV_K_ZMM
+    __m512i qz[4];
+    __m512i sz[4];
+#endif
 };
+
+SV_INLINE void sv_k4_join(struct sv_k4 * k, const int wide) {
+#if SV_K_ZMM
+    if (!wide) return;  // one activation row: the joins would cost more than they save
+    for (int i = 0; i < 4; ++i) {
+        k->qz[i] = sv_join(k->q[2 * i], k->q[2 * i + 1]);
+        k->sz[i] = sv_join(k->s[2 * i], k->s[2 * i + 1]);
+    }
+#else
+    (void) k;
+    (void) wide;
+#endif
+}
 
 SV_INLINE void sv_k4_scales(struct sv_k4 * k, const __m256i mins_and_scales) {
     const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
@@ -367,7 +443,7 @@ SV_INLINE void sv_k4_scales(struct sv_k4 * k, const __m256i mins_and_scales) {
     k->mins = _mm256_extracti128_si256(mins_and_scales, 1);
 }
 
-SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x) {
+SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x, const int wide) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
     const uint8_t * q4 = x->qs;
@@ -376,9 +452,10 @@ SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x) {
         k->q[2 * j + 0] = _mm256_and_si256(q4bits, m4);
         k->q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
     }
+    sv_k4_join(k, wide);
 }
 
-SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x) {
+SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x, const int wide) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
     const uint8_t * q5 = x->qs;
@@ -396,10 +473,14 @@ SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x) {
         k->q[2 * j + 1] = _mm256_add_epi8(q5l_1, q5h_1);
         hmask = _mm256_slli_epi16(hmask, 1);
     }
+    sv_k4_join(k, wide);
 }
 
 // The super-block's integer sum for one activation row: vec_dot's sumi, lane for lane.
-SV_INLINE __m256i sv_k4_sumi(const struct sv_k4 * k, const int8_t * q8) {
+SV_INLINE __m256i sv_k4_sumi(const struct sv_k4 * k, const int8_t * q8, const int wide) {
+#if SV_K_ZMM
+    if (wide) return sv_sumi_zmm(k->qz, k->sz, q8);
+#endif
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
         const __m256i q8j = _mm256_loadu_si256((const __m256i *)(q8 + 32 * j));
@@ -415,14 +496,15 @@ SV_INLINE __m128i sv_k4_prod(const struct sv_k4 * k, const block_q8_K * y) {
     return _mm_madd_epi16(k->mins, q8s);
 }
 
-SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+                             float * st) {
     __m256 acc[SV_GROUP];
     __m128 acc_m[SV_GROUP];
-    for (int g = 0; g < G; ++g) { acc[g] = _mm256_setzero_ps(); acc_m[g] = _mm_setzero_ps(); }
+    for (int g = 0; g < G; ++g) { acc[g] = sv_in8(job, st + g * SV_STATE); acc_m[g] = sv_in4(job, st + g * SV_STATE + 8); }
     const block_q4_K * x = (const block_q4_K *) wrow;
-    for (int i = 0; i < job->nb; ++i) {
+    for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k4 k;
-        sv_q4_K_decode(&k, x + i);
+        sv_q4_K_decode(&k, x + i, G > 1);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
         for (int g = 0; g < G; ++g) {
@@ -431,11 +513,16 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
             const float dmin = -y->d * xdmin;
             const __m128i prod = sv_k4_prod(&k, y);
             acc_m[g] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[g]);
-            const __m256i sumi = sv_k4_sumi(&k, y->qs);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs, G > 1);
             acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
         }
     }
     for (int g = 0; g < G; ++g) {
+        if (!sv_last(job)) {
+            _mm256_storeu_ps(st + g * SV_STATE, acc[g]);
+            _mm_storeu_ps(st + g * SV_STATE + 8, acc_m[g]);
+            continue;
+        }
         __m128 m = acc_m[g];
         m = _mm_add_ps(m, _mm_movehl_ps(m, m));
         m = _mm_add_ss(m, _mm_movehdup_ps(m));
@@ -443,15 +530,16 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
     }
 }
 
-SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+                             float * st) {
     __m256 acc[SV_GROUP];
     float summs[SV_GROUP];
-    for (int g = 0; g < G; ++g) { acc[g] = _mm256_setzero_ps(); summs[g] = 0.f; }
+    for (int g = 0; g < G; ++g) { acc[g] = sv_in8(job, st + g * SV_STATE); summs[g] = job->i0 == 0 ? 0.f : st[g * SV_STATE + 8]; }
     const __m128i mzero = _mm_setzero_si128();
     const block_q5_K * x = (const block_q5_K *) wrow;
-    for (int i = 0; i < job->nb; ++i) {
+    for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k4 k;
-        sv_q5_K_decode(&k, x + i);
+        sv_q5_K_decode(&k, x + i, G > 1);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
         for (int g = 0; g < G; ++g) {
@@ -461,11 +549,18 @@ SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char 
             const __m128i prod = sv_k4_prod(&k, y);
             const __m128i hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
             summs[g] += dmin * _mm_extract_epi32(hsum, 0);
-            const __m256i sumi = sv_k4_sumi(&k, y->qs);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs, G > 1);
             acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
         }
     }
-    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]) + summs[g];
+    for (int g = 0; g < G; ++g) {
+        if (sv_last(job)) {
+            job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]) + summs[g];
+        } else {
+            _mm256_storeu_ps(st + g * SV_STATE, acc[g]);
+            st[g * SV_STATE + 8] = summs[g];
+        }
+    }
 }
 
 // ---- Q6_K (x Q8_K) ---------------------------------------------------------------------------------
@@ -474,9 +569,13 @@ struct sv_k6 {
     __m256i q[8];    // 6-bit weights, unsigned
     __m256i s[8];    // their int16 scales, per 16 weights
     __m256i scales_16;
+#if SV_K_ZMM
+    __m512i qz[4];
+    __m512i sz[4];
+#endif
 };
 
-SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x) {
+SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x, const int wide) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m256i m15 = _mm256_set1_epi8(15);
     const __m128i scales = _mm_loadu_si128((const __m128i *) x->scales);
@@ -500,15 +599,24 @@ SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x) {
             k->s[4 * j + t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sh));
         }
     }
+#if SV_K_ZMM
+    for (int i = 0; wide && i < 4; ++i) {
+        k->qz[i] = sv_join(k->q[2 * i], k->q[2 * i + 1]);
+        k->sz[i] = sv_join(k->s[2 * i], k->s[2 * i + 1]);
+    }
+#else
+    (void) wide;
+#endif
 }
 
-SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0) {
+SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+                             float * st) {
     __m256 acc[SV_GROUP];
-    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[g] = sv_in8(job, st + g * SV_STATE);
     const block_q6_K * x = (const block_q6_K *) wrow;
-    for (int i = 0; i < job->nb; ++i) {
+    for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k6 k;
-        sv_q6_K_decode(&k, x + i);
+        sv_q6_K_decode(&k, x + i, G > 1);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         for (int g = 0; g < G; ++g) {
             const block_q8_K * y = (const block_q8_K *)(job->act + (size_t)(c0 + g) * job->a_stride) + i;
@@ -516,6 +624,10 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
             const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
             const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, k.scales_16), 5);
             __m256i sumi = _mm256_setzero_si256();
+#if SV_K_ZMM
+            if (G > 1) sumi = sv_sumi_zmm(k.qz, k.sz, y->qs);
+            else
+#endif
             for (int t = 0; t < 8; ++t) {
                 const __m256i q8t = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
                 sumi = sv_madd_add(sumi, k.s[t], _mm256_maddubs_epi16(k.q[t], q8t));
@@ -524,41 +636,72 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
             acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc[g]);
         }
     }
-    for (int g = 0; g < G; ++g) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+    for (int g = 0; g < G; ++g) {
+        if (sv_last(job)) job->dst[(size_t)(c0 + g) * job->d_stride + r] = sv_hsum_float_8(acc[g]);
+        else _mm256_storeu_ps(st + g * SV_STATE, acc[g]);
+    }
 }
 
 // ---- dispatch: a pass per group of activation rows, the group size a compile-time constant ---------
 
 #define SV_MIN(a, b) ((a) < (b) ? (a) : (b))
 
-// Units are activation rows, or pairs of rows where PAIRED; MAXG of them per pass.
-#define SV_DEFINE_ROWS(NAME, PAIRED, MAXG)                                                          \
-    static void NAME##_rows(const struct sv_job * job) {                                            \
-        const int units = (PAIRED) ? job->n / 2 : job->n;                                           \
-        for (int64_t r = job->r0; r < job->r1; ++r) {                                               \
-            const char * wrow = job->w + (size_t) r * job->w_stride;                                \
-            for (int u0 = 0; u0 < units; u0 += (MAXG)) {                                            \
-                switch (SV_MIN(units - u0, (MAXG))) {                                               \
-                case 1: NAME##_group(SV_MIN(1, MAXG), job, wrow, r, u0); break;                                          \
-                case 2: NAME##_group(SV_MIN(2, MAXG), job, wrow, r, u0); break;                                          \
-                case 3: NAME##_group(SV_MIN(3, MAXG), job, wrow, r, u0); break;                                          \
-                case 4: NAME##_group(SV_MIN(4, MAXG), job, wrow, r, u0); break;                                          \
-                case 5: NAME##_group(SV_MIN(5, MAXG), job, wrow, r, u0); break;                                          \
-                case 6: NAME##_group(SV_MIN(6, MAXG), job, wrow, r, u0); break;                                          \
-                case 7: NAME##_group(SV_MIN(7, MAXG), job, wrow, r, u0); break;                                          \
-                case 8: NAME##_group(SV_MIN(8, MAXG), job, wrow, r, u0); break;                                          \
-                case 9: NAME##_group(SV_MIN(9, MAXG), job, wrow, r, u0); break;                                          \
-                case 10: NAME##_group(SV_MIN(10, MAXG), job, wrow, r, u0); break;                                        \
-                case 11: NAME##_group(SV_MIN(11, MAXG), job, wrow, r, u0); break;                                        \
-                case 12: NAME##_group(SV_MIN(12, MAXG), job, wrow, r, u0); break;                                        \
-                case 13: NAME##_group(SV_MIN(13, MAXG), job, wrow, r, u0); break;                                        \
-                case 14: NAME##_group(SV_MIN(14, MAXG), job, wrow, r, u0); break;                                        \
-                case 15: NAME##_group(SV_MIN(15, MAXG), job, wrow, r, u0); break;                                        \
-                case 16: NAME##_group(SV_MIN(16, MAXG), job, wrow, r, u0); break;                                        \
-                default: GGML_ABORT("specstack-verify: a group of %d", units - u0);                 \
+// Weight rows a pass walks together over one K-chunk, so that the chunk's activations stay in L1 for all of them.
+#define SV_ROW_TILE 16
+// Bytes of activations a K-chunk may hold for the rows of one pass (a Zen 4 core's L1 is 32 KiB, Zen 5's 48).
+#define SV_CHUNK_BYTES 32768
+
+// Blocks per K-chunk: a long row (a 7B's 14336-wide down matrix) would otherwise stream every activation row's
+// whole width from L2 once per weight row. The chunks run in order, so each row's float operations are still
+// vec_dot's, in vec_dot's order (the accumulators wait in ``state`` between chunks).
+static int sv_chunk(const struct sv_job * job, const int maxg, const size_t unit_bytes) {
+    const int units = SV_MIN(maxg, job->n);
+    const int span = (int)(SV_CHUNK_BYTES / ((size_t) units * unit_bytes));
+    return span < 1 ? 1 : span;
+}
+
+// Units are activation rows, or pairs of rows where PAIRED (an odd last row then runs alone); MAXG per pass.
+#define SV_DEFINE_ROWS(NAME, PAIRED, MAXG, UNIT_BYTES)                                              \
+    static void NAME##_rows(const struct sv_job * job_in) {                                         \
+        struct sv_job job = *job_in;                                                                \
+        const int units = (PAIRED) ? job.n / 2 : job.n;                                             \
+        const int odd = (PAIRED) && job.n % 2 == 1;                                                 \
+        const int span = sv_chunk(&job, (MAXG), (UNIT_BYTES));                                      \
+        float state[SV_ROW_TILE * ((MAXG) + 1) * SV_STATE];                                         \
+        for (int64_t rt = job_in->r0; rt < job_in->r1; rt += SV_ROW_TILE) {                         \
+            const int64_t re = SV_MIN(rt + SV_ROW_TILE, job_in->r1);                                \
+            for (int u0 = 0; u0 < units + odd; u0 += (MAXG)) {                                      \
+                const int g = SV_MIN(units - u0, (MAXG));                                           \
+                for (job.i0 = 0; job.i0 < job.nb; job.i0 += span) {                                 \
+                    job.i1 = SV_MIN(job.i0 + span, job.nb);                                         \
+                    for (int64_t r = rt; r < re; ++r) {                                             \
+                        const char * w = job.w + (size_t) r * job.w_stride;                         \
+                        float * st = state + (r - rt) * ((MAXG) + 1) * SV_STATE;                    \
+                        if (g <= 0) { NAME##_odd(&job, w, r, units, st); continue; }                \
+                        switch (g) {                                                                \
+                        case 1: NAME##_group(SV_MIN(1, MAXG), &job, w, r, u0, st); break;                            \
+                        case 2: NAME##_group(SV_MIN(2, MAXG), &job, w, r, u0, st); break;                            \
+                        case 3: NAME##_group(SV_MIN(3, MAXG), &job, w, r, u0, st); break;                            \
+                        case 4: NAME##_group(SV_MIN(4, MAXG), &job, w, r, u0, st); break;                            \
+                        case 5: NAME##_group(SV_MIN(5, MAXG), &job, w, r, u0, st); break;                            \
+                        case 6: NAME##_group(SV_MIN(6, MAXG), &job, w, r, u0, st); break;                            \
+                        case 7: NAME##_group(SV_MIN(7, MAXG), &job, w, r, u0, st); break;                            \
+                        case 8: NAME##_group(SV_MIN(8, MAXG), &job, w, r, u0, st); break;                            \
+                        case 9: NAME##_group(SV_MIN(9, MAXG), &job, w, r, u0, st); break;                            \
+                        case 10: NAME##_group(SV_MIN(10, MAXG), &job, w, r, u0, st); break;                          \
+                        case 11: NAME##_group(SV_MIN(11, MAXG), &job, w, r, u0, st); break;                          \
+                        case 12: NAME##_group(SV_MIN(12, MAXG), &job, w, r, u0, st); break;                          \
+                        case 13: NAME##_group(SV_MIN(13, MAXG), &job, w, r, u0, st); break;                          \
+                        case 14: NAME##_group(SV_MIN(14, MAXG), &job, w, r, u0, st); break;                          \
+                        case 15: NAME##_group(SV_MIN(15, MAXG), &job, w, r, u0, st); break;                          \
+                        case 16: NAME##_group(SV_MIN(16, MAXG), &job, w, r, u0, st); break;                          \
+                        default: GGML_ABORT("specstack-verify: a group of %d", g);                 \
+                        }                                                                           \
+                        if (odd && u0 + g == units) NAME##_odd(&job, w, r, units, st + g * SV_STATE); \
+                    }                                                                               \
                 }                                                                                   \
+                if (odd && u0 + g == units) break;                                                  \
             }                                                                                       \
-            if ((PAIRED) && job->n % 2 == 1) NAME##_odd(job, wrow, r, units);                       \
         }                                                                                           \
     }
 
@@ -566,18 +709,18 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
 #define sv_q8_0_odd sv_q8_0_single
 #define sv_q5_0_odd sv_q5_0_single
 #else
-#define sv_q8_0_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: no pairs without AVX-512")
-#define sv_q5_0_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: no pairs without AVX-512")
+#define sv_q8_0_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: no pairs without AVX-512")
+#define sv_q5_0_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: no pairs without AVX-512")
 #endif
-#define sv_q4_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q4_K is not paired")
-#define sv_q5_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q5_K is not paired")
-#define sv_q6_K_odd(job, wrow, r, p0) GGML_ABORT("specstack-verify: Q6_K is not paired")
+#define sv_q4_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q4_K is not paired")
+#define sv_q5_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q5_K is not paired")
+#define sv_q6_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q6_K is not paired")
 
-SV_DEFINE_ROWS(sv_q8_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP))
-SV_DEFINE_ROWS(sv_q5_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP))
-SV_DEFINE_ROWS(sv_q4_K, 0, SV_GROUP)
-SV_DEFINE_ROWS(sv_q5_K, 0, SV_GROUP)
-SV_DEFINE_ROWS(sv_q6_K, 0, SV_GROUP)
+SV_DEFINE_ROWS(sv_q8_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP), (SV_Q8_ZMM ? 192 : sizeof(block_q8_0)))
+SV_DEFINE_ROWS(sv_q5_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP), (SV_Q8_ZMM ? 192 : sizeof(block_q8_0)))
+SV_DEFINE_ROWS(sv_q4_K, 0, SV_GROUP, sizeof(block_q8_K))
+SV_DEFINE_ROWS(sv_q5_K, 0, SV_GROUP, sizeof(block_q8_K))
+SV_DEFINE_ROWS(sv_q6_K, 0, SV_GROUP, sizeof(block_q8_K))
 
 typedef void (*sv_rows_fn)(const struct sv_job * job);
 
