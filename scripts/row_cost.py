@@ -1,10 +1,12 @@
 """What a verification row costs on this machine and llama.cpp build: t(n) for n rows with logits for every row.
 
-    python scripts/row_cost.py MODEL.gguf [THREADS]
+    python scripts/row_cost.py MODEL.gguf [THREADS] [stock|specstack]
 
 It calls llama-cpp-python directly, not through specstack, on purpose: it measures the build (llamafile's tinyBLAS
 on or off, say), so that two builds installed in two environments can be compared with one script, and nothing of
-specstack's loop is in the figures.  n rows are decoded at depth 250 and removed again; each figure is the fastest
+specstack's loop is in the figures.  The third argument picks the CPU backend: llama-cpp-python's own (``stock``, the
+default) or specstack's build with its verification kernels (``specstack``, ``docs/kernels.md``), loaded before
+llama_cpp is imported.  n rows are decoded at depth 250 and removed again; each figure is the fastest
 of 9 (interference only adds time).  ``docs/drafters.md`` ("What a verified row costs") has what it measured.
 """
 
@@ -13,7 +15,14 @@ from __future__ import annotations
 import sys
 import time
 
-import llama_cpp as lc
+if len(sys.argv) > 3 and sys.argv[3] == "specstack":
+    from specstack.llama import kernel_status  # loads specstack's libggml-cpu before llama_cpp
+
+    print(kernel_status().line())
+elif len(sys.argv) > 3 and sys.argv[3] != "stock":
+    raise SystemExit(f"the backend is stock or specstack, not {sys.argv[3]!r}")
+
+import llama_cpp as lc  # noqa: E402
 
 DEPTH = 250
 REPS = 9

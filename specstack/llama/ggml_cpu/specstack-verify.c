@@ -219,7 +219,9 @@ SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const 
     for (int p = 0; p < P; ++p) {
         const int c = 2 * (p0 + p);
         job->dst[(size_t) c * job->d_stride + r] = sv_hsum_float_8(_mm512_castps512_ps256(acc[p]));
-        job->dst[(size_t)(c + 1) * job->d_stride + r] = sv_hsum_float_8(_mm512_extractf32x8_ps(acc[p], 1));
+        if (c + 1 < job->n) {  // an odd row count's last pair is half empty
+            job->dst[(size_t)(c + 1) * job->d_stride + r] = sv_hsum_float_8(_mm512_extractf32x8_ps(acc[p], 1));
+        }
     }
 }
 
@@ -660,12 +662,12 @@ static int sv_chunk(const struct sv_job * job, const int maxg, const size_t unit
     return span < 1 ? 1 : span;
 }
 
-// Units are activation rows, or pairs of rows where PAIRED (an odd last row then runs alone); MAXG per pass.
+// Units are activation rows, or pairs of rows where PAIRED (a single row runs alone in a ymm register); MAXG per pass.
 #define SV_DEFINE_ROWS(NAME, PAIRED, MAXG, UNIT_BYTES)                                              \
     static void NAME##_rows(const struct sv_job * job_in) {                                         \
         struct sv_job job = *job_in;                                                                \
-        const int units = (PAIRED) ? job.n / 2 : job.n;                                             \
-        const int odd = (PAIRED) && job.n % 2 == 1;                                                 \
+        const int odd = (PAIRED) && job.n == 1;  /* one row alone; an odd row among others pairs with zeros */ \
+        const int units = (PAIRED) ? (job.n + 1) / 2 - odd : job.n;                                 \
         const int span = sv_chunk(&job, (MAXG), (UNIT_BYTES));                                      \
         float state[SV_ROW_TILE * ((MAXG) + 1) * SV_STATE];                                         \
         for (int64_t rt = job_in->r0; rt < job_in->r1; rt += SV_ROW_TILE) {                         \
