@@ -81,7 +81,7 @@ if [[ -z "${SDIST}" && "${KERNELS}" == specstack ]]; then  # the stock build's d
 fi
 if [[ -z "${SDIST}" ]]; then
     log "downloading the llama-cpp-python ${VERSION} sdist"
-    python3 -m pip download --quiet --no-deps --no-binary :all: \
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==${VERSION}" -d "${CACHE_DIR}" >&2
     SDIST="$(ls "${CACHE_DIR}"/llama_cpp_python-"${VERSION}".tar.gz)"
 else

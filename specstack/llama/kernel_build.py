@@ -148,14 +148,16 @@ def _run_steps(plan: Plan, install: Install, work: Path, log: Path) -> Path:
 
 
 def obtain_sdist(version: str, log: Path) -> Path:
-    """llama-cpp-python's sdist of the installed version: a kept copy, else ``pip download``."""
+    """llama-cpp-python's sdist of the installed version: a kept copy, else ``pip download`` (8 s here).  Only
+    llama-cpp-python itself is asked for as source: ``--no-binary :all:`` would build the build dependencies pip
+    prepares the sdist's metadata with (cmake among them) from source too, which takes longer than the build."""
     for path in sdist_paths(version):
         if path.is_file():
             _append(log, f"sdist: {path}")
             return path
     path = sdist_paths(version)[0]
     path.parent.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
           f"llama-cpp-python=={version}", "-d", str(path.parent)], log,
          f"downloading llama-cpp-python {version}'s source (pip download)")
     if not path.is_file():
