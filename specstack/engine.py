@@ -41,7 +41,7 @@ from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy,
 from .drafters.base import Drafter, DraftRequest, PrefixDrafter
 from .constraints import ConstraintState, for_target
 from .drafters.grammar import with_forced
-from .errors import ContextOverflowError, InvalidParameterError
+from .errors import ContextOverflowError, InvalidParameterError, KVPoolFullError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
 from .sampling import SamplingParams, one_hot, target_probs, token_logprobs, token_probs
@@ -390,6 +390,31 @@ class Engine:
             gens.remove(longest)
         return gens
 
+    def _verify_in_pool(self, work: list[_Work], gens: list[Generation]) -> list | None:
+        """``_verify``; where llama.cpp finds no cells for it in the shared pool (it placed nothing: it prepares
+        every ubatch first), once more after every idle slot's cells are freed, then ``_pool_ran_out`` (None)."""
+        for attempt in range(2):
+            try:
+                return self._verify(work)
+            except KVPoolFullError:
+                if self._pool is None:
+                    raise
+                idle = [s for s in self._slots if s.gen is None and self.target.seq_len[s.seq]]
+                if attempt == 0 and idle:
+                    for slot in idle:
+                        self._evict(slot)
+                    continue
+                self._pool_ran_out(gens)
+        return None
+
+    def _pool_ran_out(self, gens: list[Generation]) -> None:
+        """llama.cpp found no cells for a step the pool's count said would fit (``_budgets``' spare): it placed
+        nothing (it prepares every ubatch first), so the step is undone; as in ``_fit_pool`` the generation
+        holding the most ends, stop reason "kv_pool", and the others take the next step."""
+        longest = max(gens, key=lambda g: self.target.seq_len[g.seq])
+        longest.stats.stop_reason = "kv_pool"
+        self._finish(longest)
+
     def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
         """Give ``gen`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
         (``batch_tokens`` None) or chunk by chunk in the coming steps (``_prefill_some``)."""
@@ -537,7 +562,9 @@ class Engine:
         self._propose(work)
         t1 = self.clock()
         rewind0 = self.target.rewind.seconds
-        results = self._verify(work)
+        results = self._verify_in_pool(work, gens)
+        if results is None:
+            return 0
         t2 = self.clock()
         rewind_s = self.target.rewind.seconds - rewind0
         drafted = sum(1 for w in work if w.draft.token_ids)

@@ -18,10 +18,16 @@ def test_tune_writes_a_profile_that_generate_uses(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "prompt-lookup / fixed k=2" in table and "prompt-lookup / fixed k=3" in table
     settings = load_profile(out)
-    assert settings["drafter"] == "prompt-lookup" and settings["k"] in (2, 3)
+    # the faster of plain decoding and the two settings as measured here (tune never writes one slower than plain):
+    # which one wins is this machine's timing, what the profile then does is not
+    assert settings["drafter"] in ("prompt-lookup", "none")
     main(["generate", "-p", "def f(x):\n", "-n", "8", "--json", "--profile", str(out)])
     data = json.loads(capsys.readouterr().out)
-    assert data["drafter"] == "prompt-lookup" and data["k_policy"] == "fixed" and data["k"] == settings["k"]
+    assert data["drafter"] == settings["drafter"]
+    if settings["drafter"] == "prompt-lookup":
+        assert settings["k"] in (2, 3) and data["k_policy"] == "fixed" and data["k"] == settings["k"]
+    else:
+        assert "plain decoding is best here" in table
     main(["generate", "-p", "def f(x):\n", "-n", "8", "--json", "--profile", str(out), "--drafter", "none"])
     assert json.loads(capsys.readouterr().out)["drafter"] == "none"  # the explicit flag wins
 
