@@ -163,8 +163,8 @@ struct sv_job {
     float *      dst;      // dst[c * d_stride + r]
     size_t       d_stride; // floats between dst columns
     const float * ad;      // Q8_0 activations: their block scales as floats, [c * nb + b]
-    const int32_t * acorr; // Q8_0 activations, AVX-512: -128 x each int32 lane's sum, per pair and block
     const int8_t * ypairs; // Q8_0 activations, AVX-512: the values of a pair of rows, per pair and block
+    const int32_t * acorr; // Q8_0 activations, AVX-512, one or two pairs: -128 x each int32 lane's sum, per pair and block
     const struct sv_q8k * k8; // Q8_K activations copied to 64-byte aligned blocks, [c * nb + i]
     int          i0, i1;   // the blocks of this pass: [i0, i1) of nb (a K-chunk that keeps activations in L1)
 };
@@ -189,8 +189,8 @@ SV_INLINE bool sv_last(const struct sv_job * job) {
 // vec_dot: acc = fma(set1(xd * yd), cvt(dot4(|x|, sign(y, x))), acc) per block, then hsum_float_8(acc).
 // The product xd * yd is the same float product whether a lane or a scalar computes it. With AVX-512
 // VNNI two activation rows share a zmm register (lanes 0-7 one row's acc, 8-15 the other's), and the
-// integer lanes come from dpbusd on x + 128 (unsigned), started at -128 x the activation's lane sums:
-// the same exact integers as vec_dot's, with the per-row sign work done once per call.
+// integer lanes come from dpbusd with one side offset to unsigned and the other's lane sums subtracted
+// (sv_q8_pairs): the same exact integers as vec_dot's, with the per-row sign work done once per call.
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SV_Q8_ZMM 1
@@ -207,19 +207,32 @@ SV_INLINE __m256i sv_q5_0_values(const block_q5_0 * x) {
 
 #if SV_Q8_ZMM
 
-// Activations prepared once per call, in pairs of rows p = (2p, 2p + 1), per block b: 64 bytes of values,
-// 16 int32 lane corrections and 16 floats of block scale (eight of each row's).
-SV_INLINE void sv_q8_pairs(const int P, const struct sv_job * job, const __m256i qx, const float xd, const int p0,
-                           const int b, __m512 * acc) {
-    const __m512i xu = _mm512_broadcast_i64x4(_mm256_xor_si256(qx, _mm256_set1_epi8((char) 0x80)));
+// Activations prepared once per call, in pairs of rows p = (2p, 2p + 1), per block b: 64 bytes of values and 16
+// floats of block scale (eight of each row's). The integer lanes are vec_dot's exact sums by either of two routes:
+// - one or two pairs (WS = 0): dpbusd on x + 128 (unsigned) against the signed activations, started at -128 x the
+//   activations' lane sums (prepared per pair and block: one more load per pair, nothing more per weight block);
+// - three pairs or more (WS = 1): dpbusd on y + 128 (prepared unsigned) against the signed weights, started at -128 x
+//   the weights' lane sums (two more operations per weight block, one load fewer per pair).
+SV_INLINE void sv_q8_pairs(const int P, const int WS, const struct sv_job * job, const __m256i qx, const float xd,
+                           const int p0, const int b, __m512 * acc) {
+    const __m512i zero = _mm512_setzero_si512(), k128 = _mm512_set1_epi8((char) 0x80);
+    const __m512i xs = _mm512_broadcast_i64x4(qx);
+    const __m512i xu = WS ? zero : _mm512_xor_si512(xs, k128);
+    const __m512i wcorr = WS ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, xs)) : zero;
     const __m512 vxd = _mm512_set1_ps(xd);
     for (int p = 0; p < P; ++p) {
         const size_t at = (size_t)(p0 + p) * job->nb + b;
-        const __m512i corr = _mm512_loadu_si512((const __m512i *) job->acorr + at);
-        const __m512i dot = _mm512_dpbusd_epi32(corr, xu, _mm512_loadu_si512((const __m512i *) job->ypairs + at));
-        const __m512 d = _mm512_mul_ps(vxd, _mm512_loadu_ps(job->ad + 16 * at));
+        const __m512i y = _mm512_load_si512((const __m512i *) job->ypairs + at);
+        const __m512i dot = WS ? _mm512_dpbusd_epi32(wcorr, y, xs)
+                               : _mm512_dpbusd_epi32(_mm512_load_si512((const __m512i *) job->acorr + at), xu, y);
+        const __m512 d = _mm512_mul_ps(vxd, _mm512_load_ps(job->ad + 16 * at));
         acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[p]);
     }
+}
+
+// Where the weights' lane sums pay (see sv_q8_pairs).
+SV_INLINE int sv_q8_wside(const int n) {
+    return (n + 1) / 2 >= 3;
 }
 
 SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const __m512 * acc, const int64_t r, const int p0,
@@ -237,13 +250,13 @@ SV_INLINE void sv_q8_pairs_finish(const int P, const struct sv_job * job, const 
     }
 }
 
-// The odd last activation row: the first half of its pair, in a ymm register (same lane operations).
+// One activation row alone (n = 1), in a ymm register: the first half of its pair (prepared with WS = 0).
 SV_INLINE void sv_q8_single(const struct sv_job * job, const __m256i qx, const float xd, const int p0, const int b, __m256 * acc) {
     const __m256i xu = _mm256_xor_si256(qx, _mm256_set1_epi8((char) 0x80));
     const size_t at = (size_t) p0 * job->nb + b;
-    const __m256i corr = _mm256_loadu_si256((const __m256i *)(job->acorr + 16 * at));
-    const __m256i dot = _mm256_dpbusd_epi32(corr, xu, _mm256_loadu_si256((const __m256i *)(job->ypairs + 64 * at)));
-    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_loadu_ps(job->ad + 16 * at));
+    const __m256i corr = _mm256_load_si256((const __m256i *)(job->acorr + 16 * at));
+    const __m256i dot = _mm256_dpbusd_epi32(corr, xu, _mm256_load_si256((const __m256i *)(job->ypairs + 64 * at)));
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_load_ps(job->ad + 16 * at));
     *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
 }
 
@@ -273,8 +286,14 @@ SV_INLINE void sv_q8_0_group(const int G, const struct sv_job * job, const char 
     __m512 acc[SV_GROUP];
     for (int p = 0; p < G; ++p) acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
     const block_q8_0 * x = (const block_q8_0 *) wrow;
-    for (int b = job->i0; b < job->i1; ++b) {
-        sv_q8_pairs(G, job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+    if (sv_q8_wside(job->n)) {
+        for (int b = job->i0; b < job->i1; ++b) {
+            sv_q8_pairs(G, 1, job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+        }
+    } else {
+        for (int b = job->i0; b < job->i1; ++b) {
+            sv_q8_pairs(G, 0, job, _mm256_loadu_si256((const __m256i *) x[b].qs), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+        }
     }
     sv_q8_pairs_finish(G, job, acc, r, p0, st);
 }
@@ -284,41 +303,50 @@ SV_INLINE void sv_q5_0_group(const int G, const struct sv_job * job, const char 
     __m512 acc[SV_GROUP];
     for (int p = 0; p < G; ++p) acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
     const block_q5_0 * x = (const block_q5_0 *) wrow;
-    for (int b = job->i0; b < job->i1; ++b) {
-        sv_q8_pairs(G, job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+    if (sv_q8_wside(job->n)) {
+        for (int b = job->i0; b < job->i1; ++b) {
+            sv_q8_pairs(G, 1, job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+        }
+    } else {
+        for (int b = job->i0; b < job->i1; ++b) {
+            sv_q8_pairs(G, 0, job, sv_q5_0_values(x + b), GGML_CPU_FP16_TO_FP32(x[b].d), p0, b, acc);
+        }
     }
     sv_q8_pairs_finish(G, job, acc, r, p0, st);
 }
 
-// Per call and thread: the pairs' values, lane corrections and block scales (see sv_q8_pairs).
+// Per call and thread: the pairs' values, lane corrections (WS = 0) and block scales (see sv_q8_pairs).
 static void sv_prepare_q8_0(struct sv_job * job) {
-    const int n = job->n, nb = job->nb, P = (n + 1) / 2;
+    const int n = job->n, nb = job->nb, P = (n + 1) / 2, ws = sv_q8_wside(n);
     const size_t blocks = (size_t) P * nb;
-    float * scratch = sv_scratch_get(blocks * (16 + 16 + 16) + 16);
+    float * scratch = sv_scratch_get(blocks * (16 + 16 + (ws ? 0 : 16)) + 16);
     GGML_ASSERT(scratch != NULL);
     float * ad = scratch;
-    int32_t * acorr = (int32_t *)(ad + blocks * 16);
-    int8_t * ypairs = (int8_t *)(acorr + blocks * 16);
+    int8_t * ypairs = (int8_t *)(ad + blocks * 16);
+    int32_t * acorr = ws ? NULL : (int32_t *)(ypairs + blocks * 64);
+    const __m256i k128 = _mm256_set1_epi8((char) 0x80);
     for (int c = 0; c < 2 * P; ++c) {
         const int p = c / 2, half = c % 2;
         for (int b = 0; b < nb; ++b) {
             const size_t at = (size_t) p * nb + b;
-            __m256i qy = _mm256_setzero_si256();
+            __m256i qy = _mm256_setzero_si256();  // a missing row's zeros give integer sums of 0
             float yd = 0.0f;
             if (c < n) {
                 const block_q8_0 * y = (const block_q8_0 *)(job->act + (size_t) c * job->a_stride) + b;
                 qy = _mm256_loadu_si256((const __m256i *) y->qs);
                 yd = GGML_CPU_FP16_TO_FP32(y->d);
             }
-            const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char) 0x80), qy);
-            _mm256_storeu_si256((__m256i *)(acorr + 16 * at + 8 * half), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
-            _mm256_storeu_si256((__m256i *)(ypairs + 64 * at + 32 * half), qy);
-            _mm256_storeu_ps(ad + 16 * at + 8 * half, _mm256_set1_ps(yd));
+            _mm256_store_si256((__m256i *)(ypairs + 64 * at + 32 * half), ws ? _mm256_xor_si256(qy, k128) : qy);
+            _mm256_store_ps(ad + 16 * at + 8 * half, _mm256_set1_ps(yd));
+            if (!ws) {
+                const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, qy);
+                _mm256_store_si256((__m256i *)(acorr + 16 * at + 8 * half), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+            }
         }
     }
     job->ad = ad;
-    job->acorr = acorr;
     job->ypairs = ypairs;
+    job->acorr = acorr;
 }
 
 #else  // AVX2: one activation row per ymm accumulator, vec_dot's sign trick
