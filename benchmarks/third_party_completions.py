@@ -7,6 +7,12 @@ docs/drafters.md ("A floor under every generation") came from 25 of them.
 
     python benchmarks/third_party_completions.py -o comp.jsonl
     specstack bench run -m MODEL.gguf --workload comp.jsonl -t 1 --methods prompt-lookup@cost -k 16
+
+With ``--sequence MODULE:CLASS`` it writes a repetitive sequence instead: the class's methods in source order, each
+cut after its def line with the 2,400 characters before, as one ``group`` (run in order, so drafters that learn
+across requests keep what earlier answers taught them), as a user writing one class method after method.
+
+    python benchmarks/third_party_completions.py -o seq.jsonl --sequence yaml.constructor:FullConstructor
 """
 
 from __future__ import annotations
@@ -63,17 +69,42 @@ def completion(module: str, chars: int, max_tokens: int) -> dict | None:
     return {"id": f"{module}:{qual}", "category": "code", "max_tokens": max_tokens, "prompt": src[max(0, cut - chars):cut]}
 
 
+def sequence(spec: str, chars: int, max_tokens: int, count: int) -> list[dict]:
+    """Workload lines for the first ``count`` methods of ``MODULE:CLASS`` in source order (see the module's doc)."""
+    module, _, cls_name = spec.partition(":")
+    m = importlib.import_module(module)
+    src = inspect.getsource(m)
+    cls = getattr(m, cls_name)
+    methods = sorted((inspect.getsourcelines(f)[1], name, inspect.getsource(f))
+                     for name, f in vars(cls).items() if inspect.isfunction(f))
+    rows = []
+    for _, name, fs in methods[:count]:
+        lines = fs.splitlines(keepends=True)
+        j = 0
+        while j < len(lines) - 1 and not lines[j].rstrip().endswith(":"):
+            j += 1
+        cut = src.index(fs) + len("".join(lines[: j + 1]))
+        rows.append({"id": f"{module}:{cls_name}.{name}", "category": "repetitive", "max_tokens": max_tokens,
+                     "group": spec, "prompt": src[max(0, cut - chars):cut]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", required=True, help="the workload file to write (JSON lines)")
     ap.add_argument("--chars", type=int, default=2400, help="characters of the module before the cut (default 2400)")
     ap.add_argument("--max-tokens", type=int, default=96, help="tokens each completion asks for (default 96)")
     ap.add_argument("--modules", default=",".join(MODULES), help="comma-separated modules (default: 25 common ones)")
+    ap.add_argument("--sequence", metavar="MODULE:CLASS", help="a repetitive sequence: the class's methods in order")
+    ap.add_argument("--count", type=int, default=14, help="methods in a --sequence (default 14)")
     args = ap.parse_args()
-    rows = [r for r in (completion(m, args.chars, args.max_tokens) for m in args.modules.split(",")) if r]
+    if args.sequence:
+        rows = sequence(args.sequence, args.chars, args.max_tokens, args.count)
+    else:
+        rows = [r for r in (completion(m, args.chars, args.max_tokens) for m in args.modules.split(",")) if r]
     with open(args.output, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"wrote {len(rows)} completions to {args.output}")
+    print(f"wrote {len(rows)} {'requests' if args.sequence else 'completions'} to {args.output}")
 
 
 if __name__ == "__main__":
