@@ -166,11 +166,12 @@ struct sv_job {
     const int8_t * ypairs; // Q8_0 activations, AVX-512: the values of a pair of rows, per pair and block
     const int32_t * acorr; // Q8_0 activations, AVX-512, one or two pairs: -128 x each int32 lane's sum, per pair and block
     const struct sv_q8k * k8; // Q8_K activations copied to 64-byte aligned blocks, [c * nb + i]
+    const struct sv_q8k2 * k8p; // Q8_K activations in pairs of rows, AVX-512, [p * nb + i]
     int          i0, i1;   // the blocks of this pass: [i0, i1) of nb (a K-chunk that keeps activations in L1)
 };
 
 // Floats of state an activation row (or pair) carries from one K-chunk to the next: its accumulators.
-#define SV_STATE 16
+#define SV_STATE 32
 
 SV_INLINE __m256 sv_in8(const struct sv_job * job, const float * st) {
     return job->i0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(st);
@@ -411,28 +412,13 @@ static void sv_prepare_q8_0(struct sv_job * job) {
 //
 // vec_dot's float operations per super-block (acc = fma(d, cvt(sumi), acc), the mins' acc_m, hsum at the end) on
 // integer lanes summed as vec_dot sums them: lane k of sumi holds bytes 4k..4k+3 of every 32-byte chunk times its
-// scale. With AVX-512 two chunks share a zmm register and the halves are added at the end (exact integers).
+// scale. With AVX-512 two activation rows share a zmm register (lanes 0-7 one row's, 8-15 the other's), the weight
+// chunk broadcast to both halves: a pair costs the integer and float work of one row (sv_q4_K_pairs).
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SV_K_ZMM 1
 #else
 #define SV_K_ZMM 0
-#endif
-
-#if SV_K_ZMM
-SV_INLINE __m512i sv_join(const __m256i lo, const __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-// chunks 2i and 2i+1 in one register each (weights, scales); q8 holds the super-block's 256 activations
-SV_INLINE __m256i sv_sumi_zmm(const __m512i * q, const __m512i * sc, const int8_t * q8) {
-    __m512i sumi = _mm512_setzero_si512();
-    for (int i = 0; i < 4; ++i) {
-        const __m512i q8i = _mm512_loadu_si512((const __m512i *)(q8 + 64 * i));
-        sumi = _mm512_dpwssd_epi32(sumi, sc[i], _mm512_maddubs_epi16(q[i], q8i));
-    }
-    return _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
-}
 #endif
 
 // ---- Q4_K and Q5_K (x Q8_K) ------------------------------------------------------------------------
@@ -457,24 +443,7 @@ struct sv_k4 {
     __m256i q[8];
     __m256i s[8];
     __m128i mins;
-#if SV_K_ZMM
-    __m512i qz[4];
-    __m512i sz[4];
-#endif
 };
-
-SV_INLINE void sv_k4_join(struct sv_k4 * k, const int wide) {
-#if SV_K_ZMM
-    if (!wide) return;  // one activation row: the joins would cost more than they save
-    for (int i = 0; i < 4; ++i) {
-        k->qz[i] = sv_join(k->q[2 * i], k->q[2 * i + 1]);
-        k->sz[i] = sv_join(k->s[2 * i], k->s[2 * i + 1]);
-    }
-#else
-    (void) k;
-    (void) wide;
-#endif
-}
 
 SV_INLINE void sv_k4_scales(struct sv_k4 * k, const __m256i mins_and_scales) {
     const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
@@ -485,7 +454,7 @@ SV_INLINE void sv_k4_scales(struct sv_k4 * k, const __m256i mins_and_scales) {
     k->mins = _mm256_extracti128_si256(mins_and_scales, 1);
 }
 
-SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x, const int wide) {
+SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
     const uint8_t * q4 = x->qs;
@@ -494,10 +463,9 @@ SV_INLINE void sv_q4_K_decode(struct sv_k4 * k, const block_q4_K * x, const int 
         k->q[2 * j + 0] = _mm256_and_si256(q4bits, m4);
         k->q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
     }
-    sv_k4_join(k, wide);
 }
 
-SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x, const int wide) {
+SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     sv_k4_scales(k, sv_k4_mins_and_scales(x->scales));
     const uint8_t * q5 = x->qs;
@@ -515,14 +483,10 @@ SV_INLINE void sv_q5_K_decode(struct sv_k4 * k, const block_q5_K * x, const int 
         k->q[2 * j + 1] = _mm256_add_epi8(q5l_1, q5h_1);
         hmask = _mm256_slli_epi16(hmask, 1);
     }
-    sv_k4_join(k, wide);
 }
 
 // The super-block's integer sum for one activation row: vec_dot's sumi, lane for lane.
-SV_INLINE __m256i sv_k4_sumi(const struct sv_k4 * k, const int8_t * q8, const int wide) {
-#if SV_K_ZMM
-    if (wide) return sv_sumi_zmm(k->qz, k->sz, q8);
-#endif
+SV_INLINE __m256i sv_k4_sumi(const struct sv_k4 * k, const int8_t * q8) {
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
         const __m256i q8j = _mm256_loadu_si256((const __m256i *)(q8 + 32 * j));
@@ -538,7 +502,7 @@ SV_INLINE __m128i sv_k4_prod(const struct sv_k4 * k, const struct sv_q8k * y) {
     return _mm_madd_epi16(k->mins, q8s);
 }
 
-SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+SV_INLINE void sv_q4_K_row_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
                              float * st) {
     __m256 acc[SV_GROUP];
     __m128 acc_m[SV_GROUP];
@@ -546,7 +510,7 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
     const block_q4_K * x = (const block_q4_K *) wrow;
     for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k4 k;
-        sv_q4_K_decode(&k, x + i, G > 1);
+        sv_q4_K_decode(&k, x + i);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
         for (int g = 0; g < G; ++g) {
@@ -555,7 +519,7 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
             const float dmin = -y->d * xdmin;
             const __m128i prod = sv_k4_prod(&k, y);
             acc_m[g] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[g]);
-            const __m256i sumi = sv_k4_sumi(&k, y->qs, G > 1);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs);
             acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
         }
     }
@@ -572,7 +536,7 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
     }
 }
 
-SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+SV_INLINE void sv_q5_K_row_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
                              float * st) {
     __m256 acc[SV_GROUP];
     float summs[SV_GROUP];
@@ -581,7 +545,7 @@ SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char 
     const block_q5_K * x = (const block_q5_K *) wrow;
     for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k4 k;
-        sv_q5_K_decode(&k, x + i, G > 1);
+        sv_q5_K_decode(&k, x + i);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
         for (int g = 0; g < G; ++g) {
@@ -591,7 +555,7 @@ SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char 
             const __m128i prod = sv_k4_prod(&k, y);
             const __m128i hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
             summs[g] += dmin * _mm_extract_epi32(hsum, 0);
-            const __m256i sumi = sv_k4_sumi(&k, y->qs, G > 1);
+            const __m256i sumi = sv_k4_sumi(&k, y->qs);
             acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[g]);
         }
     }
@@ -611,13 +575,9 @@ struct sv_k6 {
     __m256i q[8];    // 6-bit weights, unsigned
     __m256i s[8];    // their int16 scales, per 16 weights
     __m256i scales_16;
-#if SV_K_ZMM
-    __m512i qz[4];
-    __m512i sz[4];
-#endif
 };
 
-SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x, const int wide) {
+SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m256i m15 = _mm256_set1_epi8(15);
     const __m128i scales = _mm_loadu_si128((const __m128i *) x->scales);
@@ -641,24 +601,16 @@ SV_INLINE void sv_q6_K_decode(struct sv_k6 * k, const block_q6_K * x, const int 
             k->s[4 * j + t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sh));
         }
     }
-#if SV_K_ZMM
-    for (int i = 0; wide && i < 4; ++i) {
-        k->qz[i] = sv_join(k->q[2 * i], k->q[2 * i + 1]);
-        k->sz[i] = sv_join(k->s[2 * i], k->s[2 * i + 1]);
-    }
-#else
-    (void) wide;
-#endif
 }
 
-SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
+SV_INLINE void sv_q6_K_row_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int c0,
                              float * st) {
     __m256 acc[SV_GROUP];
     for (int g = 0; g < G; ++g) acc[g] = sv_in8(job, st + g * SV_STATE);
     const block_q6_K * x = (const block_q6_K *) wrow;
     for (int i = job->i0; i < job->i1; ++i) {
         struct sv_k6 k;
-        sv_q6_K_decode(&k, x + i, G > 1);
+        sv_q6_K_decode(&k, x + i);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         for (int g = 0; g < G; ++g) {
             const struct sv_q8k * y = job->k8 + (size_t)(c0 + g) * job->nb + i;
@@ -666,10 +618,6 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
             const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
             const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, k.scales_16), 5);
             __m256i sumi = _mm256_setzero_si256();
-#if SV_K_ZMM
-            if (G > 1) sumi = sv_sumi_zmm(k.qz, k.sz, y->qs);
-            else
-#endif
             for (int t = 0; t < 8; ++t) {
                 const __m256i q8t = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
                 sumi = sv_madd_add(sumi, k.s[t], _mm256_maddubs_epi16(k.q[t], q8t));
@@ -684,14 +632,229 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
     }
 }
 
+#if SV_K_ZMM
+// ---- K-quants in pairs of activation rows (AVX-512) -----------------------------------------------
+//
+// A pair's activations per super-block, prepared once per call: chunk c (32 values) of both rows side by side, so a
+// weight chunk broadcast to both halves of a zmm register meets both rows at once; each row's d (eight lanes each),
+// -d (four lanes each, for the mins), bsums (Q6_K) and vec_dot's q8s (its bsums summed pairwise: Q4_K, Q5_K).
+struct sv_q8k2 {
+    int8_t  qs[8][64];  // chunk c: the first row's 32 values, then the second's
+    float   d[16];      // the first row's d x 8, the second's x 8
+    int16_t bsums[32];  // the first row's 16, the second's
+    int16_t q8s[16];    // _mm_hadd_epi16 of each row's bsums' halves: the first row's 8, the second's
+    float   nd[8];      // -d: the first row's x 4, the second's x 4
+    char    pad[64];
+};
+
+#define SV_KPAIRS 6
+
+SV_INLINE __m512i sv_bcast(const __m256i x) {
+    return _mm512_broadcast_i64x4(x);
+}
+
+// The pair's integer sums: vec_dot's sumi for each row in its half (exact: the same int32 terms, summed in another order).
+SV_INLINE __m512i sv_k_sumi2(const __m512i * qb, const __m512i * sb, const struct sv_q8k2 * y) {
+    __m512i sumi = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
+        sumi = _mm512_dpwssd_epi32(sumi, sb[c], _mm512_maddubs_epi16(qb[c], _mm512_load_si512((const __m512i *) y->qs[c])));
+    }
+    return sumi;
+}
+
+SV_INLINE void sv_k_bcast(__m512i * qb, __m512i * sb, const __m256i * q, const __m256i * sc) {
+    for (int c = 0; c < 8; ++c) {
+        qb[c] = sv_bcast(q[c]);
+        sb[c] = sv_bcast(sc[c]);
+    }
+}
+
+SV_INLINE const struct sv_q8k2 * sv_k8p(const struct sv_job * job, const int p, const int i) {
+    return job->k8p + (size_t) p * job->nb + i;
+}
+
+// Where a row of the pair goes: its result, or the state carried to the next K-chunk.
+SV_INLINE int sv_pair_row(const struct sv_job * job, const int p, const int h) {
+    return 2 * p + h < job->n;
+}
+
+// Q4_K: vec_dot's acc (eight lanes per row) and acc_m (four lanes per row: a ymm register holds the pair's).
+SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0,
+                             float * st) {
+    __m512 acc[SV_KPAIRS];
+    __m256 acc_m[SV_KPAIRS];
+    for (int p = 0; p < G; ++p) {
+        acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
+        acc_m[p] = job->i0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(st + p * SV_STATE + 16);
+    }
+    const block_q4_K * x = (const block_q4_K *) wrow;
+    for (int i = job->i0; i < job->i1; ++i) {
+        struct sv_k4 k;
+        sv_q4_K_decode(&k, x + i);
+        __m512i qb[8], sb[8];
+        sv_k_bcast(qb, sb, k.q, k.s);
+        const __m256i mins2 = _mm256_broadcastsi128_si256(k.mins);
+        const __m512 vxd = _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[i].d));
+        const __m256 vxdmin = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(x[i].dmin));
+        for (int p = 0; p < G; ++p) {
+            const struct sv_q8k2 * y = sv_k8p(job, p0 + p, i);
+            const __m256i prod = _mm256_madd_epi16(mins2, _mm256_load_si256((const __m256i *) y->q8s));
+            const __m256 dmin = _mm256_mul_ps(_mm256_load_ps(y->nd), vxdmin);  // vec_dot's -y.d * dmin
+            acc_m[p] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc_m[p]);
+            const __m512 d = _mm512_mul_ps(_mm512_load_ps(y->d), vxd);         // vec_dot's y.d * d
+            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sv_k_sumi2(qb, sb, y)), acc[p]);
+        }
+    }
+    for (int p = 0; p < G; ++p) {
+        if (!sv_last(job)) {
+            _mm512_storeu_ps(st + p * SV_STATE, acc[p]);
+            _mm256_storeu_ps(st + p * SV_STATE + 16, acc_m[p]);
+            continue;
+        }
+        for (int h = 0; h < 2; ++h) {
+            if (!sv_pair_row(job, p0 + p, h)) continue;
+            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            __m128 m = h ? _mm256_extractf128_ps(acc_m[p], 1) : _mm256_castps256_ps128(acc_m[p]);
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            job->dst[(size_t)(2 * (p0 + p) + h) * job->d_stride + r] = sv_hsum_float_8(a) + _mm_cvtss_f32(m);
+        }
+    }
+}
+
+// Q5_K: as Q4_K, with vec_dot's scalar sum of the mins per row (summs).
+SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0,
+                             float * st) {
+    __m512 acc[SV_KPAIRS];
+    float summs[SV_KPAIRS][2];
+    for (int p = 0; p < G; ++p) {
+        acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
+        summs[p][0] = job->i0 == 0 ? 0.f : st[p * SV_STATE + 16];
+        summs[p][1] = job->i0 == 0 ? 0.f : st[p * SV_STATE + 17];
+    }
+    const __m128i mzero = _mm_setzero_si128();
+    const block_q5_K * x = (const block_q5_K *) wrow;
+    for (int i = job->i0; i < job->i1; ++i) {
+        struct sv_k4 k;
+        sv_q5_K_decode(&k, x + i);
+        __m512i qb[8], sb[8];
+        sv_k_bcast(qb, sb, k.q, k.s);
+        const __m256i mins2 = _mm256_broadcastsi128_si256(k.mins);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xdmin = GGML_CPU_FP16_TO_FP32(x[i].dmin);
+        const __m512 vxd = _mm512_set1_ps(xd);
+        for (int p = 0; p < G; ++p) {
+            const struct sv_q8k2 * y = sv_k8p(job, p0 + p, i);
+            const __m256i prod = _mm256_madd_epi16(mins2, _mm256_load_si256((const __m256i *) y->q8s));
+            for (int h = 0; h < 2; ++h) {
+                const __m128i ph = h ? _mm256_extracti128_si256(prod, 1) : _mm256_castsi256_si128(prod);
+                const __m128i hsum = _mm_hadd_epi32(_mm_hadd_epi32(ph, mzero), mzero);
+                const float dmin = -y->d[8 * h] * xdmin;
+                summs[p][h] += dmin * _mm_extract_epi32(hsum, 0);
+            }
+            const __m512 d = _mm512_mul_ps(_mm512_load_ps(y->d), vxd);
+            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sv_k_sumi2(qb, sb, y)), acc[p]);
+        }
+    }
+    for (int p = 0; p < G; ++p) {
+        if (!sv_last(job)) {
+            _mm512_storeu_ps(st + p * SV_STATE, acc[p]);
+            st[p * SV_STATE + 16] = summs[p][0];
+            st[p * SV_STATE + 17] = summs[p][1];
+            continue;
+        }
+        for (int h = 0; h < 2; ++h) {
+            if (!sv_pair_row(job, p0 + p, h)) continue;
+            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            job->dst[(size_t)(2 * (p0 + p) + h) * job->d_stride + r] = sv_hsum_float_8(a) + summs[p][h];
+        }
+    }
+}
+
+// Q6_K: vec_dot's sumi - (bsums x scales) << 5, then acc = fma(d, cvt(sumi), acc).
+SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char * wrow, const int64_t r, const int p0,
+                             float * st) {
+    __m512 acc[SV_KPAIRS];
+    for (int p = 0; p < G; ++p) acc[p] = job->i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + p * SV_STATE);
+    const block_q6_K * x = (const block_q6_K *) wrow;
+    for (int i = job->i0; i < job->i1; ++i) {
+        struct sv_k6 k;
+        sv_q6_K_decode(&k, x + i);
+        __m512i qb[8], sb[8];
+        sv_k_bcast(qb, sb, k.q, k.s);
+        const __m512i sc16 = sv_bcast(k.scales_16);
+        const __m512 vxd = _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[i].d));
+        for (int p = 0; p < G; ++p) {
+            const struct sv_q8k2 * y = sv_k8p(job, p0 + p, i);
+            const __m512i q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(_mm512_load_si512((const __m512i *) y->bsums), sc16), 5);
+            const __m512i sumi = _mm512_sub_epi32(sv_k_sumi2(qb, sb, y), q8sclsub);
+            const __m512 d = _mm512_mul_ps(_mm512_load_ps(y->d), vxd);
+            acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[p]);
+        }
+    }
+    for (int p = 0; p < G; ++p) {
+        if (!sv_last(job)) { _mm512_storeu_ps(st + p * SV_STATE, acc[p]); continue; }
+        for (int h = 0; h < 2; ++h) {
+            if (!sv_pair_row(job, p0 + p, h)) continue;
+            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            job->dst[(size_t)(2 * (p0 + p) + h) * job->d_stride + r] = sv_hsum_float_8(a);
+        }
+    }
+}
+
+// Per call and thread, two rows or more: the Q8_K activations in pairs (see struct sv_q8k2; an odd count's last
+// row pairs with zeros, whose results are never written).
+static void sv_prepare_q8_K_pairs(struct sv_job * job) {
+    const int P = (job->n + 1) / 2;
+    const size_t blocks = (size_t) P * job->nb;
+    struct sv_q8k2 * k8p = (struct sv_q8k2 *) sv_scratch_get(blocks * sizeof(struct sv_q8k2) / sizeof(float));
+    GGML_ASSERT(k8p != NULL);
+    memset(k8p, 0, blocks * sizeof(struct sv_q8k2));
+    for (int c = 0; c < job->n; ++c) {
+        const int p = c / 2, h = c % 2;
+        const block_q8_K * y = (const block_q8_K *)(job->act + (size_t) c * job->a_stride);
+        for (int i = 0; i < job->nb; ++i) {
+            struct sv_q8k2 * out = k8p + (size_t) p * job->nb + i;
+            for (int t = 0; t < 8; ++t) memcpy(out->qs[t] + 32 * h, y[i].qs + 32 * t, 32);
+            for (int l = 0; l < 8; ++l) out->d[8 * h + l] = y[i].d;
+            for (int l = 0; l < 4; ++l) out->nd[4 * h + l] = -y[i].d;
+            memcpy(out->bsums + 16 * h, y[i].bsums, sizeof(y[i].bsums));
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y[i].bsums);
+            const __m128i q8s = _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+            _mm_storeu_si128((__m128i *)(out->q8s + 8 * h), q8s);
+        }
+    }
+    job->k8p = k8p;
+}
+
+#define sv_q4_K_odd(job, wrow, r, p0, st) sv_q4_K_row_group(1, job, wrow, r, 2 * (p0), st)
+#define sv_q5_K_odd(job, wrow, r, p0, st) sv_q5_K_row_group(1, job, wrow, r, 2 * (p0), st)
+#define sv_q6_K_odd(job, wrow, r, p0, st) sv_q6_K_row_group(1, job, wrow, r, 2 * (p0), st)
+#define SV_K_UNIT sizeof(struct sv_q8k2)
+#define SV_K_MAXG SV_KPAIRS
+#else
+#define sv_q4_K_group sv_q4_K_row_group
+#define sv_q5_K_group sv_q5_K_row_group
+#define sv_q6_K_group sv_q6_K_row_group
+#define sv_q4_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: K-quants are not paired without AVX-512")
+#define sv_q5_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: K-quants are not paired without AVX-512")
+#define sv_q6_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: K-quants are not paired without AVX-512")
+#define SV_K_UNIT sizeof(struct sv_q8k)
+#define SV_K_MAXG SV_GROUP
+#endif
+
 // ---- dispatch: a pass per group of activation rows, the group size a compile-time constant ---------
 
 #define SV_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 // Weight rows a pass walks together over one K-chunk, so that the chunk's activations stay in L1 for all of them.
 #define SV_ROW_TILE 16
-// Bytes of activations a K-chunk may hold for the rows of one pass (a Zen 4 core's L1 is 32 KiB, Zen 5's 48).
-#define SV_CHUNK_BYTES 32768
+// Bytes of activations a K-chunk may hold for the rows of one pass: half of a Zen 4 core's L1 (32 KiB; Zen 5's is 48),
+// since the weights stream through it too.
+#define SV_CHUNK_BYTES 16384
+// ... where a pass's whole rows would hold more than this: below it, whole rows ran faster than chunks (a 7B's
+// 4096-wide Q4_K matrix at 3 rows: 1.8 ms whole, 3.0 ms in 16 KiB chunks; at 8 rows 5.6 ms whole, 4.0 chunked).
+#define SV_WHOLE_BYTES 40960
 
 // Per call and thread: the Q8_K activations copied to aligned blocks (see struct sv_q8k).
 static void sv_prepare_q8_K(struct sv_job * job) {
@@ -713,8 +876,11 @@ static void sv_prepare_q8_K(struct sv_job * job) {
 // Blocks per K-chunk: a long row (a 7B's 14336-wide down matrix) would otherwise stream every activation row's
 // whole width from L2 once per weight row. The chunks run in order, so each row's float operations are still
 // vec_dot's, in vec_dot's order (the accumulators wait in ``state`` between chunks).
-static int sv_chunk(const struct sv_job * job, const int maxg, const size_t unit_bytes) {
-    const int units = SV_MIN(maxg, job->n);
+static int sv_chunk(const int units_in, const int maxg, const size_t unit_bytes, const int nb) {
+    const int units = SV_MIN(maxg, units_in < 1 ? 1 : units_in);
+    if ((size_t) units * unit_bytes * nb <= SV_WHOLE_BYTES) {
+        return nb;
+    }
     const int span = (int)(SV_CHUNK_BYTES / ((size_t) units * unit_bytes));
     return span < 1 ? 1 : span;
 }
@@ -737,7 +903,7 @@ static void sv_flush(const struct sv_job * job, const float * tile, const int64_
         job.d_stride = SV_ROW_TILE;                                                                 \
         const int odd = (PAIRED) && job.n == 1;  /* one row alone; an odd row among others pairs with zeros */ \
         const int units = (PAIRED) ? (job.n + 1) / 2 - odd : job.n;                                 \
-        const int span = sv_chunk(&job, (MAXG), (UNIT_BYTES));                                      \
+        const int span = sv_chunk(units + odd, (MAXG), (UNIT_BYTES), job.nb);                                      \
         float state[SV_ROW_TILE * ((MAXG) + 1) * SV_STATE];                                         \
         for (int64_t rt = job_in->r0; rt < job_in->r1; rt += SV_ROW_TILE) {                         \
             const int64_t re = SV_MIN(rt + SV_ROW_TILE, job_in->r1);                                \
@@ -784,15 +950,12 @@ static void sv_flush(const struct sv_job * job, const float * tile, const int64_
 #define sv_q8_0_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: no pairs without AVX-512")
 #define sv_q5_0_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: no pairs without AVX-512")
 #endif
-#define sv_q4_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q4_K is not paired")
-#define sv_q5_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q5_K is not paired")
-#define sv_q6_K_odd(job, wrow, r, p0, st) GGML_ABORT("specstack-verify: Q6_K is not paired")
 
 SV_DEFINE_ROWS(sv_q8_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP), (SV_Q8_ZMM ? 192 : sizeof(block_q8_0)))
 SV_DEFINE_ROWS(sv_q5_0, SV_Q8_ZMM, (SV_Q8_ZMM ? SV_PAIRS : SV_GROUP), (SV_Q8_ZMM ? 192 : sizeof(block_q8_0)))
-SV_DEFINE_ROWS(sv_q4_K, 0, SV_GROUP, sizeof(struct sv_q8k))
-SV_DEFINE_ROWS(sv_q5_K, 0, SV_GROUP, sizeof(struct sv_q8k))
-SV_DEFINE_ROWS(sv_q6_K, 0, SV_GROUP, sizeof(struct sv_q8k))
+SV_DEFINE_ROWS(sv_q4_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
+SV_DEFINE_ROWS(sv_q5_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
+SV_DEFINE_ROWS(sv_q6_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 
 typedef void (*sv_rows_fn)(const struct sv_job * job);
 
@@ -892,6 +1055,9 @@ bool specstack_verify_mul_mat(const struct ggml_compute_params * params, struct 
     if (vec_dot_type == GGML_TYPE_Q8_0) {
         sv_prepare_q8_0(&job);
     } else {
+#if SV_K_ZMM
+        if (n > 1) sv_prepare_q8_K_pairs(&job); else
+#endif
         sv_prepare_q8_K(&job);
     }
     sv_rows_for(src0->type)(&job);
