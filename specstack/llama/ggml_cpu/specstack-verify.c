@@ -669,6 +669,11 @@ SV_INLINE void sv_k_bcast(__m512i * qb, __m512i * sb, const __m256i * q, const _
     }
 }
 
+// The accumulator lanes of row h (0 or 1) of a pair.
+SV_INLINE __m256 sv_half(const __m512 acc, const int h) {
+    return h ? _mm512_extractf32x8_ps(acc, 1) : _mm512_castps512_ps256(acc);
+}
+
 SV_INLINE const struct sv_q8k2 * sv_k8p(const struct sv_job * job, const int p, const int i) {
     return job->k8p + (size_t) p * job->nb + i;
 }
@@ -713,7 +718,7 @@ SV_INLINE void sv_q4_K_group(const int G, const struct sv_job * job, const char 
         }
         for (int h = 0; h < 2; ++h) {
             if (!sv_pair_row(job, p0 + p, h)) continue;
-            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            const __m256 a = sv_half(acc[p], h);
             __m128 m = h ? _mm256_extractf128_ps(acc_m[p], 1) : _mm256_castps256_ps128(acc_m[p]);
             m = _mm_add_ps(m, _mm_movehl_ps(m, m));
             m = _mm_add_ss(m, _mm_movehdup_ps(m));
@@ -765,7 +770,7 @@ SV_INLINE void sv_q5_K_group(const int G, const struct sv_job * job, const char 
         }
         for (int h = 0; h < 2; ++h) {
             if (!sv_pair_row(job, p0 + p, h)) continue;
-            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            const __m256 a = sv_half(acc[p], h);
             job->dst[(size_t)(2 * (p0 + p) + h) * job->d_stride + r] = sv_hsum_float_8(a) + summs[p][h];
         }
     }
@@ -796,7 +801,7 @@ SV_INLINE void sv_q6_K_group(const int G, const struct sv_job * job, const char 
         if (!sv_last(job)) { _mm512_storeu_ps(st + p * SV_STATE, acc[p]); continue; }
         for (int h = 0; h < 2; ++h) {
             if (!sv_pair_row(job, p0 + p, h)) continue;
-            const __m256 a = h ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
+            const __m256 a = sv_half(acc[p], h);
             job->dst[(size_t)(2 * (p0 + p) + h) * job->d_stride + r] = sv_hsum_float_8(a);
         }
     }
@@ -887,7 +892,8 @@ static int sv_chunk(const int units_in, const int maxg, const size_t unit_bytes,
 
 // A row tile's results go out one column at a time: dst's columns are whole weight-row counts apart (1 MiB for
 // Gemma's output matrix), so writing every column at each weight row keeps n lines in one cache set, and from
-// ~10 rows on they evict each other (Gemma's output at 10 rows cost 34 ms against 21 ms at 8).
+// ~10 rows on they evict each other (Gemma's output matrix, -t 1: 10 rows 25.7 ms and 16 rows 41.5 ms written
+// in place, 16.5 and 29.6 ms through the tile).
 static void sv_flush(const struct sv_job * job, const float * tile, const int64_t rt, const int64_t re) {
     for (int c = 0; c < job->n; ++c) {
         memcpy(job->dst + (size_t) c * job->d_stride + rt, tile + (size_t) c * SV_ROW_TILE, (size_t)(re - rt) * sizeof(float));
