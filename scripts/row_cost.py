@@ -1,12 +1,12 @@
 """What a verification row costs on this machine and llama.cpp build: t(n) for n rows with logits for every row.
 
-    python scripts/row_cost.py MODEL.gguf [THREADS] [stock|specstack]
+    python scripts/row_cost.py MODEL.gguf [THREADS] [stock|specstack] [DEPTH]
 
 It calls llama-cpp-python directly, not through specstack, on purpose: it measures the build (llamafile's tinyBLAS
 on or off, say), so that two builds installed in two environments can be compared with one script, and nothing of
 specstack's loop is in the figures.  The third argument picks the CPU backend: llama-cpp-python's own (``stock``, the
 default) or specstack's build with its verification kernels (``specstack``, ``docs/kernels.md``), loaded before
-llama_cpp is imported.  n rows are decoded at depth 250 and removed again; each figure is the fastest
+llama_cpp is imported.  n rows are decoded at depth 250 (or DEPTH) and removed again; each figure is the fastest
 of 9 (interference only adds time).  ``docs/drafters.md`` ("What a verified row costs") has what it measured.
 """
 
@@ -59,7 +59,8 @@ def main(path: str, threads: int) -> None:
             lc.llama_memory_seq_rm(memory, 0, DEPTH, -1)
         return best
 
-    decode([(i * 7919) % 1000 + 10 for i in range(DEPTH)], 0, False)
+    for start in range(0, DEPTH, 512):  # the prefill, in calls no wider than the batch
+        decode([(i * 7919) % 1000 + 10 for i in range(start, min(start + 512, DEPTH))], start, False)
     print(lc.llama_print_system_info().decode().strip())
     seconds(1)  # a first call allocates the graph: not a row's cost
     one = seconds(1)
@@ -75,4 +76,6 @@ def main(path: str, threads: int) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
+    if len(sys.argv) > 4:
+        DEPTH = int(sys.argv[4])
     main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
-from .draft_length import MAX_DRAFT, SOLO, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
+from .draft_length import MAX_DRAFT, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
 from .drafters.base import Drafter, DraftRequest, PrefixDrafter
 from .constraints import ConstraintState, for_target
 from .drafters.grammar import with_forced
@@ -558,6 +558,7 @@ class Engine:
         if not gens:
             return 0
         work = self._budgets(gens)
+        depths = tuple(self.target.seq_len[w.gen.seq] for w in work)  # each call's rows attend over these
         t0 = self.clock()
         self._propose(work)
         t1 = self.clock()
@@ -569,7 +570,7 @@ class Engine:
         rewind_s = self.target.rewind.seconds - rewind0
         drafted = sum(1 for w in work if w.draft.token_ids)
         for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
-            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1 - rewind_s)
+            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1 - rewind_s, depths)
             cm.observe_rewind(rewind_s, drafted)
         share = 1.0 / max(len(work), 1)
         for w, result in zip(work, results):
@@ -603,6 +604,7 @@ class Engine:
         """Each generation's budget from its policy, valued against what the others already put in the step."""
         target, work = self.target, []
         rows: list[int] = []
+        depths: list[int] = []
         tokens = 0.0
         free = self._free_rows(gens)
         displaced_s = 0.0 if free is None else self.prefill_token_s or self._prompt_token_estimate(gens)
@@ -621,8 +623,10 @@ class Engine:
                 # against 85 ms for llama-server, one client, the 1B stand-in, serve_load code).
                 cap = 0
             later = len(gens) - i - 1  # not decided yet: count them as plain steps
-            load = (SOLO if len(gens) == 1 and free is None else
-                    BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s))
+            depth = target.seq_len[gen.seq]
+            load = (BatchLoad(depth=depth) if len(gens) == 1 and free is None else
+                    BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s, depth,
+                              tuple(depths) + tuple(target.seq_len[g.seq] for g in gens[i + 1:])))
             # A drafter that reads hidden rows gets chains: a tree's accepted path is not where its rows were kept.
             tree = (gen.config.sampling.greedy and gen.constraint is None and target.unified and target.n_slots == 1 and target.n_seq_max > 1
                     and not gen.traits.needs_hidden
@@ -631,6 +635,7 @@ class Engine:
             budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
             spare -= budget.max_tokens
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
+            depths.append(depth)
             tokens += budget.expected
             if free is not None:
                 free = max(0, free - (rows[-1] - 1))

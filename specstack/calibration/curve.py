@@ -31,20 +31,23 @@ def curve_key(model: EngineTarget, n_max: int, flash_attn: bool | None = None) -
     key as with flash attention set so (None: as the model has it)."""
     n_max = min(max(n_max, min(64, 4 * model.n_slots)), model.batch_cap)  # no call wider than a batch (-c 10)
     scope = {"min_rows": model.shapes.min_rows, "pad_logits": model.shapes.pad_logits,
-             "depth": curve_depth(model, n_max)}
+             "depth": curve_depth(model, n_max), "deep": DEEP_DEPTH}  # not the context's: a slope is a slope
     return n_max, entry_key("curve-", model, scope, flash_attn)
 
 
-def _parse_curve(entry: object, n_max: int) -> list[float] | None:
-    """A cached curve's first ``n_max`` times, checked (``cache``); None where it is shorter."""
-    curve = need_dict(entry, ("curve_s",))["curve_s"]
+def _parse_curve(entry: object, n_max: int) -> tuple[list[float], float] | None:
+    """A cached curve's first ``n_max`` times and its row cost per context token (``CostModel.row_depth_s``),
+    checked (``cache``); None where it is shorter."""
+    fields = need_dict(entry, ("curve_s", "row_depth_s"))
+    curve = fields["curve_s"]
     if not isinstance(curve, list) or not curve:
         raise ValueError(f"curve_s is {curve!r}, not a list of seconds")
     times = [need_seconds(t, f"curve_s[{i}]") for i, t in enumerate(curve)]
-    return times[:n_max] if len(times) >= n_max else None
+    slope = need_seconds(fields["row_depth_s"], "row_depth_s", positive=False)
+    return (times[:n_max], slope) if len(times) >= n_max else None
 
 
-def _cached_curve(model: EngineTarget, n_max: int) -> tuple[str, list[float] | None]:
+def _cached_curve(model: EngineTarget, n_max: int) -> tuple[str, tuple[list[float], float] | None]:
     """``curve_key``'s key and the cached curve for ``n_max`` under it (None: not cached, or damaged).
 
     A target with flash attention whose own curve is not cached reads the one measured without it: ``-fa auto``
@@ -76,17 +79,19 @@ def calibrate(model: EngineTarget, n_max: int = 17, use_cache: bool = True, exac
     key, cached = _cached_curve(model, n_max) if use_cache else (curve_key(model, n_max)[1], None)
     n_max = curve_key(model, n_max)[0]
     path = cache_path()
+    depth0 = curve_depth(model, n_max)
     if cached is not None:
-        costs = CostModel(cached, shapes=model.shapes, source="cache")
+        costs = CostModel(cached[0], shapes=model.shapes, source="cache", depth0=depth0, row_depth_s=cached[1])
         if (path, key) in _checked or _still_true(model, costs):
             _checked.add((path, key))
             return _padded(model, costs)
-    curve, busy = _measure_curve(model, n_max)
+    curve, slope, busy = _measure_curve(model, n_max)
     _checked.add((path, key))  # measured by this process: nothing to check against
     if use_cache:
-        entry = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "measured": time.time()}
+        entry = {"model": str(model.path), "threads": model.n_threads, "curve_s": curve, "row_depth_s": slope,
+                 "measured": time.time()}
         store(path, key, kept_entry(model, "its cost curve", entry, 0.0, busy))
-    return _padded(model, CostModel(curve, shapes=model.shapes))
+    return _padded(model, CostModel(curve, shapes=model.shapes, depth0=depth0, row_depth_s=slope))
 
 
 def _padded(model: EngineTarget, costs: CostModel) -> CostModel:
@@ -117,23 +122,60 @@ def curve_depth(model: EngineTarget, n_max: int, depth: int = 128) -> int:
     return max(1, min(depth, model.capacity - n_max - 1))
 
 
+def deep_depth(model: EngineTarget, n_max: int) -> int | None:
+    """The second depth a few sizes are timed at, for what a row costs per context token (``row_depth_s``):
+    ``DEEP_DEPTH``, or as deep as the context allows; None where that is too near the curve's own depth to tell."""
+    deep = min(DEEP_DEPTH, model.capacity - max(DEEP_SIZES) - 1)
+    return deep if deep - curve_depth(model, n_max) >= DEEP_MIN_GAP else None
+
+
+def row_depth_s(shallow: dict[int, float], deep: dict[int, float], gap: int) -> float:
+    """Seconds one row adds per context token: the least-squares slope through the origin of what each size
+    gained between the two depths, against its rows times ``gap`` (never below 0: noise is not a discount).
+
+    >>> round(row_depth_s({1: 0.010, 4: 0.014}, {1: 0.011, 4: 0.018}, 1000) * 1e6, 3)
+    1.0
+    """
+    sizes = [n for n in deep if n in shallow]
+    num = sum(n * (deep[n] - shallow[n]) for n in sizes)
+    den = sum(n * n for n in sizes) * gap
+    return max(0.0, num / den) if den > 0 else 0.0
+
+
 def _measure_curve(model: EngineTarget, n_max: int, depth: int = 128, reps: int = 5, budget_s: float = 1.0,
-                   tries: int = MEASURE_TRIES) -> tuple[list[float], str]:
-    """``measure_curve``, timed again while the machine looks busy (``timing.steady_watched``: by the timings'
-    spread or by other processes' CPU use); also returns why it stayed a busy machine's ("" where it did not)."""
+                   tries: int = MEASURE_TRIES) -> tuple[list[float], float, str]:
+    """``measure_curve`` and ``row_depth_s`` (a few sizes timed again ``deep_depth`` deep), timed again while the
+    machine looks busy (``timing.steady_watched``: by the timings' spread or by other processes' CPU use); also
+    returns why it stayed a busy machine's ("" where it did not)."""
     depth = curve_depth(model, n_max, depth)
+    deep = deep_depth(model, n_max) if depth == curve_depth(model, n_max) else None
     # every size up to 24: kernels that take rows in groups make the curve saw-toothed (``cheapest_sizes``)
     sizes = [n for n in (*range(1, 25), 32, 48, 64) if n < n_max] + [n_max]
-    toks = filler(model, depth + n_max)
+    toks = filler(model, max(depth + n_max, (deep or 0) + max(DEEP_SIZES)))
+
+    def measure() -> dict:
+        timed = time_calls(model, toks, sizes, depth, reps, budget_s=budget_s)
+        if deep is not None:  # keyed apart: (depth, n)
+            more = time_calls(model, toks, DEEP_SIZES, deep, reps, budget_s=budget_s / 2)
+            timed.update({(deep, n): ts for n, ts in more.items()})
+        return timed
+
     # the typical size judged, not the worst: of 20-odd sizes one is often disturbed even on a quiet machine,
     # and a size priced too dear is corrected online (``CostModel.observe_call``)
     # the cores watched too (``steady_watched``): load that delays every call alike passes the noise rule, and a
     # curve timed so (t(1) 79 ms where a quiet one is 20, on Gemma 3 270M) was cached and priced every later run
-    timed = steady_watched(lambda: time_calls(model, toks, sizes, depth, reps, budget_s=budget_s), tries,
-                           quantile=0.5, threads=model.n_threads)
+    timed = steady_watched(measure, tries, quantile=0.5, threads=model.n_threads)
     best = {n: min(ts, default=float("inf")) for n, ts in timed.samples.items()}
-    return _interpolate(best, n_max), busy_reason(timed.noise, timed.busy, timed.load, model.n_threads)
+    shallow = {n: t for n, t in best.items() if isinstance(n, int)}
+    slope = 0.0 if deep is None else row_depth_s(shallow, {n: best[(deep, n)] for n in DEEP_SIZES}, deep - depth)
+    return _interpolate(shallow, n_max), slope, busy_reason(timed.noise, timed.busy, timed.load, model.n_threads)
 
+
+# The second depth (``deep_depth``) and the sizes timed there: on the 1B stand-in at -t 2 one row took 22 ms at
+# depth 128 and 44 ms at 900, where the curve alone priced rows at 128's cost wherever a generation was.
+DEEP_DEPTH = 1024
+DEEP_SIZES = (1, 4, 8)
+DEEP_MIN_GAP = 256
 
 _checked: set[tuple[Path, str]] = set()  # cached curves this process has checked (a bench builds many policies)
 

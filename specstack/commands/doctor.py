@@ -22,7 +22,8 @@ def row_cost(model: str, threads: int, system_info: str | None) -> Check:
                             prefix="specstack doctor").costs
     target = costs.curve
     return row_cost_check(lambda n: target[min(n, len(target)) - 1], llamafile_in(system_info),
-                          f"{Path(model).name} at -t {threads or 'its default'}", read_gguf(model).output_share)
+                          f"{Path(model).name} at -t {threads or 'its default'}", read_gguf(model).output_share,
+                          (costs.depth0, costs.row_depth_s))
 
 
 def register(subparsers) -> None:

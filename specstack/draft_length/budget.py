@@ -70,6 +70,15 @@ class BatchLoad:
     tokens: float = 0.0
     free_rows: int | None = None
     displaced_s: float = 0.0
+    # Context depths, for rows that cost more the deeper their sequence (``CostModel.row_depth_s``): this
+    # generation's, and the other generations' beside ``rows`` (None: at the cost curve's own depth).
+    depth: int | None = None
+    depths: tuple[int | None, ...] = ()
+
+    def all_depths(self) -> tuple[int | None, ...]:
+        """The others' depths, one per entry of ``rows``, then this generation's: what ``CostModel.batch_s`` takes
+        beside ``rows + (n,)``."""
+        return (*self.depths[: len(self.rows)], *(None,) * (len(self.rows) - len(self.depths)), self.depth)
 
     def displacement_s(self, draft_rows: int) -> float:
         """What ``draft_rows`` drafted rows cost in prompt tokens pushed to a later step."""

@@ -27,6 +27,13 @@ class CostModel:
     estimate; the others are the calibrated curve times a running scale
     factor (observed / calibrated over all steps), so a calibration made on
     a busy machine, or a change in load, corrects sizes not tried yet.
+
+    Depth: every row of a call attends over its sequence's whole context, so a row costs more the deeper the
+    generation is, and a ratio of sizes measured at one depth underprices rows deeper in (the 1B stand-in at -t 2:
+    one row 22 ms at depth 128, 44 ms at 900).  The curve is timed at ``depth0``; ``row_depth_s`` is what one row
+    adds per context token beyond it (``calibration.curve`` times a second depth; 0 where it was not measured), so
+    t(n, d) = t(n) + n * row_depth_s * (d - depth0).  Online estimates are kept at ``depth0``: what a step
+    observed at its depth is moved there first.
     """
 
     curve: list[float]
@@ -42,6 +49,8 @@ class CostModel:
     _seen: dict[int, int] = field(default_factory=dict)
     _scale: float = 1.0
     _dearest: list[float] = field(default_factory=list)  # running maximum of the curve
+    depth0: int = 0  # the context depth the curve was timed at
+    row_depth_s: float = 0.0  # seconds one row adds per context token past depth0
 
     def __post_init__(self) -> None:
         self._dearest = list(itertools.accumulate(self.curve, max))
@@ -51,6 +60,7 @@ class CostModel:
         policies (``calibration.background``), which all share it.  What was learnt online was learnt against the
         provisional curve, so it goes too."""
         self.curve, self.shapes, self.source = list(measured.curve), measured.shapes, measured.source
+        self.depth0, self.row_depth_s = measured.depth0, measured.row_depth_s
         self._dearest = list(measured._dearest)
         self._online, self._seen, self._scale = {}, {}, 1.0
 
@@ -61,9 +71,18 @@ class CostModel:
             return max(self._online[n], self._floor(n))
         return self._calibrated(n) * self._scale
 
-    def batch_s(self, rows: Sequence[int]) -> float:
-        """A step in which generation i evaluates ``rows[i]`` rows (its pending token plus its draft)."""
-        return self._calls_s(rows) + self.rewind_s * sum(1 for r in rows if r > 1)
+    def batch_s(self, rows: Sequence[int], depths: Sequence[int | None] = ()) -> float:
+        """A step in which generation i evaluates ``rows[i]`` rows (its pending token plus its draft) after
+        ``depths[i]`` context tokens (missing or None: at the curve's own depth)."""
+        return (self._calls_s(rows) + self.rewind_s * sum(1 for r in rows if r > 1)
+                + self._depth_s(rows, depths))
+
+    def _depth_s(self, rows: Sequence[int], depths: Sequence[int | None]) -> float:
+        """What the generations' rows cost beyond the curve for attending over contexts other than ``depth0``."""
+        if not self.row_depth_s:
+            return 0.0
+        extra = sum(self.shapes.rows_for(max(r, 1)) * (d - self.depth0) for r, d in zip(rows, depths) if d is not None)
+        return self.row_depth_s * extra
 
     def _calls_s(self, rows: Sequence[int]) -> float:
         """The llama.cpp calls alone of such a step."""
@@ -102,10 +121,12 @@ class CostModel:
         slope = (c[-1] - c[half - 1]) / (len(c) - half) if len(c) > 1 else c[-1]
         return c[-1] + max(slope, 0.0) * (n - len(c))
 
-    def observe_step(self, rows: Sequence[int], seconds: float) -> None:
-        """Refine from a real step's calls (seconds <= 0 means not measured; rewind time is not included)."""
+    def observe_step(self, rows: Sequence[int], seconds: float, depths: Sequence[int | None] = ()) -> None:
+        """Refine from a real step's calls (seconds <= 0 means not measured; rewind time is not included), the
+        generations ``depths`` deep (as ``batch_s``): kept as if timed at ``depth0``."""
         if not rows or seconds <= 0:
             return
+        seconds = max(seconds - self._depth_s(rows, depths), 0.25 * seconds)
         if len(rows) == 1 and rows[0] <= self.shapes.max_rows:
             self.observe_call(max(rows[0], self.shapes.min_rows), seconds)
             return

@@ -83,6 +83,14 @@ EVIDENCE_PRIOR = 32.0
 # How many more tokens a model draft looks ahead when deciding whether to draft the next: where exact call shapes
 # pad a verification (t(2) = t(3) on the bundled MTP model), one more row can cost more than two.
 LOOKAHEAD = 4
+# Context tokens per step of the depth the cost policy's caches are keyed by (``_depth_bucket``).
+DEPTH_BUCKET = 64
+
+
+def _depth_bucket(depth: int | None) -> int | None:
+    """A context depth as the cost policy's caches key it: a row's attention moves slowly with depth, and a key
+    that changed every token would price every step afresh (``CostK._cached``)."""
+    return None if depth is None else depth // DEPTH_BUCKET
 
 
 def token_odds(scores: Sequence[float]) -> list[float]:
@@ -410,7 +418,8 @@ class CostK(_Policy):
     def _cached(self, key: tuple, compute: Callable[[], int]) -> int:
         """A k computed at most every 16 steps per key (``best_k_for``'s cache; the load in ``key`` by value)."""
         *head, load = key
-        key = (*head, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows, round(load.displaced_s, 4))
+        key = (*head, tuple(sorted(load.rows)), round(load.tokens, 1), load.free_rows, round(load.displaced_s, 4),
+               _depth_bucket(load.depth), tuple(_depth_bucket(d) for d in load.depths))
         hit = self._best.get(key)
         if hit is None or self._steps - hit[1] >= 16:
             hit = (compute(), self._steps)
@@ -429,7 +438,8 @@ class CostK(_Policy):
         key = (n, load)
         cost = self._memo.get(key)
         if cost is None:
-            cost = self._memo[key] = self.costs.batch_s(load.rows + (n,)) + self._overhead_s + load.displacement_s(n - 1)
+            cost = self._memo[key] = (self.costs.batch_s(load.rows + (n,), load.all_depths()) + self._overhead_s
+                                      + load.displacement_s(n - 1))
         return cost
 
     def budget(self, cap: int, load: BatchLoad = SOLO, tree: bool = False) -> Budget:

@@ -301,17 +301,22 @@ def llamafile_in(system_info: str | None) -> bool | None:
 
 
 def row_cost_check(t: Callable[[int], float | None], llamafile: bool | None, where: str,
-                   output_share: float | None = None) -> Check:
+                   output_share: float | None = None, per_depth: tuple[int, float] | None = None) -> Check:
     """What a verified row costs (``t``: a measured t(n) in seconds, ``where``: whose curve) and which llama.cpp
     build suits it. llama.cpp hands calls of 2+ rows to llamafile's tinyBLAS where it is built in, and a build
     without it measured cheaper at 2 rows but dearer from 4 on (docs/drafters.md), so the better build depends
     on how long the drafts are that pay on this model and CPU. ``output_share``: the output layer's share of the
     model's bytes, said beside the curve, because where it is large (a small model with a big vocabulary) the
     curve is mostly that layer's, and a bigger model of the family can differ (on a 2-core AMD EPYC, 16 rows cost
-    Gemma 3 270M 8.9x one row; on a 2-core Intel Xeon, 4.5x, as they did a 1.5B stand-in with a 22% share)."""
+    Gemma 3 270M 8.9x one row; on a 2-core Intel Xeon, 4.5x, as they did a 1.5B stand-in with a 22% share).
+    ``per_depth``: the depth the curve was timed at and what a row adds per context token beyond it
+    (``CostModel.row_depth_s``), said too: deeper in, every row costs more."""
     ratios = {n: t(n) / t(1) for n in ROW_COST_NS if t(n)}  # the sizes the curve measured
     said = ", ".join(f"{n} rows {r:.1f}x" for n, r in ratios.items())
     msg = f"{where}: a verification of {said} one row ({1000 * t(1):.1f} ms)"
+    if per_depth is not None and per_depth[1] > 0:
+        depth0, slope = per_depth
+        msg += f" at a context of {depth0} tokens; each row adds {1e6 * slope:.2f} ms per 1000 tokens deeper"
     note = ""
     if output_share is not None:
         note = f". Its output layer is {100 * output_share:.0f}% of its weights' bytes"
