@@ -47,6 +47,7 @@ from specstack import paths
 from specstack.host import roofline, sysinfo
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "mul_mat_bench.c"
+ATTN_SOURCE = Path(__file__).resolve().parent / "kernels" / "flash_attn_check.c"
 LLAMA_CPP_PYTHON = "0.3.36"
 VENDORED_INCLUDE = (Path.home() / ".cache/specstack/llama-bins/src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
                     / "vendor/llama.cpp/ggml/include")
@@ -116,24 +117,24 @@ def include_dir() -> Path:
                        "set SPECSTACK_GGML_INCLUDE to a ggml/include folder")
 
 
-def build() -> Path:
-    """The harness's binary, compiled on first use into the cache (linked by soname only: no rpath, so
-    LD_LIBRARY_PATH picks the libraries at run time)."""
+def build(source: Path = SOURCE) -> Path:
+    """A harness's binary (``SOURCE``, or ``ATTN_SOURCE``), compiled on first use into the cache (linked by soname
+    only: no rpath, so LD_LIBRARY_PATH picks the libraries at run time)."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise HarnessError("no C compiler on PATH (install gcc, or set CC)")
     inc, libs = include_dir(), stock_lib_dir()
-    key = hashlib.sha256(SOURCE.read_bytes() + str(inc).encode() + cc.encode()).hexdigest()[:16]
-    out = paths.cache_dir() / "kernel-bench" / f"mul_mat_bench-{key}"
+    key = hashlib.sha256(source.read_bytes() + str(inc).encode() + cc.encode()).hexdigest()[:16]
+    out = paths.cache_dir() / "kernel-bench" / f"{source.stem}-{key}"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}")
-    cmd = [cc, "-O2", "-std=gnu11", f"-I{inc}", str(SOURCE), "-o", str(tmp), f"-L{libs}", "-Wl,--no-as-needed",
+    cmd = [cc, "-O2", "-std=gnu11", f"-I{inc}", str(source), "-o", str(tmp), f"-L{libs}", "-Wl,--no-as-needed",
            "-l:libggml-base.so.0", "-l:libggml-cpu.so.0", "-ldl", "-lm"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise HarnessError(f"building {SOURCE.name} failed:\n{done.stderr.strip()}")
+        raise HarnessError(f"building {source.name} failed:\n{done.stderr.strip()}")
     os.replace(tmp, out)
     return out
 
@@ -197,13 +198,13 @@ def lib_from(spec: str) -> Lib:
     return Lib(name, Path(path).expanduser(), stock_lib().base)
 
 
-def run(lib: Lib, args: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+def run(lib: Lib, args: Sequence[str], env: dict[str, str] | None = None, source: Path = SOURCE) -> dict[str, Any]:
     """One harness run with ``lib``'s libggml-cpu; its JSON, after checking it ran that library."""
-    exe = build()
+    exe = build(source)
     full = {**os.environ, **(env or {}), "LD_LIBRARY_PATH": str(lib.folder())}
     done = subprocess.run([str(exe), *args], capture_output=True, text=True, env=full, timeout=RUN_TIMEOUT_S)
     if done.returncode != 0:
-        raise HarnessError(f"{lib.name}: mul_mat_bench {' '.join(args)} failed ({done.returncode}): "
+        raise HarnessError(f"{lib.name}: {source.stem} {' '.join(args)} failed ({done.returncode}): "
                            f"{done.stderr.strip()[-2000:]}")
     out = json.loads(done.stdout)
     if Path(out["lib"]).resolve() != lib.cpu.resolve():
@@ -229,6 +230,28 @@ def identity(lib: Lib | None, qtype: str, k: int, m: int, n: int, threads: Itera
     out["identical"] = all(c[kind]["identical"] for c in out["checks"]
                            for kind in COMPARISONS)
     return out
+
+
+def attention_identity(lib: Lib | None, dk: int, heads: int, kv_heads: int, depth: int, n: int,
+                       threads: Iterable[int] = (1, 2, 3), window: int = 0, seed: int = 1) -> dict[str, Any]:
+    """FLASH_ATTN_EXT of n query rows at ``depth`` against each row computed alone over its own call's KV length,
+    at each thread count (``benchmarks/kernels/flash_attn_check.c``): ``checks`` hold ``batch_vs_single`` and
+    ``batch_vs_first_threads`` per thread count, ``identical`` (top level) whether every row was the same bits
+    every way, and ``ref_max_abs_diff`` how far the output is from a double-precision softmax attention."""
+    args = ["identity", "--dk", str(dk), "--heads", str(heads), "--kv-heads", str(kv_heads), "--depth", str(depth),
+            "--n", str(n), "--threads", ",".join(map(str, threads)), "--window", str(window), "--seed", str(seed)]
+    out = run(lib or stock_lib(), args, source=ATTN_SOURCE)
+    out["identical"] = all(c[kind]["identical"] for c in out["checks"] for kind in ("batch_vs_single",
+                                                                                   "batch_vs_first_threads"))
+    return out
+
+
+def attention_bench(lib: Lib | None, dk: int, heads: int, kv_heads: int, depth: int, ns: Sequence[int],
+                    threads: int = 1, min_time: float = 0.2) -> dict[int, float]:
+    """ms of one FLASH_ATTN_EXT call of n rows at ``depth`` (one layer's attention), the fastest in ``min_time``."""
+    args = ["bench", "--dk", str(dk), "--heads", str(heads), "--kv-heads", str(kv_heads), "--depth", str(depth),
+            "--n", ",".join(map(str, ns)), "--threads", str(threads), "--min-time", str(min_time)]
+    return {int(n): ms for n, ms in run(lib or stock_lib(), args, source=ATTN_SOURCE)["ms"].items()}
 
 
 def identity_sweep(paths_: Sequence[KernelPath], shapes: Sequence[Shape], ns: Sequence[int],

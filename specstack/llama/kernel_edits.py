@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SOURCES_DIR = Path(__file__).resolve().parent / "ggml_cpu"
-SOURCE_FILES = ("specstack-verify.c", "specstack-verify.h")
+SOURCE_FILES = ("specstack-verify.c", "specstack-attn.c", "specstack-verify.h")
 CPU_DIR = Path("ggml/src/ggml-cpu")  # ggml-cpu's sources, inside the llama.cpp tree
 
 
@@ -45,6 +45,7 @@ _REPACK_SKIP = "    if (specstack_verify_takes(cur)) {\n        return nullptr;\
 # own kernels (tiled, llamafile, the generic loop), so ours see every plain MUL_MAT first.
 EDITS: tuple[Edit, ...] = (
     Edit("ggml/src/ggml-cpu/CMakeLists.txt", "        ggml-cpu/ggml-cpu.c\n", "        ggml-cpu/specstack-verify.c\n"),
+    Edit("ggml/src/ggml-cpu/CMakeLists.txt", "        ggml-cpu/specstack-verify.c\n", "        ggml-cpu/specstack-attn.c\n"),
     Edit("ggml/src/ggml-cpu/ggml-cpu.c", '#include "tiled/tiled.h"\n', '#include "specstack-verify.h"\n'),
     Edit("ggml/src/ggml-cpu/ggml-cpu.c",
          "        ggml_compute_forward_fwht(params, dst);\n        return;\n    }\n\n", _MUL_MAT_CALL),
@@ -58,6 +59,11 @@ EDITS: tuple[Edit, ...] = (
     Edit("ggml/src/ggml-cpu/ops.cpp", '#include "ggml-cpu.h"\n', '#include "specstack-verify.h"\n'),
     Edit("ggml/src/ggml-cpu/ops.cpp", "    const bool use_split_kv_path = !use_ref && ",
          "!specstack_verify_rowwise_attention() && "),
+    # ours first where it takes the call (specstack-attn.c: 1-63 rows, F16 K/V), each row by blocks of the context
+    Edit("ggml/src/ggml-cpu/ops.cpp",
+         "static void ggml_compute_forward_flash_attn_ext_f16(\n        const ggml_compute_params * params,\n"
+         "        ggml_tensor * dst) {\n",
+         "    if (specstack_verify_flash_attn(params, dst)) {\n        return;\n    }\n"),
 )
 
 

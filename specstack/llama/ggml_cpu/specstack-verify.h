@@ -13,6 +13,9 @@ bool specstack_verify_takes(const struct ggml_tensor * weight);
 // True where flash attention must compute each query row alone (not split over the KV for one row), so that
 // a row's attention is the same in a one-row call as in a verification.
 bool specstack_verify_rowwise_attention(void);
+// Computes dst = FLASH_ATTN_EXT(...) and returns true where specstack's attention kernel takes the op
+// (specstack-attn.c): 1-63 query rows, F16 K and V, AVX-512.
+bool specstack_verify_flash_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,191 @@
+// specstack's flash attention for the calls a speculative decoder makes: one to 63 query rows (a plain step,
+// a verification), F16 K and V, AVX-512.
+//
+// Why: every row of a call attends over its sequence's whole context, and llama.cpp's CPU flash attention
+// (ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) walks the context one position at a time: a call
+// through vec_dot_f16, a scalar expf, a vec_mad_f16 into an F16 accumulator. On the 1B stand-in (64 heads of 32,
+// 22 layers) that cost each row 28.8 ms per 1000 context tokens at -t 2, where its K and V (90 MB at depth
+// 1000) stream in ~4 ms: deep in a generation one row cost twice the weights' read, and every verified row as much
+// again.
+//
+// What: the context in blocks of 16 positions at fixed offsets (0, 16, 32, ...): 16 scores from one zmm
+// register per position and a transposing sum, the block's maximum, 16 exponentials at once (ggml's own
+// ggml_v_expf), and V accumulated in F32. A block whose positions are all masked is skipped; so is every
+// position out of the call's KV length. A row's operations depend only on its own query, mask row and the KV
+// cells, never on the other rows of the call or the KV length the call was padded to, so a row is the same bits
+// in a one-row call as in a verification, at any thread count (threads split (row, head) pairs, never the
+// context). Not llama.cpp's order of operations: exactness here is plain decoding against verification, both
+// computed by this kernel.
+//
+// Declines (llama.cpp's own path runs, each row alone: see specstack_verify_rowwise_attention): 64 rows or more
+// (llama.cpp tiles those), other K/V types, heads over 256 or not a multiple of 16, ALiBi, logit soft-capping,
+// attention sinks, and builds without AVX-512 (F, BW, VL, DQ).
+
+#include "ggml-impl.h"
+#include "ggml-cpu.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+#include "vec.h"
+#include "specstack-verify.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__F16C__)
+#define SA_ENABLED 1
+#include <immintrin.h>
+#else
+#define SA_ENABLED 0
+#endif
+
+#define SA_MAX_ROWS 63  // below llama.cpp's 64-row tile (GGML_FA_TILE_Q), which takes larger calls
+#define SA_BLOCK 16     // context positions per block: the lanes of one zmm register
+#define SA_MAX_D 256    // head sizes taken, in multiples of SA_BLOCK
+
+#if SA_ENABLED
+
+// lane t of the result = the sum of v[t]'s 16 lanes (a fixed tree: the same bits for the same inputs)
+static inline __m512 sa_sum16(const __m512 v[SA_BLOCK]) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; ++i) {  // 256-bit halves: [v2i: 0+2 | 1+3 | v2i+1: 0+2 | 1+3] in 128-bit lanes
+        const __m512 x = v[2 * i], y = v[2 * i + 1];
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    for (int i = 0; i < 4; ++i) {  // 128-bit lane L of b[i]: v[4i + L]'s four partial sums
+        const __m512 x = a[2 * i], y = a[2 * i + 1];
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    }
+    const __m512 c0 = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
+    const __m512 c1 = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
+    const __m512 r = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(c0), _mm512_castps_pd(c1))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(c0), _mm512_castps_pd(c1))));
+    // element 4L + k of r holds v[4k + L]
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, r);
+}
+
+struct sa_job {
+    const struct ggml_tensor * q, * k, * v, * mask;
+    struct ggml_tensor * dst;
+    float scale;
+    int nc, nv;  // head sizes of K and V in zmm registers
+};
+
+// One query row of one head over the whole context.
+static void sa_row(const struct sa_job * j, const int64_t iq1, const int64_t iq2) {
+    const struct ggml_tensor * q = j->q, * k = j->k, * v = j->v, * mask = j->mask;
+    const int64_t ik2 = iq2 / (q->ne[2] / k->ne[2]);
+    const int64_t iv2 = iq2 / (q->ne[2] / v->ne[2]);
+    const int64_t n_kv = k->ne[1];
+    const float * qrow = (const float *) ((const char *) q->data + iq1 * q->nb[1] + iq2 * q->nb[2]);
+    const char * kbase = (const char *) k->data + ik2 * k->nb[2];
+    const char * vbase = (const char *) v->data + iv2 * v->nb[2];
+    const ggml_fp16_t * mrow = mask == NULL ? NULL
+        : (const ggml_fp16_t *) ((const char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2]);
+
+    __m512 qv[SA_MAX_D / SA_BLOCK], acc[SA_MAX_D / SA_BLOCK], part[SA_BLOCK];
+    for (int c = 0; c < j->nc; ++c) qv[c] = _mm512_loadu_ps(qrow + SA_BLOCK * c);
+    for (int c = 0; c < j->nv; ++c) acc[c] = _mm512_setzero_ps();
+    const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+    float M = -INFINITY, S = 0.0f;
+
+    for (int64_t b0 = 0; b0 < n_kv; b0 += SA_BLOCK) {
+        const int64_t left = n_kv - b0;
+        const __mmask16 in = left >= SA_BLOCK ? (__mmask16) 0xFFFF : (__mmask16) ((1u << left) - 1);
+        const __m512 mv = mrow == NULL ? _mm512_setzero_ps()
+            : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(in, mrow + b0));
+        const __mmask16 live = in & _mm512_cmp_ps_mask(mv, minus_inf, _CMP_NEQ_UQ);
+        if (live == 0) {
+            continue;
+        }
+        for (int t = 0; t < SA_BLOCK; ++t) {
+            if (!((live >> t) & 1)) {
+                part[t] = _mm512_setzero_ps();
+                continue;
+            }
+            const ggml_fp16_t * kr = (const ggml_fp16_t *) (kbase + (b0 + t) * k->nb[1]);
+            __m512 d = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) kr)));
+            for (int c = 1; c < j->nc; ++c) {
+                d = _mm512_fmadd_ps(qv[c], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (kr + SA_BLOCK * c))), d);
+            }
+            part[t] = d;
+        }
+        __m512 s = _mm512_add_ps(_mm512_mul_ps(sa_sum16(part), _mm512_set1_ps(j->scale)), mv);
+        s = _mm512_mask_blend_ps(live, minus_inf, s);
+        const float top = _mm512_mask_reduce_max_ps(live, s);
+        if (top > M) {  // a new maximum: what was summed so far is rescaled to it
+            const float ms = expf(M - top);
+            M = top;
+            S *= ms;
+            const __m512 msv = _mm512_set1_ps(ms);
+            for (int c = 0; c < j->nv; ++c) acc[c] = _mm512_mul_ps(acc[c], msv);
+        }
+        const __m512 p = ggml_v_expf(_mm512_sub_ps(s, _mm512_set1_ps(M)));  // dead lanes: exp(-inf) = 0
+        S += _mm512_reduce_add_ps(p);
+        float pv[SA_BLOCK];
+        _mm512_storeu_ps(pv, p);
+        for (int t = 0; t < SA_BLOCK; ++t) {
+            if (!((live >> t) & 1)) {
+                continue;
+            }
+            const ggml_fp16_t * vr = (const ggml_fp16_t *) (vbase + (b0 + t) * v->nb[1]);
+            const __m512 w = _mm512_set1_ps(pv[t]);
+            for (int c = 0; c < j->nv; ++c) {
+                acc[c] = _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (vr + SA_BLOCK * c))), acc[c]);
+            }
+        }
+    }
+
+    // dst is permuted (0, 2, 1, 3): head iq2 of row iq1
+    const struct ggml_tensor * dst = j->dst;
+    float * out = (float *) ((char *) dst->data + (iq2 + iq1 * dst->ne[1]) * dst->nb[1]);
+    const __m512 inv = _mm512_set1_ps(S == 0.0f ? 0.0f : 1.0f / S);
+    for (int c = 0; c < j->nv; ++c) _mm512_storeu_ps(out + SA_BLOCK * c, _mm512_mul_ps(acc[c], inv));
+}
+
+static bool sa_takes(const struct ggml_tensor * dst) {
+    const struct ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];
+    float max_bias = 0.0f, softcap = 0.0f;
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap, (const float *) dst->op_params + 2, sizeof(float));
+    const int64_t DK = k->ne[0], DV = v->ne[0];
+    return specstack_verify_rowwise_attention()  // not turned off (SPECSTACK_VERIFY_KERNELS=0)
+        && q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16
+        && dst->type == GGML_TYPE_F32 && dst->src[4] == NULL
+        && max_bias == 0.0f && softcap == 0.0f
+        && q->ne[1] >= 1 && q->ne[1] <= SA_MAX_ROWS && q->ne[3] == 1 && k->ne[3] == 1 && v->ne[3] == 1
+        && DK % SA_BLOCK == 0 && DV % SA_BLOCK == 0 && DK <= SA_MAX_D && DV <= SA_MAX_D && q->ne[0] == DK
+        && q->ne[2] % k->ne[2] == 0 && q->ne[2] % v->ne[2] == 0 && k->ne[1] == v->ne[1]
+        && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(ggml_fp16_t) && v->nb[0] == sizeof(ggml_fp16_t)
+        && dst->nb[0] == sizeof(float) && dst->ne[0] == DV
+        && (mask == NULL || (mask->type == GGML_TYPE_F16 && mask->ne[1] >= q->ne[1] && mask->ne[0] >= k->ne[1]
+                             && mask->ne[3] == 1));
+}
+
+bool specstack_verify_flash_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    if (!sa_takes(dst)) {
+        return false;
+    }
+    const struct ggml_tensor * q = dst->src[0];
+    struct sa_job job = {q, dst->src[1], dst->src[2], dst->src[3], dst, 1.0f,
+                         (int) (dst->src[1]->ne[0] / SA_BLOCK), (int) (dst->src[2]->ne[0] / SA_BLOCK)};
+    memcpy(&job.scale, (const float *) dst->op_params + 0, sizeof(float));
+    // (row, head) pairs, head-major: a head's rows, then the heads that share its K and V, read them from cache
+    const int64_t rows = q->ne[1], units = rows * q->ne[2];
+    const int64_t u0 = units * params->ith / params->nth, u1 = units * (params->ith + 1) / params->nth;
+    for (int64_t u = u0; u < u1; ++u) {
+        sa_row(&job, u % rows, u / rows);
+    }
+    return true;
+}
+
+#else
+
+bool specstack_verify_flash_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    (void) params;
+    (void) dst;
+    return false;
+}
+
+#endif
