@@ -8,14 +8,16 @@
 // 1000) stream in ~4 ms: deep in a generation one row cost twice the weights' read, and every verified row as much
 // again.
 //
-// What: the context in blocks of 16 positions at fixed offsets (0, 16, 32, ...): 16 scores from one zmm
-// register per position and a transposing sum, the block's maximum, 16 exponentials at once (ggml's own
-// ggml_v_expf), and V accumulated in F32. A block whose positions are all masked is skipped; so is every
-// position out of the call's KV length. A row's operations depend only on its own query, mask row and the KV
-// cells, never on the other rows of the call or the KV length the call was padded to, so a row is the same bits
-// in a one-row call as in a verification, at any thread count (threads split (row, head) pairs, never the
-// context). Not llama.cpp's order of operations: exactness here is plain decoding against verification, both
-// computed by this kernel.
+// What: the context in chunks of 256 positions at fixed offsets (0, 256, 512, ...), each in blocks of 16: 16
+// scores from one zmm register per position and a transposing sum, the block's maximum, 16 exponentials at once
+// (ggml's own ggml_v_expf), and V accumulated in F32. Each chunk's partial (its maximum, sum and accumulator) is
+// a unit of work; a row and head's partials are then merged in chunk order. A block whose positions are all
+// masked is skipped, a chunk with none left adds nothing, and positions past the call's KV length count as
+// masked. So a row's operations depend only on its own query, mask row and the KV cells, never on the other rows
+// of the call, the KV length the call was padded to or the threads: a row is the same bits in a one-row call as
+// in a verification at any -t, and a one-row call still spreads a long context over every thread (as llama.cpp's
+// split path does, but at offsets no call shape moves). Not llama.cpp's order of operations: exactness here is
+// plain decoding against verification, both computed by this kernel.
 //
 // Declines (llama.cpp's own path runs, each row alone: see specstack_verify_rowwise_attention): 64 rows or more
 // (llama.cpp tiles those), other K/V types, heads over 256 or not a multiple of 16, ALiBi, logit soft-capping,
@@ -29,6 +31,7 @@
 #include "specstack-verify.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__F16C__)
@@ -41,6 +44,9 @@
 #define SA_MAX_ROWS 63  // below llama.cpp's 64-row tile (GGML_FA_TILE_Q), which takes larger calls
 #define SA_BLOCK 16     // context positions per block: the lanes of one zmm register
 #define SA_MAX_D 256    // head sizes taken, in multiples of SA_BLOCK
+#define SA_CHUNK 256    // context positions per unit of work (a multiple of SA_BLOCK), at fixed offsets
+#define SA_HEAD 16      // floats before a partial's accumulator: its maximum and sum, padded to a cache line
+#define SA_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 #if SA_ENABLED
 
@@ -72,17 +78,19 @@ struct sa_job {
     int nc, nv;  // head sizes of K and V in zmm registers
 };
 
-// One query row of one head over the whole context.
-static void sa_row(const struct sa_job * j, const int64_t iq1, const int64_t iq2) {
+// One query row of one head over context positions [c0, c1): its partial, unnormalised (the maximum, the sum, and
+// from SA_HEAD the accumulator).
+static void sa_part(const struct sa_job * j, const int64_t iq1, const int64_t iq2, const int64_t iq3, const int64_t c0,
+                    const int64_t c1, float * partial) {
     const struct ggml_tensor * q = j->q, * k = j->k, * v = j->v, * mask = j->mask;
-    const int64_t ik2 = iq2 / (q->ne[2] / k->ne[2]);
-    const int64_t iv2 = iq2 / (q->ne[2] / v->ne[2]);
-    const int64_t n_kv = k->ne[1];
-    const float * qrow = (const float *) ((const char *) q->data + iq1 * q->nb[1] + iq2 * q->nb[2]);
-    const char * kbase = (const char *) k->data + ik2 * k->nb[2];
-    const char * vbase = (const char *) v->data + iv2 * v->nb[2];
+    const int64_t ik2 = iq2 / (q->ne[2] / k->ne[2]), ik3 = iq3 / (q->ne[3] / k->ne[3]);
+    const int64_t iv2 = iq2 / (q->ne[2] / v->ne[2]), iv3 = iq3 / (q->ne[3] / v->ne[3]);
+    const float * qrow = (const float *) ((const char *) q->data + iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]);
+    const char * kbase = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
+    const char * vbase = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
     const ggml_fp16_t * mrow = mask == NULL ? NULL
-        : (const ggml_fp16_t *) ((const char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2]);
+        : (const ggml_fp16_t *) ((const char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2]
+                                 + (iq3 % mask->ne[3]) * mask->nb[3]);
 
     __m512 qv[SA_MAX_D / SA_BLOCK], acc[SA_MAX_D / SA_BLOCK], part[SA_BLOCK];
     for (int c = 0; c < j->nc; ++c) qv[c] = _mm512_loadu_ps(qrow + SA_BLOCK * c);
@@ -90,8 +98,8 @@ static void sa_row(const struct sa_job * j, const int64_t iq1, const int64_t iq2
     const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
     float M = -INFINITY, S = 0.0f;
 
-    for (int64_t b0 = 0; b0 < n_kv; b0 += SA_BLOCK) {
-        const int64_t left = n_kv - b0;
+    for (int64_t b0 = c0; b0 < c1; b0 += SA_BLOCK) {
+        const int64_t left = c1 - b0;
         const __mmask16 in = left >= SA_BLOCK ? (__mmask16) 0xFFFF : (__mmask16) ((1u << left) - 1);
         const __m512 mv = mrow == NULL ? _mm512_setzero_ps()
             : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(in, mrow + b0));
@@ -137,12 +145,39 @@ static void sa_row(const struct sa_job * j, const int64_t iq1, const int64_t iq2
         }
     }
 
-    // dst is permuted (0, 2, 1, 3): head iq2 of row iq1
-    const struct ggml_tensor * dst = j->dst;
-    float * out = (float *) ((char *) dst->data + (iq2 + iq1 * dst->ne[1]) * dst->nb[1]);
-    const __m512 inv = _mm512_set1_ps(S == 0.0f ? 0.0f : 1.0f / S);
-    for (int c = 0; c < j->nv; ++c) _mm512_storeu_ps(out + SA_BLOCK * c, _mm512_mul_ps(acc[c], inv));
+    partial[0] = M;
+    partial[1] = S;
+    for (int c = 0; c < j->nv; ++c) _mm512_storeu_ps(partial + SA_HEAD + SA_BLOCK * c, acc[c]);
 }
+
+// A row and head's partials merged in chunk order (a chunk with nothing unmasked skipped), normalised into dst.
+static void sa_merge(const struct sa_job * j, const int64_t iq1, const int64_t iq2, const int64_t iq3,
+                     const float * partials, const int64_t chunks, const size_t stride) {
+    float top = -INFINITY;
+    for (int64_t c = 0; c < chunks; ++c) top = fmaxf(top, partials[c * stride]);
+    __m512 acc[SA_MAX_D / SA_BLOCK];
+    for (int v = 0; v < j->nv; ++v) acc[v] = _mm512_setzero_ps();
+    float S = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) {
+        const float * p = partials + c * stride;
+        if (p[0] == -INFINITY) {
+            continue;
+        }
+        const float w = expf(p[0] - top);  // 1 for the chunk that holds the maximum
+        S += p[1] * w;
+        const __m512 wv = _mm512_set1_ps(w);
+        for (int v = 0; v < j->nv; ++v) acc[v] = _mm512_fmadd_ps(_mm512_loadu_ps(p + SA_HEAD + SA_BLOCK * v), wv, acc[v]);
+    }
+    // dst is permuted (0, 2, 1, 3): head iq2 of row iq1 of stream iq3
+    const struct ggml_tensor * dst = j->dst;
+    float * out = (float *) ((char *) dst->data + (iq3 * dst->ne[2] * dst->ne[1] + iq2 + iq1 * dst->ne[1]) * dst->nb[1]);
+    const __m512 inv = _mm512_set1_ps(S == 0.0f ? 0.0f : 1.0f / S);
+    for (int v = 0; v < j->nv; ++v) _mm512_storeu_ps(out + SA_BLOCK * v, _mm512_mul_ps(acc[v], inv));
+}
+
+// The partials of a call: grown by thread 0 before the others read the pointer (one graph computes at a time).
+static float * sa_scratch;
+static size_t sa_scratch_floats;
 
 static bool sa_takes(const struct ggml_tensor * dst) {
     const struct ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];
@@ -154,13 +189,13 @@ static bool sa_takes(const struct ggml_tensor * dst) {
         && q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16
         && dst->type == GGML_TYPE_F32 && dst->src[4] == NULL
         && max_bias == 0.0f && softcap == 0.0f
-        && q->ne[1] >= 1 && q->ne[1] <= SA_MAX_ROWS && q->ne[3] == 1 && k->ne[3] == 1 && v->ne[3] == 1
+        && q->ne[1] >= 1 && q->ne[1] <= SA_MAX_ROWS && q->ne[3] % k->ne[3] == 0 && q->ne[3] % v->ne[3] == 0
         && DK % SA_BLOCK == 0 && DV % SA_BLOCK == 0 && DK <= SA_MAX_D && DV <= SA_MAX_D && q->ne[0] == DK
         && q->ne[2] % k->ne[2] == 0 && q->ne[2] % v->ne[2] == 0 && k->ne[1] == v->ne[1]
         && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(ggml_fp16_t) && v->nb[0] == sizeof(ggml_fp16_t)
         && dst->nb[0] == sizeof(float) && dst->ne[0] == DV
         && (mask == NULL || (mask->type == GGML_TYPE_F16 && mask->ne[1] >= q->ne[1] && mask->ne[0] >= k->ne[1]
-                             && mask->ne[3] == 1));
+                             && q->ne[3] % mask->ne[3] == 0));
 }
 
 bool specstack_verify_flash_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
@@ -171,11 +206,29 @@ bool specstack_verify_flash_attn(const struct ggml_compute_params * params, stru
     struct sa_job job = {q, dst->src[1], dst->src[2], dst->src[3], dst, 1.0f,
                          (int) (dst->src[1]->ne[0] / SA_BLOCK), (int) (dst->src[2]->ne[0] / SA_BLOCK)};
     memcpy(&job.scale, (const float *) dst->op_params + 0, sizeof(float));
-    // (row, head) pairs, head-major: a head's rows, then the heads that share its K and V, read them from cache
-    const int64_t rows = q->ne[1], units = rows * q->ne[2];
-    const int64_t u0 = units * params->ith / params->nth, u1 = units * (params->ith + 1) / params->nth;
-    for (int64_t u = u0; u < u1; ++u) {
-        sa_row(&job, u % rows, u / rows);
+    // units (row, head, stream, chunk): a pair's chunks, then a head's rows, then the heads that share its K and V,
+    // then the streams (llama.cpp's non-unified KV cache: one per sequence)
+    const int64_t rows = q->ne[1], heads = q->ne[2], pairs = rows * heads * q->ne[3];
+    const int64_t n_kv = dst->src[1]->ne[1], chunks = (n_kv + SA_CHUNK - 1) / SA_CHUNK, units = pairs * chunks;
+    const size_t stride = SA_HEAD + (size_t) dst->src[2]->ne[0];
+    const int ith = params->ith, nth = params->nth;
+    if (ith == 0 && (size_t) units * stride > sa_scratch_floats) {
+        free(sa_scratch);
+        void * p = NULL;
+        sa_scratch = posix_memalign(&p, 64, (size_t) units * stride * sizeof(float)) == 0 ? (float *) p : NULL;
+        sa_scratch_floats = sa_scratch ? (size_t) units * stride : 0;
+        GGML_ASSERT(sa_scratch != NULL && "specstack-attn: no memory for the partials");
+    }
+    ggml_barrier(params->threadpool);
+    for (int64_t u = units * ith / nth; u < units * (ith + 1) / nth; ++u) {
+        const int64_t pair = u / chunks, c = u % chunks;
+        sa_part(&job, pair % rows, pair / rows % heads, pair / (rows * heads), c * SA_CHUNK,
+                SA_MIN(n_kv, (c + 1) * SA_CHUNK), sa_scratch + u * stride);
+    }
+    ggml_barrier(params->threadpool);
+    for (int64_t pair = pairs * ith / nth; pair < pairs * (ith + 1) / nth; ++pair) {
+        sa_merge(&job, pair % rows, pair / rows % heads, pair / (rows * heads), sa_scratch + pair * chunks * stride,
+                 chunks, stride);
     }
     return true;
 }
