@@ -164,6 +164,31 @@ def test_cost_picks_small_k_when_verification_is_compute_bound():
     assert p.best_k_for("s") <= 1
 
 
+def test_rows_cost_more_the_deeper_the_generation_and_online_estimates_are_kept_at_the_curves_depth():
+    """Every row attends over its context: t(n, d) = t(n) + n * row_depth_s * (d - depth0)."""
+    costs = CostModel([0.010, 0.011, 0.012, 0.013], depth0=128, row_depth_s=2e-6)
+    assert costs.batch_s((2,)) == pytest.approx(0.011)  # no depth given: the curve's own
+    assert costs.batch_s((2,), (1128,)) == pytest.approx(0.011 + 2 * 2e-6 * 1000)
+    assert costs.batch_s((2, 1), (1128, 128)) > costs.batch_s((2, 1), (128, 128))
+    for _ in range(6):  # a size seen often is priced from its own online estimate, moved to depth0
+        costs.observe_step((3,), 0.012 + 3 * 2e-6 * 2000, (2128,))
+    assert costs.call_s(3) == pytest.approx(0.012)
+    assert costs.batch_s((3,), (628,)) == pytest.approx(0.012 + 3 * 2e-6 * 500)
+    assert BatchLoad(rows=(2, 1), depth=700, depths=(5,)).all_depths() == (5, None, 700)
+
+
+def test_cost_drafts_less_deep_in_a_generation_where_rows_cost_more_there():
+    """A row whose attention grows with the context (the 1B stand-in before the attention kernel: 28.8 ms per
+    1000 tokens at -t 2, against a 22 ms step at depth 128) is worth fewer draft tokens deep in."""
+    def k_at(depth):
+        p = CostK(CostModel([0.022 + 0.004 * i for i in range(40)], depth0=128, row_depth_s=2.9e-5), k_max=16)
+        for i in range(120):  # runs of 0-16 accepted tokens: each further token is a little less likely
+            k = max(p.budget(64, BatchLoad(depth=depth)).worth(Draft(tuple(range(16)), "s")), 1)
+            p.observe(outcome(k, min(k, (0, 1, 2, 3, 5, 8, 12, 16)[i % 8])))
+        return p.best_k_for("s", BatchLoad(depth=depth))
+    assert k_at(128) > k_at(1500) >= 0
+
+
 def test_cost_drafts_less_when_draft_rows_displace_waiting_prompt_tokens():
     """A burst of prompts: draft rows past the step's free rows push prompt tokens out of the step."""
     p = CostK(linear_costs(base=1e-2, per_token=1e-4), k_max=16)
