@@ -89,6 +89,11 @@ SHAPES = {
            Shape("7b", "ffn_gate/up", "q6_K", 4096, 14336),
            Shape("7b", "ffn_down", "q4_K", 14336, 4096),
            Shape("7b", "ffn_down", "q6_K", 14336, 4096)),
+    # weights a Q4_K_M GGUF keeps in float (MoE routers in F32) or a whole F16/BF16 GGUF holds
+    "float": (Shape("1b-f16", "attn_q/o", "f16", 2048, 2048),
+              Shape("1b-f16", "ffn_gate/up", "f16", 2048, 8192),
+              Shape("1b-bf16", "attn_q/o", "bf16", 2048, 2048),
+              Shape("moe", "ffn_gate_inp", "f32", 2048, 64)),
 }
 
 

@@ -170,3 +170,35 @@ def test_specstack_kernels_are_identical_per_row_for_any_shape_and_weights(ours,
     the same bits as alone and as vec_dot's, at 1, 2 and 3 threads (hypothesis picks; a failure names the case)."""
     out = kr.identity(ours, qtype, blocks * BLOCK[qtype], m, n, threads=(1, 2, 3), buft="extra", seed=seed)
     assert out["identical"], [{k_: c[k_] for k_ in kr.COMPARISONS} for c in out["checks"]]
+
+
+FLOAT_TYPES = ("f16", "bf16", "f32")
+
+
+@pytest.mark.parametrize("type_", FLOAT_TYPES)
+def test_control_stock_float_weights_differ_between_a_batch_and_one_row(type_):
+    """Why the float kernels exist: llama.cpp's batched float path (tinyBLAS) sums in another order than its one-row
+    vec_dot, so a 2-row call's rows differ from the same rows alone (a MoE router's F32 logits among them)."""
+    out = kr.identity(None, type_, 640, 64, 2, threads=(1,))
+    assert out["checks"][0]["single_vs_vec_dot"]["identical"]
+    assert not out["checks"][0]["batch_vs_single"]["identical"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(type_=st.sampled_from(FLOAT_TYPES), k=st.integers(64, 3000), m=st.integers(1, 150),
+       n=st.integers(1, 80), seed=st.integers(0, 2**31 - 1))
+def test_specstack_float_kernels_are_identical_per_row_for_any_shape_and_weights(ours, type_, k, m, n, seed):
+    """F16, BF16 and F32 weights (whole F16 GGUFs, MoE routers): widths with and without vec_dot's scalar tail,
+    odd weight-row counts, n = 1..80 (the in-place walk alone, with the blocked walk after it, and past 32 rows,
+    which float weights take too, 32 at a time, so that a prompt's calls compute rows as decoding does): every row
+    the same bits as alone and as vec_dot's, at 1, 2 and 3 threads."""
+    out = kr.identity(ours, type_, k, m, n, threads=(1, 2, 3), buft="extra", seed=seed)
+    assert out["identical"], [{k_: c[k_] for k_ in kr.COMPARISONS} for c in out["checks"]]
+
+
+@pytest.mark.parametrize("type_", FLOAT_TYPES)
+def test_specstack_float_kernels_keep_a_long_row_identical(ours, type_):
+    """A 7B's down-projection width (14336: several K-chunks of the blocked walk) at 5, 32 and 40 rows."""
+    for n in (5, 32, 40):
+        out = kr.identity(ours, type_, 14336, 24, n, threads=(1, 2))
+        assert out["identical"], (n, [{k_: c[k_] for k_ in kr.COMPARISONS} for c in out["checks"]])

@@ -94,8 +94,11 @@ def test_first_branch_path_is_kept_without_relayout(tree_target, target):
 
 
 def test_tree_logits_equal_chain_logits(tree_target, target):
-    """Where the probe measured tree calls exact, they are; where not (an AVX2 build, F16), they are not, and
-    exact mode then verifies chains (``test_tree_drafts_are_lossless_on_the_real_pair``)."""
+    """Where the probe measured tree calls exact, they are. Where it did not, a tree may still match in one case
+    (the probe's verdict covers 3- to 12-node trees at two depths, and without flash attention a tree's nodes sit
+    in other cells than a chain's, so whether the attention sums round alike depends on the values: F16 pycoder,
+    9 and 12 nodes at depth 382 differ and 3-6 match), and exact mode verifies chains instead
+    (``test_tree_drafts_are_lossless_on_the_real_pair``; the engine checks ``tree_exact``)."""
     ids = target.tokenize(held_out_prompts(2)[1])[:100]
     prefix, pending = ids[:-1], ids[-1]
     tree_target.reset()
@@ -105,7 +108,9 @@ def test_tree_logits_equal_chain_logits(tree_target, target):
     target.reset()
     target.eval(prefix, logits_from=len(prefix))
     chain_rows = target.eval([pending, 21, 22], logits_from=0).copy()
-    assert np.array_equal(tree_rows[[0, 2, 3]], chain_rows) == tree_target.shapes.tree_exact
+    equal = np.array_equal(tree_rows[[0, 2, 3]], chain_rows)
+    assert equal or not tree_target.shapes.tree_exact
+    assert np.allclose(tree_rows[[0, 2, 3]], chain_rows, atol=1e-3)  # the same tree, whatever the rounding
 
 
 class CountingDrafter:

@@ -399,7 +399,8 @@ static void float_reference(const rig_t * r, int n, const float * y, double * sc
     ggml_backend_tensor_get(r->x, xf, 0, sizeof(float) * (size_t) (r->k * n));
     *scale = 0, *diff = 0;
     for (int64_t j = 0; j < r->m; j++) {
-        to_float((const char *) r->wq + (size_t) j * wrow, wf, r->k);
+        if (to_float) to_float((const char *) r->wq + (size_t) j * wrow, wf, r->k);
+        else memcpy(wf, (const char *) r->wq + (size_t) j * wrow, wrow);  /* F32 weights have no to_float */
         for (int i = 0; i < n; i++) {
             const float * x = xf + (size_t) i * r->k;
             double acc = 0;

@@ -14,7 +14,8 @@
 // verification run the same arithmetic.
 //
 // Types: Q8_0 and Q5_0 (activations quantized to Q8_0), Q4_K, Q5_K and Q6_K (activations in Q8_K),
-// on AVX2 (with AVX-512 VNNI's 256-bit dot products where the build has them, as vec_dot does).
+// on AVX2 (with AVX-512 VNNI's 256-bit dot products where the build has them, as vec_dot does); F16, BF16 and F32
+// (vec_dot_f16/_bf16/_f32's accumulator chains, any number of rows: the float section below).
 
 #define GGML_COMMON_IMPL_C
 #include "ggml-common.h"
@@ -23,6 +24,7 @@
 #include "ggml-cpu.h"
 #include "ggml-cpu-impl.h"
 #include "simd-mappings.h"
+#include "vec.h"
 #include "specstack-verify.h"
 
 #include <stdlib.h>
@@ -168,6 +170,8 @@ struct sv_job {
     const struct sv_q8k * k8; // Q8_K activations copied to 64-byte aligned blocks, [c * nb + i]
     const struct sv_q8k2 * k8p; // Q8_K activations in pairs of rows, AVX-512, [p * nb + i]
     int          i0, i1;   // the blocks of this pass: [i0, i1) of nb (a K-chunk that keeps activations in L1)
+    int64_t      ne;       // F16/BF16/F32 weights: elements per row (nb whole blocks, then vec_dot's tail)
+    const char * act_f;    // F16/BF16/F32 weights: the activations prepared (F32, or BF16 for dpbf16), a_stride apart
 };
 
 // Floats of state an activation row (or pair) carries from one K-chunk to the next: its accumulators.
@@ -963,6 +967,342 @@ SV_DEFINE_ROWS(sv_q4_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 SV_DEFINE_ROWS(sv_q5_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 SV_DEFINE_ROWS(sv_q6_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 
+// ---- F16, BF16 and F32 weights ---------------------------------------------------------------------
+//
+// vec_dot_f16 and vec_dot_f32 (vec.cpp) keep ARR accumulators of EPR lanes: accumulator j takes, block after block of
+// STEP elements, acc[j] = fma(x, y, acc[j]) on the block's j-th vector (F16 widened to F32 as it is loaded); then
+// ggml's REDUCE of the accumulators and the tail element by element (in double for F16, in float for F32).
+// vec_dot_bf16: with AVX512-BF16 two dpbf16 accumulators over blocks of 64, on AVX2 four mul-then-add accumulators
+// over blocks of 32, then the tail in double. The accumulators never meet before the reduction, so each one's chain
+// may run on its own; two walks use that, both giving every (weight row, activation row) vec_dot's chains in vec_dot's
+// order, so that which walk runs (it depends on n) never changes a bit:
+// - up to SV_FSMALL activation rows: each weight row read once, in place, its blocks met by every row's accumulators
+//   (all of a row's ARR accumulators in registers);
+// - more: a block of SV_FRM weight rows is copied accumulator-major (the j-th vector of every block together) and
+//   meets SV_FRN activation rows one accumulator at a time: SV_FRM x SV_FRN chains in registers, SV_FRM + SV_FRN loads
+//   for SV_FRM x SV_FRN products.
+// The activations are prepared once per call and thread as the stock path converts them (the vec_dot_type's
+// from_float), accumulator-major too; everything stays in the stored precision and is widened where vec_dot widens
+// it, as it is loaded. BF16 on AVX-512 without AVX512-BF16 (vec_dot's third loop, which no build here runs) is left
+// to the stock paths.
+
+#if defined(__AVX512F__)
+#define SV_FRM 4   // weight rows x activation rows per block: 4 x 6 accumulators + 4 weight vectors + 1 in 32 zmm
+#define SV_FRN 6
+#else
+#define SV_FRM 2   // 2 x 5 + 2 + 1 in 16 ymm
+#define SV_FRN 5
+#endif
+// Activation rows the in-place walk takes: their 4 accumulators each, a weight vector and an activation in registers.
+#define SV_FSMALL 3
+// Elements per K-chunk of the copied walk: one accumulator's share of a chunk of SV_FRN activation rows and SV_FRM
+// weight rows stays in L1 while it is met (the accumulators wait in memory between chunks).
+#define SV_FKC 4096
+// Bytes ahead that the in-place walk prefetches its weights: the blocked walk's strided reads of the rows before
+// (from cache) leave the hardware prefetchers untrained for the next rows (4 activation rows ran at 0.78 ms where 3,
+// with no blocked walk, took 0.28: a 2048 x 2048 F16 matrix, -t 1).
+#ifndef SV_FAHEAD
+#define SV_FAHEAD 4096
+#endif
+
+#if defined(__AVX512BF16__)
+#define SV_BF16 1
+#define SV_BF16_RAW 1   // dpbf16 takes BF16 as it is stored
+#define SV_BF16_STEP 64
+#define SV_BF16_ARR  2
+#elif !defined(__AVX512F__)
+#define SV_BF16 1
+#define SV_BF16_RAW 0
+#define SV_BF16_STEP 32
+#define SV_BF16_ARR  4
+#else
+#define SV_BF16 0
+#define SV_BF16_RAW 0
+#define SV_BF16_STEP 32
+#define SV_BF16_ARR  4
+#endif
+
+// The accumulators stay in registers only where these loops are unrolled whole.
+#define SV_UNROLL _Pragma("GCC unroll 16")
+
+_Static_assert(GGML_F16_DOT_STEP == GGML_F32_STEP && GGML_F16_DOT_EPR == GGML_F32_EPR,
+               "F16 dot products accumulate in F32 vectors, block for block as F32's");
+_Static_assert(SV_FKC % GGML_F32_STEP == 0 && SV_FKC % SV_BF16_STEP == 0, "a K-chunk holds whole blocks");
+
+// vec_dot's loop for one float type: its block, accumulators, lanes per accumulator, and bytes per stored element.
+struct sv_float_kind {
+    int step, arr, epr, elem;
+};
+
+SV_INLINE struct sv_float_kind sv_float_kind_of(const enum ggml_type type) {
+    struct sv_float_kind k = { GGML_F32_STEP, GGML_F32_ARR, GGML_F32_EPR, type == GGML_TYPE_F32 ? 4 : 2 };
+    if (type == GGML_TYPE_BF16) {
+        k.step = SV_BF16_STEP, k.arr = SV_BF16_ARR, k.epr = SV_BF16_STEP / SV_BF16_ARR;
+    }
+    return k;
+}
+
+// One accumulator vector's lanes as vec_dot loads them, and its product-accumulate, per type.
+#define SV_F16_LOAD(p) GGML_F16_DOT_VEC_LOAD((const ggml_fp16_t *)(p), 0)
+#define SV_F16_OP(acc, w, a) (acc) = GGML_F16_DOT_VEC_FMA((acc), (w), (a))
+#define SV_F32_LOAD(p) GGML_F32_VEC_LOAD((const float *)(p))
+#define SV_F32_OP(acc, w, a) (acc) = GGML_F32_VEC_FMA((acc), (w), (a))
+#if SV_BF16_RAW
+#define SV_BF16_LOAD(p) _mm512_castsi512_ps(_mm512_loadu_si512(p))
+#define SV_BF16_OP(acc, w, a) (acc) = _mm512_dpbf16_ps((acc), m512bh(_mm512_castps_si512(w)), m512bh(_mm512_castps_si512(a)))
+#else
+#define SV_BF16_LOAD(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define SV_BF16_OP(acc, w, a) (acc) = _mm256_add_ps(_mm256_mul_ps((w), (a)), (acc))
+#endif
+
+// Where accumulator j of block b sits in an accumulator-major row (prepared activations, copied weights), in bytes.
+SV_INLINE size_t sv_amajor(const struct sv_float_kind k, const int nb, const int b, const int j) {
+    return (((size_t) j * nb + b) * k.epr) * k.elem;
+}
+
+// The in-place walk: weight row r (as stored) against activation rows [u0, u0 + G), all their accumulators in
+// registers; part gets each row's ARR accumulators.
+#define SV_DEFINE_FLOAT_SMALL(NAME, ARRC, LOAD, OP)                                                            \
+    SV_INLINE void NAME(const int G, const struct sv_job * job, const struct sv_float_kind k, const int64_t r,  \
+                        const int u0, GGML_F32_VEC * part) {                                                   \
+        GGML_F32_VEC acc[SV_FSMALL][ARRC];                                                                     \
+        SV_UNROLL for (int g = 0; g < G; ++g) { SV_UNROLL for (int j = 0; j < ARRC; ++j) acc[g][j] = GGML_F32_VEC_ZERO; } \
+        const char * x = job->w + (size_t) r * job->w_stride;                                                  \
+        const size_t wb = (size_t) k.step * k.elem;  /* bytes per block of a weight row */                     \
+        for (int b = 0; b < job->nb; ++b) {                                                                    \
+            for (size_t o = 0; o < wb; o += 64) _mm_prefetch(x + b * wb + o + SV_FAHEAD, _MM_HINT_T0);        \
+            SV_UNROLL for (int j = 0; j < ARRC; ++j) {                                                         \
+                const GGML_F32_VEC w = LOAD(x + ((size_t) b * k.step + (size_t) j * k.epr) * k.elem);          \
+                SV_UNROLL for (int g = 0; g < G; ++g) {                                                        \
+                    const GGML_F32_VEC a = LOAD(job->act_f + (size_t)(u0 + g) * job->a_stride + sv_amajor(k, job->nb, b, j)); \
+                    OP(acc[g][j], w, a);                                                                       \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int g = 0; g < G; ++g) for (int j = 0; j < ARRC; ++j) part[(size_t)(u0 + g) * 4 + j] = acc[g][j]; \
+    }
+
+// The blocked walk: RM weight rows from r (as stored, in cache after the in-place walk) against activation rows
+// [u0, u0 + RN), blocks [b0, b1), one accumulator at a time; part holds every (weight row, activation row)'s
+// accumulators between chunks.
+#define SV_DEFINE_FLOAT_BLOCK(NAME, LOAD, OP)                                                                  \
+    SV_INLINE void NAME(const int RM, const int RN, const struct sv_job * job, const struct sv_float_kind k,   \
+                        const int64_t r, const int b0, const int b1, const int u0, GGML_F32_VEC * part) {      \
+        for (int j = 0; j < k.arr; ++j) {                                                                      \
+            GGML_F32_VEC acc[SV_FRM][SV_FRN];                                                                  \
+            SV_UNROLL for (int m = 0; m < RM; ++m) {                                                           \
+                SV_UNROLL for (int c = 0; c < RN; ++c) {                                                       \
+                    acc[m][c] = b0 == 0 ? GGML_F32_VEC_ZERO : part[((size_t) m * SV_MAX_ROWS + u0 + c) * 4 + j]; \
+                }                                                                                              \
+            }                                                                                                  \
+            const char * wj = job->w + (size_t) r * job->w_stride + (size_t) j * k.epr * k.elem;               \
+            const char * aj = job->act_f + (size_t) u0 * job->a_stride + sv_amajor(k, job->nb, 0, j);          \
+            const size_t vb = (size_t) k.epr * k.elem;  /* bytes per vector as stored */                       \
+            const size_t wb = (size_t) k.step * k.elem;  /* bytes per block of a weight row */                 \
+            for (int b = b0; b < b1; ++b) {                                                                    \
+                GGML_F32_VEC wv[SV_FRM];                                                                       \
+                SV_UNROLL for (int m = 0; m < RM; ++m) wv[m] = LOAD(wj + (size_t) m * job->w_stride + b * wb); \
+                SV_UNROLL for (int c = 0; c < RN; ++c) {                                                       \
+                    const GGML_F32_VEC a = LOAD(aj + (size_t) c * job->a_stride + b * vb);                     \
+                    SV_UNROLL for (int m = 0; m < RM; ++m) OP(acc[m][c], wv[m], a);                            \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int m = 0; m < RM; ++m) {                                                                     \
+                for (int c = 0; c < RN; ++c) part[((size_t) m * SV_MAX_ROWS + u0 + c) * 4 + j] = acc[m][c];   \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+SV_DEFINE_FLOAT_SMALL(sv_f16_small, GGML_F32_ARR, SV_F16_LOAD, SV_F16_OP)
+SV_DEFINE_FLOAT_SMALL(sv_f32_small, GGML_F32_ARR, SV_F32_LOAD, SV_F32_OP)
+SV_DEFINE_FLOAT_BLOCK(sv_f16_block, SV_F16_LOAD, SV_F16_OP)
+SV_DEFINE_FLOAT_BLOCK(sv_f32_block, SV_F32_LOAD, SV_F32_OP)
+#if SV_BF16
+SV_DEFINE_FLOAT_SMALL(sv_bf16_small, SV_BF16_ARR, SV_BF16_LOAD, SV_BF16_OP)
+SV_DEFINE_FLOAT_BLOCK(sv_bf16_block, SV_BF16_LOAD, SV_BF16_OP)
+#else
+#define sv_bf16_small(...) GGML_ABORT("specstack-verify: BF16 is left to the stock paths here")
+#define sv_bf16_block(...) GGML_ABORT("specstack-verify: BF16 is left to the stock paths here")
+#endif
+
+// G activation rows (and RM weight rows), compile-time constants for the walks above.
+#define SV_FLOAT_SMALL(NAME, G, ...)                                                                  \
+    switch (G) {                                                                                    \
+    case 1: NAME(1, __VA_ARGS__); break;                                                            \
+    case 2: NAME(2, __VA_ARGS__); break;                                                            \
+    case 3: NAME(3, __VA_ARGS__); break;                                                            \
+    default: GGML_ABORT("specstack-verify: %d rows in place", G);                                   \
+    }
+#define SV_FLOAT_BLOCK(NAME, RM, G, ...)                                                              \
+    switch (G) {                                                                                    \
+    case 1: NAME(RM, 1, __VA_ARGS__); break;                                                        \
+    case 2: NAME(RM, SV_MIN(2, SV_FRN), __VA_ARGS__); break;                                        \
+    case 3: NAME(RM, SV_MIN(3, SV_FRN), __VA_ARGS__); break;                                        \
+    case 4: NAME(RM, SV_MIN(4, SV_FRN), __VA_ARGS__); break;                                        \
+    case 5: NAME(RM, SV_MIN(5, SV_FRN), __VA_ARGS__); break;                                        \
+    case 6: NAME(RM, SV_MIN(6, SV_FRN), __VA_ARGS__); break;                                        \
+    default: GGML_ABORT("specstack-verify: a float block of %d rows", G);                           \
+    }
+
+// A row's nb whole blocks, accumulator-major (as sv_amajor places them), in the stored precision; its tail after them
+// in place. Weights and activations alike.
+static void sv_layout_row(const struct sv_float_kind k, const int nb, const int64_t ne, const char * in, char * out) {
+    const size_t vb = (size_t) k.epr * k.elem;  // 16, 32 or 64 bytes
+    for (int b = 0; b < nb; ++b) {
+        for (int j = 0; j < k.arr; ++j) {
+            const char * src = in + ((size_t) b * k.step + (size_t) j * k.epr) * k.elem;
+            char * dst = out + sv_amajor(k, nb, b, j);
+            if (vb == 64) {
+                _mm256_storeu_si256((__m256i *) dst, _mm256_loadu_si256((const __m256i *) src));
+                _mm256_storeu_si256((__m256i *) dst + 1, _mm256_loadu_si256((const __m256i *) src + 1));
+            } else if (vb == 32) {
+                _mm256_storeu_si256((__m256i *) dst, _mm256_loadu_si256((const __m256i *) src));
+            } else {
+                _mm_storeu_si128((__m128i *) dst, _mm_loadu_si128((const __m128i *) src));
+            }
+        }
+    }
+    const size_t tail0 = (size_t) nb * k.step * k.elem;
+    memcpy(out + tail0, in + tail0, (size_t) ne * k.elem - tail0);
+}
+
+// vec_dot's reduction of one (weight row, activation row)'s accumulators and its tail, as vec_dot computes them.
+static float sv_float_finish(const struct sv_job * job, const enum ggml_type type, const int64_t r, const int c,
+                             GGML_F32_VEC * acc) {
+    const char * row = job->w + (size_t) r * job->w_stride;
+    const char * yrow = job->act_f + (size_t) c * job->a_stride;  // the tail is in place
+    const int64_t tail = (int64_t) job->nb * sv_float_kind_of(type).step;
+    if (type == GGML_TYPE_F32) {
+        const float * x = (const float *) row, * y = (const float *) yrow;
+        float sumf = 0.0f;
+        GGML_F32_VEC_REDUCE(sumf, acc);
+        for (int64_t i = tail; i < job->ne; ++i) {
+            sumf += x[i]*y[i];
+        }
+        return sumf;
+    }
+    if (type == GGML_TYPE_F16) {
+        const ggml_fp16_t * x = (const ggml_fp16_t *) row, * y = (const ggml_fp16_t *) yrow;
+        ggml_float sumf = 0.0;
+        GGML_F16_DOT_VEC_REDUCE(sumf, acc);
+        for (int64_t i = tail; i < job->ne; ++i) {
+            sumf += (ggml_float)(GGML_CPU_FP16_TO_FP32(x[i])*GGML_CPU_FP16_TO_FP32(y[i]));
+        }
+        return sumf;
+    }
+    const ggml_bf16_t * x = (const ggml_bf16_t *) row, * y = (const ggml_bf16_t *) yrow;
+    ggml_float sumf = 0;
+#if SV_BF16_RAW
+    sumf += (ggml_float)_mm512_reduce_add_ps(acc[0]);
+    sumf += (ggml_float)_mm512_reduce_add_ps(acc[1]);
+#elif SV_BF16
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    __m128 h = _mm_add_ps(_mm256_extractf128_ps(s, 1), _mm256_castps256_ps128(s));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    sumf += (ggml_float)_mm_cvtss_f32(h);
+#else
+    (void) acc;
+    GGML_ABORT("specstack-verify: BF16 is left to the stock paths here");
+#endif
+    for (int64_t i = tail; i < job->ne; ++i) {
+        sumf += (ggml_float)(GGML_BF16_TO_FP32(x[i]) * GGML_BF16_TO_FP32(y[i]));
+    }
+    return sumf;
+}
+
+// Weight rows [r, r + rm): the in-place walk per row for the first activation rows, the blocked walk for the rest.
+static void sv_float_block_rows(const struct sv_job * job, const enum ggml_type type, const int64_t r, const int rm,
+                                GGML_F32_VEC * part) {
+    const struct sv_float_kind k = sv_float_kind_of(type);
+    // the first activation rows in place: this reads the weights from memory in order, and leaves them in cache
+    const int head = SV_MIN(job->n, SV_FSMALL);
+    for (int m = 0; m < rm; ++m) {
+        GGML_F32_VEC * pm = part + (size_t) m * SV_MAX_ROWS * 4;
+        if (type == GGML_TYPE_F16) { SV_FLOAT_SMALL(sv_f16_small, head, job, k, r + m, 0, pm) }
+        else if (type == GGML_TYPE_F32) { SV_FLOAT_SMALL(sv_f32_small, head, job, k, r + m, 0, pm) }
+        else { SV_FLOAT_SMALL(sv_bf16_small, head, job, k, r + m, 0, pm) }
+    }
+    if (job->n == head) {
+        return;
+    }
+    const int kc = SV_FKC / k.step;
+    for (int b0 = 0; b0 < job->nb; b0 += kc) {
+        const int b1 = SV_MIN(b0 + kc, job->nb);
+        // the rest in groups as even as SV_FRN allows (13 rows as 5 + 4 + 4, not 6 + 6 + 1)
+        const int rest = job->n - head, groups = (rest + SV_FRN - 1) / SV_FRN;
+        for (int u0 = head, gi = 0; gi < groups; ++gi) {
+            const int g = rest / groups + (gi < rest % groups);
+            if (rm == SV_FRM) {
+                if (type == GGML_TYPE_F16) { SV_FLOAT_BLOCK(sv_f16_block, SV_FRM, g, job, k, r, b0, b1, u0, part) }
+                else if (type == GGML_TYPE_F32) { SV_FLOAT_BLOCK(sv_f32_block, SV_FRM, g, job, k, r, b0, b1, u0, part) }
+                else { SV_FLOAT_BLOCK(sv_bf16_block, SV_FRM, g, job, k, r, b0, b1, u0, part) }
+            } else {
+                if (type == GGML_TYPE_F16) { SV_FLOAT_BLOCK(sv_f16_block, 1, g, job, k, r, b0, b1, u0, part) }
+                else if (type == GGML_TYPE_F32) { SV_FLOAT_BLOCK(sv_f32_block, 1, g, job, k, r, b0, b1, u0, part) }
+                else { SV_FLOAT_BLOCK(sv_bf16_block, 1, g, job, k, r, b0, b1, u0, part) }
+            }
+            u0 += g;
+        }
+    }
+}
+
+// This thread's weight rows in tiles of SV_ROW_TILE (results written out a column at a time, as sv_flush says), each
+// tile in blocks of SV_FRM rows.
+static void sv_float_rows(const struct sv_job * job, const enum ggml_type type) {
+    float tile[SV_MAX_ROWS * SV_ROW_TILE];
+    GGML_F32_VEC part[SV_FRM * SV_MAX_ROWS * 4];  // [weight row of the block][activation row][accumulator]
+    for (int64_t rt = job->r0; rt < job->r1; rt += SV_ROW_TILE) {
+        const int64_t re = SV_MIN(rt + SV_ROW_TILE, job->r1);
+        for (int64_t r = rt; r < re;) {
+            const int rm = re - r >= SV_FRM ? SV_FRM : 1;
+            sv_float_block_rows(job, type, r, rm, part);
+            for (int m = 0; m < rm; ++m) {
+                for (int c = 0; c < job->n; ++c) {
+                    tile[(size_t) c * SV_ROW_TILE + (r - rt) + m] =
+                        sv_float_finish(job, type, r + m, c, part + ((size_t) m * SV_MAX_ROWS + c) * 4);
+                }
+            }
+            r += rm;
+        }
+        sv_flush(job, tile, rt, re);
+    }
+}
+
+static void sv_f16_rows(const struct sv_job * job) { sv_float_rows(job, GGML_TYPE_F16); }
+static void sv_f32_rows(const struct sv_job * job) { sv_float_rows(job, GGML_TYPE_F32); }
+static void sv_bf16_rows(const struct sv_job * job) { sv_float_rows(job, GGML_TYPE_BF16); }
+
+// Elements per block of each float type's vec_dot loop, 0 where the type is not ours.
+static int sv_float_step(const enum ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_F16:  return GGML_F32_STEP;
+        case GGML_TYPE_F32:  return GGML_F32_STEP;
+        case GGML_TYPE_BF16: return SV_BF16 ? SV_BF16_STEP : 0;
+        default: return 0;
+    }
+}
+
+// Per call and thread: every activation row as the stock path converts it (the vec_dot_type's from_float: F16, BF16,
+// or F32 as it is), laid out accumulator-major, rows on 64-byte boundaries.
+static void sv_prepare_float(struct sv_job * job, const struct ggml_tensor * src1, const enum ggml_type type) {
+    const struct sv_float_kind k = sv_float_kind_of(type);
+    const int64_t ne = job->ne;
+    // rows a line more than a multiple of 4 KiB apart: at 4 KiB multiples every row's block falls in the same L1 sets
+    const size_t bytes = (size_t)((ne * k.elem + 63) / 64 * 64);
+    job->a_stride = bytes + (bytes % 4096 == 0 ? 64 : 0);
+    const size_t rows_floats = job->n * job->a_stride / sizeof(float);
+    float * buf = sv_scratch_get(rows_floats + (size_t) ne + 16);  // the rows, then one row's conversion
+    GGML_ASSERT(buf != NULL);
+    char * tmp = (char *)(buf + rows_floats);
+    ggml_from_float_t const from_float = ggml_get_type_traits_cpu(type)->from_float;  // vec_dot_type is type here
+    for (int c = 0; c < job->n; ++c) {
+        from_float((const float *)((const char *) src1->data + (size_t) c * src1->nb[1]), tmp, ne);
+        sv_layout_row(k, job->nb, ne, tmp, (char *) buf + (size_t) c * job->a_stride);
+    }
+    job->act_f = (const char *) buf;
+}
+
 typedef void (*sv_rows_fn)(const struct sv_job * job);
 
 static sv_rows_fn sv_rows_for(enum ggml_type type) {
@@ -972,6 +1312,9 @@ static sv_rows_fn sv_rows_for(enum ggml_type type) {
         case GGML_TYPE_Q4_K: return sv_q4_K_rows;
         case GGML_TYPE_Q5_K: return sv_q5_K_rows;
         case GGML_TYPE_Q6_K: return sv_q6_K_rows;
+        case GGML_TYPE_F16:  return sv_f16_rows;
+        case GGML_TYPE_F32:  return sv_f32_rows;
+        case GGML_TYPE_BF16: return SV_BF16 ? sv_bf16_rows : NULL;
         default: return NULL;
     }
 }
@@ -989,7 +1332,10 @@ bool specstack_verify_takes(const struct ggml_tensor * weight) {
     if (sv_disabled() || sv_rows_for(weight->type) == NULL) {
         return false;
     }
-    return weight->ne[0] % ggml_blck_size(weight->type) == 0 && weight->ne[2] == 1 && weight->ne[3] == 1;
+    // float rows shorter than one of vec_dot's blocks are all tail: nothing for a block kernel to do
+    const int step = sv_float_step(weight->type);
+    return weight->ne[0] % ggml_blck_size(weight->type) == 0 && weight->ne[0] >= step
+        && weight->ne[2] == 1 && weight->ne[3] == 1;
 }
 
 bool specstack_verify_rowwise_attention(void) {
@@ -1001,7 +1347,7 @@ static bool sv_shape_fits(const struct ggml_tensor * dst) {
     const struct ggml_tensor * src1 = dst->src[1];
     return specstack_verify_takes(src0)
         && src1->type == GGML_TYPE_F32
-        && src1->ne[1] >= 1 && src1->ne[1] <= SV_MAX_ROWS
+        && src1->ne[1] >= 1 && (src1->ne[1] <= SV_MAX_ROWS || sv_float_step(src0->type) > 0)
         && src1->ne[2] == 1 && src1->ne[3] == 1
         && src1->nb[0] == sizeof(float)
         && src0->nb[0] == ggml_type_size(src0->type)
@@ -1024,12 +1370,56 @@ static void sv_quantize(const struct ggml_compute_params * params, const struct 
     }
 }
 
+// The job common to every type: this thread's weight rows (threads split weight rows, never a row's reduction, so
+// a row's result is the same at any thread count) against all n activation rows; false where the thread has none.
+static bool sv_job_init(struct sv_job * job, const struct ggml_compute_params * params, const struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    memset(job, 0, sizeof(*job));
+    job->w = (const char *) src0->data;
+    job->w_stride = src0->nb[1];
+    job->n = (int) dst->src[1]->ne[1];
+    job->dst = (float *) dst->data;
+    job->d_stride = dst->nb[1] / sizeof(float);
+    const int64_t nr = src0->ne[1];
+    job->r0 = (nr * params->ith) / params->nth;
+    job->r1 = (nr * (params->ith + 1)) / params->nth;
+    return job->r0 < job->r1;
+}
+
+// F16, BF16 and F32 weights: each thread prepares the activations itself (no work buffer, no barrier). Any number
+// of activation rows, SV_MAX_ROWS at a time: a prompt's calls then compute every row as decoding does too, so an F16
+// model's KV is the same bits however its prompt was split (a cached prefix is reused whole: prompt_cache.reusable).
+static void sv_float_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    struct sv_job job;
+    if (!sv_job_init(&job, params, dst)) {
+        return;
+    }
+    job.ne = src0->ne[0];
+    job.nb = (int)(job.ne / sv_float_step(src0->type));
+    float * const dst0 = job.dst;
+    for (int64_t c0 = 0; c0 < src1->ne[1]; c0 += SV_MAX_ROWS) {
+        struct ggml_tensor part = *src1;  // these rows of the activations
+        part.data = (char *) src1->data + (size_t) c0 * src1->nb[1];
+        part.ne[1] = SV_MIN(SV_MAX_ROWS, src1->ne[1] - c0);
+        job.n = (int) part.ne[1];
+        job.dst = dst0 + (size_t) c0 * job.d_stride;
+        sv_prepare_float(&job, &part, src0->type);
+        sv_rows_for(src0->type)(&job);
+    }
+}
+
 bool specstack_verify_mul_mat(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     if (params->use_ref || !sv_shape_fits(dst)) {
         return false;
     }
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
+    if (sv_float_step(src0->type) > 0) {
+        sv_float_mul_mat(params, dst);
+        return true;
+    }
     const enum ggml_type vec_dot_type = ggml_get_type_traits_cpu(src0->type)->vec_dot_type;
     const size_t a_stride = ggml_row_size(vec_dot_type, src1->ne[0]);
     const int n = (int) src1->ne[1];
@@ -1042,22 +1432,12 @@ bool specstack_verify_mul_mat(const struct ggml_compute_params * params, struct 
     ggml_barrier(params->threadpool);
 
     struct sv_job job;
-    job.w = (const char *) src0->data;
-    job.w_stride = src0->nb[1];
+    if (!sv_job_init(&job, params, dst)) {
+        return true;
+    }
     job.nb = (int)(src0->ne[0] / ggml_blck_size(src0->type));
     job.act = wdata;
     job.a_stride = a_stride;
-    job.n = n;
-    job.dst = (float *) dst->data;
-    job.d_stride = dst->nb[1] / sizeof(float);
-    job.ad = NULL;
-    // threads split weight rows, never a row's reduction: a row's result is the same at any thread count
-    const int64_t nr = src0->ne[1];
-    job.r0 = (nr * params->ith) / params->nth;
-    job.r1 = (nr * (params->ith + 1)) / params->nth;
-    if (job.r0 >= job.r1) {
-        return true;
-    }
     if (vec_dot_type == GGML_TYPE_Q8_0) {
         sv_prepare_q8_0(&job);
     } else {
