@@ -83,6 +83,7 @@ import openai
 from specstack.bench.serving import (Column, Reply, Server, ServerFailed, Stats, closed_loop, cpu_seconds, llama_server,
                                      llama_server_binary, percentile, rss_mb, specstack_serve, stream, table,
                                      with_client, write_json)
+from specstack.drafters.base import DEFAULT_DRAFTER
 from specstack.modelfile.meta import read_gguf
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from specstack.prompts import held_out_prompts
@@ -968,7 +969,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.k is not None and args.k < 1:
         ap.error(f"-k must be >= 1 (got {args.k})")
     args.mtp = not args.url and has_mtp(args.model)  # what llama-server drafts with from this model: its own head
-    args.drafter = args.drafter or ("mtp" if args.mtp else "prompt-lookup")
+    args.drafter = args.drafter or ("mtp" if args.mtp else DEFAULT_DRAFTER)
     args.k = args.k or (MTP_K if args.mtp else None)
     return args
 

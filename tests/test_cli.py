@@ -257,7 +257,7 @@ def test_a_bad_profile_is_a_clear_error(capsys, tmp_path, content, message):
 @pytest.mark.parametrize("args,message", [
     (["--drafter", "prompt-lookup", "--tree"], "--tree applies to --drafter rest or suffix"),
     (["--drafter", "draft-model", "--ngram-min", "2"], "--ngram-min applies to --drafter prompt-lookup"),
-    (["--ngram-min", "5", "--ngram-max", "2"], "--ngram-min <= --ngram-max"),
+    (["--drafter", "prompt-lookup", "--ngram-min", "5", "--ngram-max", "2"], "--ngram-min <= --ngram-max"),
     (["--drafter", "draft-model", "--draft-p-min", "2"], "--draft-p-min must be in [0, 1)"),
     (["--drafter", "cascade:suffix,magic"], "unknown drafter 'magic'"),
 ])

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from specstack.cli import main
+from specstack.drafters import DEFAULT_DRAFTER
 from specstack.llama import flash_attention_is_exact, kernel_status, resolved_flash_attn
 from specstack.modelfile.compat import EXIT_CODES
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -221,7 +222,7 @@ def test_well_formed_compound_names_still_parse():
 
 def test_a_draft_model_with_a_drafter_that_reads_none_is_refused(capsys):
     code, out, err = run_cli(capsys, "generate", "-p", "x", "-n", "2", "-md", str(DEFAULT_DRAFT))
-    assert code == 2 and out == "" and "-md" in err and "'prompt-lookup' does not use" in err
+    assert code == 2 and out == "" and "-md" in err and f"'{DEFAULT_DRAFTER}' does not use" in err  # the default drafter reads no draft model
 
 
 def test_a_draft_model_beside_methods_that_read_none_is_refused(capsys, tmp_path):

@@ -6,7 +6,7 @@ plain decoding bit for bit; driven by the official ``openai`` client.
 
 - ``serve -m MTP --drafter mtp``: completions (plain and streamed) and chat equal plain decoding, drafts from the
   head are accepted, and the response's ``speculative`` object, llama-server's ``timings`` and /metrics say so;
-- a roles file: a role with ``drafter = "mtp"`` beside one whose default is prompt-lookup, where a request's
+- a roles file: a role with ``drafter = "mtp"`` beside one with the default drafter, where a request's
   ``{"speculative": {"drafter": "mtp"}}`` drafts from the head (the target loads its NextN layers whatever the
   role's drafter); on a role whose model has none, that request is a 400 naming the model, the drafters that work
   and the fix;
@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from specstack.bench.serving import ServerProcess, specstack_serve
-from specstack.drafters import BuildContext, create
+from specstack.drafters import DEFAULT_DRAFTER, BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.llama import LlamaModel, ModelConfig
@@ -70,7 +70,7 @@ def mtp_server() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def roles_server(tmp_path_factory) -> Iterator[ServerProcess]:
-    """A roles file: ``head`` drafts with mtp, ``lookup`` (same model) with prompt-lookup by default, ``small`` is
+    """A roles file: ``head`` drafts with mtp, ``lookup`` (same model) with the default drafter, ``small`` is
     the bundled pycoder-6m (no NextN layers)."""
     path = tmp_path_factory.mktemp("roles") / "roles.toml"
     common = 'parallel = 1\nthreads = 1\nexact = "on"\n'
@@ -126,13 +126,13 @@ def test_a_roles_file_role_with_drafter_mtp(roles_server, plain_text):
     assert r.choices[0].text == plain_text
     assert r.model_extra["speculative"]["drafter"] == "mtp" and r.model_extra["speculative"]["n_accepted"] > 0
     listed = {m.id: m.model_extra["speculative"]["drafter"] for m in c.models.list().data}
-    assert listed == {"head": "mtp", "lookup": "prompt-lookup", "small": "prompt-lookup"}
+    assert listed == {"head": "mtp", "lookup": DEFAULT_DRAFTER, "small": DEFAULT_DRAFTER}
 
 
 def test_a_request_picks_mtp_on_a_role_whose_default_is_another_drafter(roles_server, plain_text):
     c = client(roles_server)
     default = c.completions.create(model="lookup", prompt=PROMPT, max_tokens=N, temperature=0)
-    assert default.model_extra["speculative"]["drafter"] == "prompt-lookup"
+    assert default.model_extra["speculative"]["drafter"] == DEFAULT_DRAFTER
     for spec in ({"drafter": "mtp", "k_policy": "fixed", "k": 3},
                  {"drafter": "cascade:suffix,mtp", "k_policy": "fixed"}):
         r = c.completions.create(model="lookup", prompt=PROMPT, max_tokens=N, temperature=0,

@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from specstack.bench.serving import ServerFailed, free_port, wait_ready
-from specstack.drafters import BuildContext, create
+from specstack.drafters import DEFAULT_DRAFTER, BuildContext, create
 from specstack.engine import Engine
 from specstack.generation import GenerationConfig
 from specstack.prompts import held_out_prompts
@@ -76,7 +76,7 @@ def test_completion_is_plain_decoding_and_reports_speculation(client, target):
     assert r.choices[0].text == target.detokenize(plain_ids(target, PROMPT, 48))
     assert r.usage.completion_tokens == 48 and r.choices[0].finish_reason == "length"
     spec = r.model_extra["speculative"]
-    assert spec["n_accepted"] > 0 and spec["by_source"]["prompt-lookup"]["accepted"] == spec["n_accepted"]
+    assert spec["n_accepted"] > 0 and spec["by_source"][DEFAULT_DRAFTER]["accepted"] == spec["n_accepted"]
 
 
 def test_per_request_speculation_changes_the_stats_not_the_text(client):
@@ -101,7 +101,7 @@ def test_streaming_with_usage_joins_to_the_same_text(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 32
     assert all(c.usage is None for c in chunks[:-1])
     tokens = [t for c in chunks for t in (c.model_extra.get("specstack") or {}).get("tokens", [])]
-    assert "".join(t for t, _ in tokens) == whole and {s for _, s in tokens} >= {"target", "prompt-lookup"}
+    assert "".join(t for t, _ in tokens) == whole and {s for _, s in tokens} >= {"target", DEFAULT_DRAFTER}
 
 
 def test_chat_streaming_and_not(client):
@@ -122,7 +122,7 @@ def test_models_health_and_metrics(client, server):
                                                               "lossy": None}}}
     assert client.models.list().data[0].model_extra["speculative"]["exact"] == health["roles"]["pycoder-6m"]["exact"]
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    assert 'specstack_spec_decode_num_accepted_tokens_total{role="pycoder-6m",source="prompt-lookup"}' in text
+    assert f'specstack_spec_decode_num_accepted_tokens_total{{role="pycoder-6m",source="{DEFAULT_DRAFTER}"}}' in text
     assert "specstack_spec_decode_num_accepted_tokens_per_pos_total" in text and "specstack_busy_slots" in text
 
 
@@ -370,7 +370,7 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, route, body, param):
     ({"top_k": 2.5}, "top_k"),
     ({"temperature": True}, "temperature"),
     ({"speculative": {"drafter": "draft-model", "tree": True}}, "speculative.tree"),  # was ignored
-    ({"speculative": {"n_min": 2}}, None),  # prompt-lookup's own option: accepted
+    ({"speculative": {"drafter": "prompt-lookup", "n_min": 2}}, None),  # prompt-lookup's own option: accepted
 ])
 def test_values_that_would_be_misread_or_ignored_are_400s(server, extra, param):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "max_tokens": 2, **extra},

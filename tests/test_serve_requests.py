@@ -298,7 +298,7 @@ def test_loose_types_are_400s_naming_the_field(http, route, fields, param):
 def test_strict_types_still_take_what_is_right(http):
     """Integers for float options (JSON has one number type), and the right types everywhere."""
     for fields in ({"speculative": {"drafter": "draft-model", "p_min": 0}}, {"prompt": [1, 2, 3], "echo": False},
-                   {"speculative": {"n_min": 2}}, {"stream": False, "temperature": 0}):
+                   {"speculative": {"drafter": "prompt-lookup", "n_min": 2}}, {"stream": False, "temperature": 0}):
         assert answer(http, "completions", fields)[0] == 200, fields
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
 from ..draft_length import DEFAULT_K_MAX, POLICIES
-from ..drafters import available
+from ..drafters import DEFAULT_DRAFTER, available
 from ..drafters.base import check_name
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
@@ -100,7 +100,7 @@ class _NoteGiven(argparse.Action):
         setattr(namespace, self.dest + "_given", True)
 
 
-def add_drafter_args(p: argparse.ArgumentParser, default: str = "prompt-lookup") -> None:
+def add_drafter_args(p: argparse.ArgumentParser, default: str = DEFAULT_DRAFTER) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default,
                    help=f"draft source: {', '.join(n for n in available() if n not in ('cascade', 'fusion'))}, or an ordered fallback list "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..calibration import EXACT_MODES
+from ..drafters.base import DEFAULT_DRAFTER
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_DRAFT
 from ..loading import bundled_draft_check, bundled_draft_fits, resolve_draft
@@ -105,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "a request without one stops (default 0: no bound but the context's end, as llama-server)")
     p.add_argument("--max-prompt-tokens", type=at_least(0), default=0, help="longest prompt in tokens (default: the context)")
     p.add_argument("--max-body", type=at_least(1), default=1 << 20, help="largest request body in bytes (default 1 MiB)")
-    p.add_argument("--drafter", default=None, help="default drafter without --config (default prompt-lookup)")
+    p.add_argument("--drafter", default=None, help=f"default drafter without --config (default {DEFAULT_DRAFTER})")
     p.add_argument("--k-policy", default=None, help="default k policy without --config (default cost)")
     p.add_argument("-k", dest="k", type=at_least(1), default=None,
                    help="default k without --config: draft tokens per step under --k-policy fixed, the start of window "

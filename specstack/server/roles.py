@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..draft_length import POLICIES
+from ..drafters.base import DEFAULT_DRAFTER
 from ..drafters.options import check_drafter_options, inapplicable
 from ..sampling import SamplingParams
 from ..calibration import exact_mode
@@ -56,7 +57,7 @@ class Role:
     # None: not given.  The bundled draft then serves the bundled target, and another model only where `specstack
     # check` finds its vocabulary identical or compatible (``commands.common.resolve_draft``, before serving).
     draft: Path | None = None
-    drafter: str = "prompt-lookup"
+    drafter: str = DEFAULT_DRAFTER
     k_policy: str = "cost"
     k: int = 4
     k_max: int | None = None
