@@ -978,12 +978,12 @@ SV_DEFINE_ROWS(sv_q6_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 // order, so that which walk runs (it depends on n) never changes a bit:
 // - up to SV_FSMALL activation rows: each weight row read once, in place, its blocks met by every row's accumulators
 //   (all of a row's ARR accumulators in registers);
-// - more: a block of SV_FRM weight rows is copied accumulator-major (the j-th vector of every block together) and
-//   meets SV_FRN activation rows one accumulator at a time: SV_FRM x SV_FRN chains in registers, SV_FRM + SV_FRN loads
-//   for SV_FRM x SV_FRN products.
+// - the rest: a block of SV_FRM weight rows, in cache after the in-place walk and read where they are, meets SV_FRN
+//   activation rows one accumulator at a time: SV_FRM x SV_FRN chains in registers, SV_FRM + SV_FRN loads for
+//   SV_FRM x SV_FRN products.
 // The activations are prepared once per call and thread as the stock path converts them (the vec_dot_type's
-// from_float), accumulator-major too; everything stays in the stored precision and is widened where vec_dot widens
-// it, as it is loaded. BF16 on AVX-512 without AVX512-BF16 (vec_dot's third loop, which no build here runs) is left
+// from_float) and laid out accumulator-major (the j-th vector of every block together); everything stays in the
+// stored precision and is widened where vec_dot widens it, as it is loaded. BF16 on AVX-512 without AVX512-BF16 (vec_dot's third loop, which no build here runs) is left
 // to the stock paths.
 
 #if defined(__AVX512F__)
@@ -995,15 +995,13 @@ SV_DEFINE_ROWS(sv_q6_K, SV_K_ZMM, SV_K_MAXG, SV_K_UNIT)
 #endif
 // Activation rows the in-place walk takes: their 4 accumulators each, a weight vector and an activation in registers.
 #define SV_FSMALL 3
-// Elements per K-chunk of the copied walk: one accumulator's share of a chunk of SV_FRN activation rows and SV_FRM
+// Elements per K-chunk of the blocked walk: one accumulator's share of a chunk of SV_FRN activation rows and SV_FRM
 // weight rows stays in L1 while it is met (the accumulators wait in memory between chunks).
 #define SV_FKC 4096
 // Bytes ahead that the in-place walk prefetches its weights: the blocked walk's strided reads of the rows before
 // (from cache) leave the hardware prefetchers untrained for the next rows (4 activation rows ran at 0.78 ms where 3,
 // with no blocked walk, took 0.28: a 2048 x 2048 F16 matrix, -t 1).
-#ifndef SV_FAHEAD
 #define SV_FAHEAD 4096
-#endif
 
 #if defined(__AVX512BF16__)
 #define SV_BF16 1
@@ -1055,7 +1053,7 @@ SV_INLINE struct sv_float_kind sv_float_kind_of(const enum ggml_type type) {
 #define SV_BF16_OP(acc, w, a) (acc) = _mm256_add_ps(_mm256_mul_ps((w), (a)), (acc))
 #endif
 
-// Where accumulator j of block b sits in an accumulator-major row (prepared activations, copied weights), in bytes.
+// Where accumulator j of block b sits in an accumulator-major row of prepared activations, in bytes.
 SV_INLINE size_t sv_amajor(const struct sv_float_kind k, const int nb, const int b, const int j) {
     return (((size_t) j * nb + b) * k.epr) * k.elem;
 }
@@ -1145,7 +1143,7 @@ SV_DEFINE_FLOAT_BLOCK(sv_bf16_block, SV_BF16_LOAD, SV_BF16_OP)
     }
 
 // A row's nb whole blocks, accumulator-major (as sv_amajor places them), in the stored precision; its tail after them
-// in place. Weights and activations alike.
+// in place.
 static void sv_layout_row(const struct sv_float_kind k, const int nb, const int64_t ne, const char * in, char * out) {
     const size_t vb = (size_t) k.epr * k.elem;  // 16, 32 or 64 bytes
     for (int b = 0; b < nb; ++b) {
