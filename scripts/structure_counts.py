@@ -106,27 +106,37 @@ def _generation_attributes() -> set[str]:
     attrs: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "Generation":
+            attrs.update(f.name for f in node.body if isinstance(f, ast.FunctionDef))
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
                     attrs.add(sub.attr)
     return attrs
 
 
+_MUTATORS = {"append", "extend", "clear", "pop", "insert", "update", "popleft", "appendleft", "remove"}
+
+
+def _is_gen(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in {"gen", "g"}
+
+
 def generation_writes() -> list[str]:
-    """``Generation`` attributes the engine assigns (or calls, when private), by name, in ``engine.py``."""
+    """``Generation`` attributes the engine assigns, changes in place or calls when private, in ``engine.py``."""
     attrs = _generation_attributes()
     tree = ast.parse((PACKAGE / "engine.py").read_text())
     found: dict[str, int] = {}
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AugAssign, ast.AnnAssign)) else []
-        for t in targets:
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in {"gen", "g"}:
+        for t in [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]:
+            if isinstance(t, ast.Attribute) and _is_gen(t.value):
                 found.setdefault(t.attr, node.lineno)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in {"gen", "g"}
-                and node.func.attr.startswith("_")):
-            found.setdefault(node.func.attr, node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if _is_gen(owner) and node.func.attr.startswith("_"):  # a private method: gen._emit(...)
+                found.setdefault(node.func.attr, node.lineno)
+            if isinstance(owner, ast.Attribute) and _is_gen(owner.value) and node.func.attr in _MUTATORS:
+                found.setdefault(owner.attr, node.lineno)  # a list or dict of its changed in place
     return [f"specstack/engine.py:{line} gen.{name}" for name, line in sorted(found.items()) if name in attrs]
 
 
