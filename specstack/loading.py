@@ -160,8 +160,8 @@ class SpeculationSpec:
     object over them (``with_request``), which the worker builds from (``build_drafter``, ``build_policy``).
 
     A request's JSON keeps its shape: the four settings by their field names, every other key a drafter option
-    (``with_request``, ``settings``). ``requested``: the keys a request set, which its errors name (empty for a role's or a
-    command's own)."""
+    (``with_request``, ``settings``). ``requested``: the keys a request set, which its errors name (empty for a
+    role's or a command's own)."""
 
     drafter: str = DEFAULT_DRAFTER
     k_policy: str = "fixed"
@@ -175,12 +175,12 @@ class SpeculationSpec:
         """The settings a ``speculative`` object names beside drafter options: drafter, k_policy, k, k_max."""
         return tuple(f.name for f in fields(SpeculationSpec) if f.name not in ("options", "requested"))
 
-    def with_request(self, asked: Mapping[str, Any]) -> "SpeculationSpec":
-        """These settings with a request's ``speculative`` keys (``asked``, checked by the caller) over them."""
+    def with_request(self, request: Mapping[str, Any]) -> "SpeculationSpec":
+        """These settings with a request's ``speculative`` keys (``request``, checked by the caller) over them."""
         named = self.setting_names()
-        return replace(self, **{k: v for k, v in asked.items() if k in named},
-                       options={**self.options, **{k: v for k, v in asked.items() if k not in named}},
-                       requested=frozenset(asked))
+        return replace(self, **{k: v for k, v in request.items() if k in named},
+                       options={**self.options, **{k: v for k, v in request.items() if k not in named}},
+                       requested=frozenset(request))
 
     def settings(self) -> dict[str, Any]:
         """The settings as responses report them (``speculative`` in /props and ``generation_settings``)."""
@@ -235,8 +235,8 @@ def preflight(run: RunSpec) -> RunSpec:
 
 def settle_drafts(run: RunSpec, meta: "GGUFInfo") -> dict[str, Any]:
     """The drafter options of ``run`` with its draft model settled from the target's metadata ``meta``: what each
-    drafter needs of the target checked (``drafters.base.check_target``: mtp's head, or its assistant; moe-self's
-    experts), or a note that the model has an MTP head where no drafter was chosen; the draft model where a drafter
+    drafter needs of the target checked (its ``Needs.check``: mtp's head, or its assistant; moe-self's experts),
+    or a note that the model has an MTP head where no drafter was chosen; the draft model where a drafter
     reads one (``resolve_draft``: the bundled draft only where it fits the target, and a given file read, so a
     broken -md fails in milliseconds), and -md refused where nothing reads it."""
     from .drafters.mtp import NAME as MTP, note_mtp

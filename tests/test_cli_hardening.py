@@ -633,7 +633,8 @@ def test_a_roles_file_sets_sampling_defaults_and_p_min(tmp_path):
 
     role = load_roles(roles_file(tmp_path, '[roles.a]\ntemperature = 0.6\ntop_k = 30\nmin_p = 0.1\n'
                                            'drafter = "draft-model"\np_min = 0.4\n'))[0]
-    assert role.sampling() == {"temperature": 0.6, "top_k": 30, "min_p": 0.1} and role.speculative().options["p_min"] == 0.4
+    assert role.sampling() == {"temperature": 0.6, "top_k": 30, "min_p": 0.1}
+    assert role.speculative().options["p_min"] == 0.4
     for body, message in (("top_p = 2.0", "top_p must be in (0, 1]"), ('temperature = "hot"', "must be a number"),
                           ("p_min = 0.5", "p_min applies to drafter draft-model or mtp")):
         with pytest.raises(Exception, match=re.escape(message)):
