@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
-from .draft_length import MAX_DRAFT, BatchLoad, Budget, DraftLengthPolicy, FixedK, StepOutcome
+from .draft_length import DEFAULT_K, MAX_DRAFT, BatchLoad, Budget, DraftLengthPolicy, StepOutcome, make_policy
 from .drafters.base import Drafter, DraftRequest, PrefixDrafter
 from .constraints import ConstraintState, for_target
 from .drafters.grammar import with_forced
@@ -116,7 +116,7 @@ class Engine:
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.sibling_copies = 0  # prompts copied from a running generation instead of prefilled (n > 1)
         self.drafter = drafter
-        self.policy = policy if policy is not None else FixedK()  # forked for each generation (``generate``)
+        self.policy = policy if policy is not None else make_policy("fixed", DEFAULT_K)  # forked per generation
         # A first run's measurements (``calibration.background``): each step lends them its own duration, and
         # the engine applies their result (``idle``).
         self.background = background

@@ -12,19 +12,20 @@ puts a loaded target, a drafter, a policy and that calibration together. The lib
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .calibration import Calibration, calibrate, calibrate_target, exact_mode
-from .draft_length import DEFAULT_K_MAX, DraftLengthPolicy, make_policy
+from .draft_length import DEFAULT_K, DEFAULT_K_MAX, DraftLengthPolicy, make_policy
 from .draft_length.costs import CostModel
-from .drafters import BuildContext, create
-from .drafters.base import Drafter
+from .drafters import DEFAULT_DRAFTER, BuildContext, create
+from .drafters.base import Asked, Drafter, needs_of, reads_draft_model
 from .engine import Engine
 from .errors import InvalidParameterError
 from .paths import DEFAULT_DRAFT, DEFAULT_TARGET
 from .llama import LlamaModel, ModelConfig, flash_attention_is_exact
+from .llama.target import EngineTarget
 from .llama.kv import DEFAULT_KV_TYPE, check_kv_type, is_quantized
 from .llama.recurrent import DEFAULT_DEPTH
 
@@ -152,19 +153,49 @@ def check_quantized_v(kind: str, flash_attn: bool | None, exact: str, exact_flag
 
 
 @dataclass(frozen=True)
+class SpeculationSpec:
+    """How a generation speculates, as typed values: the drafter (plain, ``cascade:...`` or ``fusion:...``), its
+    options by name (None: the config default), the k policy, k and k_max. One type for every caller: a command's
+    flags (``RunSpec.speculation``), a server role's defaults (``Role.speculative``) and a request's ``speculative``
+    object over them (``with_request``), which the worker builds from (``build_drafter``, ``build_policy``).
+
+    A request's JSON keeps its shape: the four settings by their field names, every other key a drafter option
+    (``with_request``, ``settings``). ``requested``: the keys a request set, which its errors name (empty for a
+    role's or a command's own)."""
+
+    drafter: str = DEFAULT_DRAFTER
+    k_policy: str = "fixed"
+    k: int = DEFAULT_K
+    k_max: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    requested: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @staticmethod
+    def setting_names() -> tuple[str, ...]:
+        """The settings a ``speculative`` object names beside drafter options: drafter, k_policy, k, k_max."""
+        return tuple(f.name for f in fields(SpeculationSpec) if f.name not in ("options", "requested"))
+
+    def with_request(self, request: Mapping[str, Any]) -> "SpeculationSpec":
+        """These settings with a request's ``speculative`` keys (``request``, checked by the caller) over them."""
+        named = self.setting_names()
+        return replace(self, **{k: v for k, v in request.items() if k in named},
+                       options={**self.options, **{k: v for k, v in request.items() if k not in named}},
+                       requested=frozenset(request))
+
+    def settings(self) -> dict[str, Any]:
+        """The settings as responses report them (``speculative`` in /props and ``generation_settings``)."""
+        return {name: getattr(self, name) for name in self.setting_names()}
+
+
+@dataclass(frozen=True)
 class RunSpec:
-    """A command's run as typed values, read from its flags once (``commands/common.run_spec``): the target, the
-    drafter and its options, the k policy and the grammar. ``load_run`` checks it against the model files and
+    """A command's run as typed values, read from its flags once (``commands/common.run_spec``): the target, how it
+    speculates (``SpeculationSpec``) and the grammar. ``load_run`` checks it against the model files and
     loads its target; ``build_run`` builds its engine there. Flag-level checks (names, ranges) are the
     caller's, in the words the user typed; what needs the files is here, once."""
 
     target: TargetSpec = TargetSpec()
-    drafter: str | None = None  # None: the command builds no drafter of its own (bench and tune run methods)
-    sources: tuple[str, ...] = ()  # what ``drafter`` builds, a cascade's or fusion's parts too (``check_name``)
-    options: Mapping[str, Any] = field(default_factory=dict)  # drafter options by name; None: the config default
-    policy: str = "fixed"
-    k: int = 4
-    k_max: int | None = None
+    speculation: SpeculationSpec | None = None  # None: the command builds no drafter of its own (bench, tune)
     temperature: float = 0.0
     grammar: str | None = None
     note_mtp: bool = False  # say so when the model ships an MTP head and no drafter was chosen
@@ -173,9 +204,10 @@ class RunSpec:
     @property
     def cost_rows(self) -> int | None:
         """Rows of the cost curve the k policy prices with (None: it needs none)."""
-        if self.policy != "cost" or self.drafter in (None, "none"):
+        spec = self.speculation
+        if spec is None or spec.k_policy != "cost" or spec.drafter == "none":
             return None
-        return (self.k_max or DEFAULT_K_MAX) + 1
+        return (spec.k_max or DEFAULT_K_MAX) + 1
 
 
 def load_run(run: RunSpec, *, background: bool = False, prefix: str = "specstack") -> tuple[RunSpec, Calibration]:
@@ -196,45 +228,46 @@ def preflight(run: RunSpec) -> RunSpec:
 
     meta = read_gguf(run.target.model, tensors=False, role="target")
     check_grammar(meta.path, run.grammar)
-    return replace(run, options=settle_drafts(run, meta))
+    if run.speculation is None:
+        return run
+    return replace(run, speculation=replace(run.speculation, options=settle_drafts(run, meta)))
 
 
 def settle_drafts(run: RunSpec, meta: "GGUFInfo") -> dict[str, Any]:
-    """The drafter options of ``run`` with its draft model settled from the target's metadata ``meta``: a model's
-    MTP head where mtp drafts (or a note that it has one, where no drafter was chosen), the draft model where
-    draft-model reads it (``resolve_draft``: the bundled draft only where it fits the target, and a given file
-    read, so a broken -md fails in milliseconds), and -md refused where nothing reads it."""
-    from .drafters.mtp import check_mtp_meta, note_mtp
+    """The drafter options of ``run`` with its draft model settled from the target's metadata ``meta``: what each
+    drafter needs of the target checked (its ``Needs.check``: mtp's head, or its assistant; moe-self's experts),
+    or a note that the model has an MTP head where no drafter was chosen; the draft model where a drafter
+    reads one (``resolve_draft``: the bundled draft only where it fits the target, and a given file read, so a
+    broken -md fails in milliseconds), and -md refused where nothing reads it."""
+    from .drafters.mtp import NAME as MTP, note_mtp
     from .modelfile.meta import read_gguf
 
-    options = dict(run.options)
-    if run.drafter is None:
-        return options
-    from .drafters.base import check_name
-
-    # what the name builds: read with the flags (``sources``), or here for a spec built without them
-    built, draft = set(run.sources or check_name(run.drafter)), options.get("draft_model")
+    spec = run.speculation
+    options = dict(spec.options)
+    draft = options.get("draft_model")
+    built = needs_of(spec.drafter)  # what the name builds (checked with the flags), a cascade's parts too
     assistant = None
-    if "mtp" in built:  # no NextN layers (or none this llama.cpp runs), or gemma4 without its assistant
-        assistant = check_mtp_meta(meta, Path(meta.path).name, assistant=draft)
-    elif run.note_mtp:
+    for part, needs in built.items():  # each checked in the words a user types for it alone: "--drafter mtp"
+        if needs.check is not None:
+            assistant = needs.check(meta, Asked(f"--drafter {part}", options)) or assistant
+    if run.note_mtp and MTP not in built:
         note_mtp(meta, run.command)  # the model ships a draft head: say so, once
-    if "draft-model" in built:
+    if reads_draft_model(spec.drafter):
         options["draft_model"] = resolve_draft(meta, draft)
         read_gguf(options["draft_model"], tensors=False)
     elif draft is not None and assistant is None:
         raise InvalidParameterError(f"-md {draft} is used by --drafter draft-model (alone or in a cascade or fusion) "
-                                    f"and by mtp on a gemma4 target (its assistant), which {run.drafter!r} does not "
+                                    f"and by mtp on a gemma4 target (its assistant), which {spec.drafter!r} does not "
                                     "use; leave -md out or add draft-model")
     return options
 
 
 def build_run(calibration: Calibration, run: RunSpec) -> Engine:
     """The engine of ``run`` on its loaded target: its k policy priced with the calibration's cost model, and its
-    drafter with its options."""
-    target = calibration.target
-    policy = build_policy(run.policy, run.k, run.k_max, calibration.costs, target)
-    return build_engine(calibration, build_drafter(run.drafter or "none", target, run.options, run.temperature), policy)
+    drafter with its options (none where the command builds none)."""
+    spec = run.speculation or SpeculationSpec(drafter="none")
+    return build_engine(calibration, spec.drafter, spec.k_policy, k=spec.k, k_max=spec.k_max,
+                        drafter_options=spec.options, temperature=run.temperature)
 
 
 def load_target(spec: TargetSpec, role: str = "target", measure: bool = False, prefix: str = "specstack") -> LlamaModel:
@@ -300,24 +333,26 @@ def build_policy(name: str, k: int, k_max: int | None = None, costs: CostModel |
     return make_policy(name, k, costs=costs, k_max=k_max)
 
 
-def build_engine(loaded: Calibration | LlamaModel, drafter: Drafter | str = "none",
-                 policy: DraftLengthPolicy | str | None = None, *, k: int = 4, k_max: int | None = None,
+def build_engine(loaded: Calibration | EngineTarget, drafter: Drafter | str = "none",
+                 policy: DraftLengthPolicy | str | None = None, *, k: int = DEFAULT_K, k_max: int | None = None,
                  drafter_options: Mapping[str, Any] | None = None, temperature: float = 0.0,
                  prompt_cache_bytes: int = 0, batch_tokens: int | None = None,
-                 prefill_cap: int | None = None) -> Engine:
-    """An engine over a loaded target (``load_calibrated``'s ``Calibration``, or a target ``load_target`` gave),
-    with its drafter (an instance, or a name built by ``build_drafter`` with ``drafter_options``) and its k
-    policy (an instance, or a name built by ``build_policy`` with ``k``, ``k_max`` and the calibration's cost
-    model; None: ``fixed``, k tokens a step). A first run's background measurement goes to the engine, which
-    lends it time between steps and applies its result."""
+                 prefill_cap: int | None = None, clock: Callable[[], float] | None = None) -> Engine:
+    """An engine over a loaded target (``load_calibrated``'s ``Calibration``, or a target ``load_target`` gave; the
+    bench's replay hands a recorded one), with its drafter (an instance, or a name built by ``build_drafter`` with
+    ``drafter_options``) and its k policy (an instance, or a name built by ``build_policy`` with ``k``, ``k_max``
+    and the calibration's cost model; None: ``fixed``, k tokens a step). A first run's background measurement goes
+    to the engine, which lends it time between steps and applies its result. ``clock``: what the engine times steps
+    by (None: the wall clock; a replay's, its target calls as priced)."""
     calibration = loaded if isinstance(loaded, Calibration) else Calibration(loaded)
     target = calibration.target
     if isinstance(drafter, str):
         drafter = build_drafter(drafter, target, drafter_options, temperature)
     if policy is None or isinstance(policy, str):
         policy = build_policy(policy or "fixed", k, k_max=k_max, costs=calibration.costs, target=target)
+    timing = {} if clock is None else {"clock": clock}
     return Engine(target, drafter, policy, prompt_cache_bytes=prompt_cache_bytes, background=calibration.background,
-                  batch_tokens=batch_tokens, prefill_cap=prefill_cap)
+                  batch_tokens=batch_tokens, prefill_cap=prefill_cap, **timing)
 
 
 def resolve_draft(meta: "GGUFInfo", draft: Path | None, where: str = "--drafter draft-model",

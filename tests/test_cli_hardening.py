@@ -559,8 +559,8 @@ def test_llama_servers_speculation_and_sampling_flags_set_the_role(capsys):
     assert role.sampling() == {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.1}
     assert serve_roles("--draft-max", "6")[0].k_max == 6 and serve_roles("--spec-draft-n-max", "99")[0].k == 62
     role = serve_roles("-md", str(DEFAULT_DRAFT), "--draft-p-min", "0.5")[0]
-    assert role.drafter == "draft-model" and role.speculative()["p_min"] == 0.5
-    assert "p_min" not in role.speculative("prompt-lookup")  # a request that drafts without the draft model
+    assert role.drafter == "draft-model" and role.speculative().options["p_min"] == 0.5
+    assert "p_min" not in role.speculative("prompt-lookup").options  # a request that drafts without the draft model
 
 
 def test_md_alone_drafts_with_the_draft_model_and_says_so(capsys):
@@ -633,7 +633,8 @@ def test_a_roles_file_sets_sampling_defaults_and_p_min(tmp_path):
 
     role = load_roles(roles_file(tmp_path, '[roles.a]\ntemperature = 0.6\ntop_k = 30\nmin_p = 0.1\n'
                                            'drafter = "draft-model"\np_min = 0.4\n'))[0]
-    assert role.sampling() == {"temperature": 0.6, "top_k": 30, "min_p": 0.1} and role.speculative()["p_min"] == 0.4
+    assert role.sampling() == {"temperature": 0.6, "top_k": 30, "min_p": 0.1}
+    assert role.speculative().options["p_min"] == 0.4
     for body, message in (("top_p = 2.0", "top_p must be in (0, 1]"), ('temperature = "hot"', "must be a number"),
                           ("p_min = 0.5", "p_min applies to drafter draft-model or mtp")):
         with pytest.raises(Exception, match=re.escape(message)):

@@ -33,13 +33,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..draft_length import DraftLengthPolicy, FixedK
+from ..draft_length import DraftLengthPolicy
 from ..draft_length.costs import CostModel
 from ..drafters import Drafter
-from ..engine import Engine
 from ..errors import InvalidParameterError, SpecstackError
 from ..generation import GenerationConfig
-from ..loading import build_drafter, build_policy
+from ..loading import build_drafter, build_engine, build_policy
 from ..sampling import SamplingParams
 from ..ui import markdown_table
 from .config import adaptive_start, configurations as bench_configurations, split_method
@@ -82,7 +81,7 @@ def _policy(method: str, k: int, target: RecordedTarget, curve: list[float] | No
     """As the bench's: a fixed k or the policy after '@', capped at k; ``cost`` prices with the run's curve."""
     name = split_method(method)[1]
     if name is None:
-        return FixedK(max(k, 1))
+        return build_policy("fixed", max(k, 1))
     costs = None
     if name == "cost":
         if not curve:
@@ -149,12 +148,13 @@ def replay(results: dict[str, Any], methods: Sequence[str] = DEFAULT_METHODS, ks
     if requests:  # as the bench warms up before it measures: first calls of each configuration's code paths
         first = requests[0]
         for m, k in configs:
-            engine = Engine(target, _drafter(m, target, opts, first.get("seed", 0)), _policy(m, k, target, curve),
-                            clock=target.clock)
+            engine = build_engine(target, _drafter(m, target, opts, first.get("seed", 0)), _policy(m, k, target, curve),
+                                  clock=target.clock)
             engine.generate(first["prompt_ids"], _config(first, max_tokens=8)).run()
     for unit in _units(requests):
         seed = unit[0].get("seed", 0)
-        engines = {(m, k): Engine(target, _drafter(m, target, opts, seed), _policy(m, k, target, curve), clock=target.clock)
+        engines = {(m, k): build_engine(target, _drafter(m, target, opts, seed), _policy(m, k, target, curve),
+                                        clock=target.clock)
                    for m, k in configs}
         for q in unit:  # interleaved as the bench ran them: every configuration, then the next request
             recorded = [int(t) for t in plain[q["id"]]["output_ids"]]

@@ -20,8 +20,8 @@ import json
 import sys
 from typing import Any
 
-from ..loading import build_drafter, build_policy
-from ..draft_length import DraftLengthPolicy, FixedK
+from ..loading import build_drafter, build_engine, build_policy
+from ..draft_length import DraftLengthPolicy
 from ..drafters import Drafter
 from ..engine import Engine
 from ..errors import ContextOverflowError
@@ -89,7 +89,7 @@ def _check_and_warm_up(config: BenchConfig, target: LlamaModel, configs: list[Co
     drafters = {(m, k): _build(m, target, config, temp, first.seed) for m, k in configs}
     if config.warmup:
         for (method, k), drafter in drafters.items():
-            _generate(Engine(target, drafter, _policy(method, k, target)), first, temp, config, max_tokens=8)
+            _generate(build_engine(target, drafter, _policy(method, k, target)), first, temp, config, max_tokens=8)
 
 
 def _total_work(config: BenchConfig, reqs: list[Tokenized], configs: list[Configuration],
@@ -120,7 +120,8 @@ class _Session:
     def _run_unit(self, unit: list[Tokenized], temp: float, rep: int) -> None:
         """Fresh drafters per unit (seeded by its first request): cross-request state learns from this group only."""
         seed = unit[0].seed
-        engines = {(m, k): Engine(self.target, _build(m, self.target, self.config, temp, seed), _policy(m, k, self.target))
+        engines = {(m, k): build_engine(self.target, _build(m, self.target, self.config, temp, seed),
+                                        _policy(m, k, self.target))
                    for m, k in self.configs}
         for tok in unit:
             self._run_request(tok, engines, temp, rep)
@@ -185,5 +186,5 @@ def _policy(method: str, k: int, target: LlamaModel) -> DraftLengthPolicy:
     and built exactly as ``generate --k-policy NAME --k-max k`` builds it."""
     name = split_method(method)[1]
     if name is None:
-        return FixedK(max(k, 1))
+        return build_policy("fixed", max(k, 1))
     return build_policy(name, adaptive_start(k), k_max=k, target=target)

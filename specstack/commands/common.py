@@ -15,13 +15,13 @@ from typing import Any, Callable
 
 from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
-from ..draft_length import DEFAULT_K_MAX, POLICIES
+from ..draft_length import DEFAULT_K, DEFAULT_K_MAX, POLICIES
 from ..drafters import DEFAULT_DRAFTER, available
-from ..drafters.base import check_name
+from ..drafters.base import check_name, reads_draft_model
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
-from ..loading import DEFAULT_TREE_BRANCHES, RunSpec, TargetSpec, resolve_draft
+from ..loading import DEFAULT_TREE_BRANCHES, RunSpec, SpeculationSpec, TargetSpec, resolve_draft
 from ..paths import DEFAULT_TARGET
 from ..constraints import Constraints
 from ..sampling import SamplingParams
@@ -147,22 +147,30 @@ def run_spec(args: argparse.Namespace, slots: int = 1, grammar: str | None = Non
     typed: -fa against --exact, the drafter's name, drafter flags it would ignore, their values. What needs the
     model files (the grammar on its vocabulary, the MTP head, the draft's fit) is ``loading.preflight``'s."""
     settle_flash_attn(args)
-    name, options = getattr(args, "drafter", None), drafter_options(args)
-    sources = () if name is None else check_drafter_flags(name, options)
-    policy = getattr(args, "k_policy", "fixed")
-    if policy == "cost" and getattr(args, "k_given", False):  # the cost policy chooses every step's k itself
-        print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
-              f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
-    return RunSpec(target=target_spec(args, slots), drafter=name, sources=sources, options=options, policy=policy,
-                   k=getattr(args, "k", 4), k_max=getattr(args, "k_max", None), temperature=getattr(args, "temp", 0.0),
+    name = getattr(args, "drafter", None)
+    speculation = None if name is None else speculation_spec(args, name)
+    return RunSpec(target=target_spec(args, slots), speculation=speculation, temperature=getattr(args, "temp", 0.0),
                    grammar=grammar, note_mtp=name is not None and not flag_given(args, "--drafter"),
                    command=getattr(args, "command", "specstack"))
 
 
-def check_drafter_flags(name: str, options: dict[str, Any]) -> tuple[str, ...]:
+def speculation_spec(args: argparse.Namespace, name: str) -> SpeculationSpec:
+    """How the command's flags speculate (``loading.SpeculationSpec``): the drafter ``name`` and its flags, checked
+    (``check_drafter_flags``), and the k policy, k and k_max."""
+    options = drafter_options(args)
+    check_drafter_flags(name, options)
+    policy = getattr(args, "k_policy", "fixed")
+    if policy == "cost" and getattr(args, "k_given", False):  # the cost policy chooses every step's k itself
+        print(f"specstack: note: -k {args.k} is not used by --k-policy cost, which chooses k each step up to --k-max "
+              f"({args.k_max or DEFAULT_K_MAX}); use --k-policy fixed to draft {args.k} tokens per step", file=sys.stderr)
+    return SpeculationSpec(drafter=name, k_policy=policy, k=getattr(args, "k", DEFAULT_K),
+                           k_max=getattr(args, "k_max", None), options=options)
+
+
+def check_drafter_flags(name: str, options: dict[str, Any]) -> None:
     """The drafter's name, drafter flags that the chosen drafters would ignore, and the flags' values, each
-    refused naming its flag; what the name builds (a cascade's or fusion's parts too)."""
-    sources = tuple(check_name(name))  # unknown names first
+    refused naming its flag."""
+    check_name(name)  # unknown names first
     unused = inapplicable(name, {f.dest for f in DRAFTER_FLAGS if options.get(f.dest) is not None})
     if unused is not None:
         raise InvalidParameterError(f"{unused.flag} applies to --drafter {' or '.join(sorted(unused.configs))}, which "
@@ -171,13 +179,12 @@ def check_drafter_flags(name: str, options: dict[str, Any]) -> tuple[str, ...]:
         check_drafter_options({k: v for k, v in options.items() if v is not None})
     except InvalidParameterError as exc:
         raise InvalidParameterError(_by_flag(str(exc))) from None
-    return sources
 
 
 def uses_draft_model(names: list[str] | tuple[str, ...], where: str = "--methods") -> bool:
-    """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs
-    draft-model, the one drafter that reads -md."""
-    return any("draft-model" in check_name(split_method(n)[0], where) for n in names)
+    """Whether any of these drafter names (plain, cascade or fusion; a bench method's ``@policy`` ignored) runs a
+    drafter that reads -md (``Needs.draft_model``: draft-model)."""
+    return any(reads_draft_model(split_method(n)[0], where) for n in names)
 
 
 def flag_given(args: argparse.Namespace, *flags: str) -> bool:

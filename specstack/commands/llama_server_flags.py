@@ -646,7 +646,7 @@ def speculation_values(args: argparse.Namespace) -> dict[str, Any]:
         print(f"specstack serve: note: -md {args.model_draft} without --drafter or --spec-type drafts with "
               "draft-model, as llama-server does (--drafter prompt-lookup keeps the draft for requests only)",
               file=sys.stderr, flush=True)
-        values["drafter"] = "draft-model"
+        values["drafter"] = SPEC_TYPES["draft-simple"]  # llama-server's drafter for -md alone
     if args.n_max is not None:
         given = [f for f, a in (("-k", "k"), ("--k-max", "k_max")) if getattr(args, a) is not None]
         if given:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import signal
 import socket
@@ -362,32 +361,31 @@ def check_logit_bias(role, where: str) -> None:
 
 
 def check_drafter(role, from_config: bool):
-    """The role's drafter: a valid name, buildable by a server (no datastore can be given to one; mtp only on a
-    model with a NextN head), with its draft model resolved and checked; returns the role with its draft settled."""
-    from ..drafters.base import check_name
-    from ..drafters.moe_self import MoeSelfConfig
+    """The role's drafter: a valid name, buildable by a server (no datastore can be given to one), what it needs of
+    the model there (``Needs.check``: mtp a NextN head, moe-self experts), with its draft model resolved and checked;
+    returns the role with its draft settled. Asked of the registry (``drafters.base``), never by drafter name."""
+    from ..drafters.base import Asked, check_target, needs_datastore, reads_draft_model
     from ..modelfile.compat import require_draftable
     from ..modelfile.meta import read_gguf
     from ..llama import check_gguf_file
-    from ..server.roles import check_mtp
+    from ..server.roles import SERVE_ALTERNATIVES
 
     where = f"role {role.name!r}'s drafter" if from_config else "--drafter"
-    built = check_name(role.drafter, where)
-    meta = functools.cache(lambda: read_gguf(role.model, tensors=False))  # the model's metadata, read once if asked
-    if "rest" in built:
-        raise InvalidParameterError(f"{where} {role.drafter!r} needs rest's datastore, and specstack serve cannot be "
-                                    "given one; choose prompt-lookup, suffix or draft-model (or a cascade of them)")
-    if "moe-self" in built:
-        meta().expert_override(MoeSelfConfig().draft_experts, f"{where} {role.drafter!r}")
-    check_mtp(role.model, role.drafter, f"{where} {role.drafter}",  # no NextN head: one line, before the load
-              "mtp needs a model with NextN layers (`specstack check -m MODEL` lists them)")
+    stored = needs_datastore(role.drafter, where)  # the name checked first
+    if stored is not None:
+        raise InvalidParameterError(f"{where} {role.drafter!r} needs {stored}'s datastore, and specstack serve cannot "
+                                    f"be given one; choose {SERVE_ALTERNATIVES} (or a cascade of them)")
+    meta = read_gguf(role.model, tensors=False)  # the model's metadata, read once
+    # what each drafter needs of the model (mtp: a NextN head; moe-self: experts): one line, before the load
+    check_target(role.drafter, meta, Asked(f"{where} {role.drafter}", alternatives=f"{SERVE_ALTERNATIVES}; mtp "
+                                            "needs a model with NextN layers (`specstack check -m MODEL` lists them)"))
     if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
         check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
         require_draftable(role.model, role.draft)
     fix = f'draft = "{{path}}" in role {role.name!r}' if from_config else "-md {path}"
-    if "draft-model" in built:
-        role = dataclasses.replace(role, draft=resolve_draft(meta(), role.draft, f"{where} {role.drafter!r}", fix))
-    elif role.draft is None and bundled_draft_fits(bundled_draft_check(meta())):
+    if reads_draft_model(role.drafter):
+        role = dataclasses.replace(role, draft=resolve_draft(meta, role.draft, f"{where} {role.drafter!r}", fix))
+    elif role.draft is None and bundled_draft_fits(bundled_draft_check(meta)):
         # for requests that ask for draft-model; a draft left None means the role has no usable one
         role = dataclasses.replace(role, draft=DEFAULT_DRAFT)
     return role

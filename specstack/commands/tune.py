@@ -52,20 +52,19 @@ DEFAULT_SOURCES = ("prompt-lookup", "draft-model")
 
 
 def sources_for(args: argparse.Namespace) -> list[str]:
-    """--sources, checked before any load; by default ``DEFAULT_SOURCES``, and mtp where the model's NextN head is
-    one this llama.cpp drafts from (as generate names it there: a tuned profile should weigh the drafter that
-    needs no second model).  An mtp source on a model without one is refused in one line from its metadata."""
-    from ..drafters.base import check_name
-    from ..drafters.mtp import check_mtp_model
+    """--sources, checked before any load; by default ``DEFAULT_SOURCES``, and the drafters the model offers itself
+    (``Needs.offered``: mtp where its NextN head is one this llama.cpp drafts from, as generate names it there: a
+    tuned profile should weigh the drafter that needs no second model).  A source the model cannot have (mtp on a
+    model without a head, ``Needs.check``) is refused in one line from its metadata."""
+    from ..drafters.base import Asked, check_name, check_target, offered_by
     from ..modelfile.meta import read_gguf
 
     if args.sources is None:
-        mtp = read_gguf(args.model, tensors=False).mtp_mode == "single head"
-        return [*DEFAULT_SOURCES, *(["mtp"] if mtp else [])]
+        return [*DEFAULT_SOURCES, *offered_by(read_gguf(args.model, tensors=False))]
     sources = [s for s in args.sources.split(",") if s]
     for source in sources:
-        if "mtp" in check_name(source, "--sources"):
-            check_mtp_model(args.model, f"--sources {source}")
+        check_name(source, "--sources")
+        check_target(source, Path(args.model), Asked(f"--sources {source}"))
     return sources
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from ..draft_length import Budget, Go
 from ..errors import InvalidParameterError
 from ..llama import Target
 from ..types import Draft, HiddenRows
+
+if TYPE_CHECKING:
+    from ..modelfile.meta import GGUFInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +248,63 @@ class Sources:
 _SOURCES: dict[str, Sources] = {}
 
 
-def register(name: str, sources: Sources | None = None) -> Callable[[DrafterFactory], DrafterFactory]:
+@dataclass(frozen=True)
+class Asked:
+    """Where a drafter is asked for, in the words its ``Needs.check`` refuses a target with: ``where`` names it (the
+    flag or field and the name given: ``--drafter mtp``, ``speculative.drafter 'mtp' on role 'coder'``),
+    ``options`` are the drafter options given (by name: mtp's assistant is ``draft_model``, moe-self's experts
+    ``draft_experts``), ``alternatives`` the drafters that work there instead (None: the drafter's own list)."""
+
+    where: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    alternatives: str | None = None
+
+
+# Refuses, from a target's GGUF metadata, a target a drafter cannot draft for; returns a draft file it reads (mtp's
+# assistant on gemma4), else None.
+TargetCheck = Callable[["GGUFInfo", Asked], "Path | None"]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter needs beyond a loaded target, declared beside its ``@register`` and read through the registry
+    (``needs_of``, ``reads_draft_model``, ``needs_datastore``, ``check_target``) by the CLI's checks, a server's
+    roles, its worker and its requests alike: none of them matches drafter names, and a new drafter that needs one of
+    these is checked everywhere by declaring it.
+
+    ``draft_model``: it drafts with a second GGUF (-md, a role's ``draft``), settled before any load (the bundled
+    draft only where it fits the target). ``datastore``: it reads a datastore built beforehand (--datastore), which
+    no server is given. ``check``: what it needs of the target, checked from the target's GGUF metadata before a load
+    (mtp: NextN layers this llama.cpp drafts from; moe-self: experts), so a model that cannot have it fails in one
+    line, in milliseconds, instead of after minutes of loading. ``offered``: the target itself offers it (a draft
+    head shipped in the model), so ``tune`` weighs it unasked. (What a drafter does beyond ``Drafter`` once built,
+    hidden rows among it, is ``DrafterTraits``, read from the instance.)"""
+
+    draft_model: bool = False
+    datastore: bool = False
+    check: TargetCheck | None = None
+    offered: Callable[["GGUFInfo"], bool] | None = None
+
+    @property
+    def servable(self) -> bool:
+        """Whether a server role can build it: everything a server may be given (a draft model, not a datastore)."""
+        return not self.datastore
+
+
+_NEEDS: dict[str, Needs] = {}
+
+
+def register(name: str, sources: Sources | None = None,
+             needs: Needs | None = None) -> Callable[[DrafterFactory], DrafterFactory]:
     """Class/function decorator: make a drafter available by its kebab-case name; ``sources``: it is
-    compound and takes a list of other drafters after a colon (``cascade:suffix,prompt-lookup``)."""
+    compound and takes a list of other drafters after a colon (``cascade:suffix,prompt-lookup``); ``needs``: what
+    it needs beyond a loaded target (``Needs``; None: nothing)."""
 
     def deco(factory: DrafterFactory) -> DrafterFactory:
         _REGISTRY[name] = factory
         if sources is not None:
             _SOURCES[name] = sources
+        _NEEDS[name] = needs or Needs()
         return factory
 
     return deco
@@ -323,6 +376,45 @@ def check_name(name: str, where: str = "--drafter") -> list[str]:
     """
     base, parts = parse_name(name, where)
     return [base, *parts]
+
+
+def needs_of(name: str, where: str = "--drafter") -> dict[str, Needs]:
+    """What each drafter ``name`` builds needs, by drafter (a cascade's or fusion's parts too; the compound itself
+    needs nothing of its own); an invalid name is an error naming ``where`` (``check_name``)."""
+    return {part: _NEEDS[part] for part in check_name(name, where)}
+
+
+def reads_draft_model(name: str, where: str = "--drafter") -> bool:
+    """Whether a drafter ``name`` builds drafts with a second GGUF (``Needs.draft_model``: -md, a role's draft)."""
+    return any(n.draft_model for n in needs_of(name, where).values())
+
+
+def needs_datastore(name: str, where: str = "--drafter") -> str | None:
+    """The first drafter ``name`` builds that reads a datastore (``Needs.datastore``), which no server is given;
+    None where none does."""
+    return next((part for part, n in needs_of(name, where).items() if n.datastore), None)
+
+
+def offered_by(meta: "GGUFInfo") -> list[str]:
+    """The drafters the target of ``meta`` (its GGUF metadata) offers itself (``Needs.offered``: a draft head it
+    ships), in the registry's order."""
+    return [name for name in available() if _NEEDS[name].offered is not None and _NEEDS[name].offered(meta)]
+
+
+def check_target(name: str, target: "GGUFInfo | Path", asked: Asked) -> Path | None:
+    """Each drafter ``name`` builds checked against its target (``Needs.check``), from the target's GGUF metadata
+    (``target``: the metadata, read once by the caller, or the GGUF's path: read here only where a drafter checks
+    it), before any load; refused in the words of ``asked``. Returns the draft file one of them reads (mtp's
+    assistant), else None."""
+    checks = [n.check for n in needs_of(name, asked.where).values() if n.check is not None]
+    if checks and isinstance(target, (str, Path)):
+        from ..modelfile.meta import read_gguf
+
+        target = read_gguf(target, tensors=False)
+    found = None
+    for check in checks:
+        found = check(target, asked) or found
+    return found
 
 
 def create(name: str, ctx: BuildContext) -> Drafter:

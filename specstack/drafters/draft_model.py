@@ -31,7 +31,8 @@ from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import BuildContext, DraftChain, Drafter, DraftRequest, ModelDraftConfig, config_from_options, register
+from .base import (BuildContext, DraftChain, Drafter, DraftRequest, ModelDraftConfig, Needs, config_from_options,
+                   register)
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def _ctx_origin(target: object) -> str:
     return f"its context, the target's {target.n_ctx} positions per sequence ({how}),"  # type: ignore[attr-defined]
 
 
-@register("draft-model")
+@register("draft-model", needs=Needs(draft_model=True))
 def _build(ctx: BuildContext) -> Drafter:
     """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""
     from ..modelfile.compat import TRANSLATABLE, require_draftable

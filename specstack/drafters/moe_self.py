@@ -17,11 +17,15 @@ token-by-token rule, cascades and fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidParameterError
 from ..llama import LlamaModel, ModelConfig
-from .base import BuildContext, config_from_options, register
+from .base import Asked, BuildContext, Needs, config_from_options, register
 from .draft_model import _warm_up, DraftModelConfig, DraftModelDrafter
+
+if TYPE_CHECKING:
+    from ..modelfile.meta import GGUFInfo
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,12 @@ class MoeSelfConfig:
             raise InvalidParameterError(f"draft_experts must be >= 1 (got {self.draft_experts})")
 
 
-@register("moe-self")
+def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
+    """``Needs.check``: a mixture-of-experts target with at least the draft's experts (``draft_experts``)."""
+    meta.expert_override(config_from_options(MoeSelfConfig, asked.options).draft_experts, asked.where)
+
+
+@register("moe-self", needs=Needs(check=_check_target))
 def _build(ctx: BuildContext) -> DraftModelDrafter:
     config = config_from_options(MoeSelfConfig, ctx.options)
     model = LlamaModel(

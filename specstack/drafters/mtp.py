@@ -44,7 +44,8 @@ from ..llama.mtp import MtpRow
 from ..llama.target import MtpTarget
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
-from .base import BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, config_from_options, register
+from .base import (Asked, BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, Needs, config_from_options,
+                   register)
 
 if TYPE_CHECKING:
     from ..modelfile.meta import GGUFInfo
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 # (pycoder-6m-mtp, fixed k 1 and 3), a head whose cache held only the prompt's last 8 positions drafted as well as
 # one that held the whole prompt (331/425 against 331/424 tokens accepted at k 1, 446/926 against 446/925 at k 3).
 CATCH_UP = 8
+
+NAME = "mtp"  # its registry name, which a model's note names (``note_mtp``, ``loading.settle_drafts``)
 
 
 @dataclass(frozen=True)
@@ -432,7 +435,19 @@ def note_mtp(meta: "GGUFInfo", command: str = "specstack") -> None:
               "(NextN) layer(s); --drafter mtp drafts from them (or cascade:suffix,mtp)", file=sys.stderr, flush=True)
 
 
-@register("mtp")
+def _check_target(meta: "GGUFInfo", asked: Asked) -> Path | None:
+    """``Needs.check``: NextN layers this llama.cpp drafts from (``check_mtp_meta``), or gemma4's assistant given as
+    ``draft_model`` (-md); returns the assistant."""
+    return check_mtp_meta(meta, Path(meta.path).name, asked.where, asked.options.get("draft_model"),
+                          asked.alternatives or ALTERNATIVES)
+
+
+def _offered(meta: "GGUFInfo") -> bool:
+    """``Needs.offered``: the model ships one NextN head this llama.cpp drafts from."""
+    return meta.mtp_mode == "single head"
+
+
+@register(NAME, needs=Needs(check=_check_target, offered=_offered))
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(MtpConfig, ctx.options)
     assistant = None

@@ -15,7 +15,7 @@ from typing import Sequence
 from ..retrieval.datastore import Datastore
 from ..errors import InvalidParameterError, VocabMismatchError
 from ..types import Draft
-from .base import BuildContext, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftRequest, Needs, config_from_options, register
 
 DEMO_STORE = Path("~/.cache/specstack/datastore-stdlib")
 
@@ -130,7 +130,7 @@ def check_store_matches_target(store: Datastore, target: object) -> None:
         )
 
 
-@register("rest")
+@register("rest", needs=Needs(datastore=True))
 def _build(ctx: BuildContext) -> RestDrafter:
     drafter = RestDrafter(config_from_options(RestConfig, ctx.options))
     if ctx.target is not None:

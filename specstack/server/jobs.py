@@ -14,10 +14,11 @@ from typing import Any
 
 from fastapi import Request
 
-from ..drafters.base import check_name
+from ..drafters.base import Asked, check_name, check_target
 from ..drafters.options import check_drafter_options, inapplicable
 from ..errors import SpecstackError
 from ..generation import GenerationConfig
+from ..loading import SpeculationSpec
 from ..sampling import SamplingParams
 from .backends import Limits, RoleBackend
 from .chat import RenderedChat, render
@@ -25,7 +26,7 @@ from .continuation import continuation, render_continued
 from .request_constraints import ConstraintError, request_constraints, stop_strings
 from .inputs import chat_messages, completion_prompts
 from .responses import ApiError
-from .roles import Role, check_mtp
+from .roles import SERVE_ALTERNATIVES, Role
 from .schema import requested_choices, requested_tokens, wanted_logprobs
 from .structured import StructuredError, request_grammar
 from .tools import (ChoiceOutput, Reasoning, ToolPlan, ToolRequestError, forced_opening, plan as tool_plan,
@@ -231,9 +232,9 @@ def _max_tokens(body: Any, limits: Limits, capacity: int) -> int:
     return max_tokens
 
 
-def _speculative(body: Any, role: Role) -> dict[str, Any]:
-    """The request's ``speculative`` settings, checked against the drafters' configs and the role: refused here,
-    before the job is queued, rather than by the engine thread."""
+def _speculative(body: Any, role: Role) -> SpeculationSpec:
+    """How the request speculates: its ``speculative`` settings, checked against the drafters' configs and the role
+    (refused here, before the job is queued, rather than by the engine thread), over the role's own."""
     spec = _dotted(body, body.speculative.model_dump(exclude_none=True) if body.speculative else {})
     if "drafter" in spec:
         check_drafter(spec["drafter"], role)
@@ -250,7 +251,7 @@ def _speculative(body: Any, role: Role) -> dict[str, Any]:
         raise ApiError(400, f"speculative.tree: role {role.name!r} cannot verify token trees (a role verifies them "
                        "with tree = true and parallel = 1 in its roles file); leave tree out",
                        param="speculative.tree")
-    return spec
+    return role.speculative(spec.get("drafter")).with_request(spec)
 
 
 def _dotted(body: Any, spec: dict[str, Any]) -> dict[str, Any]:
@@ -326,12 +327,14 @@ def _slot(body: Any, role: Role) -> int | None:
 
 
 def check_drafter(name: str, role: Role) -> None:
-    """A request's drafter: a known name, and mtp only where the role's model has a NextN head (refused here,
-    from the GGUF's metadata, rather than by the engine thread once the job is queued)."""
+    """A request's drafter: a known name, and what it needs of the role's model there (``Needs.check``: mtp a NextN
+    head, moe-self experts; refused here, from the GGUF's metadata, rather than by the engine thread once the job is
+    queued)."""
     try:
         check_name(name, "speculative.drafter")
-        check_mtp(role.model, name, f"speculative.drafter {name!r} on role {role.name!r}",
-                  "mtp needs a model with NextN layers: ask for a role whose model has them")
+        check_target(name, role.model, Asked(f"speculative.drafter {name!r} on role {role.name!r}",
+                                             alternatives=f"{SERVE_ALTERNATIVES}; mtp needs a model with NextN layers: "
+                                             "ask for a role whose model has them"))
     except SpecstackError as exc:
         raise ApiError(400, str(exc), param="speculative.drafter") from None
 

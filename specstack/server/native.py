@@ -63,7 +63,7 @@ def default_params(role: Any, limits: Any, target: Any = None) -> dict[str, Any]
             "min_keep": 0, "logit_bias": logit_bias_settings(controls, target),
             "samplers": list(chain) if chain is not None else ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "speculative.n_max": role.k_max or DEFAULT_K_MAX, "speculative.n_min": 0,
-            "speculative": {"drafter": role.drafter, "k_policy": role.k_policy, "k": role.k, "k_max": role.k_max},
+            "speculative": role.speculative().settings(),
             "timings_per_token": False, "post_sampling_probs": False, "lora": []}
 
 
@@ -79,9 +79,7 @@ def request_params(job: Any, w: Any, limits: Any) -> dict[str, Any]:
             "logit_bias": logit_bias_settings(c, w.target),
             "min_tokens": c.min_tokens, "stop": list(config.stop), "stop_token_ids": list(config.stop_token_ids),
             "n_probs": config.logprobs or 0, "post_sampling_probs": config.post_sampling_probs,
-            "speculative": {"drafter": job.speculative.get("drafter", role.drafter),
-                            "k_policy": job.speculative.get("k_policy", role.k_policy),
-                            "k": job.speculative.get("k", role.k), "k_max": job.speculative.get("k_max", role.k_max)}}
+            "speculative": job.speculative.settings()}
 
 
 

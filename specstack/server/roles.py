@@ -41,7 +41,7 @@ from ..gbnf import check_gbnf
 from ..errors import InvalidParameterError
 from ..paths import DEFAULT_TARGET
 from ..profiles import load_profile, read_toml
-from ..loading import DEFAULT_TREE_BRANCHES, TargetSpec
+from ..loading import DEFAULT_TREE_BRANCHES, SpeculationSpec, TargetSpec
 from ..llama.kv import DEFAULT_KV_TYPE, KV_TYPES, is_quantized
 from ..llama.recurrent import DEFAULT_DEPTH, STRATEGIES
 from .request_constraints import ConstraintDefaults
@@ -151,14 +151,13 @@ class Role:
                           special=self.special, kv_overrides=self.kv_overrides, context_params=self.context_params,
                           model_params=self.model_params)
 
-    def speculative(self, drafter: str | None = None) -> dict[str, Any]:
+    def speculative(self, drafter: str | None = None) -> SpeculationSpec:
         """The role's speculation settings for a generation drafting with ``drafter`` (None: the role's own):
         its p_min only where that drafter reads one."""
         chosen = drafter or self.drafter
-        spec: dict[str, Any] = {"drafter": chosen, "k_policy": self.k_policy, "k": self.k, "k_max": self.k_max}
-        if self.p_min is not None and inapplicable(chosen, {"p_min"}) is None:
-            spec["p_min"] = self.p_min
-        return spec
+        reads_p_min = self.p_min is not None and inapplicable(chosen, {"p_min"}) is None
+        return SpeculationSpec(drafter=chosen, k_policy=self.k_policy, k=self.k, k_max=self.k_max,
+                               options={"p_min": self.p_min} if reads_p_min else {})
 
     def sampling(self) -> dict[str, Any]:
         """The sampling defaults this role sets (only those it sets: the route fills the rest)."""
@@ -422,21 +421,9 @@ PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presenc
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
-# What a server can draft with on any model, where a role or a request asks for mtp on one without NextN layers
-# (rest needs a datastore, which no server is given).
+# What a server can draft with on any model, where a role or a request asks for a drafter the model cannot have (mtp
+# on one without NextN layers) or one that needs a datastore, which no server is given (``commands.serve``, ``jobs``).
 SERVE_ALTERNATIVES = "prompt-lookup, suffix or draft-model"
-
-
-def check_mtp(model: Path, drafter: str, where: str, fix: str) -> None:
-    """Refuse ``drafter`` where it runs mtp (alone, or in a cascade or fusion) and ``model`` has no NextN head this
-    llama.cpp drafts from: ``drafters.mtp.check_mtp_model``'s one line, from the GGUF's metadata (milliseconds),
-    with the drafters a server can use instead and ``fix``.  Checked at startup for a role's drafter and before a
-    request is queued for its ``speculative.drafter``, so neither fails after a load nor inside the engine."""
-    from ..drafters.base import check_name
-    from ..drafters.mtp import check_mtp_model
-
-    if "mtp" in check_name(drafter, where):
-        check_mtp_model(model, where, alternatives=f"{SERVE_ALTERNATIVES}; {fix}")
 
 
 def default_roles(parallel: int = 4, **overrides: Any) -> list[Role]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..constraints import dead_end_message
-from ..drafters.base import check_name
+from ..drafters.base import reads_draft_model
 from ..drafters.options import DRAFTER_FLAGS, inapplicable
 from ..draft_length import DEFAULT_K_MAX, DraftLengthPolicy
 from ..draft_length.costs import CostModel
@@ -34,8 +34,8 @@ from ..drafters.base import Drafter
 from ..engine import Engine
 from ..generation import Generation, GenerationConfig
 from ..errors import InvalidParameterError, SpecstackError
-from ..loading import (build_drafter, build_engine, build_policy, experts_of, load_calibrated, lossy_label,
-                       role_draft)
+from ..loading import (SpeculationSpec, build_drafter, build_engine, build_policy, experts_of, load_calibrated,
+                       lossy_label, role_draft)
 from ..llama import LlamaModel, VocabModel
 from .chat import ChatTemplate, load_template
 from .prometheus import ServerMetrics
@@ -58,7 +58,7 @@ class Job:
 
     prompt_ids: list[int]
     config: GenerationConfig
-    speculative: dict[str, Any]
+    speculative: SpeculationSpec  # the role's settings with the request's over them (``jobs._speculative``)
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     deadline: float | None = None
@@ -314,18 +314,18 @@ class RoleWorker:
             self._grammar_keeper = VocabModel(self.role.model, f"tokenizer of role {self.role.name!r}")
         self.target.adopt_grammars(self._grammar_keeper)
 
-    def _drafter(self, spec: dict[str, Any], temperature: float) -> Drafter:
+    def _drafter(self, spec: SpeculationSpec, temperature: float) -> Drafter:
         """One drafter instance per distinct setting (it serves every generation that uses it)."""
-        options = {k: v for k, v in spec.items() if k not in ("drafter", "k_policy", "k", "k_max")}
-        if self.role.tree and "tree" not in options and inapplicable(spec["drafter"], {"tree"}) is None:
+        options = dict(spec.options)
+        if self.role.tree and "tree" not in options and inapplicable(spec.drafter, {"tree"}) is None:
             options["tree"] = True  # the role verifies trees: its tree-capable drafters draft them
-        if "draft-model" in check_name(spec["drafter"]):
+        if reads_draft_model(spec.drafter):
             options.setdefault("draft_model", self._draft_model())
-        sampled = temperature > 0 and spec["drafter"] != "none"
-        key = json.dumps([spec["drafter"], sampled, sorted((k, str(v)) for k, v in options.items())])
+        sampled = temperature > 0 and spec.drafter != "none"
+        key = json.dumps([spec.drafter, sampled, sorted((k, str(v)) for k, v in options.items())])
         drafter = self._drafters.get(key)
         if drafter is None:
-            drafter = self._drafters[key] = build_drafter(spec["drafter"], self.target, options, 1.0 if sampled else 0.0)
+            drafter = self._drafters[key] = build_drafter(spec.drafter, self.target, options, 1.0 if sampled else 0.0)
         return drafter
 
     def _draft_model(self) -> Path:
@@ -341,11 +341,11 @@ class RoleWorker:
                 "vocabulary differs from the bundled draft's); a roles file gives one with the key draft")
         return draft
 
-    def _policy(self, spec: dict[str, Any]) -> DraftLengthPolicy:
-        key = json.dumps([spec["k_policy"], spec["k"], spec.get("k_max")])
+    def _policy(self, spec: SpeculationSpec) -> DraftLengthPolicy:
+        key = json.dumps([spec.k_policy, spec.k, spec.k_max])
         policy = self._policies.get(key)
         if policy is None:
-            policy = self._policies[key] = build_policy(spec["k_policy"], spec["k"], k_max=spec.get("k_max"),
+            policy = self._policies[key] = build_policy(spec.k_policy, spec.k, k_max=spec.k_max,
                                                         costs=self._costs)  # one calibration per role, shared
         return policy
 
@@ -363,17 +363,18 @@ class RoleWorker:
 
     def _start(self, job: Job) -> None:
         role = self.role
-        spec = {**role.speculative(job.speculative.get("drafter")), **job.speculative}
+        spec = job.speculative
         try:
             drafter = self._drafter(spec, job.config.sampling.temperature)
             policy = self._policy(spec).fork()
         except SpecstackError as exc:  # the request's drafter cannot run on this role: its field is named
-            field = "speculative.drafter" if "drafter" in job.speculative else "speculative" if job.speculative else None
-            self._fail(job, 400, f"drafter {spec['drafter']!r} cannot run on role {role.name!r}: "
+            asked = spec.requested
+            field = "speculative.drafter" if "drafter" in asked else "speculative" if asked else None
+            self._fail(job, 400, f"drafter {spec.drafter!r} cannot run on role {role.name!r}: "
                                  f"{api_words(str(exc))}; choose another one", "invalid_request_error", param=field)
             return
         except Exception as exc:
-            self._fail(job, 500, f"could not build drafter {spec['drafter']!r}: {exc}", "server_error")
+            self._fail(job, 500, f"could not build drafter {spec.drafter!r}: {exc}", "server_error")
             return
         try:
             job.gen = self.engine.generate(job.prompt_ids, job.config, drafter=drafter, policy=policy)
