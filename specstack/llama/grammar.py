@@ -3,11 +3,13 @@
 Grammars are llama.cpp's GBNF (what ``llama-server`` takes for ``grammar``, ``json_schema`` and
 ``response_format``, JSON schemas through llama.cpp's converter), parsed by llama.cpp first, so what is
 accepted and refused is llama.cpp's; the parse state then runs on llguidance (``guidance.GuidedGrammar``), or on
-llama.cpp's own grammar sampler (``Grammar``) where llguidance cannot read the text (``GrammarCache``).  Either
-state answers the same questions: ``allowed`` about a few candidate ids (what the greedy path needs: the
-constrained argmax is almost always among the top logits), ``mask`` about the whole vocabulary (what sampling
-needs), ``accept`` and ``walk`` advance it, ``forced`` says which tokens it forces next (the grammar draft
-source), and ``copy`` forks it, so a draft can be walked without touching the committed state.
+llama.cpp's own grammar sampler (``Grammar``) where llguidance cannot read the text: ``choose_engine`` is the one
+place that decides.  Either state is a ``grammar_engine.GrammarState`` and answers the same questions: ``allowed``
+about a few candidate ids (what the greedy path needs: the constrained argmax is almost always among the top
+logits), ``mask`` about the whole vocabulary (what sampling needs), ``accept`` and ``walk`` advance it, ``forced``
+says which tokens it forces next (the grammar draft source), and ``copy`` forks it, so a draft can be walked
+without touching the committed state; what only one engine does is a trait of the state (``traits``).
+``GrammarCache`` is a vocabulary's ``grammar_engine.GrammarEngine``: the states built once, on one thread.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..gbnf import check_gbnf
 from ..json_schema import INT_BOUNDS, KNOWN_FORMATS, SchemaError, check_schema, integer_bounds, integer_range, resolve_ref
 from . import guidance
 from .backend import llama_cpp_module
-from .guidance import GuidedGrammar
+from .grammar_engine import GrammarState, GrammarTraits
 
 # llama_token_data as numpy sees it: id (int32), logit (float), p (float), 12 bytes, no padding.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -250,7 +252,9 @@ class Grammar:
         self._cands: np.ndarray | None = None
 
     engine = "llama.cpp"
-    supports_lazy = False  # a lazy grammar (triggers) is fed the trigger's text, which llama.cpp's sampler cannot take
+    # llama.cpp's sampler takes tokens, not a lazy grammar's trigger text; it cannot say what it forces short of a
+    # whole-vocabulary check a token, so it neither forces nor learns spellings
+    traits = GrammarTraits(lazy=False, forces=False, learns=False)
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
@@ -309,9 +313,18 @@ class Grammar:
             self._lc.llama_sampler_accept(self._smpl, int(tok))
         return len(token_ids)
 
+    def feed(self, text: bytes) -> bool:
+        """Refused: llama.cpp's sampler takes tokens, not text (``traits.lazy`` is False, so a lazy grammar never
+        runs on it: ``constraints`` refuses it first)."""
+        raise ValueError("llama.cpp's grammar sampler cannot be fed text: a lazy grammar needs llguidance")
+
     def forced(self) -> list[int]:
         """None proposed: llama.cpp's sampler cannot say what it forces short of a whole-vocabulary check a token."""
         return []
+
+    def learn(self, token_ids: Sequence[int]) -> int:
+        """Nothing learnt: this engine proposes no forced text, so it has no spellings to keep."""
+        return 0
 
     error = ""
 
@@ -453,7 +466,7 @@ class GrammarCache:
         self._built: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
-    def prepare(self, gbnf: str) -> Future:
+    def prepare(self, gbnf: str) -> "Future[GrammarState]":
         """The start state of ``gbnf``, built (or being built) on the builder thread."""
         with self._lock:
             future = self._built.get(gbnf)
@@ -480,22 +493,34 @@ class GrammarCache:
         (``RoleWorker._load``)."""
         return BUILDER.run(self._ensure_tokenizer)
 
-    def get(self, gbnf: str) -> "Grammar | GuidedGrammar":
+    def get(self, gbnf: str) -> GrammarState:
         """A fresh copy of ``gbnf``'s start state (built now, on the builder thread, if it was not prepared)."""
         return self.prepare(gbnf).result().copy()
 
-    def _build(self, gbnf: str) -> "Grammar | GuidedGrammar":
-        """On the builder thread: llama.cpp parses ``gbnf`` (its refusal is the answer), then llguidance runs it."""
-        sampler = _init_sampler(llama_cpp_module(), self._vocab, gbnf)
-        try:
-            matcher = guidance.compile_gbnf(self._ensure_tokenizer(), gbnf)
-        except InvalidParameterError:
-            return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
-        llama_cpp_module().llama_sampler_free(sampler)
-        return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf, self.spellings)
+    def _build(self, gbnf: str) -> GrammarState:
+        """On the builder thread: ``gbnf``'s start state on the engine that runs it."""
+        return choose_engine(self._vocab, self._n_vocab, gbnf, self._ensure_tokenizer, self.spellings)
 
     def _ensure_tokenizer(self) -> Any:
         """llguidance's tokenizer of the vocabulary, built on first use (on the builder thread: one at a time)."""
         if self._tokenizer is None:
             self._tokenizer = guidance.tokenizer(llama_cpp_module(), self._vocab, self._n_vocab, self._eog_ids)
         return self._tokenizer
+
+
+def choose_engine(vocab: Any, n_vocab: int, gbnf: str, tokenizer: Callable[[], Any],
+                  spellings: guidance.Spellings) -> GrammarState:
+    """The start state of ``gbnf``, on the engine that runs it: the one place the engine is chosen.
+
+    llama.cpp parses every grammar first, so its refusal is the answer; llguidance then runs what it can read
+    (``tokenizer()``: its view of the vocabulary, built once), and llama.cpp's own sampler the rest (token
+    references, ``\\u`` escapes in ranges), where a grammar whose whole-vocabulary check would cost too much is
+    refused (``_checked``)."""
+    lc = llama_cpp_module()
+    sampler = _init_sampler(lc, vocab, gbnf)
+    try:
+        state = guidance.compile_gbnf(tokenizer(), n_vocab, gbnf, spellings)
+    except InvalidParameterError:
+        return _checked(Grammar(vocab, gbnf, n_vocab, sampler))
+    lc.llama_sampler_free(sampler)
+    return state
