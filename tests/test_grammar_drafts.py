@@ -18,7 +18,7 @@ from specstack.generation import GenerationConfig
 from specstack.llama import grammar as g
 from specstack.llama.backend import llama_cpp_module
 from specstack.llama.guidance import GuidedGrammar
-from specstack.llama.grammar import schema_to_gbnf
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.paths import DEFAULT_DRAFT
 from specstack.types import Draft
 

@@ -27,8 +27,9 @@ Modules, one job each:
 - ``mtp``: a target's multi-token-prediction head on a context of its own (``MtpTarget``)
 - ``grammar_engine``: the constraint engine's interface (no llama_cpp): ``GrammarState``, ``GrammarTraits``,
   ``GrammarEngine``
-- ``grammar``: JSON schemas as grammars, llama.cpp's grammar engine, the one engine choice (``choose_engine``) and
-  a vocabulary's engine (``GrammarCache``)
+- ``grammar``: llama.cpp's grammar engine, the one engine choice (``choose_engine``) and a vocabulary's engine
+  (``GrammarCache``)
+- ``schema_gbnf``: JSON schemas as GBNF grammars (llama.cpp's converter)
 - ``guidance``: llguidance, the grammar engine that runs what it can read
 """
 
