@@ -267,7 +267,7 @@ class GrammarCache:
 
     llama.cpp parses every grammar first, so what is accepted, refused and said about it is llama.cpp's; the state
     then runs on llguidance (``guidance``: masks in microseconds, forced tokens for drafts), and on llama.cpp's own
-    sampler only where llguidance cannot read the text (``engine`` says which)."""
+    sampler only where llguidance cannot read the text (``choose_engine``; a state's ``engine`` says which)."""
 
     def __init__(self, vocab: Any, n_vocab: int, eog_ids: frozenset[int] = frozenset()) -> None:
         self._vocab = vocab
@@ -297,7 +297,7 @@ class GrammarCache:
                 self._built.popitem(last=False)
             return future
 
-    def warm(self) -> Future:
+    def warm(self) -> "Future[Any]":
         """Build llguidance's tokenizer of this vocabulary now, on the builder thread, so that no request waits for
         it: about 3 s on Gemma 3's 262,144 tokens here (the first constrained request's time to first token went
         from 0.5 s to 3.9 s with it), paid once per vocabulary. A grammar prepared meanwhile queues behind it.
