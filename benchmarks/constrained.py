@@ -16,7 +16,7 @@ import statistics
 from typing import Any
 
 from specstack.bench.serving import Server, Stats, llama_server, specstack_serve, stream, table, with_client
-from specstack.llama.grammar import schema_to_gbnf
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.paths import DEFAULT_TARGET
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {

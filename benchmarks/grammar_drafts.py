@@ -19,7 +19,7 @@ from specstack.calibration import ensure_shapes
 from specstack.constraints import Constraints
 from specstack.generation import GenerationConfig
 from specstack.llama import LlamaModel, ModelConfig
-from specstack.llama.grammar import schema_to_gbnf
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.loading import build_engine
 from specstack.paths import DEFAULT_TARGET
 from specstack.ui import table

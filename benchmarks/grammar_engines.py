@@ -22,6 +22,7 @@ from specstack.generation import GenerationConfig
 from specstack.llama import LlamaModel, ModelConfig
 from specstack.llama import grammar as g
 from specstack.llama.backend import llama_cpp_module
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.loading import build_engine
 from specstack.sampling import SamplingParams
 from specstack.ui import table
@@ -85,7 +86,7 @@ def main() -> None:
     ensure_shapes(model, "off")  # plain decoding: one-row steps, whatever exactness would pad them to
     prompt = (f"<start_of_turn>user\nDescribe this invoice as a JSON object.\n\n{DOCUMENT}<end_of_turn>\n"
               "<start_of_turn>model\n")
-    gbnf = g.schema_to_gbnf(SCHEMA)
+    gbnf = schema_to_gbnf(SCHEMA)
     kinds = {"unconstrained": None, "llguidance": gbnf, "llama.cpp's sampler": gbnf + NATIVE}
     for grammar in (gbnf, gbnf + NATIVE):
         model.grammar(grammar)  # built and cached before the clock: llguidance's tokenizer takes a second or two

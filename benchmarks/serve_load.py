@@ -472,7 +472,7 @@ async def run_burst(client: openai.AsyncOpenAI, server: Server, clients: int, pl
 
 def agent_grammars() -> list[str]:
     """Each agentic turn's grammar, as the GBNF text both servers get (llama.cpp's converter)."""
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     return [schema_to_gbnf(schema) for _, schema in AGENT_TASKS]
 
@@ -581,7 +581,7 @@ def tool_result(call: str, path: str, doc: str) -> str:
 
 async def run_tools(client: openai.AsyncOpenAI, server: Server, clients: int, plan: Plan) -> dict[str, Any]:
     """One file a conversation: the task first, then each tool call's result as the next message."""
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     grammar = schema_to_gbnf(TOOL_SCHEMA)
 

@@ -25,7 +25,7 @@ from .errors import InvalidParameterError
 from .sampling import SamplingParams, target_probs
 
 if TYPE_CHECKING:
-    from .llama.grammar import Grammar
+    from .llama.grammar_engine import GrammarState
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
 
@@ -41,7 +41,7 @@ class Constraints:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans the token
     min_tokens: int = 0  # no end of generation (or stop token) before this many output tokens
     ignore_eos: bool = False  # end-of-generation tokens are banned (llama-server's ignore_eos)
-    grammar: str | None = None  # GBNF (llama.cpp's), enforced by llguidance (``llama.guidance``)
+    grammar: str | None = None  # GBNF (llama.cpp's), enforced by the target's grammar engine (``llama.grammar_engine``)
     # Lazy grammar (llama.cpp's grammar_lazy): free text until the output contains one of these words, then the
     # grammar, which must match from the trigger on (a tool call's opening, under tool_choice "auto").
     grammar_triggers: tuple[str, ...] = ()
@@ -87,7 +87,7 @@ class ConstraintState:
     """
 
     def __init__(self, constraints: Constraints, n_vocab: int, eog_ids: frozenset[int],
-                 stop_ids: frozenset[int] = frozenset(), grammar: "Grammar | None" = None,
+                 stop_ids: frozenset[int] = frozenset(), grammar: "GrammarState | None" = None,
                  token_bytes: Callable[[int], bytes] | None = None) -> None:
         self.c = constraints
         self.n_vocab = n_vocab
@@ -95,8 +95,8 @@ class ConstraintState:
         self._lazy = _Lazy(grammar, constraints.grammar_triggers, token_bytes) if constraints.grammar_triggers \
             and grammar is not None else None
         self.grammar = None if self._lazy is not None else grammar
-        # The start state, for ``learn`` (llguidance's only; a lazy grammar's start is wherever its trigger came).
-        self._origin = grammar.copy() if self.grammar is not None and hasattr(grammar, "learn") else None
+        # The start state, for ``learn`` (where the engine learns; a lazy grammar's start is wherever its trigger came).
+        self._origin = grammar.copy() if self.grammar is not None and grammar.traits.learns else None
         self._waiting = b""  # a lazy grammar's output text so far, while no trigger has come
         bias = {t: b for t, b in constraints.logit_bias}
         bad = [t for t in bias if t >= n_vocab]
@@ -187,7 +187,7 @@ class ConstraintState:
         vals -= counts * self.c.frequency_penalty + self.c.presence_penalty
         out[ids] = vals
 
-    def _argmax(self, row: np.ndarray, state: "Grammar | None") -> int | None:
+    def _argmax(self, row: np.ndarray, state: "GrammarState | None") -> int | None:
         """The best token the grammar allows: the argmax where allowed, else the engine's own search
         (``best_allowed``: each engine knows what its masks cost); None where the grammar, the bias and the bans
         together allow nothing."""
@@ -210,17 +210,17 @@ class ConstraintState:
 
     def learn(self, output_ids: Sequence[int]) -> int:
         """A finished answer teaches the grammar source how this model spells the text the grammar forced
-        (``guidance.Spellings``); how many spellings differed from the tokenizer's."""
+        (``GrammarState.learn``); how many spellings differed from the tokenizer's."""
         return self._origin.learn(output_ids) if self._origin is not None else 0
 
     # -- the grammar's progress along tokens ---------------------------------------------------------------------
 
-    def _start(self) -> "tuple[Grammar | None, bytes]":
+    def _start(self) -> "tuple[GrammarState | None, bytes]":
         """A copy of the committed grammar state (None: no grammar, or a lazy one still waiting) and the text a
         waiting one has seen."""
         return (self.grammar.copy() if self.grammar is not None else None), self._waiting
 
-    def _next(self, state: "Grammar | None", waiting: bytes, tok: int) -> "tuple[Grammar | None, bytes]":
+    def _next(self, state: "GrammarState | None", waiting: bytes, tok: int) -> "tuple[GrammarState | None, bytes]":
         """The grammar's progress after ``tok``: the state advanced, or a lazy grammar's text grown, and its state
         from the trigger on where ``tok`` completed one."""
         if state is not None:
@@ -236,16 +236,17 @@ class _Lazy:
     from there (llama.cpp's ``grammar_lazy``: the token that completes the trigger is free; the grammar is fed the
     text from the trigger's start, and constrains every token after)."""
 
-    def __init__(self, grammar: "Grammar", triggers: Sequence[str], token_bytes: Callable[[int], bytes] | None) -> None:
-        if token_bytes is None or not grammar.supports_lazy:
-            raise InvalidParameterError("a lazy grammar (grammar_triggers) needs llguidance to read the grammar; "
-                                        "this one runs on llama.cpp's engine: send it without triggers")
+    def __init__(self, grammar: "GrammarState", triggers: Sequence[str], token_bytes: Callable[[int], bytes] | None) -> None:
+        if token_bytes is None or not grammar.traits.lazy:
+            raise InvalidParameterError("a lazy grammar (grammar_triggers) needs a grammar engine that takes its "
+                                        f"trigger's text, and this grammar runs on {grammar.engine}'s, which takes "
+                                        "tokens only: send it without triggers")
         self.grammar = grammar  # the start state, copied at each wake
         self.triggers = [t.encode() for t in triggers]
         self.longest = max(len(t) for t in self.triggers)
         self.token_bytes = token_bytes
 
-    def after(self, waiting: bytes, tok: int) -> "tuple[Grammar | None, bytes]":
+    def after(self, waiting: bytes, tok: int) -> "tuple[GrammarState | None, bytes]":
         piece = self.token_bytes(tok)
         text = waiting + piece
         start = max(0, len(waiting) - self.longest + 1)  # a trigger ends in the new piece, or was seen before
@@ -265,7 +266,7 @@ def dead_end_message(n_output: int) -> str:
 
 
 def for_target(constraints: Constraints, n_vocab: int, eog_ids: frozenset[int], stop_ids: frozenset[int],
-               grammar_factory: Callable[[str], "Grammar"] | None,
+               grammar_factory: Callable[[str], "GrammarState"] | None,
                token_bytes: Callable[[int], bytes] | None = None) -> ConstraintState | None:
     """The state a generation starts with, or None when its constraints change nothing."""
     if not constraints.active:

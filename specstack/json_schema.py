@@ -1,6 +1,6 @@
 """JSON schemas as untrusted input: every keyword is enforced or refused, and a schema no value satisfies is refused.
 
-llama.cpp's schema converter (``llama.grammar.schema_to_gbnf``) reads each schema node by the first of its forms
+llama.cpp's schema converter (``llama.schema_gbnf.schema_to_gbnf``) reads each schema node by the first of its forms
 that matches (a ``$ref``, a union, an enum, an object with properties, an array with items, a string with a
 pattern, ...) and silently ignores every other keyword on that node: ``{"type": "integer", "maximum": 120}``
 becomes any integer, and ``allOf`` of a string and an integer becomes ``{}``.  Output that breaks the schema the
@@ -14,7 +14,7 @@ raises ``SchemaError`` (an ``InvalidParameterError``) naming the keyword and whe
 - a length or count bound is over ``gbnf.MAX_REPEAT`` (the converter writes ``maxItems: n`` as n nested groups).
 
 Integer bounds are enforced: ``integer_range`` writes the integers of a range as a grammar, which the converter in
-``llama.grammar`` uses for integer nodes with ``minimum``/``maximum``.  Keywords JSON Schema calls annotations
+``llama.schema_gbnf`` uses for integer nodes with ``minimum``/``maximum``.  Keywords JSON Schema calls annotations
 (``title``, ``description``, ``default``, ``examples``, an unknown ``format``) and unknown vendor keywords are
 ignored, as the JSON Schema specification says they may be.
 """
@@ -200,7 +200,7 @@ class _Checker:
             if schema.get("additionalProperties", True) is False:
                 raise SchemaError(f"property {name!r} is required but additionalProperties false forbids it (it is "
                                   "not among properties), so no value satisfies it", _join(path, "required"))
-            # otherwise it is enforced as a property of any value (``llama.grammar``'s converter adds it)
+            # otherwise it is enforced as a property of any value (``llama.schema_gbnf``'s converter adds it)
 
     def _all_of(self, parts: Any, path: str) -> None:
         if not isinstance(parts, list) or not parts:

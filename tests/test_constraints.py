@@ -14,7 +14,7 @@ from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
 from specstack.errors import InvalidParameterError
 from specstack.generation import GenerationConfig
-from specstack.llama.grammar import schema_to_gbnf
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.sampling import SamplingParams
 
 # A prompt the pycoder model continues with repeats, so prompt lookup and suffix trees draft a lot.

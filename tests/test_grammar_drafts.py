@@ -18,7 +18,7 @@ from specstack.generation import GenerationConfig
 from specstack.llama import grammar as g
 from specstack.llama.backend import llama_cpp_module
 from specstack.llama.guidance import GuidedGrammar
-from specstack.llama.grammar import schema_to_gbnf
+from specstack.llama.schema_gbnf import schema_to_gbnf
 from specstack.paths import DEFAULT_DRAFT
 from specstack.types import Draft
 
@@ -186,16 +186,17 @@ def test_forced_text_runs_past_optional_spaces_as_the_answer_spaces_them(target,
 
 
 def test_a_vocabulary_warmed_ahead_builds_its_grammar_tokenizer_once():
-    """``warm_grammars`` builds llguidance's tokenizer off the caller's thread; grammars built later use that one."""
+    """``grammar_engine().warm`` builds llguidance's tokenizer off the caller's thread; grammars built later use that
+    one."""
     from specstack.llama.vocab import VocabModel
     from specstack.paths import DEFAULT_TARGET
 
     vocab = VocabModel(DEFAULT_TARGET)
-    cache = vocab._grammar_cache()
+    cache = vocab.grammar_engine()
     assert cache._tokenizer is None
-    tokenizer = vocab.warm_grammars().result(timeout=120)
+    tokenizer = cache.warm().result(timeout=120)
     assert tokenizer is not None and cache._tokenizer is tokenizer
-    state = vocab.prepare_grammar(CALL_GBNF).result(timeout=120)
+    state = cache.prepare(CALL_GBNF).result(timeout=120)
     assert state.engine == "llguidance" and cache._tokenizer is tokenizer  # not built again
 
 

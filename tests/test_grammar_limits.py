@@ -100,7 +100,7 @@ def test_annotations_and_unknown_formats_pass():
 
 
 def test_a_required_name_outside_properties_is_enforced(target):
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     gbnf = schema_to_gbnf({"type": "object", "required": ["name"]})
     assert '"\\"name\\""' in gbnf  # the converter alone made it any object
@@ -132,13 +132,13 @@ def test_an_integer_range_matches_exactly_its_integers(lo, width, probe):
 def test_a_ref_to_the_whole_schema_inside_a_property_converts(target):
     """``{"$ref": "#"}`` below a property is a recursive schema, not a cycle: the port named its rule ``#``, and the
     grammar it wrote did not parse."""
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     target.grammar(schema_to_gbnf({"type": "object", "properties": {"next": {"$ref": "#"}}}))
 
 
 def test_recursive_refs_and_boolean_subschemas_convert(target):
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     schema = {"$defs": {"node": {"type": "object", "properties": {
         "value": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]},
@@ -178,6 +178,7 @@ def test_a_grammar_too_dear_for_llama_cpps_engine_is_refused_there_and_cheap_on_
     from specstack.llama import grammar as g
     from specstack.llama.backend import llama_cpp_module
     from specstack.llama.guidance import GuidedGrammar
+    from specstack.llama.schema_gbnf import schema_to_gbnf
     from specstack.llama.vocab import VocabModel
 
     vocab = VocabModel(gemma.assemble())
@@ -191,7 +192,7 @@ def test_a_grammar_too_dear_for_llama_cpps_engine_is_refused_there_and_cheap_on_
         ids = vocab.tokenize("v01234", add_special=False)
         assert state.walk(ids) == len(ids) and state.allowed(sorted(vocab.eog_ids())) == [True] * len(vocab.eog_ids())
         values = [f"value-{i:05d}" for i in range(20_000)]  # the same as an enum: its prefixes shared, it is cheap
-        grammar = vocab.grammar(g.schema_to_gbnf({"enum": values}))
+        grammar = vocab.grammar(schema_to_gbnf({"enum": values}))
         allowed = grammar.mask()
         assert 0 < allowed.sum() < 10
     finally:
@@ -217,7 +218,7 @@ def _config(**controls):
 
 
 def test_integer_bounds_and_enums_are_enforced_in_the_output(target):
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     schema = {"type": "object", "properties": {
         "age": {"type": "integer", "minimum": 0, "maximum": 120},

@@ -233,7 +233,7 @@ def test_penalties_over_http_are_plain_decoding_with_the_same_penalties(http, ta
 def test_a_roles_defaults_apply_where_the_request_sets_none(http, target):
     """Role "strict" has the penalties and a JSON schema as defaults: a bare request gets both (valid JSON,
     plain decoding's tokens under the same controls); a request's own value wins over the default."""
-    from specstack.llama.grammar import schema_to_gbnf
+    from specstack.llama.schema_gbnf import schema_to_gbnf
 
     expected = plain(target, REPEATS, 40, Constraints(**PENALTIES, grammar=schema_to_gbnf(SCHEMA)))
     r = http.post("/completion", json={"model": "strict", "prompt": REPEATS, "n_predict": 40, "temperature": 0}).json()

@@ -182,12 +182,12 @@ def test_a_sleeping_role_keeps_its_grammar_engine_and_answers_as_before():
         worker = app.state.workers["pycoder-6m"]
         first = http.post("/completion", json=body).json()["content"]
         assert first.startswith("items = [")
-        engine = worker.target._grammar_cache()
+        engine = worker.target.grammar_engine()
         assert engine._tokenizer is not None
         wait_asleep(http)
         assert worker.engine is None
         assert http.post("/completion", json=body).json()["content"] == first
-        assert worker.target._grammar_cache() is engine and worker.grammars_warm.result() is engine._tokenizer
+        assert worker.target.grammar_engine() is engine and worker.grammars_warm.result() is engine._tokenizer
 
 
 def wait_asleep(http: httpx.Client, timeout_s: float = 60) -> dict:

@@ -275,7 +275,7 @@ def test_a_role_builds_its_grammar_engine_at_load_so_no_request_waits_for_it(ser
     worker = next(iter(server.app.state.workers.values()))
     assert worker.grammars_warm is not None and worker.grammars_warm.done()
     built = worker.grammars_warm.result()
-    assert built is not None and built is worker.target._grammar_cache()._tokenizer
+    assert built is not None and built is worker.target.grammar_engine()._tokenizer
 
 
 def test_a_role_is_ready_only_once_its_grammar_engine_is_built(monkeypatch):
@@ -284,7 +284,7 @@ def test_a_role_is_ready_only_once_its_grammar_engine_is_built(monkeypatch):
     (here its build is held back until the test lets it finish)."""
     from concurrent.futures import Future
 
-    from specstack.llama.vocab import Vocabulary
+    from specstack.llama.grammar import GrammarCache
     from specstack.server.prometheus import ServerMetrics
     from specstack.server.worker import RoleWorker
 
@@ -295,7 +295,7 @@ def test_a_role_is_ready_only_once_its_grammar_engine_is_built(monkeypatch):
         asked.set()
         return gate
 
-    monkeypatch.setattr(Vocabulary, "warm_grammars", warm)
+    monkeypatch.setattr(GrammarCache, "warm", warm)
     worker = RoleWorker(default_roles(parallel=1, exact="off")[0], ServerMetrics())
     worker.start()
     try:

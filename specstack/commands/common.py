@@ -552,7 +552,7 @@ def grammar_from_args(args: argparse.Namespace) -> str | None:
     """The GBNF that --grammar, --grammar-file, -j or -jf give (None: no grammar)."""
     schema = json_schema_text(args)
     if schema is not None:
-        from ..llama.grammar import schema_to_gbnf
+        from ..llama.schema_gbnf import schema_to_gbnf
 
         flag = "-jf" if getattr(args, "json_schema_file", None) is not None else "-j"
         try:

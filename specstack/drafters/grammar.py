@@ -3,8 +3,9 @@
 A constrained answer (a JSON schema, a tool call, a GBNF grammar) spends many of its tokens on text the grammar
 decides alone: keys, quotes, brackets, a tool call's envelope.  After the committed tokens and the other source's
 draft (walked through the grammar, cut at its first refused token), the grammar's forced continuation is appended:
-llguidance's fast-forward tokens (``GuidedGrammar.forced``), the forced bytes tokenized as the model's tokenizer
-would, stopping before a token that the bytes after them could still merge into.  The result is an ordinary draft,
+the grammar state's forced tokens (``GrammarState.forced``: the forced bytes tokenized as the model's tokenizer would,
+stopping before a token that the bytes after them could still merge into; a state that cannot say what it forces,
+``traits.forces`` False, proposes none, and the other source's draft is only cut).  The result is an ordinary draft,
 verified like any other, so the output is exactly what constrained plain decoding gives; unlike SGLang's
 jump-forward decoding, nothing is committed unverified, so a model that would tokenize the forced text otherwise
 (``"`` then ``name`` where the draft says ``"name``) keeps its own tokens.
@@ -17,31 +18,22 @@ generation's own drafter as the other source; each token keeps its source in ``D
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..types import Draft
 
+if TYPE_CHECKING:
+    from ..llama.grammar_engine import GrammarState
+
 SOURCE = "grammar"
 FORCED_SCORE = 0.95  # a forced token's prior chance of acceptance (a model may tokenize the forced text otherwise)
-
-
-class Forcing(Protocol):
-    """A grammar state that can say what it forces (``llama.guidance.GuidedGrammar``; llama.cpp's says nothing)."""
-
-    def copy(self) -> "Forcing": ...
-
-    def allowed(self, token_ids: Sequence[int]) -> list[bool]: ...
-
-    def walk(self, token_ids: Sequence[int]) -> int: ...
-
-    def forced(self) -> list[int]: ...
 
 
 Ask = Callable[[Sequence[int], int], Draft]  # (tokens after the committed ones, budget) -> the other source's draft
 ROUNDS = 4  # forced text and the other source's text alternate at most this often in one draft
 
 
-def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None) -> Draft:
+def with_forced(draft: Draft, grammar: "GrammarState", cap: int, ask: Ask | None = None) -> Draft:
     """The grammar's forced tokens and the other source's draft, alternating, within ``cap`` tokens in all.
 
     Where the grammar forces text after the committed tokens and the other source can draft after any context
@@ -72,7 +64,7 @@ def with_forced(draft: Draft, grammar: Forcing, cap: int, ask: Ask | None = None
     return chain.draft(draft)
 
 
-def _spells_otherwise(draft: Draft, state: Forcing, first_forced: int) -> bool:
+def _spells_otherwise(draft: Draft, state: "GrammarState", first_forced: int) -> bool:
     """Whether the other source's draft (from the committed tokens) spells the forced text with other tokens than
     the tokenizer's canonical ones, in a way the grammar takes: then it goes first.  Its draft copies text the model
     wrote (its own earlier output, in a suffix tree) or read, and a model does not always spell text canonically:

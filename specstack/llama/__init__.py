@@ -8,7 +8,8 @@ after a rejected draft.  The same class serves as target and as draft model.
 Modules, one job each:
 
 - ``target``: the target contract (no llama_cpp): ``ModelConfig``, what every target does (``Target``,
-  ``EngineTarget``) and the optional capabilities (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``)
+  ``EngineTarget``), the optional capabilities (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``) and what
+  the server reads of a target (``ServedTarget``, ``DescribedTarget``)
 - ``batching``: exact call shapes (``BatchShapes``) and the call plan (``plan_calls``), pure
 - ``recurrent``: the rollback/checkpoint plan for recurrent and hybrid models, pure
 - ``backend``: importing llama_cpp (and its staging API, ``ext_module``), its backend and log, GGUF file
@@ -24,7 +25,11 @@ Modules, one job each:
 - ``vocab``: tokenizer (``Vocabulary``, and ``VocabModel`` for a vocabulary-only load)
 - ``hidden``: the target's hidden rows kept for a drafter that reads them (``HiddenRowsTarget``)
 - ``mtp``: a target's multi-token-prediction head on a context of its own (``MtpTarget``)
-- ``grammar``: GBNF grammars over a vocabulary, JSON schemas as grammars, llama.cpp's grammar engine
+- ``grammar_engine``: the constraint engine's interface (no llama_cpp): ``GrammarState``, ``GrammarTraits``,
+  ``GrammarEngine``
+- ``grammar``: llama.cpp's grammar engine, the one engine choice (``choose_engine``) and a vocabulary's engine
+  (``GrammarCache``)
+- ``schema_gbnf``: JSON schemas as GBNF grammars (llama.cpp's converter)
 - ``guidance``: llguidance, the grammar engine that runs what it can read
 """
 

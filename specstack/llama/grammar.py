@@ -1,19 +1,21 @@
-"""GBNF grammars over a model's vocabulary: which tokens a grammar allows next, and JSON schemas as grammars.
+"""GBNF grammars over a model's vocabulary: which tokens a grammar allows next (JSON schemas become grammars in
+``schema_gbnf``).
 
 Grammars are llama.cpp's GBNF (what ``llama-server`` takes for ``grammar``, ``json_schema`` and
-``response_format``, JSON schemas through llama.cpp's converter), parsed by llama.cpp first, so what is
-accepted and refused is llama.cpp's; the parse state then runs on llguidance (``guidance.GuidedGrammar``), or on
-llama.cpp's own grammar sampler (``Grammar``) where llguidance cannot read the text (``GrammarCache``).  Either
-state answers the same questions: ``allowed`` about a few candidate ids (what the greedy path needs: the
-constrained argmax is almost always among the top logits), ``mask`` about the whole vocabulary (what sampling
-needs), ``accept`` and ``walk`` advance it, ``forced`` says which tokens it forces next (the grammar draft
-source), and ``copy`` forks it, so a draft can be walked without touching the committed state.
+``response_format``), parsed by llama.cpp first, so what is accepted and refused is llama.cpp's; the parse state
+then runs on llguidance (``guidance.GuidedGrammar``), or on llama.cpp's own grammar sampler (``Grammar``) where
+llguidance cannot read the text: ``choose_engine`` is the one place that decides.  Either state is a
+``grammar_engine.GrammarState`` and answers the same questions: ``allowed`` about a few candidate ids (what the
+greedy path needs: the constrained argmax is almost always among the top logits), ``mask`` about the whole
+vocabulary (what sampling needs), ``accept`` and ``walk`` advance it, ``forced`` says which tokens it forces next
+(the grammar draft source), and ``copy`` forks it, so a draft can be walked without touching the committed state;
+what only one engine does is a trait of the state (``traits``).  ``GrammarCache`` is a vocabulary's
+``grammar_engine.GrammarEngine``: the states built once, on one thread.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import queue
 import re
@@ -29,202 +31,14 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from ..gbnf import check_gbnf
-from ..json_schema import INT_BOUNDS, KNOWN_FORMATS, SchemaError, check_schema, integer_bounds, integer_range, resolve_ref
 from . import guidance
 from .backend import llama_cpp_module
-from .guidance import GuidedGrammar
+from .grammar_engine import GrammarState, GrammarTraits
 
 # llama_token_data as numpy sees it: id (int32), logit (float), p (float), 12 bytes, no padding.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 # Greedy rows on llama.cpp's sampler: the best logits checked against the grammar before the whole vocabulary is.
 TOP_FIRST = (16, 256)
-_LOOSE_CHAR = r'char ::= [^"\\] |'
-_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
-
-
-def schema_to_gbnf(schema: dict[str, Any] | bool) -> str:
-    """A JSON schema as a GBNF grammar, with llama.cpp's converter (``json_schema_to_gbnf``'s Python port).
-
-    ``True`` or ``{}`` means any JSON value, as OpenAI's ``json_object`` mode.  The schema is checked first
-    (``json_schema.check_schema``: every keyword enforced or refused, no unsatisfiable node, bounds within the
-    limits), and the grammar after (``gbnf.check_gbnf``); what is wrong is an ``InvalidParameterError`` in the
-    schema's words, never the converter's internals.
-    """
-    if schema is True or schema == {}:
-        schema = {}
-    check_schema(schema)
-    try:
-        converter = _Converter(schema)
-        converter.visit(schema, "")
-        gbnf = converter.format_grammar()
-    except SchemaError:
-        raise
-    except Exception as exc:  # the port raises bare KeyError/AssertionError/ValueError on what it cannot read
-        reason = exc.args[0] if isinstance(exc, AssertionError) and exc.args else str(exc) or type(exc).__name__
-        raise InvalidParameterError(f"the JSON schema cannot be turned into a grammar: {reason}") from None
-    # The Python port's string character admits raw control characters, which JSON forbids (llama.cpp's C++
-    # converter excludes them): a newline inside a string would make the output unparseable.
-    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
-    check_gbnf(gbnf)
-    return gbnf
-
-
-def _converter_class() -> type:
-    """llama.cpp's converter with what its Python port lacks: recursive local refs, boolean sub-schemas, integer
-    bounds (as llama.cpp's C++ converter has them)."""
-    llama_cpp_module()  # our CPU backend first: importing llama_cpp loads its library
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    class Converter(SchemaConverter):
-        def __init__(self, root: Any) -> None:
-            super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-            self._root = root
-            self._collect_refs(root)
-
-        def _collect_refs(self, node: Any) -> None:
-            """Every local ``$ref`` resolved up front, wherever it stands (the port skips a node's siblings of a
-            ``$ref``, so a ref inside ``$defs`` beside a top-level ``$ref`` was never resolved)."""
-            todo = [node]
-            while todo:
-                n = todo.pop()
-                if isinstance(n, list):
-                    todo.extend(n)
-                elif isinstance(n, dict):
-                    ref = n.get("$ref")
-                    if isinstance(ref, str) and ref not in self._refs:
-                        self._refs[ref] = resolve_ref(self._root, ref, "")
-                    todo.extend(n.values())
-
-        def _resolve_ref(self, ref: str) -> str:
-            """The rule a local ``$ref`` names.  ``#`` (the whole schema, as a recursive schema's
-            ``{"properties": {"child": {"$ref": "#"}}}`` has it) is the rule ``root``: the port named it by the
-            ref's last segment, ``#``, which is no GBNF rule name, and the grammar it wrote did not parse."""
-            if ref.strip("#/") == "":
-                return "root"
-            return super()._resolve_ref(ref)
-
-        def visit(self, schema: Any, name: str) -> str:
-            if schema is True:
-                schema = {}
-            schema = _required_as_properties(schema)
-            if isinstance(schema, dict) and schema.get("type") == "integer" and not (
-                    set(schema) & {"$ref", "anyOf", "oneOf", "const", "enum"}) and \
-                    any(k in schema for k in INT_BOUNDS):
-                lo, hi = integer_bounds(schema)
-                rule_name = name + "-" if name in _reserved_names() else name or "root"
-                return self._add_rule(rule_name, integer_range(lo, hi) + " space")
-            if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"] and \
-                    not (set(schema) & {"$ref", "anyOf", "oneOf", "const"}):
-                rule_name = name + "-" if name in _reserved_names() else name or "root"
-                values = [json.dumps(v) for v in schema["enum"]]
-                return self._add_rule(rule_name, literal_trie(values, self._format_literal) + " space")
-            if isinstance(schema, dict) and not (set(schema) & {"$ref", "anyOf", "oneOf", "const", "enum"}):
-                rule = self._bounded(schema, name)
-                if rule is not None:
-                    return rule
-            return super().visit(schema, name)
-
-        def _bounded(self, schema: dict, name: str) -> str | None:
-            """Arrays and strings with length bounds as llama.cpp's C++ converter writes them, ``x{m,n}``, which
-            llama.cpp expands into a chain of rules; the port nests one group per optional place instead, which
-            llama.cpp's recursive parser cannot read past about 1,000."""
-            kind = schema.get("type")
-            rule_name = name + "-" if name in _reserved_names() else name or "root"
-            if kind in (None, "array") and isinstance(schema.get("items"), (dict, bool)) and \
-                    ("minItems" in schema or "maxItems" in schema) and "prefixItems" not in schema:
-                item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
-                body = _repeat(item, schema.get("minItems", 0), schema.get("maxItems"), '"," space')
-                return self._add_rule(rule_name, f'"[" space {body} "]" space')
-            if kind == "string" and ("minLength" in schema or "maxLength" in schema) and "pattern" not in schema \
-                    and schema.get("format") not in KNOWN_FORMATS:
-                from llama_cpp.llama_grammar import PRIMITIVE_RULES
-
-                char = self._add_primitive("char", PRIMITIVE_RULES["char"])
-                body = _repeat(char, schema.get("minLength", 0), schema.get("maxLength"), None)
-                return self._add_rule(rule_name, f'"\\"" {body} "\\"" space')
-            return None
-
-    return Converter
-
-
-def literal_trie(values: Sequence[str], quote: Callable[[str], str]) -> str:
-    """Alternative literals as one GBNF expression with their common prefixes shared.
-
-    llama.cpp keeps one parse stack per alternative still alive, and every token check walks all of them: an enum
-    of 2,000 strings written as 2,000 alternatives made each whole-vocabulary check take 7 s on Gemma 3, where a
-    trie keeps only the alternatives that differ at the current character."""
-    trie: dict = {}
-    for value in dict.fromkeys(values):
-        node = trie
-        for ch in value:
-            node = node.setdefault(ch, {})
-        node[""] = {}  # a value ends here
-    return _trie_gbnf(trie, quote)
-
-
-def _trie_gbnf(root: dict, quote: Callable[[str], str]) -> str:
-    """The trie below ``root`` as GBNF, built bottom-up without recursion (a long value must not exhaust Python's)."""
-    order, todo = [], [root]
-    while todo:
-        node = todo.pop()
-        order.append(node)
-        todo.extend(child for key, child in node.items() if key)
-    text: dict[int, str] = {}
-    for node in reversed(order):
-        parts = []
-        for key, child in node.items():
-            if not key:
-                continue
-            rest = text[id(child)]
-            parts.append(quote(key) + (" " + rest if rest else ""))
-        if "" in node and parts:
-            parts.append("")
-        text[id(node)] = parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")" if parts else ""
-    return text[id(root)]
-
-
-def _repeat(item: str, low: int, high: int | None, sep: str | None) -> str:
-    """``item`` low..high times (high None: unbounded), separated by ``sep``, in GBNF's {m,n} form."""
-    if high == 0:
-        return ""
-    if sep is None:
-        return f"{item}{{{low},{'' if high is None else high}}}"
-    rest = f"({sep} {item}){{{max(low - 1, 0)},{'' if high is None else high - 1}}}"
-    # not (item rest)?: llama.cpp counts the group's rules against the ? and refuses past 2000 of them
-    return f"{item} {rest}" if low > 0 else f"({item} {rest} | )"
-
-
-ANY_VALUE = {"type": ["object", "array", "string", "number", "boolean", "null"]}  # the port reads {} as any object
-
-
-def _required_as_properties(schema: Any) -> Any:
-    """An object's required names that ``properties`` does not list, added there as any value: the port enforces
-    ``required`` only among ``properties`` and would drop the rest."""
-    if not isinstance(schema, dict) or schema.get("type", "object") != "object" or \
-            set(schema) & {"$ref", "anyOf", "oneOf", "allOf", "const", "enum"}:
-        return schema
-    required, props = schema.get("required") or [], schema.get("properties") or {}
-    missing = [n for n in required if isinstance(n, str) and n not in props]
-    if not missing or not isinstance(props, dict):
-        return schema
-    return {**schema, "properties": {**props, **{n: ANY_VALUE for n in missing}}}
-
-
-def _Converter(schema: Any) -> Any:
-    global _CONVERTER
-    if _CONVERTER is None:
-        _CONVERTER = _converter_class()
-    return _CONVERTER(schema)
-
-
-_CONVERTER: type | None = None
-
-
-def _reserved_names() -> Any:
-    llama_cpp_module()  # our CPU backend first: importing llama_cpp loads its library
-    from llama_cpp.llama_grammar import RESERVED_NAMES
-
-    return RESERVED_NAMES
 
 
 BUILDER_STACK = 256 << 20  # the builder thread's stack: llama.cpp's parser and grammar setup recurse
@@ -250,7 +64,9 @@ class Grammar:
         self._cands: np.ndarray | None = None
 
     engine = "llama.cpp"
-    supports_lazy = False  # a lazy grammar (triggers) is fed the trigger's text, which llama.cpp's sampler cannot take
+    # llama.cpp's sampler takes tokens, not a lazy grammar's trigger text; it cannot say what it forces short of a
+    # whole-vocabulary check a token, so it neither forces nor learns spellings
+    traits = GrammarTraits(lazy=False, forces=False, learns=False)
 
     def copy(self) -> "Grammar":
         """An independent copy of this parse state (a draft is walked on a copy)."""
@@ -309,9 +125,18 @@ class Grammar:
             self._lc.llama_sampler_accept(self._smpl, int(tok))
         return len(token_ids)
 
+    def feed(self, text: bytes) -> bool:
+        """Refused: llama.cpp's sampler takes tokens, not text (``traits.lazy`` is False, so a lazy grammar never
+        runs on it: ``constraints`` refuses it first)."""
+        raise ValueError("llama.cpp's grammar sampler cannot be fed text: a lazy grammar needs llguidance")
+
     def forced(self) -> list[int]:
         """None proposed: llama.cpp's sampler cannot say what it forces short of a whole-vocabulary check a token."""
         return []
+
+    def learn(self, token_ids: Sequence[int]) -> int:
+        """Nothing learnt: this engine proposes no forced text, so it has no spellings to keep."""
+        return 0
 
     error = ""
 
@@ -442,7 +267,7 @@ class GrammarCache:
 
     llama.cpp parses every grammar first, so what is accepted, refused and said about it is llama.cpp's; the state
     then runs on llguidance (``guidance``: masks in microseconds, forced tokens for drafts), and on llama.cpp's own
-    sampler only where llguidance cannot read the text (``engine`` says which)."""
+    sampler only where llguidance cannot read the text (``choose_engine``; a state's ``engine`` says which)."""
 
     def __init__(self, vocab: Any, n_vocab: int, eog_ids: frozenset[int] = frozenset()) -> None:
         self._vocab = vocab
@@ -453,7 +278,7 @@ class GrammarCache:
         self._built: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
-    def prepare(self, gbnf: str) -> Future:
+    def prepare(self, gbnf: str) -> "Future[GrammarState]":
         """The start state of ``gbnf``, built (or being built) on the builder thread."""
         with self._lock:
             future = self._built.get(gbnf)
@@ -472,7 +297,7 @@ class GrammarCache:
                 self._built.popitem(last=False)
             return future
 
-    def warm(self) -> Future:
+    def warm(self) -> "Future[Any]":
         """Build llguidance's tokenizer of this vocabulary now, on the builder thread, so that no request waits for
         it: about 3 s on Gemma 3's 262,144 tokens here (the first constrained request's time to first token went
         from 0.5 s to 3.9 s with it), paid once per vocabulary. A grammar prepared meanwhile queues behind it.
@@ -480,22 +305,34 @@ class GrammarCache:
         (``RoleWorker._load``)."""
         return BUILDER.run(self._ensure_tokenizer)
 
-    def get(self, gbnf: str) -> "Grammar | GuidedGrammar":
+    def get(self, gbnf: str) -> GrammarState:
         """A fresh copy of ``gbnf``'s start state (built now, on the builder thread, if it was not prepared)."""
         return self.prepare(gbnf).result().copy()
 
-    def _build(self, gbnf: str) -> "Grammar | GuidedGrammar":
-        """On the builder thread: llama.cpp parses ``gbnf`` (its refusal is the answer), then llguidance runs it."""
-        sampler = _init_sampler(llama_cpp_module(), self._vocab, gbnf)
-        try:
-            matcher = guidance.compile_gbnf(self._ensure_tokenizer(), gbnf)
-        except InvalidParameterError:
-            return _checked(Grammar(self._vocab, gbnf, self._n_vocab, sampler))
-        llama_cpp_module().llama_sampler_free(sampler)
-        return guidance.GuidedGrammar(matcher, self._tokenizer, self._n_vocab, gbnf, self.spellings)
+    def _build(self, gbnf: str) -> GrammarState:
+        """On the builder thread: ``gbnf``'s start state on the engine that runs it."""
+        return choose_engine(self._vocab, self._n_vocab, gbnf, self._ensure_tokenizer, self.spellings)
 
     def _ensure_tokenizer(self) -> Any:
         """llguidance's tokenizer of the vocabulary, built on first use (on the builder thread: one at a time)."""
         if self._tokenizer is None:
             self._tokenizer = guidance.tokenizer(llama_cpp_module(), self._vocab, self._n_vocab, self._eog_ids)
         return self._tokenizer
+
+
+def choose_engine(vocab: Any, n_vocab: int, gbnf: str, tokenizer: Callable[[], Any],
+                  spellings: guidance.Spellings) -> GrammarState:
+    """The start state of ``gbnf``, on the engine that runs it: the one place the engine is chosen.
+
+    llama.cpp parses every grammar first, so its refusal is the answer; llguidance then runs what it can read
+    (``tokenizer()``: its view of the vocabulary, built once), and llama.cpp's own sampler the rest (token
+    references, ``\\u`` escapes in ranges), where a grammar whose whole-vocabulary check would cost too much is
+    refused (``_checked``)."""
+    lc = llama_cpp_module()
+    sampler = _init_sampler(lc, vocab, gbnf)
+    try:
+        state = guidance.compile_gbnf(tokenizer(), n_vocab, gbnf, spellings)
+    except InvalidParameterError:
+        return _checked(Grammar(vocab, gbnf, n_vocab, sampler))
+    lc.llama_sampler_free(sampler)
+    return state

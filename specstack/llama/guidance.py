@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InvalidParameterError
+from .grammar_engine import GrammarTraits
 
 _PIECE = 16 * 1024  # a token's longest text, as llguidance.llamacpp reads them
 
@@ -57,8 +58,14 @@ ASK_ALONE = 8
 _NO_FORCING = '%llguidance {"no_forcing": true}'
 
 
-def compile_gbnf(tok: Any, gbnf: str) -> Any:
-    """The start state of ``gbnf`` (an ``LLMatcher``); ``InvalidParameterError`` where llguidance cannot read it."""
+def compile_gbnf(tok: Any, n_vocab: int, gbnf: str, spellings: "Spellings") -> "GuidedGrammar":
+    """The start state of ``gbnf`` over ``tok``'s vocabulary; ``InvalidParameterError`` where llguidance cannot read
+    it (``grammar.choose_engine`` then runs it on llama.cpp's sampler)."""
+    return GuidedGrammar(_matcher(tok, gbnf), tok, n_vocab, gbnf, spellings)
+
+
+def _matcher(tok: Any, gbnf: str) -> Any:
+    """llguidance's matcher (``LLMatcher``) at the start of ``gbnf``."""
     import llguidance
 
     try:
@@ -182,11 +189,13 @@ def _consume(matcher: Any, ids: list[int]) -> bool:
 
 
 class GuidedGrammar:
-    """One grammar's parse state, as ``grammar.Grammar`` has it (``allowed``, ``mask``, ``accept``, ``copy``), plus
-    ``forced``: the tokens the grammar forces next.  The mask is computed once per state and read by every ask."""
+    """One grammar's parse state on llguidance (a ``grammar_engine.GrammarState``): beyond what ``grammar.Grammar``
+    answers, it takes text (``feed``: a lazy grammar's trigger), says which tokens the grammar forces next
+    (``forced``) and learns how the model spells them (``learn``).  The mask is computed once per state and read by
+    every ask."""
 
     engine = "llguidance"
-    supports_lazy = True  # ``feed`` takes a lazy grammar's trigger text (``constraints._Lazy``)
+    traits = GrammarTraits(lazy=True, forces=True, learns=True)
 
     def __init__(self, matcher: Any, tokenizer: Any, n_vocab: int, gbnf: str,
                  spellings: Spellings | None = None) -> None:

@@ -1,12 +1,14 @@
 """The target contract, without llama_cpp: how to load a target (``ModelConfig``), what every target must do
 (``Target`` for drafter factories, ``EngineTarget`` for the engine), and the optional capabilities as small
-protocols of their own (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``).
+protocols of their own (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``), and what the server reads of a
+role's target (``ServedTarget``).
 
 ``llama.LlamaModel`` implements all of them; ``bench.recorded.RecordedTarget`` (a run's recorded outputs, its
 calls priced by the run's cost curve: replay) implements ``EngineTarget`` alone.  Whoever uses a capability
 checks it once, where it sets up (``isinstance`` against the protocol: the engine in ``__init__``, the mtp
-drafter when it is built), never by probing attributes at every step.  Reading these needs no model and no
-llama.cpp.
+drafter when it is built), never by probing attributes at every step; a target the server reads declares what it
+lacks in the protocol's own terms (``ServedTarget.grammar_engine`` returns None), not by leaving it out.  Reading
+these needs no model and no llama.cpp.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .recurrent import DEFAULT_DEPTH, STRATEGIES, RewindStats
 from ..types import HiddenRows
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
+    from .grammar_engine import GrammarEngine, GrammarState
     from ..modelfile.meta import GGUFInfo
 
 
@@ -229,10 +231,18 @@ class HiddenRowsTarget(Protocol):
 
 @runtime_checkable
 class GrammarTarget(Protocol):
-    """A target that can enforce a GBNF grammar over its vocabulary (``constraints.Constraints.grammar``)."""
+    """A target that can enforce a GBNF grammar over its vocabulary (``constraints.Constraints.grammar``), through
+    its vocabulary's grammar engine (``llama.grammar_engine``: which engine runs a grammar is the engine's choice)."""
 
-    def grammar(self, gbnf: str) -> "Grammar":
+    def grammar(self, gbnf: str) -> "GrammarState":
         """A fresh parse state of ``gbnf`` at its start."""
+
+    def grammar_engine(self) -> "GrammarEngine":
+        """The vocabulary's grammar engine: grammars prepared ahead, off the caller's thread, and its warm-up."""
+
+    def adopt_grammars(self, keeper: "GrammarTarget") -> None:
+        """Take ``keeper``'s grammar engine as this target's (the same vocabulary, loaded apart: a sleeping role's
+        grammars outlive its freed model)."""
 
 
 @runtime_checkable
@@ -248,3 +258,32 @@ class MtpTarget(HiddenRowsTarget, Protocol):
 
     def want_hidden(self) -> None:
         """From now on keep every call's hidden rows for ``take_hidden``."""
+
+
+class DescribedTarget(Protocol):
+    """What the server's read-only endpoints (``/props``, ``/slots``, ``/health``) read of a role's target: sizes,
+    exactness and the special tokens, which a sleeping role keeps (``server.sleep.AsleepTarget``)."""
+
+    n_vocab: int
+    n_ctx: int
+    capacity: int
+    shapes: Any  # exactness as measured: ``settled``, ``exact``, ``why`` (``BatchShapes``, or a replica's report)
+    bos_id: int  # -1: none (llama.cpp's LLAMA_TOKEN_NULL)
+    eos_id: int
+
+    def token_bytes(self, token: int) -> bytes: ...
+    def special_text(self, token: int) -> str: ...
+    def eog_ids(self) -> frozenset[int]: ...
+
+
+class ServedTarget(DescribedTarget, Protocol):
+    """What the server reads of an awake role's target: ``llama.LlamaModel`` (a role's worker) and
+    ``server.scaleout.remote.RemoteTarget`` (a Ray ingress: the vocabulary alone, the engines in the replicas)."""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def split_special(self, text: str) -> list[str | int]: ...
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def grammar_engine(self) -> "GrammarEngine | None":
+        """The grammar engine that prepares a request's grammar before it is queued; None where there is none here
+        (a Ray ingress: the replica that runs the request builds it)."""

@@ -17,9 +17,8 @@ SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED
 FIM_NAMES = ("pre", "suf", "mid", "rep", "sep")  # llama.h's llama_vocab_fim_*: fill-in-the-middle tokens
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from .grammar import Grammar, GrammarCache
+    from .grammar_engine import GrammarEngine, GrammarState
+    from .target import GrammarTarget
 
 
 class Vocabulary:
@@ -123,34 +122,27 @@ class Vocabulary:
             self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
         return self._eog
 
-    def grammar(self, gbnf: str) -> "Grammar":
-        """A GBNF grammar's start state over this vocabulary (llguidance's engine, llama.cpp's where llguidance
-        cannot read the grammar), a copy of the cached one."""
-        return self._grammar_cache().get(gbnf)
+    def grammar(self, gbnf: str) -> "GrammarState":
+        """A GBNF grammar's start state over this vocabulary (on the engine ``grammar.choose_engine`` picks), a copy
+        of the cached one."""
+        return self.grammar_engine().get(gbnf)
 
-    def prepare_grammar(self, gbnf: str) -> "Future[Grammar]":
-        """Build ``gbnf`` ahead, off the caller's thread: a server awaits this before a request reaches the engine."""
-        return self._grammar_cache().prepare(gbnf)
-
-    def warm_grammars(self) -> "Future[Any]":
-        """Build the grammar engine's view of this vocabulary ahead, off the caller's thread (``GrammarCache.warm``):
-        a server does this at load, so its first constrained request does not wait seconds for it."""
-        return self._grammar_cache().warm()
-
-    def adopt_grammars(self, keeper: "Vocabulary") -> None:
-        """Take ``keeper``'s grammar engine (llguidance's tokenizer, the grammars built, the spellings learnt) as this
-        vocabulary's: ``keeper`` is the same GGUF's tokenizer loaded apart, and outlives this model (a sleeping
-        role's model is freed and loaded again; ``server.worker.RoleWorker._keep_grammars``)."""
-        self.__dict__["_grammars"] = keeper._grammar_cache()
-
-    def _grammar_cache(self) -> "GrammarCache":
+    def grammar_engine(self) -> "GrammarEngine":
+        """This vocabulary's grammar engine (``grammar.GrammarCache``): grammars prepared ahead, off the caller's
+        thread (a server awaits this before a request reaches the engine), and its view of the vocabulary warmed at
+        load, so a server's first constrained request does not wait seconds for it."""
         cache = self.__dict__.get("_grammars")
         if cache is None:
             from .grammar import GrammarCache
 
-            cache = self.__dict__.setdefault("_grammars", GrammarCache(self._vocab, self.n_vocab,
-                                                                             self.eog_ids()))
+            cache = self.__dict__.setdefault("_grammars", GrammarCache(self._vocab, self.n_vocab, self.eog_ids()))
         return cache
+
+    def adopt_grammars(self, keeper: "GrammarTarget") -> None:
+        """Take ``keeper``'s grammar engine (its view of the vocabulary, the grammars built, the spellings learnt) as
+        this vocabulary's: ``keeper`` is the same GGUF's tokenizer loaded apart, and outlives this model (a sleeping
+        role's model is freed and loaded again; ``server.worker.RoleWorker._keep_grammars``)."""
+        self.__dict__["_grammars"] = keeper.grammar_engine()
 
 
 class VocabModel(Vocabulary):
@@ -167,6 +159,8 @@ class VocabModel(Vocabulary):
             raise ModelLoadError(f"cannot load the tokenizer of {self.path}")
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self.bos_id = int(lc.llama_vocab_bos(self._vocab))  # -1: none, as ``LlamaModel``'s
+        self.eos_id = int(lc.llama_vocab_eos(self._vocab))
         self._piece_cache: dict[int, bytes] = {}
 
     def close(self) -> None:

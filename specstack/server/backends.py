@@ -4,7 +4,7 @@ request limits, and the one object every route module reads them from (``Served`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from fastapi import Request
 
@@ -12,6 +12,9 @@ from .prometheus import ServerMetrics, note_answer
 from .responses import ApiError
 from .roles import Role
 from .worker import Job
+
+if TYPE_CHECKING:
+    from ..llama.target import ServedTarget
 
 
 class RoleBackend(Protocol):
@@ -21,7 +24,7 @@ class RoleBackend(Protocol):
     role: Role
     ready: Any  # .is_set()
     load_error: str | None
-    target: Any  # tokenize, detokenize, token_bytes, capacity, n_vocab, n_ctx, shapes
+    target: ServedTarget  # asleep, only its ``DescribedTarget`` part (``sleep.AsleepTarget``): other routes wake it
     template: Any
 
     def start(self) -> None: ...

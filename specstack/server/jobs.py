@@ -144,17 +144,21 @@ def grammar_for(body: Any, tools: ToolPlan | None = None) -> str | None:
     return "" if grammar is None and (tools is not None or free) else grammar
 
 
-async def prepare_grammar(w: RoleBackend, grammar: str, field: str) -> Any:
+async def prepare_grammar(w: RoleBackend, grammar: str, field: str,
+                          triggers: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]]:
     """Build the request's grammar on the grammar thread while the request waits, so that the role's engine
-    thread, which decodes every other request, only copies it (``llama.grammar.GrammarCache``); its start state,
-    or None where a remote role builds it where it runs."""
-    prepare = getattr(w.target, "prepare_grammar", None)
-    if prepare is None:
-        return None
+    thread, which decodes every other request, only copies it (the target's ``grammar_engine``; a remote role's
+    replica builds it where it runs); the grammar and triggers the request runs with.  A lazy grammar (``triggers``)
+    whose engine cannot wait for a trigger (``GrammarTraits.lazy``) would force the call from the first token, so
+    the output stays free and parsed instead, as before lazy grammars."""
+    engine = w.target.grammar_engine()
+    if engine is None:
+        return grammar, triggers
     try:
-        return await asyncio.wrap_future(prepare(grammar))
+        state = await asyncio.wrap_future(engine.prepare(grammar))
     except SpecstackError as exc:
         raise ApiError(400, f"{field}: {exc}", param=field) from None
+    return (grammar, triggers) if not triggers or state.traits.lazy else ("", ())
 
 
 def session_key(request: Request, body: Any) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..draft_length import DEFAULT_K_MAX
@@ -16,21 +16,20 @@ from .responses import summary, total_usage
 from .telemetry import final_timings, progress_timings
 from .worker import Job
 
+if TYPE_CHECKING:
+    from ..llama.target import DescribedTarget
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # what llama-server reports for "random" (-1)
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "kv_pool": "limit", "timeout": "limit",
              "cancelled": "none", "": "none"}
 
 
-def piece_bytes(target: Any, token: int) -> bytes:
+def piece_bytes(target: DescribedTarget, token: int) -> bytes:
     """A token's text as llama-server's pieces show it: special tokens spelled out (``<start_of_turn>``)."""
-    raw = target.token_bytes(token)
-    if raw:
-        return raw
-    vocab = target if hasattr(target, "special_text") else getattr(target, "vocab", None)
-    return vocab.special_text(token).encode("utf-8") if vocab is not None else raw
+    return target.token_bytes(token) or target.special_text(token).encode("utf-8")
 
 
-def piece_text(target: Any, token: int) -> str | list[int]:
+def piece_text(target: DescribedTarget, token: int) -> str | list[int]:
     """A token's piece as text, or its bytes where they are not whole UTF-8 (llama-server's ``with_pieces``)."""
     raw = piece_bytes(target, token)
     try:
@@ -39,14 +38,14 @@ def piece_text(target: Any, token: int) -> str | list[int]:
         return list(raw)
 
 
-def native_text(target: Any, ids: list[int]) -> str:
+def native_text(target: DescribedTarget, ids: list[int]) -> str:
     """Token ids as text, special tokens spelled out (``/detokenize``, a result's ``prompt``)."""
     return b"".join(piece_bytes(target, t) for t in ids).decode("utf-8", errors="replace")
 
 
 
 
-def default_params(role: Any, limits: Any, target: Any = None) -> dict[str, Any]:
+def default_params(role: Any, limits: Any, target: DescribedTarget | None = None) -> dict[str, Any]:
     """A role's generation defaults under llama-server's names (``/props``, ``/slots``): what a request to
     /completion that sets nothing gets here (the sampling: the role's, else llama-server's; the chain and the
     logit biases: serve --samplers, -l and --ignore-eos, the bans of ``target``'s end-of-generation tokens among
@@ -84,12 +83,12 @@ def request_params(job: Any, w: Any, limits: Any) -> dict[str, Any]:
 
 
 
-def logit_bias_settings(c: Any, target: Any) -> list[dict[str, Any]]:
+def logit_bias_settings(c: Any, target: DescribedTarget | None) -> list[dict[str, Any]]:
     """``generation_settings.logit_bias`` as llama-server lists it: ``{"bias", "token"}`` entries, a ban's -inf as
     null, and ``ignore_eos``'s bans of the target's end-of-generation tokens among them (as llama-server adds them)."""
     bias = list(c.logit_bias)
     if c.ignore_eos:
-        bias += [(t, float("-inf")) for t in sorted(getattr(target, "eog_ids", frozenset)())]
+        bias += [(t, float("-inf")) for t in sorted(target.eog_ids() if target is not None else ())]
     return [{"bias": None if b == float("-inf") else b, "token": t} for t, b in bias]
 
 
@@ -98,9 +97,9 @@ def _template(w: Any) -> str:
     return "" if t is None else t.text
 
 
-def _special(target: Any, attr: str) -> str:
-    token = getattr(target, attr, None)
-    return piece_bytes(target, token).decode("utf-8", "replace") if token is not None and token >= 0 else ""
+def _special(target: DescribedTarget, token: int) -> str:
+    """BOS's or EOS's piece (""; none: -1)."""
+    return piece_bytes(target, token).decode("utf-8", "replace") if token >= 0 else ""
 
 
 
@@ -119,7 +118,7 @@ def props_body(w: RoleBackend, limits: Limits) -> dict[str, Any]:
                                                        "n_decoded": 0, "stopping_word": ""}},
         "total_slots": w.role.parallel, "model_path": str(w.role.model), "model_alias": w.role.name,
         "chat_template": _template(w), "chat_template_caps": {},
-        "bos_token": _special(w.target, "bos_id"), "eos_token": _special(w.target, "eos_id"),
+        "bos_token": _special(w.target, w.target.bos_id), "eos_token": _special(w.target, w.target.eos_id),
         "modalities": {"vision": False, "audio": False},
         "build_info": f"specstack {__version__} (llama-cpp-python {llama_version() or 'unknown'})",
         "is_sleeping": bool(getattr(w, "sleeping", False)),

@@ -354,7 +354,7 @@ class Role:
                 raise InvalidParameterError(f"role {self.name!r}: grammar_file {self.grammar_file} is empty")
             return text
         if self.json_schema is not None:
-            from ..llama.grammar import schema_to_gbnf
+            from ..llama.schema_gbnf import schema_to_gbnf
 
             schema = self.json_schema
             if isinstance(schema, (dict, bool)):  # an inline table: kept as JSON text, so that a Role stays hashable

@@ -124,11 +124,7 @@ async def start(request: Request, w: RoleBackend, body: Any, prompts: list[list[
     refusal (429 when the queue is full), 499 for a client gone before it.  ``triggers``: the grammar is lazy,
     free text until one of them (a tool call under ``tool_choice: auto``)."""
     if grammar:
-        built = await prepare_grammar(w, grammar, grammar_field(body))
-        if triggers and built is not None and not built.supports_lazy:
-            # only llguidance waits for a trigger; llama.cpp's engine would force the call from the first token,
-            # so the output stays free and parsed, as it was before lazy grammars
-            grammar, triggers = "", ()
+        grammar, triggers = await prepare_grammar(w, grammar, grammar_field(body), triggers)
     # prompt progress, for a stream that asks (llama-server's return_progress): chunks of their own before the first
     # token; a whole answer has nowhere to put them
     progress = bool(body.stream and getattr(body, "return_progress", None))

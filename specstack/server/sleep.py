@@ -11,7 +11,10 @@ wake a sleeping model: a monitor polling them must not keep it loaded.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from ..llama.target import DescribedTarget
 
 # Paths answered from what a sleeping role keeps (llama-server's create_response(bypass_sleep = true)), by method
 READ_ONLY = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/props"), ("GET", "/models"), ("GET", "/v1/models"),
@@ -19,18 +22,19 @@ READ_ONLY = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/props"), ("GET
 
 
 class AsleepTarget:
-    """What the read-only endpoints read of a role's model while it sleeps: its context, vocabulary size, exact
-    shapes and the pieces of its BOS and EOS tokens, copied before the model was freed.  Anything else is not
-    there: every other route wakes the role first (``WakeOnUse``)."""
+    """What the read-only endpoints read of a role's model while it sleeps (a ``llama.target.DescribedTarget``): its
+    context, vocabulary size, exact shapes, end-of-generation ids and the pieces of its BOS and EOS tokens, copied
+    before the model was freed.  Anything else is not there: every other route wakes the role first
+    (``WakeOnUse``)."""
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: DescribedTarget) -> None:
         self.n_ctx, self.capacity, self.n_vocab = target.n_ctx, target.capacity, target.n_vocab
         self.shapes = target.shapes
-        self.bos_id, self.eos_id = getattr(target, "bos_id", None), getattr(target, "eos_id", None)
-        special = [t for t in (self.bos_id, self.eos_id) if t is not None and t >= 0]
-        vocab = target if hasattr(target, "special_text") else getattr(target, "vocab", None)
+        self.bos_id, self.eos_id = target.bos_id, target.eos_id
+        self._eog = target.eog_ids()
+        special = [t for t in (self.bos_id, self.eos_id) if t >= 0]
         self._bytes = {t: target.token_bytes(t) for t in special}
-        self._texts = {t: vocab.special_text(t) if vocab is not None else "" for t in special}
+        self._texts = {t: target.special_text(t) for t in special}
 
     def token_bytes(self, token: int) -> bytes:
         return self._bytes.get(token, b"")
@@ -38,6 +42,10 @@ class AsleepTarget:
     def special_text(self, token: int) -> str:
         """A special token's spelling (``native.piece_bytes`` shows BOS and EOS so in /props)."""
         return self._texts.get(token, "")
+
+    def eog_ids(self) -> frozenset[int]:
+        """The model's end-of-generation ids (``/props`` lists ``ignore_eos``'s bans of them)."""
+        return self._eog
 
     def close(self) -> None:
         """Nothing to free: the model was freed when the role went to sleep."""

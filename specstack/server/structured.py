@@ -5,7 +5,7 @@ OpenAI's ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_sche
 (``tool_choice: required`` or a named function: a grammar forcing the call; ``auto`` with the generic
 format: a call or a response, as llama.cpp) become ``Constraints.grammar``, which the grammar engine
 (llguidance, ``llama.guidance``) applies at every draft position (``specstack.constraints``).  JSON schemas go through llama.cpp's
-converter (``llama.grammar.schema_to_gbnf``).  As llama-server: ``json_object`` without a schema is any JSON
+converter (``llama.schema_gbnf.schema_to_gbnf``).  As llama-server: ``json_object`` without a schema is any JSON
 object; a grammar and a schema together, or a grammar with tools, are refused.
 """
 
@@ -87,7 +87,7 @@ def request_grammar(*, response_format: dict[str, Any] | None = None, json_schem
 
     ``tools`` is the chat request's tool plan (``tools.plan``); a forced call's grammar comes from its
     format, and a schema with tools is the generic format's ``response`` (llama.cpp's rule)."""
-    from ..llama.grammar import schema_to_gbnf
+    from ..llama.schema_gbnf import schema_to_gbnf
 
     schema = response_schema(response_format, json_schema)
     grammar = grammar or None

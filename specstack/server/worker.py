@@ -282,7 +282,7 @@ class RoleWorker:
             default_grammar = role.controls().grammar
             if default_grammar:  # built now: a grammar llama.cpp refuses stops the start, not every request
                 try:
-                    self.target.prepare_grammar(default_grammar).result()
+                    self.target.grammar_engine().prepare(default_grammar).result()
                 except SpecstackError as exc:
                     raise InvalidParameterError(f"the role's grammar: {exc}") from None
             if self.template.warning and not self.sleep_count:  # said once, not again at each wake
@@ -291,13 +291,11 @@ class RoleWorker:
             self.engine = build_engine(calibration, self._drafter(default, 0.0), self._policy(default),
                                        prompt_cache_bytes=role.cache_mb << 20, batch_tokens=role.batch_tokens or None,
                                        prefill_cap=role.prefill_cap)
-            warm = getattr(self.target, "warm_grammars", None)
-            if warm is not None:  # any request may send a schema or a grammar
-                self.grammars_warm = warm()
-                # Waited for before the role is ready: llguidance builds its tokenizer holding the GIL (1.4 s of
-                # Gemma 3's 3 s), and built behind a ready server it froze every request, /health too, for that
-                # long (a request 1-1.5 s after ready took 1.75-2.0 s against 0.5 s).
-                self.grammars_warm.result()
+            # Any request may send a schema or a grammar. Waited for before the role is ready: llguidance builds
+            # its tokenizer holding the GIL (1.4 s of Gemma 3's 3 s), and built behind a ready server it froze every
+            # request, /health too, for that long (a request 1-1.5 s after ready took 1.75-2.0 s against 0.5 s).
+            self.grammars_warm = self.target.grammar_engine().warm()
+            self.grammars_warm.result()
         except BaseException:  # no engine will lend the measurement time: its context is freed now
             if calibration.background is not None:
                 calibration.background.abandon()
@@ -308,7 +306,7 @@ class RoleWorker:
         GGUF (on Gemma 3: 54 MiB, and llguidance's tokenizer 116 MiB), so a wake does not build it again: 2.8 s on
         Gemma 3, 1.4 s of it holding the GIL, once per role on the one builder thread. Grammars built and spellings
         learnt before the sleep are kept too."""
-        if self.sleep_idle_s is None or not hasattr(self.target, "adopt_grammars"):
+        if self.sleep_idle_s is None:
             return
         if self._grammar_keeper is None:
             self._grammar_keeper = VocabModel(self.role.model, f"tokenizer of role {self.role.name!r}")

@@ -42,11 +42,13 @@ class ShapesView:
 
 
 class RemoteTarget:
-    """The vocabulary, and the sizes a replica reported: what the routes read of a target."""
+    """The vocabulary, and the sizes a replica reported: what the routes read of a target (a
+    ``llama.target.ServedTarget``)."""
 
     def __init__(self, vocab: VocabModel, info: dict[str, Any]) -> None:
         self.vocab = vocab
         self.capacity, self.n_vocab, self.n_ctx = info["capacity"], info["n_vocab"], info["n_ctx"]
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
         exact = info["exact"]
         self.shapes = ShapesView(exact["mode"] is not None, exact["mode"] == "on", exact["why"])
 
@@ -61,6 +63,16 @@ class RemoteTarget:
 
     def token_bytes(self, token: int) -> bytes:
         return self.vocab.token_bytes(token)
+
+    def special_text(self, token: int) -> str:
+        return self.vocab.special_text(token)
+
+    def eog_ids(self) -> frozenset[int]:
+        return self.vocab.eog_ids()
+
+    def grammar_engine(self) -> None:
+        """None: a request's grammar is built by the replica that runs it, not at the ingress."""
+        return None
 
 
 class RemoteRole:

@@ -25,7 +25,7 @@ class Rules:
 
     def schema(self, prefix: str, schema: dict[str, Any]) -> str:
         from ...json_schema import embedded
-        from ...llama.grammar import schema_to_gbnf
+        from ...llama.schema_gbnf import schema_to_gbnf
 
         for name, body in _rules(schema_to_gbnf(embedded(schema))).items():  # a tool's own $defs, where it stands
             self.rules[f"{prefix}-{name}"] = _renamed(body, prefix)
