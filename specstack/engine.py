@@ -8,7 +8,10 @@ generation: row i predicts the token after ``pending + draft[:i]``.  After
 verification the KV keeps ``pending`` and the accepted draft prefix; the
 one target token (recovered or bonus) becomes the new ``pending``.  Plain
 decoding is the same loop with an empty draft, and a single request is the
-same path with one sequence.
+same path with one sequence.  What belongs to one generation (its tokens,
+the step's draft and verification, statistics, drafter and policy) is its
+record, ``engine_state.GenState``, whose ``commit`` is a step's last part;
+the engine is the loop and the slots.
 
 Generations join between steps (continuous batching) into free slots, each
 slot being one target sequence.  A finished generation's KV stays in its
@@ -171,6 +174,7 @@ class Engine:
         self._cancel(gen.state)
 
     def _cancel(self, rec: GenState) -> None:
+        """``cancel`` of the engine's record of a generation (a failed step cancels every one it holds)."""
         if rec.done:
             return
         if rec.status == "waiting":
