@@ -8,7 +8,10 @@ generation: row i predicts the token after ``pending + draft[:i]``.  After
 verification the KV keeps ``pending`` and the accepted draft prefix; the
 one target token (recovered or bonus) becomes the new ``pending``.  Plain
 decoding is the same loop with an empty draft, and a single request is the
-same path with one sequence.
+same path with one sequence.  What belongs to one generation (its tokens,
+the step's draft and verification, statistics, drafter and policy) is its
+record, ``engine_state.GenState``, whose ``commit`` is a step's last part;
+the engine is the loop and the slots.
 
 Generations join between steps (continuous batching) into free slots, each
 slot being one target sequence.  A finished generation's KV stays in its
@@ -34,21 +37,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from .calibration import BackgroundCalibration, Measured, ensure_shapes
-from .draft_length import DEFAULT_K, MAX_DRAFT, BatchLoad, Budget, DraftLengthPolicy, StepOutcome, make_policy
-from .drafters.base import Drafter, DraftRequest, PrefixDrafter
+from .draft_length import DEFAULT_K, BatchLoad, Budget, DraftLengthPolicy, make_policy
+from .drafters.base import Drafter, PrefixDrafter
 from .constraints import ConstraintState, for_target
-from .drafters.grammar import with_forced
+from .engine_state import GenState, StepTimes
 from .errors import ContextOverflowError, InvalidParameterError, KVPoolFullError
 from .generation import Generation, GenerationConfig
 from .prompt_cache import MIN_REUSE, PromptCache, reusable, worth_reusing
-from .sampling import SamplingParams, one_hot, target_probs, token_logprobs, token_probs
 from .llama.target import EngineTarget, GrammarTarget, HiddenRowsTarget, PooledTarget
 from .llama.batching import Segment, prefill_call
-from .types import Draft, HiddenRows, VerifyResult
-from .verify import verify_greedy, verify_sampling, verify_tree_greedy
+from .types import HiddenRows
 
 
 @dataclass
@@ -59,28 +58,34 @@ class _Slot:
     cached: list[int] = field(default_factory=list)
     prefilled: int = 0  # leading cached tokens computed by a prefill (not by decode steps)
     writes: int = 0  # the target's write count for this sequence when ``cached`` was last true
-    gen: Generation | None = None
+    gen: GenState | None = None
     released: float = 0.0  # for least-recently-used reuse
     keeper: PrefixDrafter | None = None  # the last generation's drafter where it keeps state for ``cached``
 
 
-def _open_to(gen: Generation, free: list[_Slot]) -> list[_Slot]:
-    """The free slots ``gen`` may take: any, or the one its config names (``GenerationConfig.slot``)."""
-    want = gen.config.slot
+def _open_to(rec: GenState, free: list[_Slot]) -> list[_Slot]:
+    """The free slots ``rec`` may take: any, or the one its config names (``GenerationConfig.slot``)."""
+    want = rec.config.slot
     return free if want is None else [s for s in free if s.seq == want]
 
 
-@dataclass
-class _Work:
-    """One generation's part of a step."""
+def _constraint(target: EngineTarget, config: GenerationConfig, eog: frozenset[int],
+                grammar: Callable[[str], Any] | None) -> ConstraintState | None:
+    """A generation's logit controls over ``target`` (a bad grammar or token id fails here, before a slot)."""
+    bad = [t for t in config.stop_token_ids if not 0 <= t < target.n_vocab]
+    if bad:
+        raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
+    return for_target(config.constraints, target.n_vocab, eog, frozenset(config.stop_token_ids), grammar,
+                      target.token_bytes)
 
-    gen: Generation
-    budget: Budget
-    draft: Draft = field(default_factory=lambda: Draft.empty(""))
-    draft_s: float = 0.0
-    dead_end: bool = False  # the constraints allowed no token at the step's last row: its token is a placeholder
-    probs: np.ndarray | None = None  # the rows' sampled distribution p (None: greedy), for post-sampling probs
-    declined: int = -1  # the first token of a draft the policy cut to nothing (``StepOutcome.shadow``)
+
+def _prompt_token_estimate(recs: list[GenState]) -> float:
+    """Before any chunk was timed here: a prompt token's cost from the cost curve's widest call."""
+    costs = next((r.policy.costs for r in recs if r.policy.costs is not None), None)
+    if costs is None:
+        return 0.0
+    n = len(costs.curve)
+    return costs.call_s(n) / n
 
 
 def _drafter_prefix(slot: _Slot) -> tuple[Any, int]:
@@ -124,20 +129,20 @@ class Engine:
             ensure_shapes(target)  # which call shapes keep output exact: measured once per model, cached
         self._eog = target.eog_ids()
         self._slots = [_Slot(s) for s in range(target.n_slots)]
-        self._waiting: deque[Generation] = deque()
-        self._running: list[Generation] = []
+        self._waiting: deque[GenState] = deque()
+        self._running: list[GenState] = []
         # Prompts processed inside steps (``_prefill_some``): each step, after the running generations' rows,
         # at most ``batch_tokens`` prompt tokens, at most ``prefill_cap`` of one prompt.  None: a prompt is
         # prefilled whole when admitted (one caller, nobody to stall).
         self.batch_tokens = batch_tokens
         self.prefill_cap = prefill_cap if prefill_cap is not None else batch_tokens
-        self._prefilling: list[Generation] = []
+        self._prefilling: list[GenState] = []
         self.prefill_token_s = 0.0  # seconds per prompt token, from chunks prefilled in steps (EMA)
 
     # -- requests ----------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None, *,
-                 drafter: Drafter | None = None, policy: DraftLengthPolicy | None = None) -> Generation:
+                 drafter: Drafter | None = None, policy: DraftLengthPolicy | None = None) -> Generation[GenState]:
         """Queue a generation; it runs as it (or any other generation) is iterated, or on ``step()``."""
         config = config or GenerationConfig()
         prompt_ids = self.target.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -158,35 +163,29 @@ class Engine:
         if policy is None:
             parent = self.policy
             policy = parent.fork()
-        gen = Generation(self, prompt_ids, config, drafter or self.drafter, policy)
-        gen.constraint = self._constraint(config)
-        gen.parent_policy = parent
-        gen.submitted = self.clock()
-        self._waiting.append(gen)
-        return gen
+        rec = GenState.new(prompt_ids, config, drafter or self.drafter, policy, parent,
+                           _constraint(self.target, config, self._eog, self._grammar), self._eog,
+                           self.target.token_bytes, self.clock())
+        self._waiting.append(rec)
+        return Generation(self, rec)
 
-    def _constraint(self, config: GenerationConfig) -> ConstraintState | None:
-        """A generation's logit controls over this target (a bad grammar or token id fails here, before a slot)."""
-        target = self.target
-        bad = [t for t in config.stop_token_ids if not 0 <= t < target.n_vocab]
-        if bad:
-            raise InvalidParameterError(f"stop token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
-        return for_target(config.constraints, target.n_vocab, self._eog, frozenset(config.stop_token_ids),
-                          self._grammar, target.token_bytes)
-
-    def cancel(self, gen: Generation) -> None:
+    def cancel(self, gen: Generation[GenState]) -> None:
         """Stop a generation between steps; its KV cells and drafter state are freed."""
-        if gen.done:
+        self._cancel(gen.state)
+
+    def _cancel(self, rec: GenState) -> None:
+        """``cancel`` of the engine's record of a generation (a failed step cancels every one it holds)."""
+        if rec.done:
             return
-        if gen.status == "waiting":
-            self._waiting.remove(gen)
-        elif gen.status == "prefilling":
-            self._prefilling.remove(gen)
-            self._release(gen, keep_cache=False)
+        if rec.status == "waiting":
+            self._waiting.remove(rec)
+        elif rec.status == "prefilling":
+            self._prefilling.remove(rec)
+            self._release(rec, keep_cache=False)
         else:
-            self._release(gen, keep_cache=False)
-        gen.stats.stop_reason = gen.stats.stop_reason or "cancelled"
-        gen.status = "cancelled"
+            self._release(rec, keep_cache=False)
+        rec.stats.stop_reason = rec.stats.stop_reason or "cancelled"
+        rec.status = "cancelled"
 
     @property
     def busy(self) -> bool:
@@ -213,8 +212,8 @@ class Engine:
             if self._prefilling:
                 self._prefill_some(rows)
         except BaseException:
-            for gen in self._running + self._prefilling:  # never leave a half-done step behind
-                self.cancel(gen)
+            for rec in self._running + self._prefilling:  # never leave a half-done step behind
+                self._cancel(rec)
             raise
         if self.background is not None:
             self.idle(self.clock() - t0)
@@ -270,27 +269,27 @@ class Engine:
         while self._waiting:
             free = [s for s in self._slots if s.gen is None]
             # the first waiting generation that may run in a free slot (one bound to a busy slot waits for it)
-            gen = next((g for g in self._waiting if _open_to(g, free)), None)
-            if gen is None:
+            rec = next((r for r in self._waiting if _open_to(r, free)), None)
+            if rec is None:
                 return
-            if any(p.prompt_ids == gen.prompt_ids for p in self._prefilling):
+            if any(p.prompt_ids == rec.prompt_ids for p in self._prefilling):
                 return  # another choice of the same prompt (n > 1) is prefilling it: copy its KV when done
-            free = _open_to(gen, free)
+            free = _open_to(rec, free)
             for s in free:
                 if self.target.writes[s.seq] != s.writes:  # someone else wrote this sequence since
                     s.cached, s.prefilled = [], 0
-            slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, gen.prompt_ids), -s.released))
-            if not self._pool_admits(gen, slot):
+            slot = max(free, key=lambda s: (worth_reusing(self.target, s.cached, s.prefilled, rec.prompt_ids), -s.released))
+            if not self._pool_admits(rec, slot):
                 return  # the shared KV pool lacks room for its prompt now: it waits, and so do those behind it
-            self._waiting.remove(gen)
+            self._waiting.remove(rec)
             try:
                 reuse = 0
-                if gen.config.reuse_prompt:
-                    self._swap(slot, gen.prompt_ids, gen.traits.prefix, self._room(slot))
-                    reuse = reusable(self.target, slot.cached, slot.prefilled, gen.prompt_ids)
-                self._start(gen, slot, reuse)
+                if rec.config.reuse_prompt:
+                    self._swap(slot, rec.prompt_ids, rec.traits.prefix, self._room(slot))
+                    reuse = reusable(self.target, slot.cached, slot.prefilled, rec.prompt_ids)
+                self._start(rec, slot, reuse)
             except BaseException:
-                self.cancel(gen)
+                self._cancel(rec)
                 raise
 
     def _swap(self, slot: _Slot, prompt: Sequence[int], keeper: PrefixDrafter | None, room: int | None = None) -> None:
@@ -338,19 +337,19 @@ class Engine:
         """Cells of the shared pool that no sequence holds and no prompt being processed will need (its whole
         prompt: the last token goes in with its first step), less the pad rows a call may add."""
         target = self.target
-        claimed = sum(len(g.prompt_ids) - target.seq_len[g.seq] for g in self._prefilling)
+        claimed = sum(len(r.prompt_ids) - target.seq_len[r.seq] for r in self._prefilling)
         return self._pool - sum(target.seq_len) - claimed - (target.min_batch - 1)
 
     def _room(self, slot: _Slot) -> int | None:
         """The cells ``slot`` may fill as it takes a prompt: the pool's free cells and its own (None: no pool)."""
         return None if self._pool is None else self._pool_left() + self.target.seq_len[slot.seq]
 
-    def _pool_admits(self, gen: Generation, slot: _Slot) -> bool:
-        """Whether ``gen``'s whole prompt fits the shared pool in ``slot`` now, freeing other idle slots' cells
+    def _pool_admits(self, rec: GenState, slot: _Slot) -> bool:
+        """Whether ``rec``'s whole prompt fits the shared pool in ``slot`` now, freeing other idle slots' cells
         if that makes it fit; always, without a pool."""
         if self._pool is None:
             return True
-        need = len(gen.prompt_ids) - self.target.seq_len[slot.seq]
+        need = len(rec.prompt_ids) - self.target.seq_len[slot.seq]
         return self._free_idle(need, spare=slot)
 
     def _free_idle(self, need: int, spare: _Slot | None = None) -> bool:
@@ -374,28 +373,28 @@ class Engine:
         self._hidden(slot.seq)
         slot.cached, slot.prefilled, slot.keeper, slot.writes = [], 0, None, target.writes[slot.seq]
 
-    def _fit_pool(self, gens: list[Generation]) -> list[Generation]:
+    def _fit_pool(self, recs: list[GenState]) -> list[GenState]:
         """The running generations the shared pool has a cell for (their pending token): idle slots are freed
         first; then, while it still lacks cells, the generation holding the most ends, stop reason "kv_pool" (the
         server answers it as llama-server answers a slot its full unified cache fails: 500 "Context size has been
         exceeded.", though llama-server fails every running slot then, and the others go on here), its cells freed
         as its slot falls idle."""
         if self._pool is None:
-            return gens
-        gens = list(gens)
-        while gens and not self._free_idle(len(gens)):
-            longest = max(gens, key=lambda g: self.target.seq_len[g.seq])
-            longest.stats.stop_reason = "kv_pool"
-            self._finish(longest)
-            gens.remove(longest)
-        return gens
+            return recs
+        recs = list(recs)
+        while recs and not self._free_idle(len(recs)):
+            recs.remove(self._end_longest(recs))
+        return recs
 
-    def _verify_in_pool(self, work: list[_Work], gens: list[Generation]) -> list | None:
+    def _verify_in_pool(self, recs: list[GenState]) -> bool:
         """``_verify``; where llama.cpp finds no cells for it in the shared pool (it placed nothing: it prepares
-        every ubatch first), once more after every idle slot's cells are freed, then ``_pool_ran_out`` (None)."""
+        every ubatch first), once more after every idle slot's cells are freed.  Where it still finds none, though
+        the pool's count said the step would fit (``_budgets``' spare), the step is undone: as in ``_fit_pool`` the
+        generation holding the most ends, the others take the next step (False)."""
         for attempt in range(2):
             try:
-                return self._verify(work)
+                self._verify(recs)
+                return True
             except KVPoolFullError:
                 if self._pool is None:
                     raise
@@ -404,33 +403,32 @@ class Engine:
                     for slot in idle:
                         self._evict(slot)
                     continue
-                self._pool_ran_out(gens)
-        return None
+                self._end_longest(recs)
+        return False
 
-    def _pool_ran_out(self, gens: list[Generation]) -> None:
-        """llama.cpp found no cells for a step the pool's count said would fit (``_budgets``' spare): it placed
-        nothing (it prepares every ubatch first), so the step is undone; as in ``_fit_pool`` the generation
-        holding the most ends, stop reason "kv_pool", and the others take the next step."""
-        longest = max(gens, key=lambda g: self.target.seq_len[g.seq])
+    def _end_longest(self, recs: list[GenState]) -> GenState:
+        """End the generation of ``recs`` holding the most cells of the shared pool, stop reason "kv_pool"."""
+        longest = max(recs, key=lambda r: self.target.seq_len[r.seq])
         longest.stats.stop_reason = "kv_pool"
         self._finish(longest)
+        return longest
 
-    def _start(self, gen: Generation, slot: _Slot, reuse: int) -> None:
-        """Give ``gen`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
+    def _start(self, rec: GenState, slot: _Slot, reuse: int) -> None:
+        """Give ``rec`` its slot with ``reuse`` prompt tokens already there; its prompt's rest is prefilled now
         (``batch_tokens`` None) or chunk by chunk in the coming steps (``_prefill_some``)."""
         t0 = self.clock()
-        slot.gen, gen.seq, gen.status, gen.started = gen, slot.seq, "prefilling", t0
-        self._prefilling.append(gen)
+        slot.gen, rec.seq, rec.status, rec.started = rec, slot.seq, "prefilling", t0
+        self._prefilling.append(rec)
         if reuse:
             self.target.truncate(reuse, slot.seq)
         else:
             self.target.reset(slot.seq)
         self._hidden(slot.seq)  # rows the slot's last user left behind are not this prompt's
         slot.cached, slot.prefilled = [], 0
-        gen.stats.n_reused = reuse
-        gen.stats.queue_s = t0 - gen.submitted
+        rec.stats.n_reused = reuse
+        rec.stats.queue_s = t0 - rec.submitted
         if self.batch_tokens is None:
-            self._prefill(gen, len(gen.prompt_ids))
+            self._prefill(rec, len(rec.prompt_ids))
 
     def _prefill_some(self, rows: int) -> None:
         """Fill what the step's ``rows`` left of ``batch_tokens`` with prompt chunks, first come first served,
@@ -440,26 +438,26 @@ class Engine:
         one sequence per call: each prompt's KV is computed by the very calls a solo run makes, so neither its
         output nor that of the running generations (whose rows are in calls of their own) changes."""
         left = max(0, (self.batch_tokens or 0) - rows)
-        for gen in list(self._prefilling):
-            took = self._prefill(gen, max(1, min(left, self.prefill_cap or left)))
+        for rec in list(self._prefilling):
+            took = self._prefill(rec, max(1, min(left, self.prefill_cap or left)))
             left -= took
             if left <= 0:
                 return
 
-    def _prefill(self, gen: Generation, tokens: int) -> int:
-        """Prefill up to ``tokens`` more of ``gen``'s prompt (rounded to chunk edges, at least to the next one);
+    def _prefill(self, rec: GenState, tokens: int) -> int:
+        """Prefill up to ``tokens`` more of ``rec``'s prompt (rounded to chunk edges, at least to the next one);
         once all but its last token are in, it starts decoding.  Returns the tokens prefilled."""
-        slot, target = self._slots[gen.seq], self.target
+        slot, target = self._slots[rec.seq], self.target
         t0 = self.clock()
-        at, end = target.seq_len[slot.seq], len(gen.prompt_ids) - 1
+        at, end = target.seq_len[slot.seq], len(rec.prompt_ids) - 1
         chunk = prefill_call(target.config.prefill_chunk, target.batch_cap)
         stop = end if at + tokens >= end else min(end, max((at // chunk + 1) * chunk, (at + tokens) // chunk * chunk))
         if stop > at:
-            target.prefill(gen.prompt_ids[at:stop], slot.seq)
+            target.prefill(rec.prompt_ids[at:stop], slot.seq)
             self._observe_prefill(stop - at, self.clock() - t0)
-        gen.stats.prefill_s += self.clock() - t0
+        rec.stats.prefill_s += self.clock() - t0
         if stop >= end:
-            self._begin(gen, slot)
+            self._begin(rec, slot)
         return max(0, stop - at)
 
     def _observe_prefill(self, tokens: int, seconds: float) -> None:
@@ -470,331 +468,150 @@ class Engine:
         per = seconds / tokens
         self.prefill_token_s = per if self.prefill_token_s == 0 else self.prefill_token_s + 0.2 * (per - self.prefill_token_s)
 
-    def _free_rows(self, gens: list[Generation]) -> int | None:
+    def _free_rows(self, recs: list[GenState]) -> int | None:
         """Draft rows this step can verify before they displace prompt tokens that are waiting for it: the
         budget, less every running generation's pending row and the prompt chunks the step would take
         (at most ``prefill_cap`` of each prompt).  None when no prompt waits: drafts displace nothing."""
         if self.batch_tokens is None or not self._prefilling:
             return None
         cap = self.prefill_cap or self.batch_tokens
-        wanted = sum(min(cap, len(g.prompt_ids) - 1 - self.target.seq_len[g.seq]) for g in self._prefilling)
-        return max(0, self.batch_tokens - len(gens) - wanted)
+        wanted = sum(min(cap, len(r.prompt_ids) - 1 - self.target.seq_len[r.seq]) for r in self._prefilling)
+        return max(0, self.batch_tokens - len(recs) - wanted)
 
-    @staticmethod
-    def _prompt_token_estimate(gens: list[Generation]) -> float:
-        """Before any chunk was timed here: a prompt token's cost from the cost curve's widest call."""
-        costs = next((g.policy.costs for g in gens if g.policy.costs is not None), None)
-        if costs is None:
-            return 0.0
-        n = len(costs.curve)
-        return costs.call_s(n) / n
-
-    def _begin(self, gen: Generation, slot: _Slot) -> None:
+    def _begin(self, rec: GenState, slot: _Slot) -> None:
         """The prompt is in (all but the pending last token): the generation decodes from the next step."""
         t0 = self.clock()
-        self._prefilling.remove(gen)
-        self._running.append(gen)
-        gen.status = "running"
-        slot.cached, slot.prefilled = list(gen.prompt_ids[:-1]), len(gen.prompt_ids) - 1
-        hidden = self._hidden(slot.seq)  # the target's rows of the prompt it computed (from the reused prefix on)
-        if gen.traits.needs_hidden:  # indexing the prompt is prompt processing, like the prefill
-            gen.drafter.begin(gen.prompt_ids, slot.seq, hidden=hidden)
-        else:
-            gen.drafter.begin(gen.prompt_ids, slot.seq)
-        gen.stats.rewind = self.target.strategy
-        if self.target.is_recurrent:
-            gen.stats.trees = f"chains: a {self.target.memory} target needs one recurrent state per branch"
-        gen.stats.prefill_s += self.clock() - t0
+        self._prefilling.remove(rec)
+        self._running.append(rec)
+        rec.status = "running"
+        slot.cached, slot.prefilled = list(rec.prompt_ids[:-1]), len(rec.prompt_ids) - 1
+        rec.begin(self.target, self._hidden(slot.seq))  # the target's rows of the prompt from the reused prefix on
+        rec.stats.prefill_s += self.clock() - t0
 
     def _hidden(self, seq: int) -> HiddenRows | None:
         """The target's hidden rows kept for ``seq`` since the last call here (``llama.hidden``), for a drafter that
         reads them (``Drafter.needs_hidden``); None where the target keeps none (no such drafter)."""
         return self._take_hidden(seq) if self._take_hidden is not None else None
 
-    def _release(self, gen: Generation, keep_cache: bool) -> None:
+    def _release(self, rec: GenState, keep_cache: bool) -> None:
         """Free the generation's slot; its KV stays for prefix reuse if ``keep_cache``."""
-        slot = self._slots[gen.seq]
-        began = gen.status != "prefilling"  # a prompt still being prefilled has no drafter state yet
-        if gen in self._running:
-            self._running.remove(gen)
+        slot = self._slots[rec.seq]
+        began = rec.status != "prefilling"  # a prompt still being prefilled has no drafter state yet
+        if rec in self._running:
+            self._running.remove(rec)
         try:
             if began:
-                gen.drafter.end(slot.seq, complete=keep_cache)
+                rec.drafter.end(slot.seq, complete=keep_cache)
         finally:
-            if keep_cache and self.target.can_truncate(len(gen.context) - 1, slot.seq):
-                self.target.truncate(len(gen.context) - 1, slot.seq)  # a stop may cut accepted tokens
-                slot.cached = gen.context[:-1]
+            if keep_cache and self.target.can_truncate(len(rec.context) - 1, slot.seq):
+                self.target.truncate(len(rec.context) - 1, slot.seq)  # a stop may cut accepted tokens
+                slot.cached = rec.context[:-1]
             else:  # cancelled, or a recurrent state that cannot be cut back that far: nothing to reuse
                 self.target.reset(slot.seq)
                 slot.cached, slot.prefilled = [], 0
             slot.prefilled = min(slot.prefilled, len(slot.cached))
-            slot.gen, slot.released, slot.keeper = None, self.clock(), gen.traits.prefix if keep_cache else None
+            slot.gen, slot.released, slot.keeper = None, self.clock(), rec.traits.prefix if keep_cache else None
             slot.writes = self.target.writes[slot.seq]
 
-    def _finish(self, gen: Generation) -> None:
-        gen._emit(gen.stop_text.take(final=True))
-        gen.stats.n_tokens = len(gen.output_ids)
-        # The clock stops at the last token: what a drafter does after the request
-        # (the suffix drafter files the output into its global tree) is off the token path.
-        end = self.clock()
-        gen.stats.total_s = end - gen.started
-        if gen.stats.n_tokens > 1 and gen.stats.ttft_s > 0:  # mean gap between tokens after the first
-            gen.stats.itl_s = (end - gen.submitted - gen.stats.ttft_s) / (gen.stats.n_tokens - 1)
-        if gen.stats.n_drafted == 0 and gen.traits.drafts and gen.stats.n_steps > 1:
-            gen.stats.idle_why = gen.policy.why_idle(gen.stats)  # a named drafter's zero never stands alone
-        self._release(gen, keep_cache=True)
-        gen.status = "done"
-        if gen.constraint is not None and gen.config.grammar_drafts and gen.traits.drafts:
-            gen.constraint.learn(gen.output_ids)  # how the model spelled forced text: the grammar source's next drafts
-        if gen.parent_policy is not None:
-            gen.parent_policy.adopt(gen.policy)  # what it learnt is the next generation's prior
+    def _finish(self, rec: GenState) -> None:
+        """A generation met a stop condition: its last text and statistics, its slot released (its KV kept for
+        prefix reuse), then what it taught kept."""
+        rec.wrap_up(self.clock())
+        self._release(rec, keep_cache=True)
+        rec.learn()
 
     # -- the step ------------------------------------------------------------
 
-    def _advance(self, gens: list[Generation]) -> int:
-        """One step of every running generation; returns the rows it verified."""
+    def _advance(self, recs: list[GenState]) -> int:
+        """One step of every running generation: budget -> propose -> verify -> commit; returns the rows it
+        verified."""
         t_begin = self.clock()
-        gens = self._fit_pool(gens)
-        if not gens:
+        recs = self._budgets(self._fit_pool(recs))
+        if not recs:
             return 0
-        work = self._budgets(gens)
-        depths = tuple(self.target.seq_len[w.gen.seq] for w in work)  # each call's rows attend over these
+        depths = tuple(self.target.seq_len[r.seq] for r in recs)  # each call's rows attend over these
         t0 = self.clock()
-        self._propose(work)
+        self._propose(recs)
         t1 = self.clock()
         rewind0 = self.target.rewind.seconds
-        results = self._verify_in_pool(work, gens)
-        if results is None:
+        if not self._verify_in_pool(recs):
             return 0
         t2 = self.clock()
         rewind_s = self.target.rewind.seconds - rewind0
-        drafted = sum(1 for w in work if w.draft.token_ids)
-        for cm in {id(w.gen.policy.costs): w.gen.policy.costs for w in work if w.gen.policy.costs is not None}.values():
-            cm.observe_step(tuple(1 + len(w.draft) for w in work), t2 - t1 - rewind_s, depths)
+        drafted = sum(1 for r in recs if r.draft.token_ids)
+        for cm in {id(r.policy.costs): r.policy.costs for r in recs if r.policy.costs is not None}.values():
+            cm.observe_step(tuple(1 + len(r.draft) for r in recs), t2 - t1 - rewind_s, depths)
             cm.observe_rewind(rewind_s, drafted)
-        share = 1.0 / max(len(work), 1)
-        for w, result in zip(work, results):
-            gen = w.gen
-            verify_s = (t2 - t1) * share
-            gen.stats.record_step(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s,
-                                  w.draft.origins)
-            committed = self._commit(gen, result.token_ids[:-1] if w.dead_end else result.token_ids)
-            if gen.constraint is not None and not gen.stats.stop_reason:
-                gen.constraint.commit(committed)
-            if w.dead_end and not gen.stats.stop_reason:
-                gen.stats.stop_reason = "constraint"  # nothing allowed: an error, never a quiet "stop" (or an EOS it bans)
-            if gen.config.logprobs is not None:
-                gen.logprobs.extend(gen.step_logprobs[: len(committed)])
-            gen.origins.extend(w.draft.origin(i) if i < result.n_accepted else "target" for i in range(len(committed)))
-            hidden = self._hidden(gen.seq)  # the kept rows: pending and the accepted draft (``_verify`` cut the rest)
-            if gen.traits.needs_hidden:
-                gen.drafter.advance(committed, result.n_accepted, gen.seq, hidden=hidden)
-            else:
-                gen.drafter.advance(committed, result.n_accepted, gen.seq)
-            other = ((t0 - t_begin) + (self.clock() - t2)) * share  # bookkeeping, not the consumer's time
-            shadow = -1 if w.declined < 0 or not committed else int(committed[0] == w.declined)
-            gen.policy.observe(StepOutcome(w.draft.source, len(w.draft), result.n_accepted, w.draft_s, verify_s, other,
-                                           shadow))
-            gen._emit(gen.stop_text.take(final=False))
-            if gen.stats.stop_reason:
-                self._finish(gen)
-        return sum(1 + len(w.draft) for w in work)
+        share = 1.0 / len(recs)
+        times = StepTimes(self.clock, share, (t2 - t1) * share, t0 - t_begin, t2)
+        for rec in recs:
+            rec.commit(times, self._hidden(rec.seq))  # the kept rows: pending and the accepted draft
+            if rec.stats.stop_reason:
+                self._finish(rec)
+        return sum(1 + len(r.draft) for r in recs)
 
-    def _budgets(self, gens: list[Generation]) -> list[_Work]:
-        """Each generation's budget from its policy, valued against what the others already put in the step."""
-        target, work = self.target, []
+    def _budgets(self, recs: list[GenState]) -> list[GenState]:
+        """Each generation's budget from its policy, valued against what the others already put in the step; the
+        generations that take the step (one whose context is full ends)."""
+        target, planned = self.target, []
         rows: list[int] = []
         depths: list[int] = []
         tokens = 0.0
-        free = self._free_rows(gens)
-        displaced_s = 0.0 if free is None else self.prefill_token_s or self._prompt_token_estimate(gens)
+        free = self._free_rows(recs)
+        displaced_s = 0.0 if free is None else self.prefill_token_s or _prompt_token_estimate(recs)
         # draft rows the shared pool has cells for, after every generation's pending row (``_fit_pool``)
-        spare = self._pool_left() - len(gens) if self._pool is not None else math.inf
-        for i, gen in enumerate(gens):
-            room = target.capacity - target.seq_len[gen.seq] - 1  # draft slots left after pending
+        spare = self._pool_left() - len(recs) if self._pool is not None else math.inf
+        for i, rec in enumerate(recs):
+            room = rec.room(target)
             if room < 0:
-                gen.stats.stop_reason = "context"
-                self._finish(gen)
+                rec.stats.stop_reason = "context"
+                self._finish(rec)
                 continue
-            cap = max(0, min(gen.config.max_tokens - len(gen.output_ids) - 1, room, MAX_DRAFT, target.max_draft, spare))
-            if not gen.output_ids:
-                # The first token comes from a plain step, as from llama-server's and vLLM's prefill: verifying
-                # a long draft with it made the client wait for a 17-row call (time to first token p50 118-214 ms
-                # against 85 ms for llama-server, one client, the 1B stand-in, serve_load code).
-                cap = 0
-            later = len(gens) - i - 1  # not decided yet: count them as plain steps
-            depth = target.seq_len[gen.seq]
-            load = (BatchLoad(depth=depth) if len(gens) == 1 and free is None else
+            cap = rec.draft_cap(room, target, spare)
+            later = len(recs) - i - 1  # not decided yet: count them as plain steps
+            depth = target.seq_len[rec.seq]
+            load = (BatchLoad(depth=depth) if len(recs) == 1 and free is None else
                     BatchLoad(tuple(rows) + (1,) * later, tokens + later, free, displaced_s, depth,
-                              tuple(depths) + tuple(target.seq_len[g.seq] for g in gens[i + 1:])))
-            # A drafter that reads hidden rows gets chains: a tree's accepted path is not where its rows were kept.
-            tree = (gen.config.sampling.greedy and gen.constraint is None and target.unified and target.n_slots == 1 and target.n_seq_max > 1
-                    and not gen.traits.needs_hidden
-                    and not target.is_recurrent
-                    and (target.shapes.tree_exact is not False or not target.shapes.exact))  # measured (``BatchShapes``)
-            budget = gen.policy.budget(cap, load, tree) if cap > 0 else Budget(0)
+                              tuple(depths) + tuple(target.seq_len[r.seq] for r in recs[i + 1:])))
+            budget = rec.policy.budget(cap, load, rec.tree_allowed(target)) if cap > 0 else Budget(0)
             spare -= budget.max_tokens
             rows.append(budget.rows if budget.rows is not None else 1 + budget.max_tokens)
             depths.append(depth)
             tokens += budget.expected
             if free is not None:
                 free = max(0, free - (rows[-1] - 1))
-            work.append(_Work(gen, budget))
-        return work
+            rec.plan(budget)
+            planned.append(rec)
+        return planned
 
-    def _propose(self, work: list[_Work]) -> None:
+    def _propose(self, recs: list[GenState]) -> None:
         """Every drafter once per step, with all of its generations' requests (a draft model batches them)."""
-        groups: dict[int, list[_Work]] = {}
-        for w in work:
-            w.draft = Draft.empty(w.gen.drafter.name)
-            if w.budget.max_tokens > 0:
-                groups.setdefault(id(w.gen.drafter), []).append(w)
+        groups: dict[int, list[GenState]] = {}
+        for rec in recs:
+            if rec.budget.max_tokens > 0:
+                groups.setdefault(id(rec.drafter), []).append(rec)
         for group in groups.values():
-            drafter = group[0].gen.drafter
-            asked = [w for w in group if drafter.name not in w.budget.skip]  # the policy's: its call won't pay
+            drafter = group[0].drafter
+            asked = [r for r in group if drafter.name not in r.budget.skip]  # the policy's: its call won't pay
             t0 = self.clock()
-            proposed = drafter.propose([DraftRequest(w.gen.seq, w.gen.context, w.budget) for w in asked]) if asked else []
+            proposed = drafter.propose([r.request() for r in asked]) if asked else []
             drafts = dict(zip(map(id, asked), proposed))
             spent = (self.clock() - t0) / max(len(asked), 1)
-            for w in group:
-                draft = drafts.get(id(w), w.draft)
-                w.draft_s = spent if id(w) in drafts else 0.0
-                grammar = w.gen.constraint.grammar if w.gen.constraint is not None else None
-                if grammar is not None and w.gen.config.grammar_drafts and w.gen.traits.drafts:
-                    t1 = self.clock()  # cut at the grammar's first refusal, then what it forces after that
-                    draft = with_forced(draft.best_chain(), grammar, w.budget.max_tokens, self._ask(w.gen))
-                    w.draft_s += self.clock() - t1
-                    grammar = None  # walked
-                if draft.token_ids:
-                    w.draft = self._fit(draft, w.budget, w.gen.config.sampling)
-                    w.declined = -1 if w.draft.token_ids else draft.token_ids[0]
-                    w.gen.stats.n_proposed += len(draft.token_ids)
-                    w.gen.stats.n_declined += not w.draft.token_ids
-                if grammar is not None and w.draft.token_ids:  # cut at the grammar's first refusal
-                    w.draft = w.draft.truncated(w.gen.constraint.cut(w.draft.token_ids))
+            for rec in group:
+                rec.settle_draft(drafts.get(id(rec)), spent, self.target, self.clock)
 
-    @staticmethod
-    def _ask(gen: Generation) -> Callable[[Sequence[int], int], Draft] | None:
-        """How the grammar source asks ``gen``'s drafter for a draft after tokens it appended (None: it cannot)."""
-        drafter = gen.drafter
-        if not gen.traits.reads_context:
-            return None
-        return lambda extra, n: drafter.propose([DraftRequest(gen.seq, [*gen.context, *extra], Budget(n))])[0]
-
-    def _fit(self, draft: Draft, budget: Budget, sampling: SamplingParams) -> Draft:
-        """Cut a draft to the budget; a tree also to what the target can verify exactly in one call.
-
-        Trees are verified only greedily; with sampling the best branch is
-        verified as a chain (deterministic, so rejection sampling stays exact).
-        """
-        target = self.target
-        bad = next((i for i, t in enumerate(draft.token_ids) if not 0 <= t < target.n_vocab), None)
-        if bad is not None:  # a foreign id would make llama.cpp abort: keep what precedes it
-            draft = draft.truncated(bad) if not draft.is_tree else draft.best_chain().truncated(0)
-        if draft.is_tree and not budget.tree:
-            draft = draft.best_chain()
-        draft = draft.truncated(budget.worth(draft))
-        if draft.is_tree:
-            draft = draft.truncated(max(0, target.shapes.max_rows - 1))  # one call: within the exact shapes
-        while draft.is_tree and draft.branches() > target.n_seq_max:
-            draft = draft.truncated(len(draft) - 1)  # nodes are listed parents first
-        return draft.depth_first()
-
-    def _verify(self, work: list[_Work]) -> list[VerifyResult]:
+    def _verify(self, recs: list[GenState]) -> None:
         """One target batch over every generation's ``[pending] + draft``; keep accepted tokens in the KV."""
         target = self.target
-        if len(work) == 1 and work[0].draft.is_tree:
-            return [self._verify_tree(work[0])]
-        segments = [Segment(w.gen.seq, [w.gen.context[-1], *w.draft.token_ids]) for w in work]
-        n_past = [target.seq_len[w.gen.seq] for w in work]
-        for w, seg in zip(work, segments):  # a recurrent state must be able to come back
-            self._charged(w.gen, target.protect, seg.seq, len(seg.tokens))
+        if len(recs) == 1 and recs[0].draft.is_tree:
+            recs[0].verify_tree(target)
+            return
+        segments = [Segment(r.seq, [r.context[-1], *r.draft.token_ids]) for r in recs]
+        n_past = [target.seq_len[r.seq] for r in recs]
+        for rec, seg in zip(recs, segments):  # a recurrent state must be able to come back
+            rec.charged(target, target.protect, seg.seq, len(seg.tokens))
         all_logits = target.decode(segments)
-        results = []
-        for w, logits, start in zip(work, all_logits, n_past):
-            sampling, constraint = w.gen.config.sampling, w.gen.constraint
-            if constraint is not None:
-                result = self._verify_constrained(w, logits, constraint)
-                w.dead_end = constraint.dead_row is not None and len(result.token_ids) == constraint.dead_row + 1
-            elif sampling.greedy:
-                result = verify_greedy(w.draft.token_ids, logits.argmax(axis=1).tolist())
-            else:
-                uniforms = w.gen.uniforms.at(len(w.gen.output_ids), len(w.draft.token_ids) + 1)
-                w.probs = target_probs(logits, sampling)
-                result = verify_sampling(w.draft.token_ids, w.draft.q, w.probs, w.gen.rng, uniforms)
-            self._charged(w.gen, target.truncate, start + 1 + result.n_accepted, w.gen.seq)
-            self._note_logprobs(w.gen, logits, result if not w.dead_end else
-                                VerifyResult(result.token_ids[:-1] + (0,), result.n_accepted), probs=w.probs)
-            results.append(result)
-        return results
-
-    @staticmethod
-    def _verify_constrained(w: _Work, logits: np.ndarray, constraint: ConstraintState) -> VerifyResult:
-        """Verification with the generation's logit controls applied at every row, as plain decoding applies them."""
-        gen, draft = w.gen, w.draft.token_ids
-        n_out = len(gen.output_ids)
-        if gen.config.sampling.greedy:
-            return verify_greedy(draft, constraint.choose(logits, draft, gen.context, n_out))
-        p = w.probs = constraint.probs(logits, draft, gen.context, n_out, gen.config.sampling)
-        return verify_sampling(draft, w.draft.q, p, gen.rng, gen.uniforms.at(n_out, len(draft) + 1))
-
-    @staticmethod
-    def _note_logprobs(gen: Generation, logits: np.ndarray, result: VerifyResult, rows: Sequence[int] | None = None,
-                       probs: np.ndarray | None = None) -> None:
-        """Keep the logprobs of a step's tokens from the verification rows (``rows``: a tree's path), while the
-        logits are still valid; the commit keeps as many as it commits.  With ``post_sampling_probs`` they are
-        read from the distribution each token was sampled from (``probs``; None: greedy's, all on the argmax)."""
-        if gen.config.logprobs is None:
-            return
-        n = len(result.token_ids)
-        if gen.config.post_sampling_probs:
-            p = probs[:n] if probs is not None else one_hot(logits.shape[-1], result.token_ids)
-            gen.step_logprobs = token_probs(p, result.token_ids, gen.config.logprobs)
-            return
-        picked = logits[:n] if rows is None else logits[list(rows)]
-        gen.step_logprobs = token_logprobs(picked, result.token_ids, gen.config.logprobs)
-
-    def _charged(self, gen: Generation, call, *args) -> None:
-        """A target call that may save, restore or roll back recurrent state; its cost goes to ``gen``'s stats."""
-        if not self.target.is_recurrent:
-            call(*args)
-            return
-        total = self.target.rewind
-        before = total.copy()
-        try:
-            call(*args)
-        finally:
-            gen.stats.rewound.add_change(total, before)
-
-    def _verify_tree(self, w: _Work) -> VerifyResult:
-        target, draft, stats = self.target, w.draft, w.gen.stats
-        parents = [-1] + [p + 1 for p in draft.parents]  # rows: 0 = pending, i+1 = node i
-        logits = target.eval_tree([w.gen.context[-1], *draft.token_ids], parents)  # [n+1, V]
-        result, path = verify_tree_greedy(draft.token_ids, draft.parents, logits.argmax(axis=1).tolist())
-        self._note_logprobs(w.gen, logits, result, [0] + [i + 1 for i in path])
-        before = target.tree_relayouts
-        target.commit_tree([0] + [i + 1 for i in path])
-        stats.n_tree_steps += 1
-        stats.n_tree_relayouts += target.tree_relayouts - before
-        return result
-
-    def _commit(self, gen: Generation, token_ids: Sequence[int]) -> list[int]:
-        """Append verified tokens one by one, ending at EOS, a stop string or max_tokens."""
-        stats = gen.stats
-        committed: list[int] = []
-        if not gen.output_ids and token_ids:
-            stats.ttft_s = self.clock() - gen.submitted
-        for tok in token_ids:
-            committed.append(tok)
-            gen.context.append(tok)
-            gen.output_ids.append(tok)
-            if tok in self._eog or tok in gen.config.stop_token_ids:
-                stats.stop_reason = "eos"
-                break
-            if gen.stop_text.feed(self.target.token_bytes(tok)):
-                stats.stop_reason = "stop"
-                break
-            if len(gen.output_ids) >= gen.config.max_tokens:
-                stats.stop_reason = "length"
-                break
-        return committed
+        for rec, logits, start in zip(recs, all_logits, n_past):
+            result = rec.verify_rows(logits)
+            rec.charged(target, target.truncate, start + 1 + result.n_accepted, rec.seq)
+            rec.note_logprobs(logits)

@@ -1,29 +1,23 @@
-"""One request's side of the engine: its settings, its state, and the text it streams.
+"""One request as its caller sees it: its settings and the stream it reads.
 
-A ``Generation`` is what ``Engine.generate`` returns.  Iterating it drives
-the engine; its output, statistics and stop-string handling are its own.
+A ``Generation`` is what ``Engine.generate`` returns: a read-only stream
+over the engine's record of the request (``engine_state.GenState``, whose
+caller-visible part is ``Progress``).  Iterating it drives the engine.
 ``GenerationConfig`` is validated here, so a bad request fails before it
 takes a slot.
 """
 
 from __future__ import annotations
 
-import codecs
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Generic, Iterator, Protocol, TypeVar
 
-from .draft_length import DraftLengthPolicy
-from .drafters.base import Drafter, DrafterTraits
-from .constraints import Constraints, ConstraintState
+from .constraints import Constraints
 from .errors import InvalidParameterError
 from .metrics import GenerationStats
-from .sampling import MAX_LOGPROBS, PositionUniforms, SamplingParams
+from .sampling import MAX_LOGPROBS, SamplingParams
 from .types import TokenLogprob
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -56,100 +50,105 @@ class GenerationConfig:
             raise InvalidParameterError("stop strings must be non-empty")
 
 
-class _StopText:
-    """Incremental detokenizer that withholds text which might begin a stop string."""
+@dataclass(eq=False, kw_only=True)
+class Progress:
+    """What a caller reads of one generation: the part of the engine's record (``engine_state.GenState``) that its
+    ``Generation`` shows.  The engine writes it; the stream only reads it (and takes the text pieces it yields).
+    Compared by identity: two choices of one prompt are two generations however alike."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.emitted = 0
-        self.hit = False
-
-    def feed(self, piece: bytes) -> bool:
-        """Add one token's bytes; True when a stop string is now complete (text is cut there)."""
-        self.text += self.decoder.decode(piece)
-        if not self.stops:
-            return False
-        start = max(0, self.emitted - self.longest)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.hit = True
-        return self.hit
-
-    def take(self, final: bool) -> str:
-        """Text that can be shown now: all of it when final, else all but a possible stop prefix."""
-        if final and not self.hit:
-            self.text += self.decoder.decode(b"", final=True)
-        upto = len(self.text) if final else len(self.text) - self._partial_overlap()
-        out = self.text[self.emitted : max(upto, self.emitted)]
-        self.emitted += len(out)
-        return out
-
-    def _partial_overlap(self) -> int:
-        """Length of the longest text suffix that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
-
-
-class Generation:
-    """One request in an engine: iterate it for text pieces; ``stats``/``text`` are final once it is done.
-
-    Iterating drives the engine, so other generations advance too (their
-    pieces wait in their own queues).  ``cancel()`` (or leaving the
-    iteration early) stops it between steps and frees its slot, KV cells
-    and drafter state.
-    """
-
-    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
-                 drafter: Drafter, policy: DraftLengthPolicy) -> None:
-        self.engine = engine
-        self.prompt_ids = prompt_ids
-        self.config = config
-        self.drafter = drafter
-        self.traits = DrafterTraits.of(drafter)  # what it declares beyond ``Drafter``, read once
-        self.policy = policy
-        if self.traits.scored:
-            policy.expect_scores(self.traits.scored)
-        self.parent_policy: DraftLengthPolicy | None = None  # the engine's policy this one was forked from
-        self.seq: int | None = None  # the target sequence (slot) while running
-        self.status = "waiting"  # -> running -> done | cancelled
-        self.output_ids: list[int] = []
-        self.origins: list[str] = []  # per output token: the draft source that proposed it, or "target"
-        self.logprobs: list[TokenLogprob] = []  # per output token, when config.logprobs is set
-        self.step_logprobs: list[TokenLogprob] = []  # the current step's, before stop conditions cut it
-        self.context = list(prompt_ids)  # committed tokens, including pending
-        self.constraint: ConstraintState | None = None  # the logit controls' state, when the config has any
-        # the configured k is the policy's (a fixed k, or where window and heuristic start); None where it has none
-        self.stats = GenerationStats(drafter=drafter.name, k=getattr(policy, "k", None), k_policy=policy.name,
-                                     n_prompt=len(prompt_ids))
-        self.stop_text = _StopText(config.stop)
-        self.rng = config.sampling.rng()
-        self.uniforms = PositionUniforms(config.sampling.entropy_seed)  # deterministic drafts: seeded runs agree
-        self.submitted = time.perf_counter()
-        self.started = 0.0
-        self._ready: deque[str] = deque()
-        self._pieces: list[str] = []
+    prompt_ids: list[int]
+    config: GenerationConfig
+    stats: GenerationStats
+    status: str = "waiting"  # -> prefilling -> running -> done | cancelled
+    seq: int | None = None  # the target sequence (slot) while it holds one
+    output_ids: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)  # per output token: the draft source that proposed it, or "target"
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when config.logprobs is set
+    pieces: list[str] = field(default_factory=list)  # the text streamed so far
+    ready: deque[str] = field(default_factory=deque)  # pieces not taken by the caller yet
 
     @property
     def done(self) -> bool:
         return self.status in ("done", "cancelled")
 
+
+P = TypeVar("P", bound=Progress)
+
+
+class Driver(Protocol[P]):
+    """What a stream asks of the engine that runs it: a step (iterating drives the engine) and a cancellation."""
+
+    def step(self) -> None: ...
+
+    def cancel(self, gen: "Generation[P]") -> None: ...
+
+
+class Generation(Generic[P]):
+    """One request in an engine: iterate it for text pieces; ``stats``/``text`` are final once it is done.
+
+    A read-only stream over the engine's record of the generation (``state``): the engine owns every piece of its
+    state and writes none of the stream's.  Iterating drives the engine, so other generations advance too (their
+    pieces wait in their own queues).  ``cancel()`` (or leaving the iteration early) stops it between steps and
+    frees its slot, KV cells and drafter state.
+    """
+
+    def __init__(self, engine: Driver[P], state: P) -> None:
+        self.engine = engine
+        self.state = state
+
+    # -- what the caller reads (the record's, read-only) --------------------------------------------
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.state.prompt_ids
+
+    @property
+    def config(self) -> GenerationConfig:
+        return self.state.config
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.state.stats
+
+    @property
+    def status(self) -> str:
+        return self.state.status
+
+    @property
+    def seq(self) -> int | None:
+        return self.state.seq
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.state.output_ids
+
+    @property
+    def origins(self) -> list[str]:
+        return self.state.origins
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        return self.state.logprobs
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    @property
+    def text(self) -> str:
+        return "".join(self.state.pieces)
+
+    # -- the stream -----------------------------------------------------------------------------------
+
     def __iter__(self) -> Iterator[str]:
         """Text pieces as they are committed.  Leaving early (``break``, an exception, a closed stream)
         cancels the generation: its partial output is not filed as a finished answer (the suffix
         drafter's global tree, the policy's prior), and its slot is freed."""
+        ready = self.state.ready
         try:
             while True:
-                while self._ready:
-                    yield self._ready.popleft()
+                while ready:
+                    yield ready.popleft()
                 if self.done:
                     return
                 self.engine.step()
@@ -157,7 +156,7 @@ class Generation:
             if not self.done:
                 self.cancel()
 
-    def run(self) -> "Generation":
+    def run(self) -> "Generation[P]":
         """Consume the whole generation (when streaming is not needed)."""
         for _ in self:
             pass
@@ -168,15 +167,7 @@ class Generation:
 
     def take_text(self) -> str:
         """Text produced since the last call (for callers that drive ``engine.step()`` themselves)."""
-        text = "".join(self._ready)
-        self._ready.clear()
+        ready = self.state.ready
+        text = "".join(ready)
+        ready.clear()
         return text
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
-    def _emit(self, text: str) -> None:
-        if text:
-            self._pieces.append(text)
-            self._ready.append(text)

@@ -7,7 +7,8 @@ import pytest
 from specstack.draft_length import FixedK
 from specstack.drafters import BuildContext, create
 from specstack.engine import Engine
-from specstack.generation import GenerationConfig, _StopText
+from specstack.engine_state import StopText
+from specstack.generation import GenerationConfig
 from specstack.errors import ContextOverflowError, InvalidParameterError
 
 from specstack.prompts import held_out_prompts
@@ -187,7 +188,7 @@ def test_target_state_is_clean_after_a_failed_request(target):
 
 
 def test_stop_text_withholds_a_possible_stop_prefix():
-    st = _StopText(["END"])
+    st = StopText(["END"])
     st.feed(b"abc E")
     assert st.take(final=False) == "abc "
     st.feed(b"N")
@@ -197,7 +198,7 @@ def test_stop_text_withholds_a_possible_stop_prefix():
 
 
 def test_stop_text_handles_split_utf8():
-    st = _StopText([])
+    st = StopText([])
     snake = "é".encode()
     st.feed(snake[:1])
     assert st.take(final=False) == ""

@@ -75,7 +75,7 @@ class DraftModelDrafter:
         self.n_vocab = target_vocab or model.n_vocab
         self.config = config
         self.temperature = config.draft_temp if config.draft_temp is not None else temperature
-        self._sampled = temperature > 0.0 and self.temperature > 0.0
+        self.sampled = temperature > 0.0 and self.temperature > 0.0  # drafts are sampled (a translating drafter asks)
         self._rng = np.random.default_rng(None if config.seed is None or config.seed < 0 else config.seed + 1)
         self._seqs: dict[int, _Seq] = {}
         self._tli: tuple[np.ndarray, np.ndarray, int] | None = None  # see restrict_to()
@@ -195,7 +195,7 @@ class DraftModelDrafter:
     def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
         """(token, confidence, q row or None).  Confidence is the draft's probability of its token."""
         logits = logits[: self.n_vocab]
-        if not self._sampled:
+        if not self.sampled:
             tok = int(logits.argmax())
             if self.config.p_min <= 0.0 and not need_conf:
                 return tok, 1.0, None

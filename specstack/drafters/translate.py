@@ -25,16 +25,13 @@ incomplete, so the draft is ``["(", "x"]`` in target ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from ..llama import LlamaModel
 from ..types import Draft
-from .base import DraftRequest
-
-if TYPE_CHECKING:  # draft_model builds translating drafters: a runtime import would be a circle
-    from .draft_model import DraftModelDrafter
+from .base import Drafter, DraftRequest
 
 BACKOFF = 2  # draft tokens re-tokenized at the boundary when new text arrives
 TLI_MIN_OVERLAP = 0.5  # share of draft tokens with a same-text target token needed for TLI sampling
@@ -51,16 +48,25 @@ class _Text:
     covered: int = 0  # bytes of ``data`` the draft tokens spell
 
 
+class RestrictableDrafter(Drafter, Protocol):
+    """What a translating drafter wraps (``draft_model.DraftModelDrafter``, which builds it): a draft model's drafter
+    that says whether it samples, and can be restricted to the tokens both vocabularies spell alike (TLI)."""
+
+    sampled: bool
+
+    def restrict_to(self, draft_to_target: np.ndarray, target_vocab: int) -> None: ...
+
+
 class TranslatingDrafter:
     """Wraps a draft model whose vocabulary differs from the target's."""
 
-    def __init__(self, inner: DraftModelDrafter, target: LlamaModel, draft: LlamaModel) -> None:
+    def __init__(self, inner: RestrictableDrafter, target: LlamaModel, draft: LlamaModel) -> None:
         self.inner, self.target, self.draft = inner, target, draft
         self.name = inner.name
         self._texts: dict[int, _Text] = {}
         self._bos = [draft.bos_id] if draft.add_bos and draft.bos_id >= 0 else []
         self.to_target: np.ndarray | None = None  # draft id -> target id with the same text (TLI), -1 if none
-        if inner._sampled:
+        if inner.sampled:
             to_target = intersection(target, draft)
             self.overlap = float((to_target >= 0).mean())
             if self.overlap >= TLI_MIN_OVERLAP:

@@ -29,6 +29,7 @@ from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_
 from .batching import BatchShapes, Segment, plan_calls, prefill_call
 from .hidden import HiddenStates
 from .memory import SequenceMemory
+from .mtp import MtpContext, MtpHost
 from .recurrent import Memory, SeqLog
 from .tree import TreeBatches
 from .vocab import Vocabulary
@@ -84,7 +85,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.n_nextn = int(lc.llama_model_n_layer_nextn(self._model))
         self.mtp_loaded = self._owns_model and self._load_mtp() and self.n_nextn > 0 or \
             (weights is not None and weights.mtp_loaded)
-        self._mtp_contexts: list = []
+        self._mtp_contexts: list[MtpContext] = []
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
         self.n_swa = int(lc.llama_model_n_swa(self._model))  # sliding-window size; 0 where there is none
@@ -177,12 +178,13 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         wanted = self.config.load_mtp
         return bool(self.meta.mtp_mode is not None if wanted is None else wanted and self.meta.nextn_layers > 0)
 
-    def open_mtp(self, assistant: Path | None = None):
+    def open_mtp(self, assistant: Path | None = None) -> MtpContext:
         """A context on this model's NextN head (``llama.mtp.MtpContext``), closed with this model; ``assistant``:
         the separate head GGUF of a family that ships one (gemma4), run over this model's KV."""
-        from .mtp import MtpContext
-
-        ctx = MtpContext(self, assistant)
+        host = MtpHost(self._lc, self._model, self._ctx, self.path.name, self.meta.architecture, self.meta.mtp_mode,
+                       self.n_nextn, self.mtp_loaded, self.n_vocab, self.n_slots, self.n_ctx, self.config.n_batch,
+                       self.n_threads, self.flash_attn, self.unified, self.config.use_mmap)
+        ctx = MtpContext(host, assistant)
         self._mtp_contexts.append(ctx)
         return ctx
 

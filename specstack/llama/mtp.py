@@ -30,15 +30,35 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from .backend import ext_module
 
-if TYPE_CHECKING:
-    from .model import LlamaModel
+
+@dataclass(frozen=True)
+class MtpHost:
+    """What an MTP context reads of the loaded model it drafts for (``LlamaModel.open_mtp`` fills it in): its
+    llama.cpp handles, and the settings the head's context copies."""
+
+    lc: Any  # the llama_cpp module
+    model: Any  # llama_model*: the weights, NextN layers included where loaded
+    ctx: Any  # llama_context*: the target's context (the assistant reads its KV)
+    name: str  # the model file's name, for messages
+    architecture: str
+    mtp_mode: str | None  # which MTP graph this llama.cpp has for the architecture (``GGUFInfo.mtp_mode``)
+    n_nextn: int
+    mtp_loaded: bool
+    n_vocab: int
+    n_slots: int
+    n_ctx: int  # per slot
+    n_batch: int
+    n_threads: int
+    flash_attn: bool
+    unified: bool
+    use_mmap: bool
 
 
 @dataclass
@@ -60,20 +80,20 @@ class MtpContext:
     shared = False  # the assistant mode: the head reads the target's KV (module docstring)
     _own_model = None  # the assistant's loaded model, freed with this context
 
-    def __init__(self, target: "LlamaModel", assistant: Path | None = None) -> None:
-        lc = self._lc = target._lc
+    def __init__(self, target: MtpHost, assistant: Path | None = None) -> None:
+        lc = self._lc = target.lc
         if assistant is not None:
             self._open_assistant(target, Path(assistant))
             return
-        name = target.path.name
-        mode = target.meta.mtp_mode
+        name = target.name
+        mode = target.mtp_mode
         if target.n_nextn == 0:
             raise UnsupportedModelError(f"{name} has no multi-token-prediction (NextN) layers")
         if mode is None:
             raise UnsupportedModelError(f"{name} declares {target.n_nextn} NextN layer(s), but this llama.cpp has no "
-                                        f"MTP graph for its architecture {target.meta.architecture!r}")
+                                        f"MTP graph for its architecture {target.architecture!r}")
         if mode not in ("single head", "chained heads"):
-            raise UnsupportedModelError(f"{name} ({target.meta.architecture}) drafts with {mode}; specstack's MTP "
+            raise UnsupportedModelError(f"{name} ({target.architecture}) drafts with {mode}; specstack's MTP "
                                         "drafter runs single-head models (qwen35, qwen3next, glm4moe, deepseek ...) "
                                         "and step35's chained heads")
         if not target.mtp_loaded:  # llama.cpp would abort the process on the first MTP call
@@ -83,33 +103,33 @@ class MtpContext:
         # chained heads: one trained head per draft position (a single-head family with several layers reads one)
         self.chained = mode == "chained heads" and target.n_nextn > 1
         self.n_heads = target.n_nextn if self.chained else 1
-        self.n_embd = int(lc.llama_model_n_embd_out(target._model))
+        self.n_embd = int(lc.llama_model_n_embd_out(target.model))
         self.n_vocab = target.n_vocab
         self.n_seq = target.n_slots
         params = lc.llama_context_default_params()
         params.n_ctx = target.n_ctx * self.n_seq
-        params.n_batch = params.n_ubatch = max(1, min(target.config.n_batch, params.n_ctx))
+        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = target.n_threads
         params.n_seq_max = self.n_seq
         params.kv_unified = True
         params.flash_attn_type = 1 if target.flash_attn else 0
         params.no_perf = True
         params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx
+        params.ctx_other = target.ctx
         params.n_rs_seq = 0
-        self._ctx = lc.llama_init_from_model(target._model, params)
+        self._ctx = lc.llama_init_from_model(target.model, params)
         if not self._ctx:
             raise ModelLoadError(f"llama.cpp could not create an MTP context for {name} (n_ctx={params.n_ctx})")
         self._setup(int(params.n_batch))
 
-    def _open_assistant(self, target: "LlamaModel", path: Path) -> None:
+    def _open_assistant(self, target: MtpHost, path: Path) -> None:
         """Load the assistant GGUF and its context over the target's KV (llama.cpp's draft-mtp with ``-md``)."""
         lc = self._lc
         if not path.is_file():
             raise ModelLoadError(f"MTP assistant {path} does not exist")
         mparams = lc.llama_model_default_params()
         mparams.load_mtp = True  # llama.cpp loads every model of a draft-mtp run so
-        mparams.use_mmap = target.config.use_mmap
+        mparams.use_mmap = target.use_mmap
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
             raise ModelLoadError(f"llama.cpp could not load the MTP assistant {path} (corrupt or unsupported GGUF?)")
@@ -119,30 +139,30 @@ class MtpContext:
         self.chained = False
         self.n_heads = 1
         self.n_embd = int(lc.llama_model_n_embd_out(model))
-        if self.n_embd != int(lc.llama_model_n_embd_out(target._model)):
+        if self.n_embd != int(lc.llama_model_n_embd_out(target.model)):
             self.close()
             raise UnsupportedModelError(f"{path.name} reads hidden rows of width {self.n_embd}, but "
-                                        f"{target.path.name}'s are {int(lc.llama_model_n_embd_out(target._model))} "
+                                        f"{target.name}'s are {int(lc.llama_model_n_embd_out(target.model))} "
                                         "wide: it is the assistant of another model")
         self.n_vocab = target.n_vocab
         self.n_seq = target.n_slots
         params = lc.llama_context_default_params()
         # the shared cache takes the target's cells: same size, sequences and streams as the target's context
-        params.n_ctx = int(lc.llama_n_ctx(target._ctx))
-        params.n_seq_max = int(lc.llama_n_seq_max(target._ctx))
+        params.n_ctx = int(lc.llama_n_ctx(target.ctx))
+        params.n_seq_max = int(lc.llama_n_seq_max(target.ctx))
         params.kv_unified = bool(target.unified)
-        params.n_batch = params.n_ubatch = max(1, min(target.config.n_batch, params.n_ctx))
+        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
         params.n_threads = params.n_threads_batch = target.n_threads
         params.flash_attn_type = 1 if target.flash_attn else 0
         params.no_perf = True
         params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx
+        params.ctx_other = target.ctx
         params.n_rs_seq = 0
         self._ctx = lc.llama_init_from_model(model, params)
         if not self._ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for the MTP assistant {path.name} "
-                                 f"over {target.path.name}")
+                                 f"over {target.name}")
         self._setup(int(params.n_batch))
 
     def _setup(self, cap: int) -> None:
@@ -176,7 +196,7 @@ class MtpContext:
         if head == 0:
             return self._run(entries)
         if not 0 < head < self.n_heads:
-            raise ValueError(f"head {head} out of range: {self.target.path.name} has {self.n_heads} chained head(s)")
+            raise ValueError(f"head {head} out of range: {self.target.name} has {self.n_heads} chained head(s)")
         ext_module().llama_set_nextn_layer_offset(self._ctx, head)
         try:
             return self._run(entries)
@@ -238,7 +258,7 @@ class MtpContext:
         b.n_tokens = m
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
-            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.path.name}'s MTP head")
+            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.name}'s MTP head")
         self.calls += 1
         self.rows += m
         if n_out == 0:
