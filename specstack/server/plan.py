@@ -51,22 +51,13 @@ class RequestPlan:
     tools: ToolPlan | None = None
     reasoning: Reasoning | None = None
     markers: dict[int, str] | None = None
+    stream: bool = False
+    # prompt progress, for a stream that asks (llama-server's ``return_progress``): chunks of their own before the
+    # first token; a whole answer has nowhere to put them
+    progress: bool = False
+    per_prompt: int = 1  # choices per prompt: ``len(configs)``
     verbose: bool = False  # an OpenAI answer carries llama-server's ``__verbose``
     fields: list[str] | None = None  # llama-server's ``response_fields``: each final result cut to these
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.body.stream)
-
-    @property
-    def progress(self) -> bool:
-        """Prompt progress, for a stream that asks (llama-server's ``return_progress``): chunks of their own before
-        the first token; a whole answer has nowhere to put them."""
-        return bool(self.body.stream and getattr(self.body, "return_progress", None))
-
-    @property
-    def per_prompt(self) -> int:
-        return len(self.configs)
 
 
 async def chat(request: Request, body: Any, always_message: bool = False, check: Check | None = None) -> RequestPlan:
@@ -132,5 +123,7 @@ async def _plan(request: Request, state: Served, w: RoleBackend, body: Any, prom
             # so the output stays free and parsed, as it was before lazy grammars
             grammar, triggers = "", ()
     configs, spec = job_configs(w, body, prompts, state.limits, "messages" if chat else "prompt", grammar, triggers)
+    stream = bool(body.stream)
     return RequestPlan(w, body, state.limits, prompts, configs, spec, chat, session_key(request, body),
-                       verbose=verbose(body, state), **parts)
+                       stream=stream, progress=stream and bool(getattr(body, "return_progress", None)),
+                       per_prompt=len(configs), verbose=verbose(body, state), **parts)

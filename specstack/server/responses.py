@@ -3,6 +3,7 @@ the summary of what speculation did.  Pure functions of events and stats (no req
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -13,11 +14,12 @@ from .events import Delta, Done, Failed
 from .tools import ChoiceOutput
 
 
+@functools.lru_cache(maxsize=1)
 def system_fingerprint() -> str:
     """The ``system_fingerprint`` of every OpenAI completion and chat body and chunk, as llama-server sends it
     (``llama_build_info()``: ``b<build>-<commit>``, the llama.cpp build).  libllama does not export llama.cpp's
     build number (it lives in llama.cpp's ``common``), so the build named here is llama-cpp-python's and
-    specstack's: ``b<llama-cpp-python version>-specstack<version>``."""
+    specstack's: ``b<llama-cpp-python version>-specstack<version>``; read once, as every chunk carries it."""
     from .. import __version__
     from ..llama.backend import llama_version
 

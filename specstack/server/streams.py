@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 from .native import Native
 from .telemetry import final_timings
 from .responses import LogprobsOut, chunk, summary, system_fingerprint, total_usage
-from .events import Delta, Done, Event, Failed, Progress
+from .events import Delta, Done, Failed, Progress
 from .session import Session
 from .tools import ChoiceOutput
 
@@ -91,12 +91,6 @@ class OpenAIChunks:
                             **({"timings": final_timings(event)} if n == last and not self.include_usage else {})})
                 for n, c in enumerate(choices)]
 
-    def shaped(self, event: Event) -> list[str]:
-        """The chunks of a delta, progress or done event."""
-        if isinstance(event, Delta):
-            return self.delta(event)
-        return self.progress(event) if isinstance(event, Progress) else self.done(event)
-
     def closing(self) -> list[str]:
         """After the last choice: the usage chunk (each prompt counted once), if asked for, and ``[DONE]``."""
         usage = total_usage(self.session.finals(), self.per_prompt)
@@ -119,7 +113,9 @@ async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
                     yield json.dumps({"error": {"message": event.message, "type": event.kind,
                                                 "param": event.param, "code": event.status}})
                     return
-                for piece in shape.shaped(event):
+                shaped = (shape.delta if isinstance(event, Delta) else shape.progress if isinstance(event, Progress)
+                          else shape.done)
+                for piece in shaped(event):
                     yield piece
         for piece in shape.closing():
             yield piece
