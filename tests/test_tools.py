@@ -482,6 +482,7 @@ def test_a_choice_reads_control_token_markers_from_the_generation_s_ids(gemma_vo
     family's marker token such as Mistral's ``[TOOL_CALLS]``)."""
     from types import SimpleNamespace
 
+    from specstack.server.events import Delta
     from specstack.server.tools import ChoiceOutput
 
     marker_id = gemma_vocab.tokenize("<start_of_turn>", add_special=False, parse_special=True)[0]
@@ -492,13 +493,13 @@ def test_a_choice_reads_control_token_markers_from_the_generation_s_ids(gemma_vo
     deltas = []
     for k in range(0, len(ids), 3):  # events as the worker sends them: their text, one entry per token
         piece = ids[k:k + 3]
-        deltas += out.add({"text": gemma_vocab.detokenize(piece), "tokens": [["", "target"]] * len(piece)})
+        deltas += out.add(Delta(0, gemma_vocab.detokenize(piece), [["", "target"]] * len(piece)))
     deltas += out.finish()
     assert "".join(d.get("content", "") for d in deltas) == "Sure."
     message = out.message()
     assert message["content"] == "Sure." and message["tool_calls"][0]["function"]["name"] == "get_weather"
     assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "length"
     plain = ChoiceOutput(plan(TOOLS, "auto", None, None, format_name="mistral"), gemma_vocab, job, {})
-    plain.add({"text": gemma_vocab.detokenize(ids), "tokens": [["", "target"]] * len(ids)}, deltas=False)
+    plain.add(Delta(0, gemma_vocab.detokenize(ids), [["", "target"]] * len(ids)), deltas=False)
     plain.finish()
     assert "tool_calls" not in plain.message()  # without the marker the text is only text

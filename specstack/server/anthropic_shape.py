@@ -15,6 +15,7 @@ import json
 import uuid
 from typing import Any
 
+from .events import Done
 from .responses import summary
 from .tools import ChoiceOutput
 
@@ -50,11 +51,11 @@ class MessageShape:
         return {"input_tokens": prompt_tokens - cached, "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": cached, "output_tokens": output_tokens}
 
-    def stop_reason(self, final: dict[str, Any]) -> tuple[str, str | None]:
+    def stop_reason(self, final: Done) -> tuple[str, str | None]:
         """Why the answer ended, in Anthropic's words, and the stop sequence that ended it (None: none did)."""
-        if self.output.message().get("tool_calls") and final["finish_reason"] in ("stop", "tool_calls"):
+        if self.output.message().get("tool_calls") and final.finish_reason in ("stop", "tool_calls"):
             return "tool_use", None
-        if final["finish_reason"] != "stop":
+        if final.finish_reason != "stop":
             return "max_tokens", None
         word = self._stop_word()
         return ("stop_sequence", word) if word else ("end_turn", None)
@@ -80,13 +81,13 @@ class MessageShape:
                         "input": _arguments(call["function"]["arguments"])})
         return out or [{"type": "text", "text": ""}]
 
-    def whole(self, final: dict[str, Any]) -> dict[str, Any]:
+    def whole(self, final: Done) -> dict[str, Any]:
         """The message once its choice is done (its output already ``finish``ed)."""
         reason, word = self.stop_reason(final)
         return {"id": self.id, "type": "message", "role": "assistant", "content": self.blocks(), "model": self.model,
                 "stop_reason": reason, "stop_sequence": word,
-                "usage": self.usage(final["usage"]["prompt_tokens"], final["stats"].get("reused_prompt_tokens") or 0,
-                                    final["usage"]["completion_tokens"]), "speculative": summary(final["stats"])}
+                "usage": self.usage(final.prompt_tokens, final.stats.get("reused_prompt_tokens") or 0,
+                                    final.completion_tokens), "speculative": summary(final.stats)}
 
     # -- the stream ----------------------------------------------------------------------------------------
 
@@ -114,15 +115,14 @@ class MessageShape:
                     out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
         return out
 
-    def closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
+    def closing(self, final: Done) -> list[dict[str, Any]]:
         """The last block closed (an empty text block first where none opened), ``message_delta`` and
         ``message_stop``."""
         out = [] if self.open is not None else self._block("text", {"type": "text", "text": ""})
         out += self._close()
         reason, word = self.stop_reason(final)
         out.append(_event("message_delta", delta={"stop_reason": reason, "stop_sequence": word},
-                          usage={"output_tokens": final["usage"]["completion_tokens"]},
-                          speculative=summary(final["stats"])))
+                          usage={"output_tokens": final.completion_tokens}, speculative=summary(final.stats)))
         return out + [_event("message_stop")]
 
     def _block(self, kind: str, block: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,15 +1,16 @@
-"""A request turned into jobs: its prompts, tools, grammar and choices read and checked, one ``Job`` per choice.
+"""A request's parts read and checked: its prompts, tools, template, grammar, reasoning split and each choice's
+``GenerationConfig``.
 
 Module functions with explicit inputs (the role's backend, the body, the limits), so each can be imported and
-tested alone; every route, OpenAI's and llama-server's, goes through them, so every check, limit, constraint
-and speculation setting holds on all of them.  Each refusal is an ``ApiError`` that names its field.
+tested alone; the plan builder (``plan``) is their one caller on the request path, and every route builds its
+plan there, so every check, limit, constraint and speculation setting holds on all of them.  Each refusal is an
+``ApiError`` that names its field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from typing import Any
 
 from fastapi import Request
@@ -29,10 +30,9 @@ from .responses import ApiError
 from .roles import SERVE_ALTERNATIVES, Role
 from .schema import requested_choices, requested_tokens, wanted_logprobs
 from .structured import StructuredError, request_grammar
-from .tools import (ChoiceOutput, Reasoning, ToolPlan, ToolRequestError, forced_opening, plan as tool_plan,
-                    preserved_tokens, template_tags)
+from .tools import (Reasoning, ToolPlan, ToolRequestError, forced_opening, plan as tool_plan, preserved_tokens,
+                    template_tags)
 from .unimplemented import PENALTIES_OFF, SAMPLER_OFF, samplers_left_out
-from .worker import Job
 
 
 # A request's sampling where it, its role and its route set none: OpenAI's (no filter, temperature 1) and
@@ -167,29 +167,25 @@ def session_key(request: Request, body: Any) -> str | None:
     return request.headers.get("x-session-id") or body.prompt_cache_key or body.user or body.safety_identifier
 
 
-def make_jobs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
-              grammar: str | None = None, triggers: tuple[str, ...] = (), progress: bool = False) -> list[Job]:
-    """``n`` jobs per prompt (a request's choices), checked once: choice i of a prompt samples with ``seed + i``
-    (a negative or absent seed: each its own random one), and all share one events queue, their events tagged
-    with the choice's index (prompt p's choice i is ``p * n + i``).  ``prompt_field`` is what the prompts came
-    from (chat: ``messages``), which their errors name; ``grammar`` is the GBNF the request's own fields ask
-    for (None: the role's default grammar, if any; ``request_constraints``), lazy after ``triggers``
-    (a tool call's opening words under ``tool_choice: auto``) where there are any; ``progress``: each job reports
-    its prompt's processing (``progress`` events)."""
+def job_configs(w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str = "prompt",
+                grammar: str | None = None, triggers: tuple[str, ...] = ()) -> tuple[list[GenerationConfig],
+                                                                               SpeculationSpec]:
+    """Each choice's ``GenerationConfig`` (``n`` of them, the same for every prompt) and the request's speculative
+    settings, checked once: choice i samples with ``seed + i`` (a negative or absent seed: each its own random
+    one).  ``prompt_field`` is what the prompts came from (chat: ``messages``), which their errors name;
+    ``grammar`` is the GBNF the request's own fields ask for (None: the role's default grammar, if any;
+    ``request_constraints``), lazy after ``triggers`` (a tool call's opening words under ``tool_choice: auto``)
+    where there are any."""
     n = _choices(body, prompts, limits, prompt_field)
     _check_prompts(prompts, w.target, limits, prompt_field)
     max_tokens = _max_tokens(body, limits, w.target.capacity)
     spec = _speculative(body, w.role)
     config = _generation_config(body, w, grammar, max_tokens, triggers)
     sampling, seed = config.sampling, config.sampling.seed
-    events: asyncio.Queue = asyncio.Queue()
-    deadline = time.perf_counter() + limits.timeout_s if limits.timeout_s > 0 else None
     seeded = seed is not None and seed >= 0
-    loop = asyncio.get_running_loop()
-    return [Job(ids, config if i == 0 else dataclasses.replace(
-                    config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed)),
-                spec, loop, events, deadline, index=p * n + i, progress=progress)
-            for p, ids in enumerate(prompts) for i in range(n)]
+    return [config if i == 0 else dataclasses.replace(
+                config, sampling=dataclasses.replace(sampling, seed=seed + i if seeded else seed))
+            for i in range(n)], spec
 
 
 def _choices(body: Any, prompts: list[list[int]], limits: Limits, prompt_field: str) -> int:
@@ -359,15 +355,15 @@ def reasoning_for(body: Any, w: RoleBackend, prompt: RenderedChat) -> Reasoning 
     return Reasoning(tags[0], tags[1], fmt, opening, stream=bool(getattr(body, "stream", False)))
 
 
-def outputs_for(w: RoleBackend, jobs: list[Job], tools: ToolPlan | None,
-                preserved: dict[tuple[str, ...], dict[int, str]], reasoning: Reasoning | None = None,
-                always: bool = False) -> list[ChoiceOutput] | None:
-    """Each chat choice's output read as a message when the request has tools or its model thinks (None: plain
-    text, unless ``always``); ``preserved`` caches each (role, format, tags)'s control-token markers."""
+def markers_for(w: RoleBackend, tools: ToolPlan | None, preserved: dict[tuple[str, ...], dict[int, str]],
+                reasoning: Reasoning | None = None, always: bool = False) -> dict[int, str] | None:
+    """The control-token markers a chat choice's output keeps when it is read as a message (``ChoiceOutput``), as
+    it is when the request has tools or its model thinks; None: plain text, unless ``always``.  ``preserved``
+    caches each (role, format, tags)'s markers."""
     if tools is None and reasoning is None and not always:
         return None
     tags = (reasoning.start, reasoning.end) if reasoning is not None else ()
     key = (w.role.name, tools.format.name if tools is not None else "", *tags)
     if key not in preserved:
         preserved[key] = preserved_tokens(w.target, (*(tools.format.markers if tools is not None else ()), *tags))
-    return [ChoiceOutput(tools, w.target, job, preserved[key], reasoning) for job in jobs]
+    return preserved[key]

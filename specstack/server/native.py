@@ -1,6 +1,7 @@
 """llama-server's native shapes: a /completion result with its ``timings`` and ``generation_settings``, the
-defaults ``/props`` and ``/slots`` report, and token pieces as llama-server spells them.  Shaping only: the
-routes are ``routes/llama_server.py``, the events come from ``session``."""
+defaults ``/props`` and ``/slots`` report, and token pieces as llama-server spells them; and a /completion body
+read as /v1/completions reads its own (``native_body``).  Shaping only: the routes are ``routes/llama_server.py``,
+their plans ``plan.native``, the events come from ``session``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..draft_length import DEFAULT_K_MAX
+from ..sampling import MAX_LOGPROBS
 from .backends import Limits, RoleBackend
+from .events import Delta, Done, Progress
 from .jobs import LLAMA_SAMPLING
-from .responses import summary, total_usage
+from .responses import ApiError, summary, total_usage
 from .telemetry import final_timings, progress_timings
 from .worker import Job
 
@@ -22,6 +25,12 @@ if TYPE_CHECKING:
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # what llama-server reports for "random" (-1)
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit", "kv_pool": "limit", "timeout": "limit",
              "cancelled": "none", "": "none"}
+
+# OpenAI's fields that llama-server's native route does not have: their meaning here would be silently lost
+OPENAI_ONLY = {"echo": "the prompt comes back as 'prompt'", "logprobs": "ask for n_probs",
+               "best_of": "ask for n_cmpl", "suffix": "insertion is not implemented",
+               "stream_options": "the last chunk always carries the timings",
+               "max_completion_tokens": "ask for n_predict"}
 
 
 def piece_bytes(target: DescribedTarget, token: int) -> bytes:
@@ -189,23 +198,23 @@ class Native:
             self.slot[i] = gen.seq
         return gen
 
-    def add(self, event: dict[str, Any]) -> dict[str, Any]:
+    def add(self, event: Delta | Done) -> dict[str, Any]:
         """Take one event; a delta's part of the stream chunk (its text, ids and probabilities)."""
-        i = event["index"]
+        i = event.index
         job = self.jobs[i]
         gen = self._note_slot(i)
-        if event["type"] != "delta":
+        if not isinstance(event, Delta):
             if gen is not None:  # the ids the text shows (a stop string's tokens left out), as usage counts them
-                self.ids[i] = list(gen.output_ids[: event["usage"]["completion_tokens"]])
+                self.ids[i] = list(gen.output_ids[: event.completion_tokens])
             return {}
-        n = len(event["tokens"])
+        n = len(event.tokens)
         new = list(gen.output_ids[len(self.ids[i]): len(self.ids[i]) + n]) if gen is not None else []
         self.ids[i] += new
-        self.texts[i] += event["text"]
+        self.texts[i] += event.text
         post = job.config.post_sampling_probs
-        probs = [self._prob(lp, post) for lp in event.get("logprobs") or ()]
+        probs = [self._prob(lp, post) for lp in event.logprobs or ()]
         self.probs[i] += probs
-        return {"content": event["text"], "tokens": new, **({"completion_probabilities": probs} if probs else {})}
+        return {"content": event.text, "tokens": new, **({"completion_probabilities": probs} if probs else {})}
 
     def _prob(self, lp: Any, post_sampling: bool) -> dict[str, Any]:
         """One token's entry of ``completion_probabilities``: its logprob and ``top_logprobs``, or with
@@ -221,29 +230,28 @@ class Native:
         top = "top_probs" if post_sampling else "top_logprobs"
         return {**entry(lp.token, lp.logprob), top: [entry(t, v) for t, v in lp.top]}
 
-    def usage(self, finals: list[dict[str, Any]]) -> dict[str, int]:
+    def usage(self, finals: list[Done]) -> dict[str, int]:
         return total_usage(finals, self.per_prompt)
 
-    def progress(self, i: int, event: dict[str, Any], with_timings: bool) -> dict[str, Any]:
+    def progress(self, i: int, event: Progress, with_timings: bool) -> dict[str, Any]:
         """llama-server's prompt progress chunk of choice ``i`` (a partial result with no content, its
         ``prompt_progress`` beside it, and its ``timings`` where ``timings_per_token`` asks)."""
         self._note_slot(i)
         out = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": self.slot[i],
-               "tokens_predicted": 0, "tokens_evaluated": event["total"],
-               "prompt_progress": {k: event[k] for k in ("total", "cache", "processed", "time_ms")}}
+               "tokens_predicted": 0, "tokens_evaluated": event.total, "prompt_progress": event.fields()}
         if with_timings:
             out["timings"] = progress_timings(event)
         return out
 
-    def result(self, i: int, final: dict[str, Any], streamed: bool) -> dict[str, Any]:
+    def result(self, i: int, final: Done, streamed: bool) -> dict[str, Any]:
         """llama-server's final result of choice ``i`` (``to_json_non_oaicompat``); a stream's last chunk carries
         no content (it came in the chunks before)."""
-        job, stats, usage = self.jobs[i], final["stats"], final["usage"]
+        job, stats = self.jobs[i], final.stats
         text = self.texts[i]
         reason = stats.get("stop_reason", "")
         out = {"index": i, "content": "" if streamed else text, "tokens": [] if streamed else self.ids[i],
                "id_slot": self.slot[i], "stop": True, "model": self.w.role.name,
-               "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
+               "tokens_predicted": final.completion_tokens, "tokens_evaluated": final.prompt_tokens,
                "generation_settings": request_params(job, self.w, self.limits),
                "prompt": native_text(self.w.target, job.prompt_ids), "has_new_line": "\n" in text,
                "truncated": reason == "context",  # llama-server's: stopped at the slot's context capacity
@@ -262,3 +270,21 @@ class Native:
         whole = self.w.target.detokenize(gen.output_ids)
         at = len(self.texts[i])
         return next((s for s in self.jobs[i].config.stop if whole.startswith(s, at)), "")
+
+
+def native_body(body: Any) -> Any:
+    """A /completion body read as /v1/completions reads its own: OpenAI-only fields refused, ``n_probs`` as
+    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids), ``response_fields`` taken out (the route cuts
+    its results to them: ``plan.native`` keeps them for ``Native``); the sampling defaults are every route's
+    (``jobs.sampling_for``: llama-server's)."""
+    for name, instead in OPENAI_ONLY.items():
+        if name in body.model_fields_set and getattr(body, name) is not None:
+            raise ApiError(400, f"{name} is a field of /v1/completions, not of llama-server's /completion ({instead})",
+                           param=name)
+    update: dict[str, Any] = {"return_tokens": None, "response_fields": None}  # the route applies response_fields
+    # n_probs is checked by its own name: from here on it is read as logprobs, which its errors would name
+    if body.n_probs is not None and not 0 <= body.n_probs <= MAX_LOGPROBS:
+        raise ApiError(400, f"n_probs must be in 0..{MAX_LOGPROBS} (got {body.n_probs})", param="n_probs")
+    if body.n_probs:  # the native route's logprobs
+        update.update(n_probs=None, logprobs=body.n_probs)
+    return body.model_copy(update=update)

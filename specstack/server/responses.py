@@ -3,20 +3,23 @@ the summary of what speculation did.  Pure functions of events and stats (no req
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from .events import Delta, Done, Failed
 from .tools import ChoiceOutput
 
 
+@functools.lru_cache(maxsize=1)
 def system_fingerprint() -> str:
     """The ``system_fingerprint`` of every OpenAI completion and chat body and chunk, as llama-server sends it
     (``llama_build_info()``: ``b<build>-<commit>``, the llama.cpp build).  libllama does not export llama.cpp's
     build number (it lives in llama.cpp's ``common``), so the build named here is llama-cpp-python's and
-    specstack's: ``b<llama-cpp-python version>-specstack<version>``."""
+    specstack's: ``b<llama-cpp-python version>-specstack<version>``; read once, as every chunk carries it."""
     from .. import __version__
     from ..llama.backend import llama_version
 
@@ -40,10 +43,9 @@ class ApiError(Exception):
         self.response = error(status, message, kind, param, code, headers, fields)
 
     @classmethod
-    def from_event(cls, event: dict[str, Any]) -> ApiError:
+    def from_event(cls, event: Failed) -> ApiError:
         """An engine's error event as the refusal (a scale-out 429 carries its code and Retry-After)."""
-        return cls(event["status"], event["message"], event["kind"], param=event.get("param"), code=event.get("code"),
-                   headers=event.get("headers"))
+        return cls(event.status, event.message, event.kind, param=event.param, code=event.code, headers=event.headers)
 
 
 def chunk(rid: str, obj: str, created: int, model: str, choice: dict[str, Any], include_usage: bool,
@@ -83,8 +85,8 @@ class LogprobsOut:
         self._target, self.chat, self.offset = target, chat, offset
         self.items: list[tuple[str, bytes, Any]] = []
 
-    def add(self, event: dict[str, Any]) -> None:
-        for lp in event.get("logprobs") or ():
+    def add(self, event: Delta) -> None:
+        for lp in event.logprobs or ():
             raw = self._target.token_bytes(lp.token)
             self.items.append((raw.decode("utf-8", "replace"), raw, lp))
 
@@ -108,15 +110,15 @@ class LogprobsOut:
         return self._target.token_bytes(token).decode("utf-8", "replace")
 
 
-def total_usage(finals: list[dict[str, Any]], per_prompt: int = 1) -> dict[str, int]:
+def total_usage(finals: list[Done], per_prompt: int = 1) -> dict[str, int]:
     """A request's usage over its choices (in ``index`` order, ``per_prompt`` choices of each prompt): each prompt
     once (it was processed once), every choice's tokens."""
-    prompt = sum(f["usage"]["prompt_tokens"] for f in finals[::max(1, per_prompt)])
-    completion = sum(f["usage"]["completion_tokens"] for f in finals)
+    prompt = sum(f.prompt_tokens for f in finals[::max(1, per_prompt)])
+    completion = sum(f.completion_tokens for f in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, Any]], chat: bool,
+def final_body(rid: str, model: str, texts: list[str], finals: list[Done], chat: bool,
                logprobs: list[dict[str, Any]] | None = None, per_prompt: int = 1,
                outputs: list[ChoiceOutput] | None = None) -> dict[str, Any]:
     """A whole response: one choice per text (``index`` in order), the usage over all, and speculation's
@@ -128,15 +130,15 @@ def final_body(rid: str, model: str, texts: list[str], finals: list[dict[str, An
         lp = logprobs[i] if logprobs is not None else None
         if chat and outputs is not None:
             choices.append({"index": i, "message": outputs[i].message(),
-                            "finish_reason": outputs[i].finish_reason(event["finish_reason"]), "logprobs": lp})
+                            "finish_reason": outputs[i].finish_reason(event.finish_reason), "logprobs": lp})
         elif chat:
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "finish_reason": event["finish_reason"], "logprobs": lp})
+                            "finish_reason": event.finish_reason, "logprobs": lp})
         else:
-            choices.append({"index": i, "text": text, "finish_reason": event["finish_reason"], "logprobs": lp})
-    spec = summary(finals[0]["stats"])
+            choices.append({"index": i, "text": text, "finish_reason": event.finish_reason, "logprobs": lp})
+    spec = summary(finals[0].stats)
     if len(finals) > 1:
-        spec = {**spec, "choices": [summary(f["stats"]) for f in finals]}
+        spec = {**spec, "choices": [summary(f.stats) for f in finals]}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "system_fingerprint": system_fingerprint(), "choices": choices, "usage": total_usage(finals, per_prompt), "speculative": spec}
 

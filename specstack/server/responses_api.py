@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .events import Done
 from .responses import ApiError, summary
 from .schema import ChatRequest, field_path
 from .tools import ChoiceOutput
@@ -217,11 +218,10 @@ def chat_request(body: Any) -> Any:
         raise ApiError(400, f"{param}: {first.get('msg', 'invalid value')}", param=param) from None
 
 
-def _usage(final: dict[str, Any]) -> dict[str, Any]:
-    u = final["usage"]
-    cached = final.get("stats", {}).get("reused_prompt_tokens") or 0
-    return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+def _usage(final: Done) -> dict[str, Any]:
+    cached = final.stats.get("reused_prompt_tokens") or 0
+    return {"input_tokens": final.prompt_tokens, "output_tokens": final.completion_tokens,
+            "total_tokens": final.prompt_tokens + final.completion_tokens,
             "input_tokens_details": {"cached_tokens": cached}, "output_tokens_details": {"reasoning_tokens": 0}}
 
 
@@ -240,7 +240,7 @@ class ResponseShape:
 
     # -- the response object ---------------------------------------------------------------------------------
 
-    def response(self, status: str, final: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response(self, status: str, final: Done | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
             "output": [self._done(item) for item in self.items] if final is not None else [],
@@ -250,16 +250,16 @@ class ResponseShape:
             "parallel_tool_calls": bool(self.body.get("parallel_tool_calls")), "previous_response_id": None,
             "error": None, "incomplete_details": None, "usage": None}
         if final is not None:
-            if final["finish_reason"] == "length":
+            if final.finish_reason == "length":
                 out["status"] = "incomplete"
                 out["incomplete_details"] = {"reason": "max_output_tokens"}
             else:
                 out["completed_at"] = int(time.time())
             out["usage"] = _usage(final)
-            out["speculative"] = summary(final["stats"])
+            out["speculative"] = summary(final.stats)
         return out
 
-    def whole(self, final: dict[str, Any]) -> dict[str, Any]:
+    def whole(self, final: Done) -> dict[str, Any]:
         """The response once the choice is done (its output already ``finish``ed)."""
         message = self.output.message()
         if message.get("reasoning_content"):
@@ -326,7 +326,7 @@ class ResponseShape:
                                           output_index=self.items.index(item), delta=fn["arguments"]))
         return out
 
-    def closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
+    def closing(self, final: Done) -> list[dict[str, Any]]:
         """Each item's done events, then ``response.completed`` with the whole response."""
         out = []
         for index, item in enumerate(self.items):

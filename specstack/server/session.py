@@ -1,10 +1,10 @@
-"""The one session layer: a request's jobs started on its role's backend, read event by event, cancelled,
-collected.  Every generating route (OpenAI's completions and chat, llama-server's /completion) runs through
-``start`` and then either ``Session.collect`` (a whole response) or ``Session.events`` (a stream), so the
-event loop, the disconnect checks and the cancellation are written once.
+"""The one session layer: a request's plan (``plan.RequestPlan``) run as jobs on its role's backend, read event
+by event, cancelled, collected.  Every generating route (OpenAI's, llama-server's, the Responses and Anthropic
+APIs) runs its plan through ``start`` and then either ``Session.collect`` (a whole response) or
+``Session.events`` (a stream), so the event loop, the disconnect checks and the cancellation are written once.
 
-An event is the worker's dict: ``delta`` (text, tokens, logprobs), ``done`` (finish reason, stats, usage) or
-``error`` (status, message, kind, param), each tagged with its choice's ``index``.
+An event is one of ``events``' records (``Delta``, ``Progress``, ``Done``, ``Failed``), each tagged with its
+choice's ``index``.
 """
 
 from __future__ import annotations
@@ -16,28 +16,30 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 
-from .backends import Limits, RoleBackend
-from .jobs import make_jobs, prepare_grammar, session_key
+from .backends import RoleBackend
+from .events import Delta, Done, Event, Failed
+from .plan import RequestPlan
 from .prometheus import note_answer
 from .responses import ApiError
-from .structured import grammar_field
+from .tools import ChoiceOutput
 from .worker import Job, QueueFull
 
-# The request's session (``jobs.session_key``), set around ``submit``: a scale-out backend routes by it
+# The request's session (``RequestPlan.session``), set around ``submit``: a scale-out backend routes by it
 # (``scaleout.remote``); the single-process worker has one engine and ignores it.
 SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("specstack_session", default=None)
 DISCONNECT_POLL_S = 0.25  # how often a waiting request looks for its client having gone
 
-Event = dict[str, Any]
-
 
 class Session:
-    """One request's jobs on one backend, from their first event on; ``finished`` holds each choice's last
-    event (done or error) by index."""
+    """One request's jobs on its plan's backend, from their first event on; ``finished`` holds each choice's last
+    event (done or error) by index; ``outputs``: each choice's output read as a message, where the plan reads
+    them so (None: plain text)."""
 
-    def __init__(self, request: Request, backend: RoleBackend, jobs: list[Job], first: Event) -> None:
-        self.request, self.backend, self.jobs, self.first = request, backend, jobs, first
+    def __init__(self, request: Request, plan: RequestPlan, jobs: list[Job], first: Event) -> None:
+        self.request, self.plan, self.backend, self.jobs, self.first = request, plan, plan.backend, jobs, first
         self.finished: dict[int, Event] = {}
+        self.outputs = None if plan.markers is None else [
+            ChoiceOutput(plan.tools, plan.backend.target, job, plan.markers, plan.reasoning) for job in jobs]
 
     async def next_event(self) -> Event | None:
         """The next event of any of the jobs; None (and the jobs cancelled) when the client disconnects.
@@ -72,12 +74,12 @@ class Session:
         the jobs and raises its ``ApiError``."""
         event: Event | None = self.first
         while event is not None:
-            if event["type"] == "error":
+            if isinstance(event, Failed):
                 self.cancel()
                 raise ApiError.from_event(event)
             take(event)
-            if event["type"] == "done":
-                self.finished[event["index"]] = event
+            if isinstance(event, Done):
+                self.finished[event.index] = event
                 if self.complete:
                     return self.finals()
             event = await self.next_event()
@@ -88,7 +90,7 @@ class Session:
         each delta read into ``output`` (its text, reasoning and tool calls), which is finished at the end."""
 
         def take(event: Event) -> None:
-            if event["type"] == "delta":
+            if isinstance(event, Delta):
                 output.add(event, deltas=False)
 
         finals = await self.collect(take)
@@ -103,9 +105,9 @@ class Session:
         event = self.first
         try:
             while True:
-                if event["type"] in ("done", "error"):
-                    self.finished[event["index"]] = event
-                if event["type"] == "error":
+                if isinstance(event, (Done, Failed)):
+                    self.finished[event.index] = event
+                if isinstance(event, Failed):
                     self.cancel_unfinished()
                     yield event
                     return
@@ -118,33 +120,38 @@ class Session:
                 self.cancel_unfinished()
 
 
-async def start(request: Request, w: RoleBackend, body: Any, prompts: list[list[int]], limits: Limits, chat: bool,
-                grammar: str | None = None, triggers: tuple[str, ...] = ()) -> Session:
-    """A request's jobs made (``jobs.make_jobs``), submitted, and their first event read: ``ApiError`` for a
-    refusal (429 when the queue is full), 499 for a client gone before it.  ``triggers``: the grammar is lazy,
-    free text until one of them (a tool call under ``tool_choice: auto``)."""
-    if grammar:
-        grammar, triggers = await prepare_grammar(w, grammar, grammar_field(body), triggers)
-    # prompt progress, for a stream that asks (llama-server's return_progress): chunks of their own before the first
-    # token; a whole answer has nowhere to put them
-    progress = bool(body.stream and getattr(body, "return_progress", None))
-    jobs = make_jobs(w, body, prompts, limits, "messages" if chat else "prompt", grammar, triggers, progress)
-    token = SESSION.set(session_key(request, body))
+async def start(request: Request, plan: RequestPlan) -> Session:
+    """A plan's jobs (one per choice of each prompt) submitted and their first event read: ``ApiError`` for a
+    refusal (429 when the queue is full), 499 for a client gone before it."""
+    w = plan.backend
+    jobs = _jobs(plan)
+    token = SESSION.set(plan.session)
     try:
         w.submit(*jobs)
     except QueueFull as exc:
         raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
-                       headers={"Retry-After": str(limits.retry_after_s)}) from None
+                       headers={"Retry-After": str(plan.limits.retry_after_s)}) from None
     finally:
         SESSION.reset(token)
     first = await next_event(request, w, jobs)
     if first is None:
         raise ApiError(499, "the client closed the connection")  # the jobs were cancelled
-    if first["type"] == "error":
+    if isinstance(first, Failed):
         for job in jobs:
             w.cancel(job)
         raise ApiError.from_event(first)
-    return Session(request, w, jobs, first)
+    return Session(request, plan, jobs, first)
+
+
+def _jobs(plan: RequestPlan) -> list[Job]:
+    """``n`` jobs per prompt, all sharing one events queue, their events tagged with the choice's index (prompt
+    p's choice i is ``p * n + i``), each with the request's deadline (``--timeout``)."""
+    events: asyncio.Queue = asyncio.Queue()
+    timeout = plan.limits.timeout_s
+    deadline = time.perf_counter() + timeout if timeout > 0 else None
+    loop, n = asyncio.get_running_loop(), plan.per_prompt
+    return [Job(ids, config, plan.speculative, loop, events, deadline, index=p * n + i, progress=plan.progress)
+            for p, ids in enumerate(plan.prompts) for i, config in enumerate(plan.configs)]
 
 
 async def next_event(request: Request, w: RoleBackend, jobs: list[Job]) -> Event | None:
@@ -162,6 +169,6 @@ async def next_event(request: Request, w: RoleBackend, jobs: list[Job]) -> Event
             event = await asyncio.wait_for(head.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             continue
-        if event["type"] == "error" and event.get("metered"):
+        if isinstance(event, Failed) and event.metered:
             note_answer(metered=True)  # the worker counted this failure: its answer is not counted again
         return event

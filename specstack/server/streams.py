@@ -11,7 +11,8 @@ from typing import Any, AsyncIterator
 from .native import Native
 from .telemetry import final_timings
 from .responses import LogprobsOut, chunk, summary, system_fingerprint, total_usage
-from .session import Event, Session
+from .events import Delta, Done, Failed, Progress
+from .session import Session
 from .tools import ChoiceOutput
 
 
@@ -45,37 +46,36 @@ class OpenAIChunks:
                 out.append(self.piece(i, {"text": echo, "logprobs": None, "finish_reason": None}))
         return out
 
-    def delta(self, event: Event) -> list[str]:
+    def delta(self, event: Delta) -> list[str]:
         """A delta's chunks: its text (or, with tools, what the re-read message gained), logprobs and tokens."""
-        i = event["index"]
+        i = event.index
         if self.native is not None:
             self.native.add(event)
         lp = None
-        if event.get("logprobs") is not None:
+        if event.logprobs is not None:
             out = LogprobsOut(self.session.backend.target, self.chat, self.offsets[i])
             out.add(event)
             lp = out.body()
-        self.offsets[i] += len(event["text"])
+        self.offsets[i] += len(event.text)
         if self.outputs is not None:
             return [self.piece(i, {"delta": delta, "logprobs": lp if n == 0 else None, "finish_reason": None},
-                               {"tokens": event["tokens"]} if n == 0 else None)
+                               {"tokens": event.tokens} if n == 0 else None)
                     for n, delta in enumerate(self.outputs[i].add(event))]
-        choice = ({"delta": {"content": event["text"]}, "logprobs": lp} if self.chat
-                  else {"text": event["text"], "logprobs": lp})
-        return [self.piece(i, {**choice, "finish_reason": None}, {"tokens": event["tokens"]})]
+        choice = ({"delta": {"content": event.text}, "logprobs": lp} if self.chat
+                  else {"text": event.text, "logprobs": lp})
+        return [self.piece(i, {**choice, "finish_reason": None}, {"tokens": event.tokens})]
 
-    def progress(self, event: Event) -> list[str]:
+    def progress(self, event: Progress) -> list[str]:
         """A prompt progress chunk, as llama-server sends one: the assistant's empty opening delta with
         ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) beside it."""
         choice = {"delta": {"role": "assistant", "content": None}} if self.chat else {"text": "", "logprobs": None}
-        fields = {k: event[k] for k in ("total", "cache", "processed", "time_ms")}
-        return [self.piece(event["index"], {**choice, "finish_reason": None}, top={"prompt_progress": fields})]
+        return [self.piece(event.index, {**choice, "finish_reason": None}, top={"prompt_progress": event.fields()})]
 
-    def done(self, event: Event) -> list[str]:
+    def done(self, event: Done) -> list[str]:
         """A choice's finish chunk (with tools: the message's last deltas first), speculation's summary in it; as
         llama-server, its ``timings`` where no usage chunk follows, and a verbose request's ``__verbose`` in the
         first of these chunks."""
-        i, reason = event["index"], event["finish_reason"]
+        i, reason = event.index, event.finish_reason
         verbose = {}
         if self.native is not None:
             self.native.add(event)
@@ -86,7 +86,7 @@ class OpenAIChunks:
             reason = self.outputs[i].finish_reason(reason)
         choices.append({**({"delta": {}} if self.chat else {"text": "", "logprobs": None}), "finish_reason": reason})
         last = len(choices) - 1
-        return [self.piece(i, c, {"speculative": summary(event["stats"])} if n == last else None,
+        return [self.piece(i, c, {"speculative": summary(event.stats)} if n == last else None,
                            {**(verbose if n == 0 else {}),
                             **({"timings": final_timings(event)} if n == last and not self.include_usage else {})})
                 for n, c in enumerate(choices)]
@@ -109,12 +109,12 @@ async def openai_stream(shape: OpenAIChunks) -> AsyncIterator[str]:
             yield piece
         async with aclosing(shape.session.events()) as events:
             async for event in events:
-                kind = event["type"]
-                if kind == "error":
-                    yield json.dumps({"error": {"message": event["message"], "type": event["kind"],
-                                                "param": event.get("param"), "code": event["status"]}})
+                if isinstance(event, Failed):
+                    yield json.dumps({"error": {"message": event.message, "type": event.kind,
+                                                "param": event.param, "code": event.status}})
                     return
-                shaped = shape.delta if kind == "delta" else shape.progress if kind == "progress" else shape.done
+                shaped = (shape.delta if isinstance(event, Delta) else shape.progress if isinstance(event, Progress)
+                          else shape.done)
                 for piece in shaped(event):
                     yield piece
         for piece in shape.closing():
@@ -130,16 +130,16 @@ async def native_stream(session: Session, native: Native, per_token: bool = Fals
     comes first, each chunk with its ``timings`` where ``per_token`` (``timings_per_token``) asks for them."""
     async with aclosing(session.events()) as events:
         async for event in events:
-            i = event["index"]
-            if event["type"] == "error":
-                yield json.dumps({"error": {"code": event["status"], "message": event["message"],
-                                            "type": event["kind"], "param": event.get("param")}})
+            i = event.index
+            if isinstance(event, Failed):
+                yield json.dumps({"error": {"code": event.status, "message": event.message,
+                                            "type": event.kind, "param": event.param}})
                 return
-            if event["type"] == "progress":  # return_progress: before the first token, as llama-server's partials
+            if isinstance(event, Progress):  # return_progress: before the first token, as llama-server's partials
                 yield json.dumps(native.progress(i, event, per_token))
                 continue
             part = native.add(event)
-            if event["type"] == "delta":
+            if isinstance(event, Delta):
                 yield json.dumps({"index": i, **part, "stop": False, "id_slot": native.slot[i],
                                   "tokens_predicted": len(native.ids[i]),
                                   "tokens_evaluated": len(session.jobs[i].prompt_ids)})

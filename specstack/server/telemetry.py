@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .events import Done, Progress
+
 
 def timings(prompt_n: int, cached: int, prefill_ms: float, predicted: int, predicted_ms: float, drafted: int,
             accepted: int) -> dict[str, Any]:
@@ -27,20 +29,20 @@ def generation_rate(n: int, ms: float) -> dict[str, float]:
     return {"predicted_per_token_ms": ms / steps, "predicted_per_second": 1e3 / ms * steps}
 
 
-def final_timings(final: dict[str, Any]) -> dict[str, Any]:
-    """A finished choice's ``timings`` from its done event's stats and usage."""
-    stats, usage = final["stats"], final["usage"]
+def final_timings(final: Done) -> dict[str, Any]:
+    """A finished choice's ``timings`` from its done event's stats and token counts."""
+    stats = final.stats
     times = stats.get("time_s", {})
     prefill_ms = times.get("prefill", 0.0) * 1000
     predicted_ms = max(0.0, times.get("total", 0.0) * 1000 - prefill_ms - times.get("queue", 0.0) * 1000)
-    return timings(usage["prompt_tokens"], stats.get("reused_prompt_tokens", 0), prefill_ms,
-                   usage["completion_tokens"], predicted_ms, stats.get("n_drafted", 0), stats.get("n_accepted", 0))
+    return timings(final.prompt_tokens, stats.get("reused_prompt_tokens", 0), prefill_ms,
+                   final.completion_tokens, predicted_ms, stats.get("n_drafted", 0), stats.get("n_accepted", 0))
 
 
-def progress_timings(event: dict[str, Any]) -> dict[str, Any]:
+def progress_timings(event: Progress) -> dict[str, Any]:
     """A prompt progress event's ``timings`` (llama-server's, where ``timings_per_token`` asks for them): the
     prompt tokens processed past the cached prefix so far and the time they took; nothing generated yet."""
-    return timings(event["processed"], event["cache"], event.get("prompt_ms", 0.0), 0, 0.0, 0, 0)
+    return timings(event.processed, event.cache, event.prompt_ms, 0, 0.0, 0, 0)
 
 
 def live_timings(job: Any, predicted: int) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ from ..loading import (SpeculationSpec, build_drafter, build_engine, build_polic
                        lossy_label, role_draft)
 from ..llama import LlamaModel, VocabModel
 from .chat import ChatTemplate, load_template
+from .events import Delta, Done, Event, Failed, Progress
 from .prometheus import ServerMetrics
 from .roles import Role
 from .sleep import AsleepTarget
@@ -73,8 +74,9 @@ class Job:
     progress: bool = False  # report the prompt's processing (llama-server's ``return_progress``)
     progressed: int = -1  # the prompt tokens processed at the last report (-1: none yet)
 
-    def emit(self, event: dict[str, Any]) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, {**event, "index": self.index})
+    def emit(self, event: Event) -> None:
+        """Hand an event (made with this job's ``index``) to the request's loop, from the engine thread."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def released(self, token_bytes: Any) -> int:
         """How many output tokens may be reported: those whose text has been reported.
@@ -407,7 +409,7 @@ class RoleWorker:
                 tokens = [[self.target.token_bytes(gen.output_ids[i]).decode("utf-8", "replace"), gen.origins[i]] for i in new]
                 logprobs = [gen.logprobs[i] for i in new] if job.config.logprobs is not None else None
                 job.sent = new.stop
-                job.emit({"type": "delta", "text": text, "tokens": tokens, "logprobs": logprobs})
+                job.emit(Delta(job.index, text, tokens, logprobs))
             if gen.done:
                 self._finish(job)
 
@@ -423,9 +425,8 @@ class RoleWorker:
         for n in ((cache,) if job.progressed < 0 else ()) + (processed,):
             if n > job.progressed:
                 job.progressed = n
-                job.emit({"type": "progress", "total": total, "cache": cache, "processed": n,
-                          "time_ms": (time.perf_counter() - job.submitted) * 1000,
-                          "prompt_ms": gen.stats.prefill_s * 1000 if n > cache else 0.0})  # the cache: no time
+                job.emit(Progress(job.index, total, cache, n, (time.perf_counter() - job.submitted) * 1000,
+                                  gen.stats.prefill_s * 1000 if n > cache else 0.0))  # the cache: no time
 
     def _finish(self, job: Job) -> None:
         gen = job.gen
@@ -441,9 +442,8 @@ class RoleWorker:
         self.metrics.requests_finished(self.role.name, stats, "ok" if stats.stop_reason != "cancelled" else "cancelled",
                                        job.sent)
         # usage counts the tokens of the answer (``Job.released``), not a stop string's that the text leaves out
-        job.emit({"type": "done", "finish_reason": FINISH.get(stats.stop_reason, "stop"), "stats": {**stats.to_dict(), "lossy": self.lossy},
-                  "usage": {"prompt_tokens": stats.n_prompt, "completion_tokens": job.sent,
-                            "total_tokens": stats.n_prompt + job.sent}})
+        job.emit(Done(job.index, FINISH.get(stats.stop_reason, "stop"), {**stats.to_dict(), "lossy": self.lossy},
+                      stats.n_prompt, job.sent))
 
     def _fail(self, job: Job, status: int, message: str, kind: str, param: str | None = None) -> None:
         if job in self._jobs:
@@ -452,7 +452,7 @@ class RoleWorker:
                 job.gen.cancel()
         self._release_capacity()
         self.metrics.requests_failed(self.role.name, kind)  # counted here, so the answer it becomes is not again
-        job.emit({"type": "error", "status": status, "message": message, "kind": kind, "param": param, "metered": True})
+        job.emit(Failed(job.index, status, message, kind, param, metered=True))
 
     def _release_capacity(self) -> None:
         with self._lock:

@@ -12,14 +12,13 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from .. import session
+from .. import plan, session
 from ..anthropic_api import chat_request, check_budget
 from ..anthropic_shape import MessageShape
-from ..backends import served
-from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, input_tokens, outputs_for, reasoning_for, tools_for
+from ..backends import Limits, RoleBackend
+from ..events import Delta, Failed
 from ..responses import total_usage
-from ..schema import requested_tokens, unsupported
+from ..schema import requested_tokens
 from ..tools import template_tags
 
 router = APIRouter()
@@ -28,19 +27,17 @@ router = APIRouter()
 @router.post("/v1/messages")
 async def messages(request: Request, body: Any = Body(...)) -> Response:
     chat, budget = chat_request(body)
-    unsupported(chat)
-    state = served(request)
-    w = state.backend(chat.model)
-    template = w.template
-    thinks = template_tags(template.text if template is not None and template.kind == "jinja" else None) is not None
-    check_budget(budget, requested_tokens(chat, state.limits.default_max_tokens)[0], thinks)
-    tools = tools_for(chat, w)
-    prompt = chat_prompt(chat, w, tools)
-    run = await session.start(request, w, chat, [chat_tokens(prompt, w.target)], state.limits, True,
-                              grammar_for(chat, tools), tools.triggers if tools is not None else ())
-    (output,) = outputs_for(w, run.jobs, tools, state.preserved, reasoning_for(chat, w, prompt), always=True)
+
+    def thinking_budget(w: RoleBackend, limits: Limits) -> None:
+        template = w.template
+        thinks = template_tags(template.text if template is not None and template.kind == "jinja" else None) is not None
+        check_budget(budget, requested_tokens(chat, limits.default_max_tokens)[0], thinks)
+
+    p = await plan.chat(request, chat, always_message=True, check=thinking_budget)
+    run = await session.start(request, p)
+    (output,) = run.outputs
     stop = [s for s in ([chat.stop] if isinstance(chat.stop, str) else chat.stop or ()) if isinstance(s, str)]
-    shape = MessageShape(w.role.name, output, stop)
+    shape = MessageShape(p.backend.role.name, output, stop)
     if chat.stream:
         return EventSourceResponse(_events(run, shape), ping=15)
     finals = await run.collect_into(output)
@@ -53,9 +50,7 @@ async def messages(request: Request, body: Any = Body(...)) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, body: Any = Body(...)) -> JSONResponse:
     """The prompt's tokens as ``/v1/messages`` would run it (its template, system prompt and tools)."""
-    chat, _ = chat_request(body)
-    unsupported(chat)
-    return JSONResponse(input_tokens(chat, served(request).backend(chat.model)))
+    return JSONResponse(plan.chat_input_tokens(request, chat_request(body)[0]))
 
 
 async def _events(run: session.Session, shape: MessageShape) -> AsyncIterator[dict[str, Any]]:
@@ -67,10 +62,10 @@ async def _events(run: session.Session, shape: MessageShape) -> AsyncIterator[di
             yield event
         async with aclosing(run.events()) as events:
             async for event in events:
-                if event["type"] == "error":
+                if isinstance(event, Failed):
                     yield {"event": "error", "data": _error(event)}
                     return
-                if event["type"] == "delta":
+                if isinstance(event, Delta):
                     for piece in shape.deltas(shape.output.add(event)):
                         yield piece
                 else:
@@ -84,6 +79,6 @@ async def _events(run: session.Session, shape: MessageShape) -> AsyncIterator[di
             run.cancel_unfinished()  # the client went away mid-stream
 
 
-def _error(event: dict[str, Any]) -> str:
-    return json.dumps({"type": "error", "error": {"type": event["kind"], "message": event["message"],
-                                                  "param": event.get("param"), "code": event["status"]}})
+def _error(event: Failed) -> str:
+    return json.dumps({"type": "error", "error": {"type": event.kind, "message": event.message,
+                                                  "param": event.param, "code": event.status}})

@@ -17,23 +17,16 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from sse_starlette.sse import EventSourceResponse
 
-from .. import session
-from ..backends import served
+from .. import plan, session
+from ..backends import Limits, RoleBackend, served
 from ..infill import InfillRequest, infill_prompt
-from ..jobs import chat_prompt, grammar_for, prompt_ids
 from ..native import Native, busy_slots, native_text, piece_text, props_body, slot_entries
 from ..responses import ApiError, error
-from ...sampling import MAX_LOGPROBS
-from ..schema import ChatRequest, CompletionRequest, unsupported
+from ..schema import ChatRequest, CompletionRequest
 from ..streams import native_stream
 
 router = APIRouter()
 
-# OpenAI's fields that llama-server's native route does not have: their meaning here would be silently lost
-OPENAI_ONLY = {"echo": "the prompt comes back as 'prompt'", "logprobs": "ask for n_probs",
-               "best_of": "ask for n_cmpl", "suffix": "insertion is not implemented",
-               "stream_options": "the last chunk always carries the timings",
-               "max_completion_tokens": "ask for n_predict"}
 INFILL_BATCH = 2048  # llama-server's default -b: an infill prompt's prefix and suffix are cut to fit it, and its
 # extra files to the context left after it and twice n_predict (none in a context of 2048 or less, as llama-server)
 NO_EMBEDDINGS = ("specstack serve has no embedding role: every role loads its model for generation (llama.cpp's "
@@ -86,9 +79,7 @@ def unsupported_text(value: str, field: str) -> None:
 @router.post("/apply-template")
 async def apply_template(body: ChatRequest, request: Request) -> JSONResponse:
     """The prompt a chat request would get, as text (the same parsing and template as /v1/chat/completions)."""
-    unsupported(body)
-    w = served(request).backend(body.model)
-    return JSONResponse({"prompt": chat_prompt(body, w).text})
+    return JSONResponse({"prompt": plan.chat_text(request, body)})
 
 
 @router.get("/props")
@@ -131,60 +122,34 @@ async def embeddings() -> JSONResponse:
 async def completion(body: CompletionRequest, request: Request) -> Response:
     """llama-server's native completion: ``content``, ``tokens``, ``stop_type``, ``timings`` and the request's
     ``generation_settings``; a list of prompts (or ``n_cmpl``) answers with a list of such results."""
-    state = served(request)
-    w = state.backend(body.model)
-    fields = body.response_fields or []
-    body = native_body(body)
-    unsupported(body)
-    return await native_answer(request, w, body, prompt_ids(body.prompt, w.target), fields)
+    return await native_answer(request, await plan.native(request, body))
 
 
 @router.post("/infill")
 async def infill(body: InfillRequest, request: Request) -> Response:
     """llama-server's fill-in-the-middle (``server.infill``): the FIM prompt from ``input_prefix``,
     ``input_suffix`` and ``input_extra``, then ``/completion``'s path, speculation included."""
-    state = served(request)
-    w = state.backend(body.model)
-    fields = body.response_fields or []
-    body = native_body(body)
-    unsupported(body)
-    n_predict = body.n_predict if body.n_predict and body.n_predict > 0 else state.limits.default_max_tokens
-    n_ctx = w.target.capacity
-    prompt = infill_prompt(w.target, body, INFILL_BATCH, n_predict, n_ctx)
-    return await native_answer(request, w, body, [prompt], fields)
+    return await native_answer(request, await plan.native(request, body, fim_prompt))
 
 
-async def native_answer(request: Request, w: Any, body: Any, prompts: list[list[int]],
-                        fields: list[str] | None = None) -> Response:
-    """The prompts run on role ``w`` and answered in llama-server's native shape, streamed or whole; ``fields``
+def fim_prompt(w: RoleBackend, body: Any, limits: Limits) -> list[list[int]]:
+    """/infill's one prompt, its parts cut to llama-server's batch and the context left for ``n_predict``."""
+    n_predict = body.n_predict if body.n_predict and body.n_predict > 0 else limits.default_max_tokens
+    return [infill_prompt(w.target, body, INFILL_BATCH, n_predict, w.target.capacity)]
+
+
+async def native_answer(request: Request, p: plan.RequestPlan) -> Response:
+    """The plan run on its role and answered in llama-server's native shape, streamed or whole; its ``fields``
     (``response_fields``) cut each final result to the fields named, as llama-server's (the stream's last chunk
     too, which is that result)."""
-    state = served(request)
-    run = await session.start(request, w, body, prompts, state.limits, chat=False, grammar=grammar_for(body))
-    native = Native(state.limits, w, run.jobs, len(run.jobs) // len(prompts), fields)
-    if body.stream:
-        return EventSourceResponse(native_stream(run, native, bool(getattr(body, "timings_per_token", None))), ping=15)
+    run = await session.start(request, p)
+    native = Native(p.limits, p.backend, run.jobs, p.per_prompt, p.fields)
+    if p.stream:
+        return EventSourceResponse(native_stream(run, native, bool(getattr(p.body, "timings_per_token", None))),
+                                   ping=15)
     finals = await run.collect(native.add)
     if finals is None:
         return Response(status_code=499)
     request.state.usage = native.usage(finals)
     results = [native.result(i, final, streamed=False) for i, final in enumerate(finals)]
     return JSONResponse(results[0] if len(results) == 1 else results)
-
-
-def native_body(body: Any) -> Any:
-    """A /completion body read as /v1/completions reads its own: OpenAI-only fields refused, ``n_probs`` as
-    logprobs, ``return_tokens`` honoured (``tokens`` always holds ids), ``response_fields`` taken out (the route cuts
-    its results to them: ``native_answer``); the sampling defaults are every route's
-    (``jobs.sampling_for``: llama-server's)."""
-    for name, instead in OPENAI_ONLY.items():
-        if name in body.model_fields_set and getattr(body, name) is not None:
-            raise ApiError(400, f"{name} is a field of /v1/completions, not of llama-server's /completion ({instead})",
-                           param=name)
-    update: dict[str, Any] = {"return_tokens": None, "response_fields": None}  # the route applies response_fields
-    # n_probs is checked by its own name: from here on it is read as logprobs, which its errors would name
-    if body.n_probs is not None and not 0 <= body.n_probs <= MAX_LOGPROBS:
-        raise ApiError(400, f"n_probs must be in 0..{MAX_LOGPROBS} (got {body.n_probs})", param="n_probs")
-    if body.n_probs:  # the native route's logprobs
-        update.update(n_probs=None, logprobs=body.n_probs)
-    return body.model_copy(update=update)

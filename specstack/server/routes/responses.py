@@ -11,13 +11,10 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from .. import session
-from ..backends import served
-from ..chat import chat_tokens
-from ..jobs import chat_prompt, grammar_for, input_tokens, outputs_for, reasoning_for, tools_for
+from .. import plan, session
+from ..events import Delta, Failed, Progress
 from ..responses import total_usage
 from ..responses_api import ResponseShape, chat_request
-from ..schema import unsupported
 from ..telemetry import final_timings, live_timings, prompt_progress
 
 router = APIRouter()
@@ -27,24 +24,16 @@ router = APIRouter()
 @router.post("/responses/input_tokens")  # llama-server's both
 async def responses_input_tokens(request: Request, body: Any = Body(...)) -> JSONResponse:
     """The prompt's tokens as ``/v1/responses`` would run it (its instructions, input items and tools)."""
-    chat = chat_request(body)
-    unsupported(chat)
-    return JSONResponse({**input_tokens(chat, served(request).backend(chat.model)), "object": "response.input_tokens"})
+    return JSONResponse({**plan.chat_input_tokens(request, chat_request(body)), "object": "response.input_tokens"})
 
 
 @router.post("/v1/responses")
 @router.post("/responses")
 async def responses(request: Request, body: Any = Body(...)) -> Response:
-    chat = chat_request(body)
-    unsupported(chat)
-    state = served(request)
-    w = state.backend(chat.model)
-    tools = tools_for(chat, w)
-    prompt = chat_prompt(chat, w, tools)
-    run = await session.start(request, w, chat, [chat_tokens(prompt, w.target)], state.limits, True,
-                              grammar_for(chat, tools), tools.triggers if tools is not None else ())
-    (output,) = outputs_for(w, run.jobs, tools, state.preserved, reasoning_for(chat, w, prompt), always=True)
-    shape = ResponseShape(w.role.name, body, output)
+    p = await plan.chat(request, chat_request(body), always_message=True)
+    run = await session.start(request, p)
+    chat, (output,) = p.body, run.outputs
+    shape = ResponseShape(p.backend.role.name, body, output)
     if chat.stream:
         return EventSourceResponse(_events(run, shape, bool(chat.timings_per_token), bool(chat.return_progress)),
                                    ping=15)
@@ -70,13 +59,12 @@ async def _events(run: session.Session, shape: ResponseShape, per_token: bool = 
                                  prompt_progress=prompt_progress(job))
         async with aclosing(run.events()) as events:
             async for event in events:
-                if event["type"] == "error":
-                    yield shape.event("error", code=str(event["status"]), message=event["message"],
-                                      param=event.get("param"))
+                if isinstance(event, Failed):
+                    yield shape.event("error", code=str(event.status), message=event.message, param=event.param)
                     return
-                if event["type"] == "progress":  # a chat field's prompt progress: the Responses API has no event
+                if isinstance(event, Progress):  # a chat field's prompt progress: the Responses API has no event
                     continue
-                if event["type"] == "delta":
+                if isinstance(event, Delta):
                     pieces = shape.deltas(shape.output.add(event))
                     now = live_timings(job, shape.output.n_tokens) if per_token and pieces else None
                     if now is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...llama import VocabModel
+from ..events import Delta, Failed
 from ..session import SESSION
 from ..chat import load_template
 from ..roles import Role
@@ -178,18 +179,17 @@ class RemoteRole:
         ended: set[int] = set()
         try:
             async for event in stream:
-                if event["type"] != "delta":
-                    ended.add(event["index"])
+                if not isinstance(event, Delta):
+                    ended.add(event.index)
                 head.events.put_nowait(event)
         except asyncio.CancelledError:
             stream.cancel()
             raise
         except BackPressureError as exc:
             after = str(math.ceil(exc.retry_after_s or self.retry_after_s))
-            head.events.put_nowait({"type": "error", "index": 0, "status": 429, "kind": "rate_limit_error",
-                                    "code": "rate_limit_exceeded", "headers": {"Retry-After": after},
-                                    "message": f"role {self.role.name!r}: every replica and the queue are full "
-                                               f"({exc}); retry later"})
+            head.events.put_nowait(Failed(0, 429, f"role {self.role.name!r}: every replica and the queue are full "
+                                                  f"({exc}); retry later", "rate_limit_error",
+                                          code="rate_limit_exceeded", headers={"Retry-After": after}))
         except (RayActorError, RayTaskError) as exc:
             self._fail(head, jobs, ended, f"the replica serving this request died ({type(exc).__name__}); retry: "
                                           "Serve is replacing it")
@@ -204,5 +204,5 @@ class RemoteRole:
     def _fail(self, head: Job, jobs: list[Job], ended: set[int], why: str) -> None:
         """End the request with an error event, unless every choice has ended already."""
         if len(ended) < len(jobs):
-            head.events.put_nowait({"type": "error", "index": min(set(range(len(jobs))) - ended), "status": 503,
-                                    "kind": "server_error", "message": f"role {self.role.name!r}: {why}"})
+            head.events.put_nowait(Failed(min(set(range(len(jobs))) - ended), 503, f"role {self.role.name!r}: {why}",
+                                          "server_error"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import time
 from typing import Any, AsyncIterator, Callable
@@ -23,6 +24,7 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import Gauge
 
 from ...generation import GenerationConfig
+from ..events import Delta, Done, Event, Failed
 from ..responses import exactness
 from ..prometheus import ServerMetrics
 from ..roles import Role
@@ -117,7 +119,7 @@ class RoleReplica:
         return {"capacity": w.target.capacity, "n_vocab": w.target.n_vocab, "n_ctx": w.target.n_ctx,
                 "exact": exactness(w), "board": self._board_name}
 
-    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[Event]:
         """Run a request's choices; yield their events until each is done or failed."""
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         remaining = payload.get("timeout_s")
@@ -127,17 +129,17 @@ class RoleReplica:
         try:
             self.worker.submit(*jobs)
         except QueueFull as exc:
-            yield {"type": "error", "status": 429, "message": str(exc), "kind": "rate_limit_error", "index": 0,
-                   "code": "rate_limit_exceeded", "headers": {"Retry-After": str(payload.get("retry_after_s", 1))}}
+            yield Failed(0, 429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
+                         headers={"Retry-After": str(payload.get("retry_after_s", 1))})
             return
         ended: set[int] = set()
         try:
             while len(ended) < len(jobs):
                 event = await events.get()
-                if event["type"] != "delta":
-                    ended.add(event["index"])
-                if event["type"] == "done":
-                    event["stats"]["replica"] = self.id
+                if not isinstance(event, Delta):
+                    ended.add(event.index)
+                if isinstance(event, Done):
+                    event = dataclasses.replace(event, stats={**event.stats, "replica": self.id})
                 yield event
         finally:
             for job in jobs:  # cancelled by the caller (client gone) or the stream closed early

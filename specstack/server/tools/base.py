@@ -7,6 +7,7 @@ call; ``detects`` says whether a chat template's model writes it.  Formats regis
 
 from __future__ import annotations
 
+import functools
 import secrets
 import string
 from abc import ABC, abstractmethod
@@ -124,7 +125,9 @@ def get_format(name: str) -> ToolFormat:
         raise InvalidParameterError(f"unknown tool-call format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
+@functools.lru_cache(maxsize=64)
 def detect_format(template: str | None) -> str:
-    """The format a chat template's model writes, from the template's text (llama.cpp's order)."""
+    """The format a chat template's model writes, from the template's text (llama.cpp's order); remembered per
+    template, since a role's template is read for it on every chat request with tools."""
     src = template or ""
     return next(f.name for f in sorted(FORMATS.values(), key=lambda f: f.detect_order) if f.detects(src))

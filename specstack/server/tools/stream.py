@@ -7,6 +7,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..events import Delta
 from .plan import ToolPlan
 from .reasoning import Reasoning
 from .types import Parsed, ToolCall
@@ -108,10 +109,10 @@ class ChoiceOutput:
         self.text = ""
         self.n_tokens = 0
 
-    def add(self, event: dict[str, Any], deltas: bool = True) -> list[dict[str, Any]]:
+    def add(self, event: Delta, deltas: bool = True) -> list[dict[str, Any]]:
         """Take a delta event; with ``deltas``, the stream's deltas for it (a response parses once, at the end)."""
-        self.text += event["text"]
-        self.n_tokens += len(event.get("tokens") or ())
+        self.text += event.text
+        self.n_tokens += len(event.tokens)
         return self.stream.update(self._text(False)) if deltas else []
 
     def finish(self) -> list[dict[str, Any]]:
