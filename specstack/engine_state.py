@@ -124,8 +124,6 @@ class GenState(Progress):
     stop_text: StopText
     rng: np.random.Generator
     uniforms: PositionUniforms  # deterministic drafts: seeded runs agree
-    submitted: float
-    started: float = 0.0
     # -- the step ---------------------------------------------------------------------------------
     budget: Budget = field(default_factory=lambda: Budget(0))
     draft: Draft = field(default_factory=lambda: Draft.empty(""))

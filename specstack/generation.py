@@ -66,6 +66,8 @@ class Progress:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when config.logprobs is set
     pieces: list[str] = field(default_factory=list)  # the text streamed so far
     ready: deque[str] = field(default_factory=deque)  # pieces not taken by the caller yet
+    submitted: float = 0.0  # when it was queued (the engine's clock)
+    started: float = 0.0  # when its prefill began (0: still waiting)
 
     @property
     def done(self) -> bool:
@@ -129,6 +131,14 @@ class Generation(Generic[P]):
     @property
     def logprobs(self) -> list[TokenLogprob]:
         return self.state.logprobs
+
+    @property
+    def submitted(self) -> float:
+        return self.state.submitted
+
+    @property
+    def started(self) -> float:
+        return self.state.started
 
     @property
     def done(self) -> bool:

@@ -48,13 +48,12 @@ def progress_timings(event: Progress) -> dict[str, Any]:
 def live_timings(job: Any, predicted: int) -> dict[str, Any] | None:
     """A streaming choice's ``timings`` so far, ``predicted`` tokens sent (None: its generation runs elsewhere, a
     scale-out replica, and has no live counters here)."""
-    gen = getattr(job, "gen", None)
-    started = getattr(gen, "started", None)
-    if gen is None or started is None:
+    gen = job.gen
+    if gen is None:
         return None
     stats = gen.stats
     prefill_ms = stats.prefill_s * 1000
-    predicted_ms = max(0.0, (time.perf_counter() - started) * 1000 - prefill_ms)
+    predicted_ms = max(0.0, (time.perf_counter() - gen.started) * 1000 - prefill_ms)
     return timings(len(job.prompt_ids), stats.n_reused, prefill_ms, predicted, predicted_ms, stats.n_drafted,
                    stats.n_accepted)
 
