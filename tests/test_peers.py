@@ -204,3 +204,17 @@ def test_run_peer_draft_model_matches_plain_greedy_output():
     assert spec["n_drafted"] > 0 and spec["n_accepted"] > 0
     n = min(len(plain["text"]), len(spec["text"]))
     assert n > 20 and plain["text"][:n] == spec["text"][:n]
+
+
+def test_the_peers_each_drafter_declares_are_peer_binaries_and_each_spec_type_has_one_drafter():
+    """What llama.cpp calls a drafter's job is declared beside its ``@register`` (``LlamaCpp``): a peer it names must be
+    one the bench can run, and a --spec-type declared by two drafters would map to whichever registered last."""
+    from specstack.bench.results import PLAIN
+    from specstack.drafters import available, base
+
+    declared = base.llama_peers()
+    assert declared[PLAIN] == ("llama-plain",) and set(declared) <= set(available())
+    assert {p for ps in declared.values() for p in ps} <= set(PEER_METHODS)
+    assert set(base.llama_spec_types().values()) <= set(available())
+    types = [t for llama in base._LLAMA_CPP.values() for t in llama.spec_types]
+    assert len(types) == len(set(types))

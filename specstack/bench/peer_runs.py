@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..drafters.base import llama_peers
 from ..errors import InvalidParameterError
 from .config import BenchConfig, split_method
 from .records import Tokenized
@@ -19,14 +20,9 @@ from .results import PLAIN
 
 PeerConfiguration = tuple[str, int, str]  # (peer method, k, kernels)
 
-# Which llama.cpp peers stand beside each specstack method when --peers is "auto".
-PEERS_FOR: dict[str, tuple[str, ...]] = {
-    PLAIN: ("llama-plain",),
-    "draft-model": ("llama-draft-simple",),
-    "mtp": ("llama-draft-mtp",),
-    "prompt-lookup": ("llama-ngram-simple", "llama-lookup"),
-    "suffix": ("llama-ngram-cache",),
-}
+# Which llama.cpp peers stand beside each specstack method when --peers is "auto": as each drafter declares them
+# (``drafters.base.LlamaCpp``; plain decoding, ``PLAIN``, is the ``none`` drafter's)
+PEERS_FOR: dict[str, tuple[str, ...]] = llama_peers()
 _EOS_MARKS = (" [end of text]", "[end of text]", "<|endoftext|>")
 
 

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from ..draft_length import DraftLengthPolicy
 from ..draft_length.costs import CostModel
-from ..drafters import Drafter
+from ..drafters import Drafter, prompt_lookup, suffix
 from ..errors import InvalidParameterError, SpecstackError
 from ..generation import GenerationConfig
 from ..loading import build_drafter, build_engine, build_policy
@@ -46,7 +46,7 @@ from .recorded import RecordedTarget, recorded_outputs
 from .report import pct
 from .results import ALL, PLAIN, categories, representative_runs
 
-DEFAULT_METHODS = ("prompt-lookup", "suffix")
+DEFAULT_METHODS = (prompt_lookup.NAME, suffix.NAME)
 # A request replayed below this share of its own plain decoding rate counts as a loss (``aggregate``): the floor
 # issue 38 asks of every drafter under the cost policy, per prompt. Live single runs vary by 5-8% per request on a
 # 2-core machine, so the replay, priced by one cost curve, is where a per-prompt floor can be read.

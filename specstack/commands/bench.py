@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Iterator, Sequence
 
+from ..drafters import draft_model, none, prompt_lookup
 from ..errors import InvalidParameterError
 from ..ui import fmt_bytes
 from .common import (add_drafter_flags, add_model_args, at_least, flag_given, target_from_args, methods_with_draft,
@@ -90,7 +91,7 @@ def _register_run(bsub: argparse._SubParsersAction) -> None:
         "token for token against plain decoding.",
     )
     r.add_argument("--workload", required=True, help=f"bundled workload ({', '.join(bundled())}) or a .jsonl file")
-    r.add_argument("--methods", type=_csv(str, "--methods"), default=["none", "prompt-lookup", "draft-model"],
+    r.add_argument("--methods", type=_csv(str, "--methods"), default=[none.NAME, prompt_lookup.NAME, draft_model.NAME],
                    help="comma-separated drafters; plain decoding (none) always runs (default: none,prompt-lookup,draft-model)")
     add_ks_arg(r, [2, 4, 8, 16], "comma-separated draft lengths (default 2,4,8,16)")
     r.add_argument("--k-max", type=int, default=None,

@@ -16,8 +16,8 @@ from typing import Any, Callable
 from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
 from ..draft_length import DEFAULT_K, DEFAULT_K_MAX, POLICIES
-from ..drafters import DEFAULT_DRAFTER, available
-from ..drafters.base import check_name, reads_draft_model
+from ..drafters import DEFAULT_DRAFTER, draft_model
+from ..drafters.base import check_name, plain_drafters, reads_draft_model
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
@@ -103,7 +103,7 @@ class _NoteGiven(argparse.Action):
 def add_drafter_args(p: argparse.ArgumentParser, default: str = DEFAULT_DRAFTER) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--drafter", default=default,
-                   help=f"draft source: {', '.join(n for n in available() if n not in ('cascade', 'fusion'))}, or an ordered fallback list "
+                   help=f"draft source: {', '.join(plain_drafters())}, or an ordered fallback list "
                    f"cascade:SRC,SRC,... such as cascade:suffix,prompt-lookup,draft-model, or a fused tree fusion:suffix,draft-model "
                    f"(default: {default})")
     g.add_argument("--k-policy", choices=POLICIES, default="cost",
@@ -204,7 +204,7 @@ def methods_with_draft(args: argparse.Namespace, methods: list[str], explicit: b
                                         f"{','.join(methods)} runs; leave -md out or add draft-model")
         return methods
     try:
-        args.model_draft = resolve_draft(read_gguf(args.model, tensors=False), args.model_draft, where="draft-model")
+        args.model_draft = resolve_draft(read_gguf(args.model, tensors=False), args.model_draft, where=draft_model.NAME)
     except InvalidParameterError as exc:
         if explicit:
             raise

@@ -15,6 +15,7 @@ from ..bench.results import aggregate
 from ..bench.config import DEFAULT_K_MAX, BenchConfig
 from ..bench.runner import run_bench
 from ..bench.workloads import Request, Workload
+from ..drafters import draft_model, prompt_lookup
 from ..paths import DATA_DIR
 from ..prompts import held_out_prompts
 from ..ui import table
@@ -23,7 +24,7 @@ from .generate import describe_shapes
 
 # Rows after plain decoding (which always runs first: speedups are relative to it).
 # METHOD@cost is the bench's spelling of "this drafter under the cost policy"; shown as +cost.
-METHODS = ("prompt-lookup", "prompt-lookup@cost", "draft-model", "draft-model@cost")
+METHODS = tuple(method for drafter in (prompt_lookup.NAME, draft_model.NAME) for method in (drafter, f"{drafter}@cost"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

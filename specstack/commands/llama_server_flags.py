@@ -25,20 +25,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..draft_length import MAX_DRAFT
+from ..drafters import cascade, none
+from ..drafters.base import llama_spec_types
 from ..errors import InvalidParameterError
 from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
 from .common import ON_CPU, at_least, flag_given, gpu_layers
 
-# llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job
-SPEC_TYPES = {
-    "none": "none",
-    "draft-simple": "draft-model",  # a separate draft model (-md)
-    "draft-mtp": "mtp",  # the target's own NextN (multi-token prediction) layers
-    # n-gram lookups in the request's own tokens: prompt lookup matches the last n-gram in prompt and output
-    "ngram-simple": "prompt-lookup", "ngram-map-k": "prompt-lookup", "ngram-map-k4v": "prompt-lookup",
-    # statistics shared across requests: the suffix drafter's tree holds every slot's prompts and outputs
-    "ngram-mod": "suffix", "ngram-cache": "suffix",
-}
+# llama-server's --spec-type for no speculation: anywhere in a list it turns speculation off (as llama-server reads
+# it), so it is this table's own entry rather than a drafter's job
+NO_SPECULATION = "none"
+# llama-server's --spec-type names (common/speculative.cpp) -> the specstack drafter doing that job, as each drafter
+# declares it (``drafters.base.LlamaCpp``)
+SPEC_TYPES = {NO_SPECULATION: none.NAME, **llama_spec_types()}
 # llama-server's n-gram tuning flags (common/arg.cpp): accepted, not used (``add_llama_server_args``)
 NGRAM_TUNING = tuple(f"--spec-ngram{kind}-{knob}" for kind in ("", "-simple", "-map-k", "-map-k4v")
                      for knob in ("size-n", "size-m", "min-hits")) + \
@@ -691,10 +689,10 @@ def drafter_for_spec_type(text: str) -> str:
         if name not in SPEC_TYPES:
             raise InvalidParameterError(f"--spec-type {name!r} is not one of llama-server's types: "
                                         f"{', '.join([*SPEC_TYPES, *NOT_OFFERED])}")
-    if "none" in names:
-        return "none"
+    if NO_SPECULATION in names:
+        return SPEC_TYPES[NO_SPECULATION]
     drafters = list(dict.fromkeys(SPEC_TYPES[n] for n in names))
-    return drafters[0] if len(drafters) == 1 else "cascade:" + ",".join(drafters)
+    return drafters[0] if len(drafters) == 1 else f"{cascade.NAME}:" + ",".join(drafters)
 
 
 def api_key_from_file(path: Path) -> str:

@@ -19,6 +19,7 @@ from ..bench.outputs import check_output_file
 from ..bench.runner import run_bench
 from ..bench.workloads import Workload, load
 from ..draft_length import POLICIES
+from ..drafters import draft_model, prompt_lookup
 from ..errors import InvalidParameterError
 from ..profiles import write_profile
 from ..ui import table
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-DEFAULT_SOURCES = ("prompt-lookup", "draft-model")
+DEFAULT_SOURCES = (prompt_lookup.NAME, draft_model.NAME)
 
 
 def sources_for(args: argparse.Namespace) -> list[str]:

@@ -294,17 +294,36 @@ class Needs:
 _NEEDS: dict[str, Needs] = {}
 
 
-def register(name: str, sources: Sources | None = None,
-             needs: Needs | None = None) -> Callable[[DrafterFactory], DrafterFactory]:
+@dataclass(frozen=True)
+class LlamaCpp:
+    """What llama.cpp calls the job a drafter does, declared beside its ``@register`` and read through the registry
+    (``llama_spec_types``, ``llama_peers``), so neither ``serve``'s llama-server flags nor the bench's peers keep a
+    table of drafter names that a new drafter would have to be added to.
+
+    ``spec_types``: llama-server's ``--spec-type`` values this drafter serves (common/speculative.cpp's names: the
+    suffix drafter's tree does ``ngram-mod``'s and ``ngram-cache``'s job). ``peers``: the llama.cpp binaries
+    (``bench.peers.PEER_METHODS``) that ``bench run --peers auto`` runs beside it, doing the same job."""
+
+    spec_types: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
+
+
+_LLAMA_CPP: dict[str, LlamaCpp] = {}
+
+
+def register(name: str, sources: Sources | None = None, needs: Needs | None = None,
+             llama: LlamaCpp | None = None) -> Callable[[DrafterFactory], DrafterFactory]:
     """Class/function decorator: make a drafter available by its kebab-case name; ``sources``: it is
     compound and takes a list of other drafters after a colon (``cascade:suffix,prompt-lookup``); ``needs``: what
-    it needs beyond a loaded target (``Needs``; None: nothing)."""
+    it needs beyond a loaded target (``Needs``; None: nothing); ``llama``: what llama.cpp calls its job
+    (``LlamaCpp``; None: llama.cpp has no such drafter)."""
 
     def deco(factory: DrafterFactory) -> DrafterFactory:
         _REGISTRY[name] = factory
         if sources is not None:
             _SOURCES[name] = sources
         _NEEDS[name] = needs or Needs()
+        _LLAMA_CPP[name] = llama or LlamaCpp()
         return factory
 
     return deco
@@ -367,6 +386,17 @@ def _check_sources(base: str, rule: Sources, parts: tuple[str, ...], name: str, 
 def plain_drafters() -> list[str]:
     """The drafters that take no sources (every one but cascade and fusion)."""
     return [n for n in available() if n not in _SOURCES]
+
+
+def llama_spec_types() -> dict[str, str]:
+    """llama-server's ``--spec-type`` values, each to the drafter that does its job (``LlamaCpp.spec_types``), in the
+    order the drafters registered (``drafters/__init__``'s imports), each drafter's types in the order it gives."""
+    return {t: name for name, llama in _LLAMA_CPP.items() for t in llama.spec_types}
+
+
+def llama_peers() -> dict[str, tuple[str, ...]]:
+    """The llama.cpp binaries that do each drafter's job (``LlamaCpp.peers``), by drafter; only drafters with some."""
+    return {name: llama.peers for name, llama in _LLAMA_CPP.items() if llama.peers}
 
 
 def check_name(name: str, where: str = "--drafter") -> list[str]:

@@ -41,6 +41,8 @@ from ..verify import matched_length
 from .base import (BuildContext, Drafter, DraftRequest, Sources, config_from_options, create, needs_hidden, register,
                    scored_sources)
 
+NAME = "cascade"  # its registry name, for those that name it (default method lists, messages)
+
 
 @dataclass(frozen=True)
 class CascadeConfig:
@@ -52,7 +54,7 @@ class CascadeConfig:
     def __post_init__(self) -> None:
         if len(self.sources) < 1:
             raise InvalidParameterError("cascade needs at least one source, e.g. cascade:prompt-lookup,suffix,draft-model")
-        if any(s.startswith("cascade") for s in self.sources):
+        if any(s.startswith(NAME) for s in self.sources):
             raise InvalidParameterError("a cascade cannot contain another cascade")
         if len(set(self.sources)) != len(self.sources):
             raise InvalidParameterError(f"cascade lists a source twice: {','.join(self.sources)}")
@@ -71,7 +73,7 @@ class _Step:
 
 
 class CascadeDrafter:
-    name = "cascade"
+    name = NAME
 
     def __init__(self, drafters: Sequence[Drafter], config: CascadeConfig) -> None:
         self.drafters = list(drafters)
@@ -168,7 +170,7 @@ def _outcome(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
     return m, m  # all matched (or matched until the committed tokens ran out)
 
 
-@register("cascade", Sources(min=1, example="cascade:suffix,prompt-lookup,draft-model"))
+@register(NAME, Sources(min=1, example="cascade:suffix,prompt-lookup,draft-model"))
 def _build(ctx: BuildContext) -> CascadeDrafter:
     sources = tuple((ctx.options.get("spec") or "").split(","))  # checked by base.parse_name
     config = config_from_options(CascadeConfig, ctx.options, sources=sources)

@@ -31,8 +31,10 @@ from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import (BuildContext, DraftChain, Drafter, DraftRequest, ModelDraftConfig, Needs, config_from_options,
-                   register)
+from .base import (BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
+                   config_from_options, register)
+
+NAME = "draft-model"  # its registry name, for those that name it (default method lists, messages)
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class DraftModelDrafter:
     draft cost the draft model nothing.
     """
 
-    name = "draft-model"
+    name = NAME
 
     def __init__(self, model: LlamaModel, temperature: float, config: DraftModelConfig, target_vocab: int | None = None) -> None:
         self.model = model
@@ -257,7 +259,9 @@ def _ctx_origin(target: object) -> str:
     return f"its context, the target's {target.n_ctx} positions per sequence ({how}),"  # type: ignore[attr-defined]
 
 
-@register("draft-model", needs=Needs(draft_model=True))
+# llama.cpp's speculation with a draft model (-md): --spec-type draft-simple
+@register(NAME, needs=Needs(draft_model=True),
+          llama=LlamaCpp(spec_types=("draft-simple",), peers=("llama-draft-simple",)))
 def _build(ctx: BuildContext) -> Drafter:
     """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""
     from ..modelfile.compat import TRANSLATABLE, require_draftable

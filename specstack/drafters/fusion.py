@@ -29,6 +29,8 @@ from ..types import Draft, HiddenRows
 from ..verify import matched_length
 from .base import BuildContext, Drafter, DraftRequest, Sources, create, needs_hidden, register
 
+NAME = "fusion"  # its registry name, for those that name it (default method lists, messages)
+
 
 @dataclass
 class _Step:
@@ -38,7 +40,7 @@ class _Step:
 
 
 class FusionDrafter:
-    name = "fusion"
+    name = NAME
 
     def __init__(self, retrieval: Drafter, model: Drafter) -> None:
         if retrieval.name not in ("suffix", "rest"):
@@ -139,7 +141,7 @@ def fuse(first: Draft, second: Draft, budget: int, source: str) -> Draft:
     return Draft(token_ids=tuple(tokens), source=source, parents=tuple(parents))
 
 
-@register("fusion", Sources(min=2, max=2, first=("suffix", "rest"), example="fusion:suffix,draft-model"))
+@register(NAME, Sources(min=2, max=2, first=("suffix", "rest"), example="fusion:suffix,draft-model"))
 def _build(ctx: BuildContext) -> FusionDrafter:
     names = (ctx.options.get("spec") or "").split(",")  # RETRIEVAL,MODEL, checked by base.parse_name
     retrieval_ctx = BuildContext(ctx.target, {**ctx.options, "tree": True}, ctx.temperature)

@@ -24,6 +24,8 @@ from ..llama import LlamaModel, ModelConfig
 from .base import Asked, BuildContext, Needs, config_from_options, register
 from .draft_model import _warm_up, DraftModelConfig, DraftModelDrafter
 
+NAME = "moe-self"  # its registry name, for those that name it (default method lists, messages)
+
 if TYPE_CHECKING:
     from ..modelfile.meta import GGUFInfo
 
@@ -44,7 +46,7 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
     meta.expert_override(config_from_options(MoeSelfConfig, asked.options).draft_experts, asked.where)
 
 
-@register("moe-self", needs=Needs(check=_check_target))
+@register(NAME, needs=Needs(check=_check_target))
 def _build(ctx: BuildContext) -> DraftModelDrafter:
     config = config_from_options(MoeSelfConfig, ctx.options)
     model = LlamaModel(
@@ -55,5 +57,5 @@ def _build(ctx: BuildContext) -> DraftModelDrafter:
     _warm_up(model)
     drafter = DraftModelDrafter(model, ctx.temperature, config_from_options(DraftModelConfig, ctx.options),
                                 target_vocab=ctx.target.n_vocab)
-    drafter.name = "moe-self"
+    drafter.name = NAME
     return drafter

@@ -44,8 +44,8 @@ from ..llama.mtp import MtpRow
 from ..llama.target import MtpTarget
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
-from .base import (Asked, BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, Needs, config_from_options,
-                   register)
+from .base import (Asked, BuildContext, DraftChain, Drafter, ModelDraftConfig, DraftRequest, LlamaCpp, Needs,
+                   config_from_options, register)
 
 if TYPE_CHECKING:
     from ..modelfile.meta import GGUFInfo
@@ -118,7 +118,7 @@ class _Saved:
 class MtpDrafter:
     """Drafts from the target's NextN head (see the module docstring)."""
 
-    name = "mtp"
+    name = NAME
     needs_hidden = True
 
     def __init__(self, target: MtpTarget, temperature: float, config: MtpConfig) -> None:
@@ -447,7 +447,9 @@ def _offered(meta: "GGUFInfo") -> bool:
     return meta.mtp_mode == "single head"
 
 
-@register(NAME, needs=Needs(check=_check_target, offered=_offered))
+# llama.cpp drafts from the target's own NextN layers too: --spec-type draft-mtp
+@register(NAME, needs=Needs(check=_check_target, offered=_offered),
+          llama=LlamaCpp(spec_types=("draft-mtp",), peers=("llama-draft-mtp",)))
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(MtpConfig, ctx.options)
     assistant = None

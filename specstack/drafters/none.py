@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..types import Draft
-from .base import BuildContext, DraftRequest, register
+from .base import BuildContext, DraftRequest, LlamaCpp, register
 
 
 NAME = "none"
@@ -35,6 +35,6 @@ class NoDrafter:
         pass
 
 
-@register(NAME)
+@register(NAME, llama=LlamaCpp(peers=("llama-plain",)))  # llama.cpp's plain decoding beside ours
 def _build(ctx: BuildContext) -> NoDrafter:
     return NoDrafter()

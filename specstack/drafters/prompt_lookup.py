@@ -25,7 +25,9 @@ from ..errors import InvalidParameterError
 from ..retrieval.lookup import going_on
 from ..retrieval.rewrites import MAX_SPAN, Position, Rewrites
 from ..types import Draft
-from .base import BuildContext, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftRequest, LlamaCpp, config_from_options, register
+
+NAME = "prompt-lookup"  # its registry name, for those that name it (default method lists, messages)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class _Seq:
 class PromptLookupDrafter:
     """Longest, most recent n-gram match over prompt + output, indexed incrementally per generation."""
 
-    name = "prompt-lookup"
+    name = NAME
     scores_drafts = True  # each token's odds from how far the match runs back (``match_probs``)
 
     def __init__(self, config: PromptLookupConfig | None = None) -> None:
@@ -208,6 +210,8 @@ def match_probs(match: int, n: int) -> tuple[float, ...]:
     return tuple(out)
 
 
-@register("prompt-lookup")
+# llama.cpp's n-gram lookups in the request's own tokens: prompt lookup matches the last n-gram in prompt and output
+@register(NAME, llama=LlamaCpp(spec_types=("ngram-simple", "ngram-map-k", "ngram-map-k4v"),
+                               peers=("llama-ngram-simple", "llama-lookup")))
 def _build(ctx: BuildContext) -> PromptLookupDrafter:
     return PromptLookupDrafter(config_from_options(PromptLookupConfig, ctx.options))

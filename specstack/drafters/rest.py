@@ -17,6 +17,8 @@ from ..errors import InvalidParameterError, VocabMismatchError
 from ..types import Draft
 from .base import BuildContext, DraftRequest, Needs, config_from_options, register
 
+NAME = "rest"  # its registry name, for those that name it (default method lists, messages)
+
 DEMO_STORE = Path("~/.cache/specstack/datastore-stdlib")
 
 
@@ -67,7 +69,7 @@ class RestDrafter:
     with what followed ``5, 6, 7`` (``5`` once, the document end once).
     """
 
-    name = "rest"
+    name = NAME
     scores_drafts = True  # each token's odds from the datastore's counts (``Draft.scores``)
 
     def __init__(self, config: RestConfig, store: Datastore | None = None) -> None:
@@ -130,7 +132,7 @@ def check_store_matches_target(store: Datastore, target: object) -> None:
         )
 
 
-@register("rest", needs=Needs(datastore=True))
+@register(NAME, needs=Needs(datastore=True))
 def _build(ctx: BuildContext) -> RestDrafter:
     drafter = RestDrafter(config_from_options(RestConfig, ctx.options))
     if ctx.target is not None:

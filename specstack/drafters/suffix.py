@@ -21,7 +21,9 @@ from ..retrieval.suffix_match import SuffixMatcher
 from ..retrieval.suffix_tree import SuffixTree
 from ..retrieval.suffix_tree_file import Vocab
 from ..types import Draft
-from .base import BuildContext, DraftRequest, config_from_options, register
+from .base import BuildContext, DraftRequest, LlamaCpp, config_from_options, register
+
+NAME = "suffix"  # its registry name, for those that name it (default method lists, messages)
 
 _LOCAL = 0  # sequence id of the request in its own tree
 
@@ -109,7 +111,7 @@ class SuffixDrafter:
     tree would propose ``[3, 9]`` at probability 1/2 and lose.
     """
 
-    name = "suffix"
+    name = NAME
     scores_drafts = True  # each token's odds from the match's evidence (``Draft.scores``)
 
     def __init__(self, config: SuffixConfig | None = None, vocab: Vocab = Vocab()) -> None:
@@ -245,7 +247,9 @@ def target_vocab(target: object, with_fingerprint: bool = True) -> Vocab:
     return Vocab(fingerprint, n_vocab if isinstance(n_vocab, int) else None)
 
 
-@register("suffix")
+# llama.cpp's n-gram statistics shared across requests: the suffix drafter's tree holds every slot's prompts and
+# outputs
+@register(NAME, llama=LlamaCpp(spec_types=("ngram-mod", "ngram-cache"), peers=("llama-ngram-cache",)))
 def _build(ctx: BuildContext) -> SuffixDrafter:
     cfg = config_from_options(SuffixConfig, ctx.options)
     # The fingerprint reads the GGUF's vocabulary: only worth it when there is a cache file.
