@@ -236,6 +236,8 @@ def _speculative(body: Any, role: Role) -> SpeculationSpec:
     """How the request speculates: its ``speculative`` settings, checked against the drafters' configs and the role
     (refused here, before the job is queued, rather than by the engine thread), over the role's own."""
     spec = _dotted(body, body.speculative.model_dump(exclude_none=True) if body.speculative else {})
+    if not spec:  # the role's own settings, checked when its roles file was read
+        return role.speculative()
     if "drafter" in spec:
         check_drafter(spec["drafter"], role)
     try:
