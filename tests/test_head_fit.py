@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from specstack.cli import main
