@@ -145,13 +145,14 @@ class HiddenRows:
     drafters that condition on the target (``Drafter.needs_hidden``: MTP heads, later EAGLE-3).
 
     Row i is the hidden state the target computed at position ``start + i``, the one its head read to
-    predict the token after it (for MTP, llama.cpp's ``t_h_nextn``: the post-final-norm row). Only rows of
+    predict the token after it (for MTP, llama.cpp's ``t_h_nextn``: the post-final-norm row; for a trained head,
+    EAGLE-3 or DFlash, the inputs of the target layers it names, side by side: ``[L_a | L_b | L_c]``). Only rows of
     tokens the target kept reach a drafter: a verification's rows stop at its last accepted token, whose
     row predicted the step's own target token (llama.cpp's carry-over ``pending_h``).
     """
 
     start: int
-    rows: np.ndarray  # [n, n_embd] float32
+    rows: np.ndarray  # [n, n_embd] float32 (a head's layer inputs: [n, n_layers * n_embd])
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])

@@ -42,13 +42,26 @@ def run(args) -> int:
     return report.exit_code
 
 
+def _head_lines(head: dict | None) -> list[str]:
+    """A trained draft head (eagle3, dflash) given as DRAFT: what it reads, and whether it fits TARGET."""
+    if head is None:
+        return []
+    if head["fits"]:
+        return [f"  head: {head['describe']}", "  head fit: it fits TARGET (tokenizer, hidden size, layer ids, "
+                "layer inputs" + (", mask token)" if head["kind"] != "eagle3" else ")")]
+    return [f"  head: {head['describe']}", "  head fit: it cannot draft for TARGET:"] + [
+        f"    - {p}" for p in head["problems"]]
+
+
 def _r(s) -> str:
     return "(none)" if s is None else repr(s)
 
 
 def render(rep: CompatReport) -> str:
     t, d = rep.target, rep.draft
-    out = [f"verdict: {_VERDICT_LINE[rep.verdict]}", ""]
+    verdict = (f"{rep.verdict} vocabulary, but the head cannot draft for TARGET (see head)" if rep.head_refused
+               else _VERDICT_LINE[rep.verdict])
+    out = [f"verdict: {verdict}", ""]
     out.append(table(["", "file", "vocab", "tokenizer/pre"],
                      [[role, s["path"], s["n_vocab"], f"{s['tokenizer_model']}/{s['pre'] or '(none)'}"]
                       for role, s in (("target", t), ("draft", d))], align="llrl", indent="  "))
@@ -57,6 +70,7 @@ def render(rep: CompatReport) -> str:
             out.append(f"  {role} state: {rewind_line(s['recurrence'], s['rewind'])}")
         if s.get("nextn_layers"):
             out.append(f"  {role} MTP: {mtp_line(s['nextn_layers'], s['mtp'], s.get('architecture'))}")
+    out += _head_lines(rep.head)
     if rep.reasons:
         out.append("")
         out.append("differences:")

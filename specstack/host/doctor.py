@@ -254,12 +254,13 @@ def _memory(f: dict[str, Any]) -> list[Check]:
 
 
 def _model(f: dict[str, Any], model: str | Path) -> list[Check]:
-    """The model's file (its recurrence and NextN head) and whether it fits in memory."""
+    """The model's file (its recurrence, NextN head, whether trained heads can read it, or what head it is) and
+    whether it fits in memory."""
     try:
         info = read_gguf(model)
     except ModelLoadError as exc:
         return [Check("model", "fail", str(exc))]
-    from ..modelfile.compat import mtp_line, rewind_line
+    from ..modelfile.compat import head_line, layer_input_line, mtp_line, rewind_line
 
     desc = (f"{Path(model).name}: {info.architecture}, {info.n_params / 1e6:.2f}M params, {info.file_type_name}, "
             f"{_gib(info.file_size)} on disk")
@@ -272,6 +273,12 @@ def _model(f: dict[str, Any], model: str | Path) -> list[Check]:
                             f"{mtp_line(info.nextn_layers, info.mtp_mode, info.architecture)}",
                             "specstack generate --drafter mtp (or cascade:suffix,mtp on repetitive work)"
                             if info.mtp_mode == "single head" else None))
+    head = info.head
+    if head is not None:  # a trained draft head given as the model: say what it is and how to check it
+        checks.append(Check("head", "warn", f"{Path(model).name}: {head_line(head)}; a draft head, not a model to "
+                            "generate with", f"specstack check TARGET {Path(model).name} (does it fit its target?)"))
+    else:
+        checks.append(Check("head", "info", f"{Path(model).name}: {layer_input_line(info.architecture)}"))
     return checks + [_fits(f, int(info.file_size * MEMORY_HEADROOM))]
 
 

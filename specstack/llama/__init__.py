@@ -12,7 +12,8 @@ Modules, one job each:
   the server reads of a target (``ServedTarget``, ``DescribedTarget``)
 - ``batching``: exact call shapes (``BatchShapes``) and the call plan (``plan_calls``), pure
 - ``recurrent``: the rollback/checkpoint plan for recurrent and hybrid models, pure
-- ``backend``: importing llama_cpp (and its staging API, ``ext_module``), its backend and log, GGUF file
+- ``backend``: importing llama_cpp (and its staging API, ``ext_module``; ``head_api``, the part of it that
+  trained draft heads need and llama-cpp-python does not bind), its backend and log, GGUF file
   checks, quantizing, system info
 - ``kernels``: which CPU backend runs (``KernelStatus``, ``kernel_status``): specstack's build of llama.cpp's
   ggml-cpu with its verification kernels, loaded before llama_cpp (``kernel_edits``: the edits to llama.cpp's tree;

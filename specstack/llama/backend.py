@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 from types import CodeType, FrameType
+from typing import Any, NamedTuple
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..modelfile.read import check_gguf_file  # the one check of a model file, with the reader
@@ -48,6 +49,62 @@ def ext_module():
     import llama_cpp.llama_cpp_ext as ext
 
     return ext
+
+
+class HeadApi(NamedTuple):
+    """The part of ``llama-ext.h`` that trained draft heads (EAGLE-3, DFlash) need and llama-cpp-python does not
+    bind: a target's layer inputs, a head's target layer ids, the token embedding matrix.  The header is C++ with
+    no ``extern "C"``, so these are exported under mangled names (docs/design-eagle3-dflash.md, blocker 2)."""
+
+    set_embeddings_layer_inp: Any  # (ctx, uint32 layer id, bool) -> None; forces a scheduler re-reserve
+    get_embeddings_layer_inp: Any  # (ctx, uint32 layer id) -> float*: n_embd floats per row of the last call
+    model_target_layer_ids: Any  # (model) -> const int32*: a head's ``{arch}.target_layers``
+    model_target_layer_ids_n: Any  # (model) -> uint32: how many
+    model_dflash_selector_top_k: Any  # (model) -> int32: DFlash2's selector top-k
+    model_get_tok_embd: Any  # (model, float* or NULL) -> uint32: the n_vocab*n_embd F32 token embeddings
+
+
+# (names tried in order: a plain C export, then the Itanium C++ mangling that the Linux library exports;
+# each mangled name read with ``nm -D --defined-only llama_cpp/lib/libllama.so``), argtypes, restype.
+_HEAD_SYMBOLS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "set_embeddings_layer_inp": (("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb"), "ctx,u32,bool", "void"),
+    "get_embeddings_layer_inp": (("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj"), "ctx,u32", "float*"),
+    "model_target_layer_ids": (("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model"), "model", "int32*"),
+    "model_target_layer_ids_n": (("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model"), "model", "u32"),
+    "model_dflash_selector_top_k": (("llama_model_dflash_selector_top_k", "_Z33llama_model_dflash_selector_top_kPK11llama_model"), "model", "i32"),
+    "model_get_tok_embd": (("llama_model_get_tok_embd", "_Z24llama_model_get_tok_embdPK11llama_modelPf"), "model,float*", "u32"),
+}
+_head_api: HeadApi | None = None
+
+
+def head_api() -> HeadApi:
+    """The six ``llama-ext.h`` functions of ``HeadApi``, bound once on llama-cpp-python's loaded library
+    (``llama_cpp.llama_cpp._lib``), as ``llama_cpp_ext._ctypes_function_from_names`` binds the ones it has.
+    Raises ``ModelLoadError`` naming the symbols when the library lacks one (another llama.cpp build)."""
+    global _head_api
+    if _head_api is None:
+        lc = llama_cpp_module()
+        ctypes_of = {"ctx": lc.llama_context_p_ctypes, "model": lc.llama_model_p_ctypes, "u32": ctypes.c_uint32,
+                     "i32": ctypes.c_int32, "bool": ctypes.c_bool, "float*": ctypes.POINTER(ctypes.c_float),
+                     "int32*": ctypes.POINTER(ctypes.c_int32), "void": None}
+        bound = {field: _bind(lc.llama_cpp._lib, names, [ctypes_of[a] for a in args.split(",")], ctypes_of[res])
+                 for field, (names, args, res) in _HEAD_SYMBOLS.items()}
+        _head_api = HeadApi(**bound)
+    return _head_api
+
+
+def _bind(lib: ctypes.CDLL, names: tuple[str, ...], argtypes: list[Any], restype: Any) -> Any:
+    """The first of ``names`` that ``lib`` exports, typed; a ``ModelLoadError`` naming them all when none is."""
+    for name in names:
+        try:
+            func = getattr(lib, name)
+        except AttributeError:
+            continue
+        func.argtypes = argtypes
+        func.restype = restype
+        return func
+    raise ModelLoadError(f"this llama.cpp library exports none of {', '.join(names)}; specstack needs "
+                         "llama-cpp-python 0.3.36's build (pip install llama-cpp-python==0.3.36)")
 
 
 def set_verbose(verbose: bool, verbosity: int | None = None) -> None:

@@ -77,3 +77,30 @@ def mtp_mode(arch: str | None) -> str | None:
     if key in MTP_ASSISTANT:
         return "assistant"
     return None
+
+
+# Trained draft heads: llama.cpp's own architectures for a separate GGUF that drafts from a target's hidden states
+# (src/llama-arch.cpp: LLM_ARCH_EAGLE3, LLM_ARCH_DFLASH; DSpark is dflash plus Markov tensors, not an arch;
+# docs/design-eagle3-dflash.md).
+HEAD_ARCHS = ("eagle3", "dflash")
+# The targets whose graph exports a layer's input (``res->t_layer_inp[il]``), which is what such a head reads; any
+# other target aborts the process at graph build once a layer input is asked for (``GGML_ASSERT(t_layer_inp[il] !=
+# nullptr)``, src/llama-graph.cpp). Derived from ``grep -l 't_layer_inp\[' src/models/*.cpp``, each graph class
+# mapped to the architectures that build it (``llama_model_mapping`` in src/llama-model.cpp, and the classes in
+# src/models/models.h that reuse another's graph: llama-embed, lfm2moe, nemotron_h_moe, hunyuan-dense). Gemma 3 is
+# not among them.
+LAYER_INPUT_ARCHS = (
+    "llama", "llama-embed", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4", "gpt-oss",
+    "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "mimo2", "minimax-01", "minimax-m2", "muse-glimmer",
+    "nanbeige", "hunyuan_vl", "hunyuan-dense", "bailingmoe3", "deepseek4",
+)
+
+
+def is_head(arch: str | None) -> bool:
+    """A trained draft head's GGUF (eagle3, dflash): it drafts for a target, it is not a model to generate with."""
+    return _key(arch) in HEAD_ARCHS
+
+
+def exports_layer_inputs(arch: str | None) -> bool:
+    """Whether this llama.cpp can hand out ``arch``'s layer inputs, so an EAGLE-3 or DFlash head can draft for it."""
+    return _key(arch) in LAYER_INPUT_ARCHS

@@ -33,7 +33,8 @@ import numpy as np
 from gguf import TokenType
 
 from ..errors import VocabMismatchError
-from .meta import TOKEN_TYPE_NAMES, GGUFInfo, read_gguf
+from . import archs
+from .meta import TOKEN_TYPE_NAMES, GGUFInfo, HeadInfo, read_gguf
 
 IDENTICAL = "identical"
 COMPATIBLE = "compatible"
@@ -64,6 +65,8 @@ def _side(info: GGUFInfo) -> dict[str, Any]:
         "rewind": info.rewind,
         "nextn_layers": info.nextn_layers,
         "mtp": info.mtp_mode,
+        "head": info.architecture if info.is_head else None,
+        "layer_inputs": archs.exports_layer_inputs(info.architecture),
         "warnings": list(info.warnings),
     }
 
@@ -78,6 +81,133 @@ def mtp_line(nextn_layers: int, mode: str | None, arch: str | None = None) -> st
     if mode is None:
         return f"{what}, but this llama.cpp has no MTP graph for {arch or 'its architecture'}"
     return f"{what} ({mode}): not drafted from by specstack yet (single-head models only)"
+
+
+def head_line(head: HeadInfo) -> str:
+    """What a trained draft head's GGUF says it reads, in one phrase (``specstack check``, ``models scan``, doctor)."""
+    layers = ", ".join(str(i) for i in head.target_layers) or "none named"
+    parts = [f"{head.kind} head reading target layers {layers}"]
+    if head.target_hidden_size is not None:
+        parts.append(f"target hidden size {head.target_hidden_size}")
+    if head.has_d2t:
+        parts.append("its own reduced vocabulary (d2t)")
+    if head.block_size is not None:
+        parts.append(f"block {head.block_size}")
+    if head.kind != "eagle3":
+        parts.append(f"mask token {head.mask_token_id if head.mask_token_id is not None else 'missing'}")
+    return ", ".join(parts) + "; specstack cannot draft from it yet"
+
+
+def layer_input_line(arch: str | None) -> str:
+    """Whether EAGLE-3/DFlash heads can draft for a target of ``arch`` in this llama.cpp, in one phrase."""
+    if archs.exports_layer_inputs(arch):
+        return f"{arch} exports layer inputs: an EAGLE-3 or DFlash head trained for it can read them"
+    return (f"{arch or 'this architecture'} exports no layer inputs in this llama.cpp: no EAGLE-3 or DFlash head "
+            "can draft for it (--drafter mtp or draft-model can)")
+
+
+@dataclass(frozen=True)
+class HeadTarget:
+    """What a head's fit needs of its target: plain data, from a ``GGUFInfo`` (check) or a cached scan entry."""
+
+    name: str
+    architecture: str | None
+    n_embd: int | None
+    n_layer: int | None
+    n_vocab: int
+    head_kind: str | None = None  # the "target" is itself a head (given in the wrong order)
+
+    @classmethod
+    def of(cls, info: GGUFInfo) -> HeadTarget:
+        return cls(Path(info.path).name, info.architecture, info.embedding_length, info.block_count, info.n_vocab,
+                   info.head.kind if info.head else None)
+
+
+def head_problems(target: HeadTarget, head: HeadInfo, head_name: str, vocab_verdict: str) -> list[str]:
+    """Why ``head`` cannot draft for ``target``, one line per mismatch naming it and the fix; [] where it fits.
+
+    Everything here would otherwise stop llama.cpp at load or abort the process at the first call (a layer id
+    past the target's, a target graph without layer inputs), or draft nothing (no mask token)."""
+    if target.head_kind is not None:
+        return [f"{target.name} is itself a {target.head_kind} head, not a model to draft for: give the model the "
+                f"head was trained on as the target (specstack check TARGET {head_name})"]
+    out = _head_vocab(target, head, head_name, vocab_verdict)
+    if not archs.exports_layer_inputs(target.architecture):
+        out.append(f"{target.name} is {target.architecture or 'of an unknown architecture'}, whose graph in this "
+                   f"llama.cpp exports no layer inputs, so no {head.kind} head can read it (llama.cpp would abort): "
+                   "use a target whose architecture does (llama, qwen3, qwen35, gemma4, gpt-oss, ...) or "
+                   "--drafter mtp / draft-model")
+    out += _head_layers(target, head, head_name) + _head_width(target, head, head_name)
+    if head.kind != "eagle3":
+        out += _head_mask(target, head, head_name)
+    return out
+
+
+def _head_vocab(target: HeadTarget, head: HeadInfo, head_name: str, verdict: str) -> list[str]:
+    """A head drafts the target's own token ids: its tokenizer must be the target's (identical, or differing only in
+    settings it never reads, such as add_bos), with the same number of ids."""
+    if verdict in (IDENTICAL, COMPATIBLE) and head.n_vocab == target.n_vocab:
+        return []
+    what = verdict if verdict not in (IDENTICAL, COMPATIBLE) else f"{head.n_vocab} ids vs {target.n_vocab}"
+    return [f"{head_name}'s tokenizer is not {target.name}'s ({what}): a head drafts the target's own token ids; use "
+            "the head converted for this target (llama.cpp's converter copies the target's tokenizer)"]
+
+
+def _head_layers(target: HeadTarget, head: HeadInfo, head_name: str) -> list[str]:
+    """The layer ids a head names: present, three for eagle3, each a layer input the target has (< n_layer)."""
+    ids = head.target_layers
+    if not ids:
+        return [f"{head_name} names no target layers ({head.kind.replace('dspark', 'dflash')}.target_layers): "
+                "reconvert it with llama.cpp's convert_hf_to_gguf.py"]
+    out = []
+    if head.kind == "eagle3" and len(ids) != 3:
+        out.append(f"{head_name} names {len(ids)} target layers; an eagle3 head reads exactly 3 (llama.cpp refuses "
+                   "to load it otherwise): reconvert it")
+    bad = [i for i in ids if i < 0 or (target.n_layer is not None and i >= target.n_layer)]
+    if bad:
+        out.append(f"{head_name} reads target layer{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} but "
+                   f"{target.name} has {target.n_layer} layers (ids 0..{(target.n_layer or 1) - 1}): it was trained "
+                   "for another model; use the target it was trained for")
+    return out
+
+
+def _head_width(target: HeadTarget, head: HeadInfo, head_name: str) -> list[str]:
+    """Hidden sizes: eagle3's ``target_hidden_size`` is the target's n_embd; a DFlash head, and an eagle3 head
+    that borrows the target's embeddings or output, runs at the target's n_embd itself."""
+    if target.n_embd is None:
+        return []
+    if head.kind == "eagle3":
+        if head.target_hidden_size is None:
+            return [f"{head_name} has no eagle3.target_hidden_size (llama.cpp refuses to load it): reconvert it"]
+        if head.target_hidden_size != target.n_embd:
+            return [f"{head_name} was trained on a target of hidden size {head.target_hidden_size}, {target.name}'s "
+                    f"is {target.n_embd}: use the target it was trained for"]
+        borrowed = [w for w, b in (("token embeddings", head.borrows_embeddings), ("output", head.borrows_output)) if b]
+        if borrowed and head.n_embd != target.n_embd:
+            return [f"{head_name} borrows {target.name}'s {' and '.join(borrowed)} but its width {head.n_embd} is not "
+                    f"the target's {target.n_embd}: ship them in the head, or train it at the target's width"]
+        return []
+    if head.n_embd != target.n_embd:
+        return [f"{head_name}'s width {head.n_embd} is not {target.name}'s {target.n_embd}: a DFlash head runs at "
+                "its target's width; use the target it was trained for"]
+    return []
+
+
+def _head_mask(target: HeadTarget, head: HeadInfo, head_name: str) -> list[str]:
+    """DFlash fills its block with the mask token: without one llama.cpp rejects every block."""
+    if head.mask_token_id is None:
+        return [f"{head_name} has no tokenizer.ggml.mask_token_id, without which llama.cpp rejects every DFlash "
+                "block: add the key (gguf-py's gguf_set_metadata.py) or reconvert the head"]
+    if not 0 <= head.mask_token_id < target.n_vocab:
+        return [f"{head_name}'s mask token {head.mask_token_id} is outside {target.name}'s {target.n_vocab} tokens: "
+                "reconvert the head with the target's tokenizer"]
+    return []
+
+
+def head_report(target: HeadTarget, head: HeadInfo, head_name: str, vocab_verdict: str) -> dict[str, Any]:
+    """A head's fit as ``CompatReport.head`` and the scan's matrix keep it (JSON-ready)."""
+    problems = head_problems(target, head, head_name, vocab_verdict)
+    return {**head.to_dict(), "describe": head_line(head), "fits": not problems, "problems": problems}
 
 
 def rewind_line(recurrence: str, rewind: str) -> str:
@@ -112,14 +242,20 @@ class CompatReport:
     merges: dict[str, Any] = field(default_factory=dict)
     scores: dict[str, Any] = field(default_factory=dict)
     option_differences: dict[str, dict[str, Any]] = field(default_factory=dict)
+    head: dict[str, Any] | None = None                       # a trained head's fit (``head_report``), if a side is one
+
+    @property
+    def head_refused(self) -> bool:
+        return self.head is not None and not self.head["fits"]
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        """The vocabulary verdict's code; a trained head that cannot draft for the target is incompatible (2)."""
+        return EXIT_CODES[INCOMPATIBLE] if self.head_refused else EXIT_CODES[self.verdict]
 
     @property
     def ok(self) -> bool:
-        return self.verdict != INCOMPATIBLE
+        return self.verdict != INCOMPATIBLE and not self.head_refused
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +276,7 @@ class CompatReport:
             "merges": self.merges,
             "scores": self.scores,
             "option_differences": self.option_differences,
+            "head": self.head,
         }
 
     def explain(self) -> str:
@@ -438,7 +575,17 @@ def check_pair(target_path: str | Path, draft_path: str | Path) -> CompatReport:
     """
     target = read_gguf(target_path, tensors=False)
     draft = read_gguf(draft_path, tensors=False)
-    return compare(target, draft)
+    rep = compare(target, draft)
+    if draft.is_head:  # a trained head's fit reads its tensor names too (d2t, DSpark's Markov tensors)
+        head = read_gguf(draft_path).head
+        assert head is not None
+        rep.head = head_report(HeadTarget.of(target), head, Path(draft_path).name, rep.verdict)
+    elif target.is_head:
+        name = Path(target_path).name
+        rep.head = {"kind": target.architecture, "describe": f"the target is a {target.architecture} head",
+                    "fits": False, "problems": [f"{name} is a {target.architecture} head, not a model to draft for: "
+                                                f"give it second (specstack check MODEL {name})"]}
+    return rep
 
 
 def require_draftable(target_path: str | Path, draft_path: str | Path) -> CompatReport:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import struct
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import gguf
@@ -45,6 +46,32 @@ def read_gguf(path: str | os.PathLike, *, tensors: bool = True, role: str | None
     non-GGUF file is named by it.
     """
     return read_gguf_file(path, GGUFInfo, tensors=tensors, role=role)
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """A trained draft head's view of its target (``GGUFInfo.head``), plain data so a scan can cache it.
+
+    ``kind``: eagle3, dflash or dspark; ``borrows_*``: the head has no ``token_embd``/``output`` of its own and
+    reads the target's (through llama.cpp's ``ctx_other``), which needs the head's n_embd to be the target's."""
+
+    kind: str
+    n_vocab: int
+    target_layers: tuple[int, ...]
+    target_hidden_size: int | None
+    n_embd: int | None
+    block_size: int | None
+    mask_token_id: int | None
+    has_d2t: bool
+    borrows_embeddings: bool
+    borrows_output: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "target_layers": list(self.target_layers)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HeadInfo:
+        return cls(**{**d, "target_layers": tuple(d["target_layers"])})
 
 
 class GGUFInfo(GGUFFile):
@@ -149,6 +176,76 @@ class GGUFInfo(GGUFFile):
         """The architecture of the separate MTP head this model drafts with (``archs.mtp_assistant_arch``:
         gemma4's ``gemma4-assistant``); None where its head, if any, is in this GGUF."""
         return archs.mtp_assistant_arch(self.architecture)
+
+    @property
+    def block_count(self) -> int | None:
+        """``<arch>.block_count``: the layers (llama.cpp's n_layer; a head's layer ids must stay below a target's)."""
+        return self._arch_int("block_count")
+
+    @property
+    def embedding_length(self) -> int | None:
+        """``<arch>.embedding_length``: n_embd, the width of a layer input row."""
+        return self._arch_int("embedding_length")
+
+    # ---- trained draft heads (eagle3, dflash: docs/design-eagle3-dflash.md) ----
+    @property
+    def is_head(self) -> bool:
+        """An EAGLE-3 or DFlash head's GGUF: it drafts for a target, it is not a model to generate with."""
+        return archs.is_head(self.architecture)
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """``<arch>.target_layers``: the target layers whose inputs a head reads, in llama.cpp's layer-input
+        convention (id i = the residual stream entering block i; 0 = the token embeddings); () where absent."""
+        arch = self.architecture
+        v = self.metadata.get(f"{arch}.target_layers") if arch else None
+        if isinstance(v, np.ndarray):
+            return tuple(int(i) for i in v)
+        if isinstance(v, list):
+            return tuple(int(i) for i in v if isinstance(i, (int, np.integer)))
+        return ()
+
+    @property
+    def target_hidden_size(self) -> int | None:
+        """``<arch>.target_hidden_size`` (eagle3): the target's n_embd the head was trained on."""
+        return self._arch_int("target_hidden_size")
+
+    @property
+    def block_size(self) -> int | None:
+        """``<arch>.block_size`` (dflash): the block a DFlash head denoises at once; drafts are at most one less."""
+        return self._arch_int("block_size")
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """``tokenizer.ggml.mask_token_id``: the token a DFlash block is filled with (without it llama.cpp rejects
+        every block)."""
+        return self._id("mask")
+
+    def _has_tensor(self, name: str) -> bool:
+        return any(t.name == name for t in self.tensors)
+
+    @property
+    def has_d2t(self) -> bool:
+        """A ``d2t`` tensor: the head drafts from a reduced vocabulary, mapped to target ids (needs tensor infos)."""
+        return self._has_tensor("d2t")
+
+    @property
+    def is_dspark(self) -> bool:
+        """A dflash GGUF with DSpark's Markov tensors (``markov_w1.weight``), llama.cpp's own rule for draft-dspark
+        (common/speculative.cpp, common_speculative_types_from_gguf; needs tensor infos)."""
+        return self.architecture == "dflash" and self._has_tensor("markov_w1.weight")
+
+    @property
+    def head(self) -> HeadInfo | None:
+        """What this head's GGUF says about the target it reads; None where it is not a head."""
+        if not self.is_head:
+            return None
+        arch = str(self.architecture)
+        return HeadInfo(kind="dspark" if self.is_dspark else arch, n_vocab=self.n_vocab,
+                        target_layers=self.target_layers, target_hidden_size=self.target_hidden_size, n_embd=self.embedding_length,
+                        block_size=self.block_size, mask_token_id=self.mask_token_id, has_d2t=self.has_d2t,
+                        borrows_embeddings=not self._has_tensor("token_embd.weight"),
+                        borrows_output=not self._has_tensor("output.weight"))
 
     @property
     def is_recurrent(self) -> bool:

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable
 from ..paths import cache_dir
 from . import compat as _check
 from ..errors import ModelLoadError, SpecstackError
-from .meta import GGUFInfo, read_gguf
+from .meta import GGUFInfo, HeadInfo, read_gguf
 from ..ui import fmt_bytes, table
 
-CACHE_VERSION = 3  # 2: entries carry "rewind"; 3: "nextn_layers" and "mtp"
+CACHE_VERSION = 4  # 2: entries carry "rewind"; 3: "nextn_layers" and "mtp"; 4: "head", "block_count", "embedding_length"
 CACHE_NAME = "models-scan.json"
 
 ProgressFn = Callable[[int, int, Path], None]
@@ -97,6 +97,9 @@ def _entry(path: Path, st: os.stat_result) -> tuple[dict[str, Any], GGUFInfo | N
         "rewind": info.rewind,
         "nextn_layers": info.nextn_layers,
         "mtp": info.mtp_mode,
+        "head": info.head.to_dict() if info.head else None,  # a trained draft head (eagle3, dflash)
+        "block_count": info.block_count,
+        "embedding_length": info.embedding_length,
         "split": split,
         "digests": _digests(info),
     }
@@ -260,8 +263,8 @@ def _matrix(res: ScanResult, cache: dict, infos: dict[str, GGUFInfo]) -> tuple[l
     models = [e for e in res.entries if e["status"] == "ok" and not e["vocab_only"] and e["n_params"]]
     dirty = False
     out = []
-    for t in sorted(models, key=lambda e: -e["n_active_params"]):
-        drafts = []
+    for t in sorted((e for e in models if not e.get("head")), key=lambda e: -e["n_active_params"]):
+        drafts, heads = [], []
         for d in models:
             if d is t or d["n_active_params"] >= t["n_active_params"]:
                 continue
@@ -270,28 +273,46 @@ def _matrix(res: ScanResult, cache: dict, infos: dict[str, GGUFInfo]) -> tuple[l
             except SpecstackError:
                 continue
             dirty = dirty or changed
+            if v["verdict"] in (_check.INCOMPATIBLE, _check.TRANSLATABLE) and d.get("head"):
+                continue  # a head for another tokenizer: another family's, not worth a line
+            if d.get("head"):
+                heads.append(_head_row(t, d, v["verdict"]))
+                continue
             if v["verdict"] == _check.INCOMPATIBLE:
                 continue
-            notes = list(v["notes"])
-            for role, side in (("draft", d), ("target", t)):
-                if side["recurrence"] != "none":
-                    notes.append(f"{role} is {_check.rewind_line(side['recurrence'], side['rewind'])}")
-            if (d["context_length"] or 0) and (t["context_length"] or 0) and d["context_length"] < t["context_length"]:
-                notes.append(f"draft context {d['context_length']} < target {t['context_length']}")
-            drafts.append({
-                "path": d["path"], "name": d["name"], "n_params": d["n_params"],
-                "n_active_params": d["n_active_params"],
-                "size_ratio": round(t["n_active_params"] / max(1, d["n_active_params"]), 2),
-                "verdict": v["verdict"], "reasons": v["reasons"], "notes": notes,
-            })
+            drafts.append(_draft_row(t, d, v))
         drafts.sort(key=lambda x: -x["size_ratio"])
         # Drafts by id and drafts through text are two groups: a translatable draft was listed as if its
         # vocabulary were "identical or compatible".
         by_id = [d for d in drafts if d["verdict"] != _check.TRANSLATABLE]
         out.append({"target": t["path"], "name": t["name"], "n_params": t["n_params"],
                     "n_active_params": t["n_active_params"], "drafts": by_id,
-                    "translatable": [d for d in drafts if d["verdict"] == _check.TRANSLATABLE]})
+                    "translatable": [d for d in drafts if d["verdict"] == _check.TRANSLATABLE], "heads": heads})
     return out, dirty
+
+
+def _draft_row(t: dict[str, Any], d: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
+    """A draft model for target ``t``, with what the engine must know about the pair."""
+    notes = list(v["notes"])
+    for role, side in (("draft", d), ("target", t)):
+        if side["recurrence"] != "none":
+            notes.append(f"{role} is {_check.rewind_line(side['recurrence'], side['rewind'])}")
+    if (d["context_length"] or 0) and (t["context_length"] or 0) and d["context_length"] < t["context_length"]:
+        notes.append(f"draft context {d['context_length']} < target {t['context_length']}")
+    return {
+        "path": d["path"], "name": d["name"], "n_params": d["n_params"],
+        "n_active_params": d["n_active_params"],
+        "size_ratio": round(t["n_active_params"] / max(1, d["n_active_params"]), 2),
+        "verdict": v["verdict"], "reasons": v["reasons"], "notes": notes,
+    }
+
+
+def _head_row(t: dict[str, Any], d: dict[str, Any], verdict: str) -> dict[str, Any]:
+    """A trained draft head of target ``t``'s tokenizer: whether it fits ``t`` (``compat.head_problems``)."""
+    target = _check.HeadTarget(t["name"], t["architecture"], t.get("embedding_length"), t.get("block_count"),
+                               t["n_vocab"])
+    head = _check.head_report(target, HeadInfo.from_dict(d["head"]), d["name"], verdict)
+    return {"path": d["path"], "name": d["name"], "n_params": d["n_params"], **head}
 
 
 def _draft_group(matrix: list[dict], key: str, none: str) -> list[str]:
@@ -309,6 +330,20 @@ def _draft_group(matrix: list[dict], key: str, none: str) -> list[str]:
     return lines
 
 
+def _head_group(matrix: list[dict]) -> list[str]:
+    """Trained draft heads (eagle3, dflash) of each target's tokenizer: whether each fits, and if not, why."""
+    rows = [row for row in matrix if row.get("heads")]
+    if not rows:
+        return []
+    lines = ["", "trained draft heads (EAGLE-3, DFlash: `specstack check TARGET HEAD` says more):"]
+    for row in rows:
+        lines.append(f"  {row['name']} ({fmt_params(row['n_active_params'])}):")
+        for h in row["heads"]:
+            lines.append(f"    {h['name']}: {'fits' if h['fits'] else 'does not fit'}: {h['describe']}")
+            lines += [f"      - {p}" for p in h["problems"]]
+    return lines
+
+
 # ---- formatting ----------------------------------------------------------------------------
 def fmt_params(n: int | None) -> str:
     if not n:
@@ -320,7 +355,11 @@ def fmt_params(n: int | None) -> str:
 
 
 def _mtp_cell(e: dict[str, Any]) -> str:
-    """NextN layers and how they draft: ``1 (--drafter mtp)``; ``-`` without any (an older cache entry has none)."""
+    """NextN layers and how they draft: ``1 (--drafter mtp)``; a trained head's kind and layers: ``eagle3 head
+    (layers 1,3,5)``; ``-`` without either (an older cache entry has none)."""
+    head = e.get("head")
+    if head:
+        return f"{head['kind']} head (layers {','.join(map(str, head['target_layers'])) or 'none'})"
     n = e.get("nextn_layers") or 0
     if not n:
         return "-"
@@ -329,7 +368,7 @@ def _mtp_cell(e: dict[str, Any]) -> str:
 
 def render(res: ScanResult) -> str:
     rows = [("FILE", "ARCH", "PARAMS", "QUANT", "SIZE", "CTX", "VOCAB", "FINGERPRINT", "EXPERTS",
-             "RECURRENT", "MTP")]
+             "RECURRENT", "MTP/HEAD")]
     for e in res.models:
         moe = (f"{e['expert_count']} ({e['expert_used_count']} used)" if e["expert_count"] else "-")
         params = "vocab only" if e["vocab_only"] else fmt_params(e["n_params"])
@@ -362,6 +401,7 @@ def render(res: ScanResult) -> str:
                          "through text, losslessly; the note says how much of the target's vocabulary the draft "
                          "spells alike; see `specstack check`):")
             lines += _draft_group([row for row in res.matrix if row["translatable"]], "translatable", "")
+        lines += _head_group(res.matrix)
     if res.errors:
         lines.append("")
         lines.append(f"unreadable files ({len(res.errors)}, skipped):")
