@@ -373,7 +373,205 @@ def export(work: Path):
           f"sha256 {hashlib.sha256(GGUF.read_bytes()).hexdigest()}")
 
 
+# -- validation -------------------------------------------------------------------------------------------
+
+def _prompts(work: Path) -> list:
+    """The first N_PROMPTS held-out files (``held_out.txt`` order), each cut to its first ~PROMPT_CHARS
+    characters at a line end, so prompt + N_GEN tokens fit the target's 512-token context."""
+    import sysconfig
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    names = (REPO / "specstack" / "models" / "held_out.txt").read_text().split()
+    n, cap = int(os.environ.get("N_PROMPTS", "6")), int(os.environ.get("PROMPT_CHARS", "900"))
+    out = []
+    (work / "prompts").mkdir(exist_ok=True)
+    for name in names:
+        text = (stdlib / name).read_text(encoding="utf-8")
+        if len(text) < cap:
+            continue
+        cut = text[:cap]
+        cut = cut[: cut.rfind("\n") + 1]
+        path = work / "prompts" / (name.replace("/", "__") + ".txt")
+        path.write_text(cut)
+        out.append((name, path))
+        if len(out) == n:
+            break
+    return out
+
+
+def binary_acceptance(work: Path, n_max: int) -> list:
+    """llama.cpp's own ``llama-speculative-simple --spec-type draft-eagle3``: (prompt, drafted, accepted, same
+    text as plain greedy) per held-out prompt."""
+    n_gen = os.environ.get("N_GEN", "128")
+    rows = []
+    for name, path in _prompts(work):
+        base = [str(BINS / "llama-speculative-simple"), "-m", str(SRC), "-f", str(path), "-n", n_gen, "-t", "1",
+                "--temp", "0", "-s", "1"]
+        cmd = base + ["-md", str(GGUF), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        log = r.stdout + r.stderr
+        get = lambda k: int(re.search(rf"{k}\s*=\s*(\d+)", log).group(1)) if re.search(rf"{k}\s*=\s*(\d+)", log) else None
+        if r.returncode != 0 or get("n_drafted") is None:
+            print(f"FAILED rc={r.returncode}: {' '.join(cmd)}\n{log[-3000:]}")
+            rows.append((name, None, None, None))
+            continue
+        rows.append((name, get("n_drafted"), get("n_accept"), get("n_predict")))
+        (work / "prompts" / (path.stem + f".k{n_max}.log")).write_text(log)
+    return rows
+
+
+def _ext(C, name, argtypes, restype):
+    """A mangled ``llama-ext.h`` function from the loaded libllama (C++ linkage; design note, blocker 2)."""
+    f = getattr(C.llama_cpp._lib, name)
+    f.argtypes, f.restype = argtypes, restype
+    return f
+
+
+def torch_vs_llama(work: Path, n_win: int = 2):
+    """On held-out windows: the torch target's layer inputs vs llama.cpp's ``llama_get_embeddings_layer_inp``,
+    and the torch head (steps 1 and a 2-step chain) vs llama.cpp's eagle3 encoder + decoder."""
+    import torch
+    import llama_cpp as C
+    import llama_cpp.llama_cpp_ext as X
+    C.llama_backend_init()
+    mtp = _mtp_script()
+    keep = mtp._quiet(C)
+    set_li = _ext(C, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                  [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None)
+    get_li = _ext(C, "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                  [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float))
+    target, head, d2t, ck = _trained(work)
+    tm = mtp._load(C, SRC)
+    tctx = mtp._ctx(C, tm)
+    for i in LAYERS:
+        set_li(tctx, i, True)
+    dm = mtp._load(C, GGUF)
+    cp = C.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = SEQ
+    cp.n_threads = cp.n_threads_batch = THREADS
+    cp.ctx_other = tctx
+    dctx = C.llama_init_from_model(dm, cp)
+    assert dctx, "eagle3 context"
+    X.llama_set_embeddings_nextn(dctx, True, False)  # every row's pre-norm h (and the encoder's g)
+    held = np.load(work / "held_ids.npy")
+    starts = np.random.default_rng(7).integers(0, len(held) - SEQ - 1, n_win)
+    d_feat = d_g = d_h = d_lg = d_lg2 = 0.0
+    agree = agree2 = n = n2 = 0
+    for s in starts:
+        t = held[s:s + SEQ].astype(np.int64)
+        C.llama_memory_clear(C.llama_get_memory(tctx), True)
+        b = C.llama_batch_init(SEQ, 0, 1)
+        for j, tok in enumerate(t):
+            b.token[j], b.pos[j], b.n_seq_id[j], b.seq_id[j][0], b.logits[j] = int(tok), j, 1, 0, j == SEQ - 1
+        b.n_tokens = SEQ
+        assert C.llama_decode(tctx, b) == 0
+        C.llama_batch_free(b)
+        lc_feat = np.concatenate([np.ctypeslib.as_array(get_li(tctx, i), shape=(SEQ, E)).copy() for i in LAYERS], 1)
+        with torch.no_grad():
+            feats, _ = target_forward(target, torch.from_numpy(t[None]))
+        d_feat = max(d_feat, float(np.abs(feats[0].numpy() - lc_feat).max()))
+        # encoder: llama.cpp's own features in, g out (classic batch, embd rows of 3*E)
+        C.llama_memory_clear(C.llama_get_memory(dctx), True)
+        be = C.llama_batch_init(SEQ, 3 * E, 1)
+        np.ctypeslib.as_array(be.embd, shape=(SEQ, 3 * E))[:] = lc_feat
+        for j in range(SEQ):
+            be.pos[j], be.n_seq_id[j], be.seq_id[j][0], be.logits[j] = j, 1, 0, True
+        be.n_tokens = SEQ
+        assert C.llama_encode(dctx, be) == 0
+        C.llama_batch_free(be)
+        g_lc = np.ctypeslib.as_array(X.llama_get_embeddings_nextn(dctx), shape=(SEQ, E)).copy()
+        with torch.no_grad():
+            g_t = head.encode(torch.from_numpy(lc_feat)[None])
+            (h_t, lg_t), _ = head.step1(torch.from_numpy(t[None, 1:]), g_t[:, :-1])
+        d_g = max(d_g, float(np.abs(g_t[0].numpy() - g_lc).max()))
+        # decoder, step 1 over the window: pairs (t[P+1], g_P) at P = 0..SEQ-2, every row an output
+        n_rows = SEQ - 1
+        bd = C.llama_batch_init(SEQ, E, 1)
+        tok_buf = np.zeros(SEQ, np.int32)
+        bd.token = tok_buf.ctypes.data_as(ctypes.POINTER(C.llama_token))
+        tok_buf[:n_rows] = t[1:]
+        np.ctypeslib.as_array(bd.embd, shape=(SEQ, E))[:n_rows] = g_lc[:n_rows]
+        for j in range(n_rows):
+            bd.pos[j], bd.n_seq_id[j], bd.seq_id[j][0], bd.logits[j] = j, 1, 0, True
+        bd.n_tokens = n_rows
+        assert C.llama_decode(dctx, bd) == 0
+        lg_lc = np.ctypeslib.as_array(C.llama_get_logits(dctx), shape=(n_rows, V)).copy()[:, d2t.numpy()]
+        h_lc = np.ctypeslib.as_array(X.llama_get_embeddings_nextn(dctx), shape=(n_rows, E)).copy()
+        d_h = max(d_h, float(np.abs(h_t[0].numpy() - h_lc).max()))
+        d_lg = max(d_lg, float(np.abs(lg_t[0].numpy() - lg_lc).max()))
+        agree += int((lg_t[0].numpy().argmax(1) == lg_lc.argmax(1)).sum())
+        n += n_rows
+        # a chained step 2 at P = SEQ-1... rather, at every P: rewrite the KV from P = m on with (t[m+1], h_{m-1})
+        m = SEQ // 2
+        C.llama_memory_seq_rm(C.llama_get_memory(dctx), 0, m, -1)
+        tok_buf[0] = t[m + 1]
+        np.ctypeslib.as_array(bd.embd, shape=(SEQ, E))[0] = h_lc[m - 1]
+        bd.pos[0], bd.logits[0] = m, True
+        bd.n_tokens = 1
+        assert C.llama_decode(dctx, bd) == 0
+        lg2_lc = np.ctypeslib.as_array(C.llama_get_logits(dctx), shape=(1, V)).copy()[:, d2t.numpy()]
+        bd.token = ctypes.POINTER(C.llama_token)()
+        C.llama_batch_free(bd)
+        with torch.no_grad():
+            tt = torch.from_numpy(t[None, 1:m + 2])
+            g2 = torch.cat((g_t[:, :m], torch.from_numpy(h_lc[m - 1])[None, None]), 1)
+            (_, lg2_t), _ = head.step1(tt, g2)  # same KV as llama.cpp: step-1 rows 0..m-1, then the chained row
+        d_lg2 = max(d_lg2, float(np.abs(lg2_t[0, -1].numpy() - lg2_lc[0]).max()))
+        agree2 += int(lg2_t[0, -1].numpy().argmax() == lg2_lc[0].argmax())
+        n2 += 1
+    print(f"head from step {ck['step']}; {n_win} held-out windows x {SEQ} tokens")
+    print(f"target layer inputs {list(LAYERS)}: torch vs llama.cpp max|d| {d_feat:.4f}")
+    print(f"encoder g (llama.cpp features in): torch vs llama.cpp max|d| {d_g:.4f}")
+    print(f"decoder step 1: pre-norm h max|d| {d_h:.4f}; draft-vocab logits max|d| {d_lg:.4f}, argmax agreement "
+          f"{agree / n:.4f} ({n} rows)")
+    print(f"chained row (h as g): logits max|d| {d_lg2:.4f}, argmax agreement {agree2}/{n2}")
+    del keep
+
+
+def teacher_forced(work: Path, n_win: int = 8):
+    """Torch, held-out windows: how often the head's argmax equals the target's (greedy acceptance at each
+    unrolled step, teacher-forced tokens) and the share of target argmaxes inside the draft vocabulary."""
+    import torch
+    target, head, d2t, _ = _trained(work)
+    held = np.load(work / "held_ids.npy")
+    starts = np.random.default_rng(11).integers(0, len(held) - SEQ - 1, n_win)
+    hits, tot, inside = np.zeros(UNROLL), np.zeros(UNROLL), 0
+    with torch.no_grad():
+        for s in starts:
+            t = torch.from_numpy(held[None, s:s + SEQ].astype(np.int64))
+            feats, tl = target_forward(target, t)
+            want = tl[0, 1:].argmax(-1)
+            inside += int(torch.isin(want, d2t).sum())
+            for j, (_, lg) in enumerate(head.unrolled(t[:, 1:], head.encode(feats[:, :-1]), UNROLL)):
+                got = d2t[lg[0, j:].argmax(-1)]
+                hits[j] += int((got == want[j:]).sum())
+                tot[j] += len(got)
+    print("teacher-forced argmax agreement with the target, by unrolled step: "
+          + ", ".join(f"step {j + 1} {hits[j] / tot[j]:.4f}" for j in range(UNROLL))
+          + f"; target argmax inside d2t {inside / tot[0]:.4f}")
+
+
+def validate(work: Path):
+    """(a) llama-speculative-simple loads the head and accepts its drafts (the proof of the layout);
+    (b) torch vs llama.cpp on the same inputs; (c) teacher-forced agreement in torch."""
+    for n_max in (3, 8):
+        rows = binary_acceptance(work, n_max)
+        print(f"\nllama-speculative-simple --spec-type draft-eagle3 --spec-draft-n-max {n_max} -n "
+              f"{os.environ.get('N_GEN', '128')} --temp 0 -t 1")
+        print("| prompt (held-out file, first lines) | drafted | accepted | rate |")
+        print("|---|---|---|---|")
+        for name, dr, ac, _ in rows:
+            print(f"| {name} | {dr} | {ac} | {ac / dr:.3f} |" if dr else f"| {name} | failed | | |")
+        ok = [r for r in rows if r[1]]
+        if ok:
+            dr, ac = sum(r[1] for r in ok), sum(r[2] for r in ok)
+            print(f"| total | {dr} | {ac} | {ac / dr:.3f} |")
+    if os.environ.get("SKIP_TORCH") != "1":
+        print()
+        torch_vs_llama(work)
+        teacher_forced(work)
+
+
 if __name__ == "__main__":
     cmd, work = sys.argv[1], Path(sys.argv[2])
     work.mkdir(parents=True, exist_ok=True)
-    {"corpus": corpus, "train": train, "export": export}[cmd](work)
+    {"corpus": corpus, "train": train, "export": export, "validate": validate}[cmd](work)
