@@ -124,6 +124,7 @@ def load_target():
 
 def target_forward(model, idx):
     """idx [B,T] -> (features [B,T,3E] = the inputs of blocks LAYERS concatenated in order, logits [B,T,V])."""
+    import torch
     T = idx.shape[1]
     x = model.embed(idx)
     feats = []
@@ -131,7 +132,6 @@ def target_forward(model, idx):
         if i in LAYERS:
             feats.append(x)
         x = b(x, model.cos[:, :T], model.sin[:, :T])
-    import torch
     return torch.cat(feats, -1), model.norm(x) @ model.embed.weight.T
 
 
@@ -500,7 +500,7 @@ def torch_vs_llama(work: Path, n_win: int = 2):
         d_lg = max(d_lg, float(np.abs(lg_t[0].numpy() - lg_lc).max()))
         agree += int((lg_t[0].numpy().argmax(1) == lg_lc.argmax(1)).sum())
         n += n_rows
-        # a chained step 2 at P = SEQ-1... rather, at every P: rewrite the KV from P = m on with (t[m+1], h_{m-1})
+        # a chained row: cut the draft KV at m and write (t[m+1], h_{m-1}) there, as draft() chains on h
         m = SEQ // 2
         C.llama_memory_seq_rm(C.llama_get_memory(dctx), 0, m, -1)
         tok_buf[0] = t[m + 1]
