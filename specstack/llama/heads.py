@@ -32,6 +32,11 @@ class Eagle3Context(MtpContext):
     one unified KV cache (drafts need no exact cell layout). ``target_layers``: the target layer ids whose inputs
     the encoder reads, in the order it reads them; ``n_embd_enc``: the width of a feature row."""
 
+    # eagle3.cpp builds no output-row selection (``inp_out_ids``): its logits and pre-norm rows come for every row of a
+    # call, and llama.cpp copies the first n_outputs of them, so a call with one output among several rows read
+    # the first row's (llama.cpp's own driver never asks so: one output row per sequence a call)
+    outputs_all = True
+
     def __init__(self, target: MtpHost, path: Path) -> None:  # noqa: D107 (MtpContext's setup, another model)
         lc = self._lc = target.lc
         path = Path(path)
