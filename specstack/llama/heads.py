@@ -36,6 +36,7 @@ class Eagle3Context(MtpContext):
     # call, and llama.cpp copies the first n_outputs of them, so a call with one output among several rows read
     # the first row's (llama.cpp's own driver never asks so: one output row per sequence a call)
     outputs_all = True
+    what = "EAGLE-3 head"
 
     def __init__(self, target: MtpHost, path: Path) -> None:  # noqa: D107 (MtpContext's setup, another model)
         lc = self._lc = target.lc

@@ -81,6 +81,7 @@ class MtpContext:
     # A graph that prunes no rows to the outputs asked for (eagle3): llama.cpp then reads a call's logits and rows
     # from the first rows of the graph's outputs, so a call that wants any output marks every row as one.
     outputs_all = False
+    what = "MTP head"  # in messages
     _own_model = None  # the assistant's loaded model, freed with this context
 
     def __init__(self, target: MtpHost, assistant: Path | None = None) -> None:
@@ -262,7 +263,7 @@ class MtpContext:
         b.n_tokens = m
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
-            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.name}'s MTP head")
+            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.name}'s {self.what}")
         self.calls += 1
         self.rows += m
         if n_out == 0:
