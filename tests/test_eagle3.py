@@ -102,12 +102,14 @@ def test_the_heads_context_encodes_and_decodes_as_its_tensors_say(heads):
 
 
 # --- losslessness -----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("which,k", [("d2t", 4), ("borrowed", 2)])
-def test_greedy_eagle3_equals_plain_decoding(target, plain_outputs, heads, which, k):
-    engine = build_engine(target, "eagle3", "fixed", k=k, drafter_options={"draft_model": heads[which]})
+@pytest.mark.parametrize("name,which,k", [("eagle3", "d2t", 4), ("eagle3", "borrowed", 2),
+                                          ("cascade:suffix,eagle3", "d2t", 3)])
+def test_greedy_eagle3_equals_plain_decoding(target, plain_outputs, heads, name, which, k):
+    """Rows follow every step, whichever source drafted it (a cascade's suffix tree drafts repeats)."""
+    engine = build_engine(target, name, "fixed", k=k, drafter_options={"draft_model": heads[which]})
     for prompt, expected in zip(PROMPTS, plain_outputs):
         gen = engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)).run()
-        assert gen.output_ids == expected, f"eagle3 ({which}) diverged on {prompt[:60]!r}"
+        assert gen.output_ids == expected, f"{name} ({which}) diverged on {prompt[:60]!r}"
         assert gen.stats.n_drafted > 0
 
 

@@ -9,8 +9,7 @@ Modules, one job each:
 
 - ``target``: the target contract (no llama_cpp): ``ModelConfig``, what every target does (``Target``,
   ``EngineTarget``), the optional capabilities (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``,
-  ``LayerInputsTarget``) and what
-  the server reads of a target (``ServedTarget``, ``DescribedTarget``)
+  ``LayerInputsTarget``) and what the server reads of a target (``ServedTarget``, ``DescribedTarget``)
 - ``batching``: exact call shapes (``BatchShapes``) and the call plan (``plan_calls``), pure
 - ``recurrent``: the rollback/checkpoint plan for recurrent and hybrid models, pure
 - ``backend``: importing llama_cpp (and its staging API, ``ext_module``; ``head_api``, the part of it that
