@@ -101,6 +101,31 @@ def test_the_heads_context_encodes_and_decodes_as_its_tensors_say(heads):
     model.close()
 
 
+def test_a_sequences_rows_follow_cuts_gaps_and_long_plain_runs():
+    """The row store (``drafters.eagle3._Seq``): rows handed again from an earlier position replace what followed
+    (and the pairs from there); a gap is zeros; rows far behind are never kept unencoded (``PENDING_MAX``)."""
+    from specstack.drafters.eagle3 import PENDING_MAX, _Seq
+    from specstack.types import HiddenRows
+
+    def rows(start: int, n: int, value: float) -> HiddenRows:
+        return HiddenRows(start, np.full((n, 3), value, np.float32))
+
+    st = _Seq(n_kv=0)
+    st.put(rows(0, 5, 1.0))
+    first, f = st.features(2)
+    assert (first, len(f)) == (2, 3)  # those before 2 are not encoded: their pairs are in the cache
+    st.store(first, np.full((3, 2), 7.0, np.float32), 2)
+    assert st.n_g == 5 and st.rows(0, 6, 2)[:, 0].tolist() == [0, 0, 7, 7, 7, 0]
+    st.n_kv = 5
+    st.put(rows(3, 2, 2.0))  # positions 3.. again (a cut): g and pairs from 3 on are gone
+    assert (st.n_g, st.n_kv, st.n_rows) == (3, 3, 5)
+    st.put(rows(7, 1, 3.0))  # positions 5, 6 never handed: zeros
+    first, f = st.features(0)
+    assert first == 3 and f[:, 0].tolist() == [2, 2, 0, 0, 3]
+    st.put(rows(8, 3 * PENDING_MAX, 4.0))
+    assert st.n_rows - st.n_g == PENDING_MAX and st.n_rows == 8 + 3 * PENDING_MAX
+
+
 # --- losslessness -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,which,k", [("eagle3", "d2t", 4), ("eagle3", "borrowed", 2),
                                           ("cascade:suffix,eagle3", "d2t", 3)])

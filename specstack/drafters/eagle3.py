@@ -92,7 +92,9 @@ class _Seq:
             self.pending.append(np.zeros((start - self.n_rows, width), np.float32))
         self.pending.append(rows.rows)
         excess = self.n_rows - self.n_g - PENDING_MAX
-        if excess > 0:  # too far behind to be read again (``PENDING_MAX``): their g stays zeros
+        if excess > 0:  # too far behind to be read again (``PENDING_MAX``): their g is zeros
+            if self.g is not None:
+                self.g[self.n_g : self.n_g + excess] = 0.0
             kept = np.concatenate(self.pending)[excess:]
             self.n_g, self.pending = self.n_g + excess, [kept]
 
