@@ -122,8 +122,26 @@ def test_a_sequences_rows_follow_cuts_gaps_and_long_plain_runs():
     st.put(rows(7, 1, 3.0))  # positions 5, 6 never handed: zeros
     first, f = st.features(0)
     assert first == 3 and f[:, 0].tolist() == [2, 2, 0, 0, 3]
-    st.put(rows(8, 3 * PENDING_MAX, 4.0))
+    st.put(rows(8, 3 * PENDING_MAX, 4.0))  # a prompt's rows: all kept (``begin`` encodes them at once)
+    assert st.n_g == 3 and st.n_rows == 8 + 3 * PENDING_MAX
+    st.trim()  # after a plain step: rows the next draft's window cannot reach are dropped
     assert st.n_rows - st.n_g == PENDING_MAX and st.n_rows == 8 + 3 * PENDING_MAX
+
+
+def test_the_drafters_rows_are_the_targets_whole_context(heads):
+    """After a generation, the head has read g of every position of prompt and output, as one prefill of the whole
+    context gives them (a long prompt's rows were once trimmed as if a plain run had left them behind, and the
+    head then drafted from zeros where llama.cpp's driver reads the prompt)."""
+    model = LlamaModel(ModelConfig(DEFAULT_TARGET, n_ctx=512), role="target")
+    drafter = create("eagle3", BuildContext(model, {"draft_model": heads["d2t"]}))
+    Engine(model, drafter, FixedK(2)).generate(PROMPTS[2], GenerationConfig(max_tokens=24)).run()
+    st = drafter._seqs[0]
+    assert st.n_kv == st.n_g and st.n_g > 100 and drafter.head.pos_min(0) == 0 and not st.window
+    model.reset(0)
+    model.prefill(st.tokens[: st.n_g], 0)
+    expected = drafter.head.encode(model.take_hidden(0).rows)
+    assert np.abs(st.g[: st.n_g] - expected).max() < 1e-4
+    model.close()
 
 
 # --- losslessness -----------------------------------------------------------------------------------------------

@@ -91,8 +91,12 @@ class _Seq:
         elif start > self.n_rows:  # positions the engine handed nothing for: zeros, as the MTP drafter's
             self.pending.append(np.zeros((start - self.n_rows, width), np.float32))
         self.pending.append(rows.rows)
+
+    def trim(self) -> None:
+        """Forget unencoded rows too far behind to be read again (``PENDING_MAX``; their g is zeros): after a plain
+        step, never at ``begin``, whose prompt rows are all encoded and caught up at once."""
         excess = self.n_rows - self.n_g - PENDING_MAX
-        if excess > 0:  # too far behind to be read again (``PENDING_MAX``): their g is zeros
+        if excess > 0:
             if self.g is not None:
                 self.g[self.n_g : self.n_g + excess] = 0.0
             kept = np.concatenate(self.pending)[excess:]
@@ -211,6 +215,7 @@ class Eagle3Drafter:
             st.dirty = False
         if hidden is not None and len(hidden):
             st.put(hidden)
+            st.trim()
         st.tokens.extend(int(t) for t in new_ids)
         # the pairs wait for the next draft (``_behind``)
 
