@@ -197,7 +197,7 @@ def test_the_trained_heads_drafts_are_accepted_and_output_is_plain(target, plain
         assert gen.output_ids == expected, f"eagle3 k={k} diverged on {prompt[:60]!r}"
         drafted, accepted = drafted + gen.stats.n_drafted, accepted + gen.stats.n_accepted
     print(f"trained eagle3 k={k}: {accepted}/{drafted} drafted tokens accepted")
-    assert accepted > 0.15 * drafted, f"the trained head's drafts are accepted {accepted}/{drafted}"
+    assert accepted > 0.3 * drafted, f"the trained head's drafts are accepted {accepted}/{drafted}"
 
 
 @trained
