@@ -142,7 +142,7 @@ class VerifyResult:
 @dataclass(frozen=True, slots=True)
 class HiddenRows:
     """The target's hidden rows for consecutive positions of one sequence: the channel from the engine to
-    drafters that condition on the target (``Drafter.needs_hidden``: MTP heads, later EAGLE-3).
+    drafters that condition on the target (``Drafter.needs_hidden``: MTP heads, EAGLE-3 heads).
 
     Row i is the hidden state the target computed at position ``start + i``, the one its head read to
     predict the token after it (for MTP, llama.cpp's ``t_h_nextn``: the post-final-norm row; for a trained head,

@@ -70,6 +70,36 @@ def eagle3(path: Path, *, layers=(1, 3, 5), hidden: int | None = 256, n_embd: in
     return write_gguf(path, "eagle3", keys, tensors, tokenizer)
 
 
+def eagle3_weights(path: Path, *, layers=(1, 3, 5), seed: int = 0, n_draft_vocab: int | None = 512,
+                   n_ff: int = 512, scale: float = 0.05) -> Path:
+    """A runnable EAGLE-3 head for pycoder-6m with random weights: every tensor of the design note's eagle3 table
+    at its shape (n_embd 256 = the target's, 1 layer, 8 query / 4 KV heads of 32, F16 matrices, F32 norms), its own
+    ``output`` over ``n_draft_vocab`` ids with ``d2t`` (None: neither, the target's output borrowed), the target's
+    token embeddings borrowed. numpy shapes are ggml's ``ne`` reversed (gguf-py writes them so)."""
+    n_embd, n_vocab, n_head, n_kv, hd = 256, 4096, 8, 4, 32
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    keys: dict[str, Any] = {"eagle3.context_length": 512, "eagle3.embedding_length": n_embd, "eagle3.block_count": 1,
+                            "eagle3.feed_forward_length": n_ff, "eagle3.attention.head_count": n_head,
+                            "eagle3.attention.head_count_kv": n_kv, "eagle3.rope.freq_base": 10000.0,
+                            "eagle3.rope.dimension_count": hd, "eagle3.attention.layer_norm_rms_epsilon": 1e-5,
+                            "eagle3.target_layers": layers, "eagle3.target_hidden_size": n_embd}
+    ones = np.ones(n_embd, np.float32)
+    tensors = {"fc.weight": mat(n_embd, 3 * n_embd), "output_norm.weight": ones,
+               "blk.0.attn_norm.weight": ones, "blk.0.attn_norm_2.weight": ones.copy(),
+               "blk.0.attn_q.weight": mat(n_head * hd, 2 * n_embd), "blk.0.attn_k.weight": mat(n_kv * hd, 2 * n_embd),
+               "blk.0.attn_v.weight": mat(n_kv * hd, 2 * n_embd), "blk.0.attn_output.weight": mat(n_embd, n_head * hd),
+               "blk.0.ffn_norm.weight": ones.copy(), "blk.0.ffn_gate.weight": mat(n_ff, n_embd),
+               "blk.0.ffn_up.weight": mat(n_ff, n_embd), "blk.0.ffn_down.weight": mat(n_embd, n_ff)}
+    if n_draft_vocab is not None:
+        tensors["output.weight"] = mat(n_draft_vocab, n_embd)
+        tensors["d2t"] = np.sort(rng.choice(n_vocab, n_draft_vocab, replace=False)).astype(np.int64)
+    return write_gguf(path, "eagle3", keys, tensors)
+
+
 def dflash(path: Path, *, layers=(1, 3, 5), n_embd: int = 256, mask: int | None = 0, markov: bool = False) -> Path:
     keys: dict[str, Any] = {"dflash.context_length": 512, "dflash.embedding_length": n_embd, "dflash.block_count": 2,
                             "dflash.attention.layer_norm_rms_epsilon": 1e-5, "dflash.target_layers": layers,

@@ -12,7 +12,7 @@ length themselves.  Drafters never see the target's logits.
 What every drafter does is ``Drafter``.  What some drafters do beyond it is declared, each a small protocol
 of its own, and read once per generation (``DrafterTraits.of``), never probed at every step:
 
-- ``HiddenDrafter``: conditions on the target (an MTP head; EAGLE-3 later), ``needs_hidden = True``: the
+- ``HiddenDrafter``: conditions on the target (an MTP head, an EAGLE-3 head), ``needs_hidden = True``: the
   engine hands it the target's hidden rows (``types.HiddenRows``) of the tokens the target kept, at
   ``begin`` (the prompt's) and at every ``advance`` (the verification's accepted rows; rows of rejected
   drafts never arrive).

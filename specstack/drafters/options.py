@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from .base import check_name, config_from_options, option_name
 from .cascade import CascadeConfig
 from .draft_model import DraftModelConfig
+from .eagle3 import Eagle3Config
 from .moe_self import MoeSelfConfig
 from .mtp import MtpConfig
 from .prompt_lookup import PromptLookupConfig
@@ -69,9 +70,11 @@ DRAFTER_FLAGS = (
                 "tokens a source must offer before later sources are skipped (default {default})"),
     DrafterFlag("--ngram-min", {"prompt-lookup": PromptLookupConfig}, "n_min", int, "shortest n-gram to match (default {default})"),
     DrafterFlag("--ngram-max", {"prompt-lookup": PromptLookupConfig}, "n_max", int, "longest n-gram to match (default {default})"),
-    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig, "mtp": MtpConfig}, "draft_temp", float,
+    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config},
+                "draft_temp", float,
                 "sampling temperature of the draft (default: the target's); output stays the target's distribution"),
-    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig, "mtp": MtpConfig}, "p_min", float,
+    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config},
+                "p_min", float,
                 "stop drafting when the draft's confidence is below this (default {default})"),
     DrafterFlag("--suffix-factor", {"suffix": SuffixConfig}, "max_spec_factor", float,
                 "cap a draft at this factor x the match length (default {default})"),

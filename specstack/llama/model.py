@@ -27,6 +27,7 @@ from .kernels import resolved_flash_attn
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls, prefill_call
+from .heads import Eagle3Context
 from .hidden import HiddenStates
 from .memory import SequenceMemory
 from .mtp import MtpContext, MtpHost
@@ -85,7 +86,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.n_nextn = int(lc.llama_model_n_layer_nextn(self._model))
         self.mtp_loaded = self._owns_model and self._load_mtp() and self.n_nextn > 0 or \
             (weights is not None and weights.mtp_loaded)
-        self._mtp_contexts: list[MtpContext] = []
+        self._mtp_contexts: list[MtpContext] = []  # MTP heads and EAGLE-3 heads (``Eagle3Context``)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
         self.n_swa = int(lc.llama_model_n_swa(self._model))  # sliding-window size; 0 where there is none
@@ -181,12 +182,22 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
     def open_mtp(self, assistant: Path | None = None) -> MtpContext:
         """A context on this model's NextN head (``llama.mtp.MtpContext``), closed with this model; ``assistant``:
         the separate head GGUF of a family that ships one (gemma4), run over this model's KV."""
-        host = MtpHost(self._lc, self._model, self._ctx, self.path.name, self.meta.architecture, self.meta.mtp_mode,
-                       self.n_nextn, self.mtp_loaded, self.n_vocab, self.n_slots, self.n_ctx, self.config.n_batch,
-                       self.n_threads, self.flash_attn, self.unified, self.config.use_mmap)
-        ctx = MtpContext(host, assistant)
+        ctx = MtpContext(self._host(), assistant)
         self._mtp_contexts.append(ctx)
         return ctx
+
+    def open_eagle3(self, head: Path) -> Eagle3Context:
+        """An EAGLE-3 head GGUF on a context beside this model's (``llama.heads.Eagle3Context``), closed with it.
+        The caller keeps the head's layer inputs (``want_hidden(context.target_layers)``)."""
+        ctx = Eagle3Context(self._host(), head)
+        self._mtp_contexts.append(ctx)
+        return ctx
+
+    def _host(self) -> MtpHost:
+        """What a head's context reads of this model (``llama.mtp.MtpHost``)."""
+        return MtpHost(self._lc, self._model, self._ctx, self.path.name, self.meta.architecture, self.meta.mtp_mode,
+                       self.n_nextn, self.mtp_loaded, self.n_vocab, self.n_slots, self.n_ctx, self.config.n_batch,
+                       self.n_threads, self.flash_attn, self.unified, self.config.use_mmap)
 
     def _load_model(self):
         lc = self._lc

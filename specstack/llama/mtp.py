@@ -78,6 +78,10 @@ class MtpContext:
     (unified) KV cache: drafts need no exact cell layout."""
 
     shared = False  # the assistant mode: the head reads the target's KV (module docstring)
+    # A graph that prunes no rows to the outputs asked for (eagle3): llama.cpp then reads a call's logits and rows
+    # from the first rows of the graph's outputs, so a call that wants any output marks every row as one.
+    outputs_all = False
+    what = "MTP head"  # in messages
     _own_model = None  # the assistant's loaded model, freed with this context
 
     def __init__(self, target: MtpHost, assistant: Path | None = None) -> None:
@@ -240,31 +244,33 @@ class MtpContext:
     def _call(self, call: list[tuple[MtpRow, int, int]]) -> list[tuple[np.ndarray, np.ndarray] | None]:
         lc, b = self._lc, self._batch
         m, n_out, where = 0, 0, []
-        for e, done, take in call:
-            last = e.output and done + take == len(e.tokens)
+        lasts = [e.output and done + take == len(e.tokens) for e, done, take in call]
+        every = self.outputs_all and any(lasts)
+        for (e, done, take), last in zip(call, lasts):
             self._tok[m : m + take] = np.asarray(e.tokens[done : done + take], dtype=np.int32)
             self._b_embd[m : m + take] = e.h[done : done + take]
             self._b_pos[m : m + take] = np.arange(e.pos + done, e.pos + done + take, dtype=np.int32)
-            self._b_out[m : m + take] = 0
+            self._b_out[m : m + take] = int(every)
             if last:
                 self._b_out[m + take - 1] = 1
             for i in range(m, m + take):
                 if self._b_seq[i] != e.seq:
                     b.seq_id[i][0] = e.seq
                     self._b_seq[i] = e.seq
-            where.append(n_out if last else None)
+            where.append((m + take - 1 if every else n_out) if last else None)
             n_out += int(last)
             m += take
         b.n_tokens = m
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
-            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.name}'s MTP head")
+            raise ModelLoadError(f"llama_decode failed (code {rc}) on {m} rows of {self.target.name}'s {self.what}")
         self.calls += 1
         self.rows += m
         if n_out == 0:
             return [None] * len(call)
-        logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
-        h = np.ctypeslib.as_array(ext_module().llama_get_embeddings_nextn(self._ctx), shape=(n_out, self.n_embd))
+        n_rows = m if every else n_out
+        logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
+        h = np.ctypeslib.as_array(ext_module().llama_get_embeddings_nextn(self._ctx), shape=(n_rows, self.n_embd))
         return [None if w is None else (logits[w].copy(), h[w].copy()) for w in where]
 
     # -- the KV following the target --------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The target contract, without llama_cpp: how to load a target (``ModelConfig``), what every target must do
 (``Target`` for drafter factories, ``EngineTarget`` for the engine), and the optional capabilities as small
-protocols of their own (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``), and what the server reads of a
+protocols of their own (``HiddenRowsTarget``, ``GrammarTarget``, ``MtpTarget``, ``LayerInputsTarget``), and what the server reads of a
 role's target (``ServedTarget``).
 
 ``llama.LlamaModel`` implements all of them; ``bench.recorded.RecordedTarget`` (a run's recorded outputs, its
@@ -258,6 +258,21 @@ class MtpTarget(HiddenRowsTarget, Protocol):
 
     def want_hidden(self) -> None:
         """From now on keep every call's hidden rows for ``take_hidden``."""
+
+
+@runtime_checkable
+class LayerInputsTarget(HiddenRowsTarget, Protocol):
+    """A loaded target a trained EAGLE-3 head drafts for: the head on a context beside it (``open_eagle3``), and
+    the inputs of the target layers the head names kept per token (``want_hidden(layers)``, ``llama.hidden``),
+    with the GGUF metadata it was loaded from (the drafter checks the head's fit against it)."""
+
+    meta: "GGUFInfo"
+
+    def open_eagle3(self, head: Path) -> Any:
+        """The head's context beside this target (``llama.heads.Eagle3Context``)."""
+
+    def want_hidden(self, layers: tuple[int, ...] | None = None) -> None:
+        """From now on keep every call's inputs of target ``layers``, side by side, for ``take_hidden``."""
 
 
 class DescribedTarget(Protocol):

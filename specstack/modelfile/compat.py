@@ -95,7 +95,8 @@ def head_line(head: HeadInfo) -> str:
         parts.append(f"block {head.block_size}")
     if head.kind != "eagle3":
         parts.append(f"mask token {head.mask_token_id if head.mask_token_id is not None else 'missing'}")
-    return ", ".join(parts) + "; specstack cannot draft from it yet"
+    how = "--drafter eagle3 -md drafts from it" if head.kind == "eagle3" else "specstack cannot draft from it yet"
+    return ", ".join(parts) + f"; {how}"
 
 
 def layer_input_line(arch: str | None) -> str:
