@@ -49,6 +49,7 @@ PEER_METHODS: tuple[str, ...] = (
     "llama-plain",
     "llama-draft-simple",
     "llama-draft-mtp",  # the target's own NextN head (--spec-type draft-mtp), as specstack's --drafter mtp
+    "llama-draft-eagle3",  # a trained EAGLE-3 head (-md, --spec-type draft-eagle3), as specstack's --drafter eagle3
     *(f"llama-{t}" for t in NGRAM_SPEC_TYPES),
     "llama-lookup",
 )
@@ -283,10 +284,11 @@ def peer_command(method: str, model: Path | str, prompt_file: Path | str, *, dra
     if method == "llama-lookup":
         return [str(b / "llama-lookup"), *common, "--spec-draft-n-max", str(k)]
     spec = [str(b / "llama-speculative-simple"), *common, "--spec-draft-n-max", str(k)]
-    if method == "llama-draft-simple":
+    if method in ("llama-draft-simple", "llama-draft-eagle3"):  # a draft model, or an EAGLE-3 head, as -md
         if draft is None:
-            raise InvalidParameterError("llama-draft-simple needs a draft model")
-        return [*spec, "--spec-type", "draft-simple", "-md", str(draft)]
+            raise InvalidParameterError(f"{method} needs a draft model" + (" (the EAGLE-3 head, -md)" if
+                                                                            method == "llama-draft-eagle3" else ""))
+        return [*spec, "--spec-type", method.removeprefix("llama-"), "-md", str(draft)]
     if method == "llama-draft-mtp":  # the model's NextN layers; llama.cpp loads them (load_mtp) for this type
         return [*spec, "--spec-type", "draft-mtp"]
     spec_type = method.removeprefix("llama-")

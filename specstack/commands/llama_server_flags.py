@@ -5,7 +5,8 @@ Three kinds, each declared here once and listed in docs/serve.md's table:
 - flags with a meaning here, mapped onto specstack's: ``--spec-type`` onto drafters (``SPEC_TYPES``; a
   comma list is a cascade), ``--spec-draft-n-max`` onto k and k_max, ``--spec-draft-p-min`` onto the
   draft's p_min, the sampling flags onto the role's request defaults (``--ignore-eos``, ``-l``, ``--samplers``
-  among them), ``-md`` alone onto draft-model;
+  among them), ``-md`` alone onto the drafter its file's kind says (an EAGLE-3 head: eagle3; NextN layers: mtp;
+  a model: draft-model);
 - flags of samplers not implemented here (Mirostat, DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p):
   taken at llama.cpp's default only, any other value refused in one line (``DEFAULT_ONLY``), as a request's
   fields of the same samplers are;
@@ -22,7 +23,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..draft_length import MAX_DRAFT
 from ..drafters import cascade, none
@@ -30,6 +31,9 @@ from ..drafters.base import llama_spec_types
 from ..errors import InvalidParameterError
 from ..server.tools.reasoning import FORMATS as REASONING_FORMATS
 from .common import ON_CPU, at_least, flag_given, gpu_layers
+
+if TYPE_CHECKING:
+    from ..modelfile.meta import GGUFInfo
 
 # llama-server's --spec-type for no speculation: anywhere in a list it turns speculation off (as llama-server reads
 # it), so it is this table's own entry rather than a drafter's job
@@ -41,7 +45,12 @@ SPEC_TYPES = {NO_SPECULATION: none.NAME, **llama_spec_types()}
 NGRAM_TUNING = tuple(f"--spec-ngram{kind}-{knob}" for kind in ("", "-simple", "-map-k", "-map-k4v")
                      for knob in ("size-n", "size-m", "min-hits")) + \
     tuple(f"--spec-ngram-mod-{knob}" for knob in ("n-min", "n-max", "n-match"))
-NOT_OFFERED = ("draft-eagle3", "draft-dflash", "draft-dspark")  # drafts reading the target's hidden states
+# llama-server's types no specstack drafter does yet, each with why (draft-eagle3 is eagle3's, declared there)
+NOT_OFFERED = {t: f"specstack has no {what} drafter yet (a head reading the target's layer inputs, as draft-eagle3's "
+               "eagle3 does); use draft-eagle3 with an EAGLE-3 head, draft-simple (a draft model, -md) or draft-mtp"
+               for t, what in (("draft-dflash", "DFlash"), ("draft-dspark", "DSpark"))}
+# A draft GGUF's kind of head (``GGUFInfo.head``) -> the --spec-type that reads it, for -md alone
+HEAD_SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark"}
 
 AGENT = ("llama-server's web-UI agent (its built-in file and shell tools, MCP servers, media files) is not offered: "
          "specstack serves the API, and a client runs its own tools (tool calls come back in the answer)")
@@ -393,9 +402,9 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     spec = p.add_argument_group("llama-server's speculation flags (mapped onto drafters and k; see docs/serve.md)")
     spec.add_argument("--spec-type", default=None, metavar="TYPE[,TYPE...]",
                       help="llama-server's speculation types, as the drafter without --config: draft-simple = "
-                      "draft-model, draft-mtp = mtp, ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/"
+                      "draft-model, draft-mtp = mtp, draft-eagle3 = eagle3 (the head as -md), ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/"
                       "ngram-cache = suffix, none = none; a comma list is a cascade of them in that order "
-                      "(cascade:suffix,draft-model)")
+                      "(cascade:suffix,draft-model); draft-dflash and draft-dspark are refused (not built yet)")
     spec.add_argument("--spec-default", dest="spec_type", action="store_const", const="ngram-mod",
                       help="llama-server's default speculation: --spec-type ngram-mod (the suffix drafter)")
     spec.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", dest="n_max", type=at_least(1),
@@ -641,10 +650,7 @@ def speculation_values(args: argparse.Namespace) -> dict[str, Any]:
                                         "drafter; pass one of them")
         values["drafter"] = drafter_for_spec_type(args.spec_type)
     elif args.model_draft is not None and args.drafter is None:
-        print(f"specstack serve: note: -md {args.model_draft} without --drafter or --spec-type drafts with "
-              "draft-model, as llama-server does (--drafter prompt-lookup keeps the draft for requests only)",
-              file=sys.stderr, flush=True)
-        values["drafter"] = SPEC_TYPES["draft-simple"]  # llama-server's drafter for -md alone
+        values["drafter"] = drafter_for_draft_file(Path(args.model_draft))
     if args.n_max is not None:
         given = [f for f, a in (("-k", "k"), ("--k-max", "k_max")) if getattr(args, a) is not None]
         if given:
@@ -676,6 +682,38 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
                                     f"{DRY_BREAKERS_TAKEN}")
 
 
+def spec_type_of_draft(info: "GGUFInfo") -> str | None:
+    """The --spec-type a draft GGUF (``info``, its metadata) is read with where -md comes alone, as llama-server's
+    ``common_speculative_types_from_gguf`` infers it: a DFlash/DSpark head or a file with NextN layers (an MTP
+    assistant too) by its own type; an EAGLE-3 head too (llama-server infers it only from a Hugging Face repo's
+    sidecar, never from a local -md, and then drafts nothing: here the head drafts); None: a draft model."""
+    if info.head is not None:
+        return HEAD_SPEC_TYPES[info.head.kind]
+    if info.nextn_layers > 0 or info.mtp_mode == "assistant":
+        return "draft-mtp"
+    return None
+
+
+def drafter_for_draft_file(path: Path) -> str:
+    """The drafter of -md FILE without --drafter or --spec-type: the one the file's kind is read with
+    (``spec_type_of_draft``), else draft-model; said on stderr, since the command line names none."""
+    from ..modelfile.meta import read_gguf
+
+    spec_type = spec_type_of_draft(read_gguf(path, tensors=False, role="draft model (-md)"))
+    if spec_type is None:
+        print(f"specstack serve: note: -md {path} without --drafter or --spec-type drafts with draft-model, as "
+              "llama-server does (--drafter prompt-lookup keeps the draft for requests only)", file=sys.stderr,
+              flush=True)
+        return SPEC_TYPES["draft-simple"]  # llama-server's drafter for -md alone
+    if spec_type in NOT_OFFERED:
+        raise InvalidParameterError(f"-md {path} is a {spec_type.removeprefix('draft-')} head (llama-server reads it "
+                                    f"with --spec-type {spec_type}), and {NOT_OFFERED[spec_type]}")
+    drafter = SPEC_TYPES[spec_type]
+    print(f"specstack serve: note: -md {path} without --drafter or --spec-type drafts with {drafter}, as --spec-type "
+          f"{spec_type} does (the file's metadata says what it is)", file=sys.stderr, flush=True)
+    return drafter
+
+
 def drafter_for_spec_type(text: str) -> str:
     """``--spec-type`` as a drafter name: one type is its drafter, a list a cascade in the order given; ``none``
     anywhere in the list is no speculation (as llama-server reads it)."""
@@ -684,8 +722,7 @@ def drafter_for_spec_type(text: str) -> str:
         raise InvalidParameterError("--spec-type is empty; give one of " + ", ".join(SPEC_TYPES))
     for name in names:
         if name in NOT_OFFERED:
-            raise InvalidParameterError(f"--spec-type {name} is not offered: specstack has no drafts that read the "
-                                        "target's hidden states; use draft-simple (a draft model, -md) or draft-mtp")
+            raise InvalidParameterError(f"--spec-type {name} is not offered: {NOT_OFFERED[name]}")
         if name not in SPEC_TYPES:
             raise InvalidParameterError(f"--spec-type {name!r} is not one of llama-server's types: "
                                         f"{', '.join([*SPEC_TYPES, *NOT_OFFERED])}")

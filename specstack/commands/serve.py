@@ -377,8 +377,10 @@ def check_drafter(role, from_config: bool):
                                     f"be given one; choose {SERVE_ALTERNATIVES} (or a cascade of them)")
     meta = read_gguf(role.model, tensors=False)  # the model's metadata, read once
     # what each drafter needs of the model (mtp: a NextN head; moe-self: experts): one line, before the load
-    check_target(role.drafter, meta, Asked(f"{where} {role.drafter}", alternatives=f"{SERVE_ALTERNATIVES}; mtp "
-                                            "needs a model with NextN layers (`specstack check -m MODEL` lists them)"))
+    given = {"draft_model": role.draft} if role.draft is not None else {}  # eagle3's head, gemma4's assistant
+    check_target(role.drafter, meta, Asked(f"{where} {role.drafter}", given, alternatives=f"{SERVE_ALTERNATIVES}; "
+                                            "mtp needs a model with NextN layers (`specstack check -m MODEL` lists "
+                                            "them)"))
     if role.draft is not None:  # given: checked now, whatever the drafter (a request may ask for draft-model)
         check_gguf_file(role.draft, f"role {role.name!r} draft model" if from_config else "draft model (-md)")
         require_draftable(role.model, role.draft)

@@ -22,17 +22,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import VocabMismatchError
+from ..errors import UnsupportedModelError, VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
 from ..types import Draft
-from .base import (BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
+from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
                    config_from_options, register)
+
+if TYPE_CHECKING:
+    from ..modelfile.meta import GGUFInfo
 
 NAME = "draft-model"  # its registry name, for those that name it (default method lists, messages)
 
@@ -259,8 +262,23 @@ def _ctx_origin(target: object) -> str:
     return f"its context, the target's {target.n_ctx} positions per sequence ({how}),"  # type: ignore[attr-defined]
 
 
+def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
+    """``Needs.check``: the draft given (-md, a role's draft) is a model, not a trained draft head (eagle3, dflash):
+    a head reads the target's layer inputs and cannot draft on its own; llama.cpp would fail to make a context for
+    it after the target's load. One line, from its metadata, naming the drafter that reads it."""
+    from ..modelfile.meta import read_gguf
+
+    draft = asked.options.get("draft_model")
+    head = read_gguf(draft, tensors=False, role="draft model (-md)").head if draft is not None else None
+    if head is not None:
+        reads = "--drafter eagle3 (llama-server's --spec-type draft-eagle3) drafts from it" if head.kind == "eagle3" \
+            else "specstack cannot draft from it yet"
+        raise UnsupportedModelError(f"{asked.where}: -md {Path(draft).name} is a trained {head.kind} head, not a model "
+                                    f"to draft with: a head reads the target's layer inputs; {reads}")
+
+
 # llama.cpp's speculation with a draft model (-md): --spec-type draft-simple
-@register(NAME, needs=Needs(draft_model=True),
+@register(NAME, needs=Needs(draft_model=True, check=_check_target),
           llama=LlamaCpp(spec_types=("draft-simple",), peers=("llama-draft-simple",)))
 def _build(ctx: BuildContext) -> Drafter:
     """A draft model; one whose vocabulary differs from the target's drafts through text (``translate``)."""

@@ -40,7 +40,7 @@ from ..llama.mtp import MtpRow
 from ..llama.target import LayerInputsTarget
 from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
-from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, ModelDraftConfig, Needs,
+from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
                    config_from_options, register)
 from .mtp import CATCH_UP
 
@@ -341,7 +341,10 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> Path:
     return check_head(meta, asked.options.get("draft_model"), asked.where)
 
 
-@register(NAME, needs=Needs(check=_check_target))
+# llama.cpp's job of the same name: llama-server's --spec-type draft-eagle3 -md HEAD, and its
+# llama-speculative-simple beside this drafter in the bench (the head is the bench's -md)
+@register(NAME, needs=Needs(check=_check_target),
+          llama=LlamaCpp(spec_types=("draft-eagle3",), peers=("llama-draft-eagle3",)))
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(Eagle3Config, ctx.options)
     if not isinstance(ctx.target, LayerInputsTarget):

@@ -334,7 +334,8 @@ def check_drafter(name: str, role: Role) -> None:
     queued)."""
     try:
         check_name(name, "speculative.drafter")
-        check_target(name, role.model, Asked(f"speculative.drafter {name!r} on role {role.name!r}",
+        given = {"draft_model": role.draft} if role.draft is not None else {}  # the file the worker hands it
+        check_target(name, role.model, Asked(f"speculative.drafter {name!r} on role {role.name!r}", given,
                                              alternatives=f"{SERVE_ALTERNATIVES}; mtp needs a model with NextN layers: "
                                              "ask for a role whose model has them"))
     except SpecstackError as exc:

@@ -319,8 +319,11 @@ class RoleWorker:
         options = dict(spec.options)
         if self.role.tree and "tree" not in options and inapplicable(spec.drafter, {"tree"}) is None:
             options["tree"] = True  # the role verifies trees: its tree-capable drafters draft them
-        if reads_draft_model(spec.drafter):
-            options.setdefault("draft_model", self._draft_model())
+        # the role's draft is its -md: a draft model's (the bundled one where it fits), or the file another drafter
+        # reads from it (eagle3's head, mtp's assistant), as generate's -md reaches every drafter
+        draft = self._draft_model() if reads_draft_model(spec.drafter) else self.role.draft
+        if draft is not None:
+            options.setdefault("draft_model", draft)
         sampled = temperature > 0 and spec.drafter != "none"
         key = json.dumps([spec.drafter, sampled, sorted((k, str(v)) for k, v in options.items())])
         drafter = self._drafters.get(key)
