@@ -599,7 +599,7 @@ def test_several_aliases_and_tags_name_one_role():
     (["--grp-attn-n", "4"], "--grp-attn-n cannot apply to specstack serve: self-extend"),
     (["-ctv", "q8_0", "--exact", "on"], "-ctv q8_0 cannot go with --exact on"),
     (["--typical", "0.9"], "typical sampling is not implemented"),
-    (["--spec-type", "draft-eagle3"], "--spec-type draft-eagle3 is not offered"),
+    (["--spec-type", "draft-dflash"], "--spec-type draft-dflash is not offered"),
     (["--spec-type", "ngram-x"], "is not one of llama-server's types"),
     (["--spec-type", "ngram-mod", "--drafter", "suffix"], "each choose the drafter"),
     (["--spec-draft-n-max", "8", "--k-max", "4"], "--spec-draft-n-max 8 sets k and k_max, and --k-max"),
