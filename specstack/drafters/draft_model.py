@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import UnsupportedModelError, VocabMismatchError
+from ..errors import ModelLoadError, UnsupportedModelError, VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
@@ -269,7 +269,12 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
     from ..modelfile.meta import read_gguf
 
     draft = asked.options.get("draft_model")
-    head = read_gguf(draft, tensors=False, role="draft model (-md)").head if draft is not None else None
+    if draft is None:
+        return
+    try:
+        head = read_gguf(draft, tensors=False, role="draft model (-md)").head
+    except ModelLoadError:
+        return  # not a readable GGUF: the draft's own file check, next, says so in its words
     if head is not None:
         reads = "--drafter eagle3 (llama-server's --spec-type draft-eagle3) drafts from it" if head.kind == "eagle3" \
             else "specstack cannot draft from it yet"
