@@ -17,7 +17,7 @@ from ..bench.config import split_method
 from ..calibration import EXACT_MODES, Calibration
 from ..draft_length import DEFAULT_K, DEFAULT_K_MAX, POLICIES
 from ..drafters import DEFAULT_DRAFTER, draft_model
-from ..drafters.base import check_name, plain_drafters, reads_draft_model
+from ..drafters.base import check_name, plain_drafters, reads_draft_model, reads_head
 from ..drafters.options import (DRAFTER_FLAGS, REQUEST_OPTIONS, SHARED_OPTIONS, DrafterFlag, check_drafter_options,
                                 inapplicable)
 from .. import loading
@@ -199,10 +199,12 @@ def methods_with_draft(args: argparse.Namespace, methods: list[str], explicit: b
     (``resolve_draft``) where one does.  Without a usable draft, a default method list loses its draft-model
     entries (with a note) and a list the user typed is refused: the bundled draft is never a silent stand-in."""
     if not uses_draft_model(methods):
-        if args.model_draft is not None:
-            raise InvalidParameterError(f"-md {args.model_draft} is read by draft-model only, which none of "
-                                        f"{','.join(methods)} runs; leave -md out or add draft-model")
-        return methods
+        if args.model_draft is not None and not any(reads_head(split_method(m)[0], "--methods") for m in methods):
+            readers = [n for n in plain_drafters() if reads_draft_model(n) or reads_head(n)]
+            raise InvalidParameterError(f"-md {args.model_draft} is read by {', '.join(readers)} only (a draft "
+                                        f"model or a head), which none of {','.join(methods)} runs; leave -md out or "
+                                        "add one of them")
+        return methods  # a head's own check settles it
     try:
         args.model_draft = resolve_draft(read_gguf(args.model, tensors=False), args.model_draft, where=draft_model.NAME)
     except InvalidParameterError as exc:

@@ -273,7 +273,8 @@ class Needs:
     these is checked everywhere by declaring it.
 
     ``draft_model``: it drafts with a second GGUF (-md, a role's ``draft``), settled before any load (the bundled
-    draft only where it fits the target). ``datastore``: it reads a datastore built beforehand (--datastore), which
+    draft only where it fits the target). ``head``: it reads -md as a head trained for the target (eagle3's EAGLE-3
+    head, mtp's assistant), which its ``check`` validates and nothing replaces with the bundled draft. ``datastore``: it reads a datastore built beforehand (--datastore), which
     no server is given. ``check``: what it needs of the target, checked from the target's GGUF metadata before a load
     (mtp: NextN layers this llama.cpp drafts from; moe-self: experts), so a model that cannot have it fails in one
     line, in milliseconds, instead of after minutes of loading. ``offered``: the target itself offers it (a draft
@@ -281,6 +282,7 @@ class Needs:
     hidden rows among it, is ``DrafterTraits``, read from the instance.)"""
 
     draft_model: bool = False
+    head: bool = False
     datastore: bool = False
     check: TargetCheck | None = None
     offered: Callable[["GGUFInfo"], bool] | None = None
@@ -417,6 +419,11 @@ def needs_of(name: str, where: str = "--drafter") -> dict[str, Needs]:
 def reads_draft_model(name: str, where: str = "--drafter") -> bool:
     """Whether a drafter ``name`` builds drafts with a second GGUF (``Needs.draft_model``: -md, a role's draft)."""
     return any(n.draft_model for n in needs_of(name, where).values())
+
+
+def reads_head(name: str, where: str = "--drafter") -> bool:
+    """Whether a drafter ``name`` builds reads -md as a head of its own (``Needs.head``)."""
+    return any(n.head for n in needs_of(name, where).values())
 
 
 def needs_datastore(name: str, where: str = "--drafter") -> str | None:

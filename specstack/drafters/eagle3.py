@@ -343,7 +343,7 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> Path:
 
 # llama.cpp's job of the same name: llama-server's --spec-type draft-eagle3 -md HEAD, and its
 # llama-speculative-simple beside this drafter in the bench (the head is the bench's -md)
-@register(NAME, needs=Needs(check=_check_target),
+@register(NAME, needs=Needs(head=True, check=_check_target),
           llama=LlamaCpp(spec_types=("draft-eagle3",), peers=("llama-draft-eagle3",)))
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(Eagle3Config, ctx.options)

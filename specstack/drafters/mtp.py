@@ -448,7 +448,7 @@ def _offered(meta: "GGUFInfo") -> bool:
 
 
 # llama.cpp drafts from the target's own NextN layers too: --spec-type draft-mtp
-@register(NAME, needs=Needs(check=_check_target, offered=_offered),
+@register(NAME, needs=Needs(head=True, check=_check_target, offered=_offered),
           llama=LlamaCpp(spec_types=("draft-mtp",), peers=("llama-draft-mtp",)))
 def _build(ctx: BuildContext) -> Drafter:
     config = config_from_options(MtpConfig, ctx.options)
