@@ -126,6 +126,11 @@ def test_a_sequences_rows_follow_cuts_gaps_and_long_plain_runs():
     assert st.n_g == 3 and st.n_rows == 8 + 3 * PENDING_MAX
     st.trim()  # after a plain step: rows the next draft's window cannot reach are dropped
     assert st.n_rows - st.n_g == PENDING_MAX and st.n_rows == 8 + 3 * PENDING_MAX
+    # the dropped rows' g is zeros, past what the store had grown to: the next encoding and reads still fit
+    first, f = st.features(st.n_g)
+    st.store(first, np.full((len(f), 2), 5.0, np.float32), 2)
+    assert st.n_g == st.n_rows and st.rows(0, st.n_rows, 2)[:, 0].tolist() == [0, 0, 7] + [0] * (
+        st.n_rows - 3 - PENDING_MAX) + [5] * PENDING_MAX
 
 
 def test_the_drafters_rows_are_the_targets_whole_context(heads):

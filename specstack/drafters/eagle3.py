@@ -116,8 +116,9 @@ class _Seq:
         end = self.n_rows
         if self.g is None or self.g.shape[0] < end:
             grown = np.zeros((max(end, 2 * (0 if self.g is None else self.g.shape[0]), 64), n_embd), np.float32)
-            if self.g is not None:
-                grown[: self.n_g] = self.g[: self.n_g]
+            if self.g is not None:  # rows past its end are zeros (``trim`` may settle positions it never held)
+                kept = min(self.n_g, self.g.shape[0])
+                grown[:kept] = self.g[:kept]
             self.g = grown
         self.g[self.n_g : end] = 0.0
         if g is not None:
@@ -127,8 +128,8 @@ class _Seq:
     def rows(self, start: int, end: int, n_embd: int) -> np.ndarray:
         """g rows for positions [start, end): zeros where none was computed."""
         out = np.zeros((end - start, n_embd), np.float32)
-        hi = min(end, self.n_g)
-        if self.g is not None and hi > start:
+        hi = min(end, self.n_g, 0 if self.g is None else self.g.shape[0])
+        if hi > start:
             out[: hi - start] = self.g[start:hi]
         return out
 
