@@ -42,7 +42,7 @@ from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
 from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
                    config_from_options, register)
-from .mtp import CATCH_UP
+from .mtp import CATCH_UP, HeadSlots
 
 if TYPE_CHECKING:
     from ..modelfile.meta import GGUFInfo
@@ -134,7 +134,7 @@ class _Seq:
         return out
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(HeadSlots):
     """Drafts from an EAGLE-3 head (see the module docstring)."""
 
     name = NAME
@@ -188,21 +188,14 @@ class Eagle3Drafter:
         """The sequence's state for a prompt whose first ``start`` positions the target kept from before: this slot's
         own cache and rows where they hold that prefix, else another slot's (copied: the cache is unified), else the
         head starts at ``start`` with nothing before it (drafts are weaker until it has seen more)."""
-        st = self._seqs.get(seq)
-        if start > 0:
-            for src, other in ([(seq, st)] if st is not None else []) + [(s, o) for s, o in self._seqs.items() if s != seq]:
-                if other.n_rows >= start and other.tokens[:start] == prompt[:start]:
-                    self._encode([other], [0])  # its rows of the prefix, all as g
-                    assert other.g is not None
-                    keep = min(other.n_kv, start)  # pairs past it are caught up from the rows
-                    fresh = _Seq(tokens=prompt[:start], g=other.g[:start].copy(), n_g=start, n_kv=keep,
-                                 window=other.window)
-                    if src == seq:
-                        self.head.truncate(seq, keep)
-                    else:
-                        self.head.copy(src, seq, keep)
-                    self._seqs[seq] = fresh
-                    return fresh
+        found = self._holder(seq, prompt, start, lambda o: o.n_rows) if start > 0 else None
+        if found is not None:
+            src, other = found
+            self._encode([other], [0])  # its rows of the prefix, all as g
+            assert other.g is not None
+            keep = min(other.n_kv, start)  # pairs past it are caught up from the rows
+            fresh = _Seq(tokens=prompt[:start], g=other.g[:start].copy(), n_g=start, n_kv=keep, window=other.window)
+            return self._take_over(seq, src, keep, fresh)
         self.head.reset(seq)
         fresh = self._seqs[seq] = _Seq(n_g=start, n_kv=start)
         return fresh
@@ -211,25 +204,12 @@ class Eagle3Drafter:
         st = self._seqs.get(seq)
         if st is None:
             return
-        if st.dirty:  # the chained draft rows: their pairs used the head's rows, not the target's
-            self.head.truncate(seq, st.n_kv)
-            st.dirty = False
+        self._clean(seq, st)
         if hidden is not None and len(hidden):
             st.put(hidden)
             st.trim()
         st.tokens.extend(int(t) for t in new_ids)
         # the pairs wait for the next draft (``_behind``)
-
-    def end(self, seq: int = 0, complete: bool = True) -> None:
-        st = self._seqs.get(seq)
-        if st is None:
-            return
-        if st.dirty:
-            self.head.truncate(seq, st.n_kv)
-            st.dirty = False
-        if not complete:  # a cancelled generation's slot is reset by the engine: nothing there to reuse
-            self.head.reset(seq)
-            del self._seqs[seq]
 
     # -- drafting ---------------------------------------------------------------------------------
 
@@ -247,9 +227,7 @@ class Eagle3Drafter:
         starts = []
         for r in live:
             st = self._seqs.setdefault(r.seq, _Seq())
-            if st.dirty:
-                self.head.truncate(r.seq, st.n_kv)
-                st.dirty = False
+            self._clean(r.seq, st)
             self._behind(r, st)
             start = min(st.n_kv, len(r.context) - 2)
             if start < st.n_kv:  # the context is shorter than the cache (a caller's own context): cut back

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -62,6 +62,46 @@ if TYPE_CHECKING:
 CATCH_UP = 8
 
 NAME = "mtp"  # its registry name, which a model's note names (``note_mtp``, ``loading.settle_drafts``)
+
+
+class HeadSlots:
+    """What the two drafters over a head context (``mtp``, ``eagle3``) do alike with their per-slot records (each
+    with ``tokens``, ``n_kv``: the head's cache holds correct pairs to there, and ``dirty``: chained draft rows sit
+    past it): clean the draft rows away, find a slot whose record holds a prompt's prefix, take it over, and end."""
+
+    head: Any  # the head's context: truncate, reset, copy by sequence
+    _seqs: dict[int, Any]
+
+    def _clean(self, seq: int, st: Any) -> None:
+        """Cut the last draft's chained rows: their pairs used the head's own rows, not the target's."""
+        if st.dirty:
+            self.head.truncate(seq, st.n_kv)
+            st.dirty = False
+
+    def _holder(self, seq: int, prompt: list[int], start: int, held: Callable[[Any], int]) -> tuple[int, Any] | None:
+        """The slot whose record holds ``prompt``'s first ``start`` positions (``held``: how many rows it has), this
+        slot's own first, then another's (the head's cache is unified, so it can be copied); None where none does."""
+        own = self._seqs.get(seq)
+        order = ([(seq, own)] if own is not None else []) + [(s, o) for s, o in self._seqs.items() if s != seq]
+        return next(((s, o) for s, o in order if held(o) >= start and o.tokens[:start] == prompt[:start]), None)
+
+    def _take_over(self, seq: int, src: int, keep: int, fresh: Any) -> Any:
+        """``fresh`` as ``seq``'s record, the head's cache holding ``src``'s first ``keep`` pairs for it."""
+        if src == seq:
+            self.head.truncate(seq, keep)
+        else:
+            self.head.copy(src, seq, keep)
+        self._seqs[seq] = fresh
+        return fresh
+
+    def end(self, seq: int = 0, complete: bool = True) -> None:
+        st = self._seqs.get(seq)
+        if st is None:
+            return
+        self._clean(seq, st)
+        if not complete:  # a cancelled generation's slot is reset by the engine: nothing there to reuse
+            self.head.reset(seq)
+            del self._seqs[seq]
 
 
 @dataclass(frozen=True)
@@ -115,7 +155,7 @@ class _Saved:
     kv: bytes  # the head's cache (llama.cpp's per-sequence state)
 
 
-class MtpDrafter:
+class MtpDrafter(HeadSlots):
     """Drafts from the target's NextN head (see the module docstring)."""
 
     name = NAME
@@ -171,19 +211,13 @@ class MtpDrafter:
         """The sequence's state for a prompt whose first ``start`` positions the target kept from before: this slot's
         own MTP cache and rows where they hold that prefix, else another slot's (copied: the cache is unified),
         else the head starts at ``start`` with no rows before it (drafts are then weaker until it has seen more)."""
-        st = self._seqs.get(seq)
-        if start > 0:
-            for src, other in ([(seq, st)] if st is not None else []) + [(s, o) for s, o in self._seqs.items() if s != seq]:
-                if other.n_h >= start and other.tokens[:start] == prompt[:start]:
-                    keep = min(other.n_kv, start)  # pairs past it are caught up from the rows (``begin``)
-                    fresh = _Seq(tokens=prompt[:start], n_kv=keep)
-                    fresh.put(HiddenRows(0, other.h[:start].copy()))
-                    if src == seq:
-                        self.head.truncate(seq, keep)
-                    else:
-                        self.head.copy(src, seq, keep)
-                    self._seqs[seq] = fresh
-                    return fresh
+        found = self._holder(seq, prompt, start, lambda o: o.n_h) if start > 0 else None
+        if found is not None:
+            src, other = found
+            keep = min(other.n_kv, start)  # pairs past it are caught up from the rows (``begin``)
+            fresh = _Seq(tokens=prompt[:start], n_kv=keep)
+            fresh.put(HiddenRows(0, other.h[:start].copy()))
+            return self._take_over(seq, src, keep, fresh)
         self.head.reset(seq)
         fresh = self._seqs[seq] = _Seq(n_kv=start, n_h=0)
         return fresh
@@ -192,26 +226,13 @@ class MtpDrafter:
         st = self._seqs.get(seq)
         if st is None:
             return
-        if st.dirty:  # the chained draft rows: their pairs used the head's rows, not the target's
-            self.head.truncate(seq, st.n_kv)
-            st.dirty = False
+        self._clean(seq, st)
         if hidden is not None and len(hidden):
             st.put(hidden)
         st.tokens.extend(int(t) for t in new_ids)
         if self.head.shared:
             st.n_kv = min(len(st.tokens) - 1, st.n_h + 1)
         # otherwise the pairs of plain steps wait for the next draft (``_behind``)
-
-    def end(self, seq: int = 0, complete: bool = True) -> None:
-        st = self._seqs.get(seq)
-        if st is None:
-            return
-        if st.dirty:
-            self.head.truncate(seq, st.n_kv)
-            st.dirty = False
-        if not complete:  # a cancelled generation's slot is reset by the engine: nothing there to reuse
-            self.head.reset(seq)
-            del self._seqs[seq]
 
     # -- the host prompt cache -----------------------------------------------------------------------
 
@@ -223,9 +244,7 @@ class MtpDrafter:
         n = len(tokens)
         if st is None or st.h is None or st.n_h < n or st.tokens[:n] != list(tokens) or st.window:
             return None  # (a window holds too little of the prefix to be worth keeping)
-        if st.dirty:
-            self.head.truncate(seq, st.n_kv)
-            st.dirty = False
+        self._clean(seq, st)
         saved = _Saved(list(tokens), st.h[:n].copy(), min(st.n_kv, n), self.head.save_seq(seq))
         return saved, saved.h.nbytes + len(saved.kv)
 
@@ -255,9 +274,7 @@ class MtpDrafter:
         rows = []
         for r in live:
             st = self._seqs.setdefault(r.seq, _Seq())
-            if st.dirty:
-                self.head.truncate(r.seq, st.n_kv)
-                st.dirty = False
+            self._clean(r.seq, st)
             n = len(r.context)
             self._behind(r, st)
             start = min(st.n_kv, n - 1)

@@ -60,7 +60,7 @@ class Eagle3Context(MtpContext):
         self.n_embd_enc = n_ids * self.n_embd_tgt
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._own_model)))
         self.n_seq = target.n_slots
-        self._ctx = lc.llama_init_from_model(self._own_model, self._params(target))
+        self._ctx = lc.llama_init_from_model(self._own_model, self._draft_params(target, None))  # the default type
         if not self._ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for the EAGLE-3 head {path.name} over "
@@ -76,23 +76,6 @@ class Eagle3Context(MtpContext):
         if not model:
             raise ModelLoadError(f"llama.cpp could not load the EAGLE-3 head {path} (corrupt or unsupported GGUF?)")
         return model
-
-    def _params(self, target: MtpHost):
-        """llama.cpp's draft context for a head (``common_speculative_init``): ``ctx_other`` the target's, the
-        default context type; every slot's sequence in one unified cache; ``n_ubatch = n_batch``, since the encoder
-        runs a call in one ubatch (llama.cpp asserts ``n_ubatch >= n_tokens``)."""
-        lc = self._lc
-        params = lc.llama_context_default_params()
-        params.n_ctx = target.n_ctx * self.n_seq
-        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
-        params.n_threads = params.n_threads_batch = target.n_threads
-        params.n_seq_max = self.n_seq
-        params.kv_unified = True
-        params.flash_attn_type = 1 if target.flash_attn else 0
-        params.no_perf = True
-        params.ctx_other = target.ctx
-        params.n_rs_seq = 0
-        return params
 
     def _setup_encoder(self) -> None:
         """The encoder's classic batch: feature rows only (no tokens), every row an output, all in sequence 0. The

@@ -110,21 +110,31 @@ class MtpContext:
         self.n_embd = int(lc.llama_model_n_embd_out(target.model))
         self.n_vocab = target.n_vocab
         self.n_seq = target.n_slots
-        params = lc.llama_context_default_params()
-        params.n_ctx = target.n_ctx * self.n_seq
-        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
-        params.n_threads = params.n_threads_batch = target.n_threads
-        params.n_seq_max = self.n_seq
-        params.kv_unified = True
-        params.flash_attn_type = 1 if target.flash_attn else 0
-        params.no_perf = True
-        params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target.ctx
-        params.n_rs_seq = 0
+        params = self._draft_params(target, lc.LLAMA_CONTEXT_TYPE_MTP)
         self._ctx = lc.llama_init_from_model(target.model, params)
         if not self._ctx:
             raise ModelLoadError(f"llama.cpp could not create an MTP context for {name} (n_ctx={params.n_ctx})")
         self._setup(int(params.n_batch))
+
+    def _draft_params(self, target: MtpHost, ctx_type: int | None, n_ctx: int | None = None, n_seq: int | None = None,
+                      unified: bool = True):
+        """llama.cpp's draft context over the target (``common_speculative_init``): ``ctx_other`` the target's, its
+        threads and flash attention; by default every slot's sequence in one unified cache of the target's context
+        per slot; ``n_ubatch = n_batch``, a call in one ubatch (an encoder asserts it); ``ctx_type`` the MTP kind,
+        or None for a head of its own architecture (llama.cpp's default type)."""
+        params = self._lc.llama_context_default_params()
+        params.n_seq_max = self.n_seq if n_seq is None else n_seq
+        params.n_ctx = target.n_ctx * self.n_seq if n_ctx is None else n_ctx
+        params.kv_unified = unified
+        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.flash_attn_type = 1 if target.flash_attn else 0
+        params.no_perf = True
+        if ctx_type is not None:
+            params.ctx_type = ctx_type
+        params.ctx_other = target.ctx
+        params.n_rs_seq = 0
+        return params
 
     def _open_assistant(self, target: MtpHost, path: Path) -> None:
         """Load the assistant GGUF and its context over the target's KV (llama.cpp's draft-mtp with ``-md``)."""
@@ -150,18 +160,9 @@ class MtpContext:
                                         "wide: it is the assistant of another model")
         self.n_vocab = target.n_vocab
         self.n_seq = target.n_slots
-        params = lc.llama_context_default_params()
         # the shared cache takes the target's cells: same size, sequences and streams as the target's context
-        params.n_ctx = int(lc.llama_n_ctx(target.ctx))
-        params.n_seq_max = int(lc.llama_n_seq_max(target.ctx))
-        params.kv_unified = bool(target.unified)
-        params.n_batch = params.n_ubatch = max(1, min(target.n_batch, params.n_ctx))
-        params.n_threads = params.n_threads_batch = target.n_threads
-        params.flash_attn_type = 1 if target.flash_attn else 0
-        params.no_perf = True
-        params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target.ctx
-        params.n_rs_seq = 0
+        params = self._draft_params(target, lc.LLAMA_CONTEXT_TYPE_MTP, int(lc.llama_n_ctx(target.ctx)),
+                                    int(lc.llama_n_seq_max(target.ctx)), bool(target.unified))
         self._ctx = lc.llama_init_from_model(model, params)
         if not self._ctx:
             self.close()
