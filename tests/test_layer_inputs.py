@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import subprocess
 from pathlib import Path
 
@@ -134,8 +136,9 @@ def test_staged_rows_are_llamas_layer_inputs_side_by_side(layered):
     layered.take_hidden(0)
     layered.raw_call(ids)
     api = head_api()
-    direct = [np.ctypeslib.as_array(api.get_embeddings_layer_inp(layered._ctx, lid), shape=(len(ids), N_EMBD)).copy()
-              for lid in LAYERS]
+    floats = ctypes.POINTER(ctypes.c_float)  # the binding gives an address
+    direct = [np.ctypeslib.as_array(ctypes.cast(api.get_embeddings_layer_inp(layered._ctx, lid), floats),
+                                    shape=(len(ids), N_EMBD)).copy() for lid in LAYERS]
     side_by_side = np.concatenate(direct, axis=1)
     assert not np.array_equal(direct[0], direct[1])  # three different layers, not one copied
     layered.truncate(5)  # a cut drops the staged rows past it

@@ -57,7 +57,8 @@ class HeadApi(NamedTuple):
     no ``extern "C"``, so these are exported under mangled names (docs/design-eagle3-dflash.md, blocker 2)."""
 
     set_embeddings_layer_inp: Any  # (ctx, uint32 layer id, bool) -> None; forces a scheduler re-reserve
-    get_embeddings_layer_inp: Any  # (ctx, uint32 layer id) -> float*: n_embd floats per row of the last call
+    get_embeddings_layer_inp: Any  # (ctx, uint32 layer id) -> address (int, None for NULL) of n_embd floats per row
+    #                              of the last call: an address, since staging copies it with one memmove a layer
     model_target_layer_ids: Any  # (model) -> const int32*: a head's ``{arch}.target_layers``
     model_target_layer_ids_n: Any  # (model) -> uint32: how many
     model_dflash_selector_top_k: Any  # (model) -> int32: DFlash2's selector top-k
@@ -68,7 +69,7 @@ class HeadApi(NamedTuple):
 # each mangled name read with ``nm -D --defined-only llama_cpp/lib/libllama.so``), argtypes, restype.
 _HEAD_SYMBOLS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "set_embeddings_layer_inp": (("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb"), "ctx,u32,bool", "void"),
-    "get_embeddings_layer_inp": (("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj"), "ctx,u32", "float*"),
+    "get_embeddings_layer_inp": (("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj"), "ctx,u32", "void*"),
     "model_target_layer_ids": (("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model"), "model", "int32*"),
     "model_target_layer_ids_n": (("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model"), "model", "u32"),
     "model_dflash_selector_top_k": (("llama_model_dflash_selector_top_k", "_Z33llama_model_dflash_selector_top_kPK11llama_model"), "model", "i32"),
@@ -86,7 +87,7 @@ def head_api() -> HeadApi:
         lc = llama_cpp_module()
         ctypes_of = {"ctx": lc.llama_context_p_ctypes, "model": lc.llama_model_p_ctypes, "u32": ctypes.c_uint32,
                      "i32": ctypes.c_int32, "bool": ctypes.c_bool, "float*": ctypes.POINTER(ctypes.c_float),
-                     "int32*": ctypes.POINTER(ctypes.c_int32), "void": None}
+                     "int32*": ctypes.POINTER(ctypes.c_int32), "void*": ctypes.c_void_p, "void": None}
         bound = {field: _bind(lc.llama_cpp._lib, names, [ctypes_of[a] for a in args.split(",")], ctypes_of[res])
                  for field, (names, args, res) in _HEAD_SYMBOLS.items()}
         _head_api = HeadApi(**bound)
