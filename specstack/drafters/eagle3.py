@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 NAME = "eagle3"
 
 # Feature rows kept unencoded per sequence (between PENDING_MAX and twice it, ``_Seq.trim``): after a plain run the
-# draft reads only the last CATCH_UP
-# positions (``_behind``), so older rows would never be encoded; a long plain run must not pile them up.
+# draft reads only the last CATCH_UP positions (``_behind``), so older rows would never be encoded; a long plain run
+# must not pile them up.
 PENDING_MAX = 4 * CATCH_UP
 
 
@@ -73,8 +73,6 @@ class _Seq:
     n_kv: int = 0  # the head's cache holds correct pairs for positions [0, n_kv) (or [start, n_kv) in a window)
     dirty: bool = False  # chained draft rows sit at positions >= n_kv
     window: bool = False  # the cache was started afresh at n_kv after a plain run: nothing before it
-    lost: int = 0  # rows of positions below it that were not encoded were dropped (``trim``): their pairs cannot run
-    held: bool = False  # the prompt's rows wait for the second step's draft (the first step is always plain)
 
     @property
     def n_rows(self) -> int:
@@ -97,14 +95,13 @@ class _Seq:
 
     def trim(self) -> None:
         """Forget unencoded rows too far behind to be read again (``PENDING_MAX``; their g is zeros): after a plain
-        step, except the first (``held``)."""
+        step, never at ``begin``, whose prompt rows are all encoded and caught up at once."""
         excess = self.n_rows - self.n_g - PENDING_MAX
         if excess > PENDING_MAX:  # at most every PENDING_MAX plain steps: one copy of the rows kept, not one a step
             if self.g is not None:
                 self.g[self.n_g : self.n_g + excess] = 0.0
             kept = np.concatenate(self.pending)[excess:]
             self.n_g, self.pending = self.n_g + excess, [kept]
-            self.lost = self.n_g
 
     def features(self, lo: int) -> tuple[int, np.ndarray | None]:
         """(first position, feature rows) still to encode from position ``lo`` on; those before ``lo`` are dropped
@@ -174,20 +171,23 @@ class Eagle3Drafter(HeadSlots):
 
     def begin(self, prompt_ids: Sequence[int], seq: int = 0, hidden: HiddenRows | None = None) -> None:
         """The prompt is in the target but for its last token; ``hidden`` has the target's feature rows of what it
-        computed (from where a reused prefix ended). Nothing runs now: the prompt's pairs wait for the first draft,
-        which runs them all if it comes at the first step that may draft (the second: ``GenState.draft_cap``), as
-        llama.cpp's prompt processing, deferred; so a generation the cost policy does not draft for at once pays no
-        head call. A plain step after that drops the rows past ``PENDING_MAX`` (``trim``) and a later draft catches
-        up the last ``CATCH_UP`` pairs only (``_behind``).
-        Measured on pycoder-6m (8 held-out prompts of ~340 tokens, 128 tokens, -t 1): the head's pass over a prompt
-        costs half the target's prefill (16 of 32 ms), and a head that saw only the last 8 (or 32) prompt positions
-        accepts fewer drafts (458/555 against 468/545 at k 1; 670/1029 against 690/967 at k 3), 128 as many."""
+        computed (from where a reused prefix ended). The head catches up on the prompt's pairs now (prompt
+        processing, as llama.cpp's driver and the MTP drafter do), all but the last, which the first draft runs.
+        Deferring it to the first draft was tried: a cost-policy probe then pays the whole prompt's pass in the
+        decode (16 ms against a 0.5 ms step on pycoder-6m), and cutting it to the last 8 or 32 positions
+        loses acceptance (458/555 against 468/545 accepted at k 1, 670/1029 against 690/967 at k 3, 8 held-out
+        prompts of ~340 tokens, 128 tokens each)."""
         prompt = [int(t) for t in prompt_ids]
         start = hidden.start if hidden is not None else max(0, len(prompt) - 1)
         st = self._reuse(seq, prompt, start)
         if hidden is not None and len(hidden):
             st.put(hidden)
-        st.tokens, st.held = prompt, True
+        st.tokens = prompt
+        end = len(prompt) - 2
+        if end > st.n_kv:
+            self._encode([st], [st.n_kv])
+            self.head.run([MtpRow(seq, st.n_kv, prompt[st.n_kv + 1 : end + 1], st.rows(st.n_kv, end, self.n_embd))])
+            st.n_kv = end
 
     def _reuse(self, seq: int, prompt: list[int], start: int) -> _Seq:
         """The sequence's state for a prompt whose first ``start`` positions the target kept from before: this slot's
@@ -212,10 +212,7 @@ class Eagle3Drafter(HeadSlots):
         self._clean(seq, st)
         if hidden is not None and len(hidden):
             st.put(hidden)
-        if st.held:
-            st.held = False
-        else:
-            st.trim()
+        st.trim()
         st.tokens.extend(int(t) for t in new_ids)
         # the pairs wait for the next draft (``_behind``)
 
@@ -273,12 +270,10 @@ class Eagle3Drafter(HeadSlots):
             at += n
 
     def _behind(self, r: DraftRequest, st: _Seq) -> None:
-        """Leave at most CATCH_UP pairs for the draft's first call where rows the missing pairs need were dropped
-        (``lost``, after a plain run): the cache starts afresh on the last CATCH_UP positions (``window``: nothing
-        before them), as the MTP drafter's. Where every row is still known (a first draft right after the prompt),
-        all the pairs run."""
+        """Leave at most CATCH_UP pairs for the draft's first call: where more are missing, the cache starts afresh
+        on the last CATCH_UP positions (``window``: nothing before them), as the MTP drafter's."""
         end = len(r.context) - 2 - CATCH_UP
-        if end > st.n_kv and st.lost > st.n_kv:
+        if end > st.n_kv:
             self.head.reset(r.seq)
             st.n_kv, st.window = end, True
 
