@@ -1,0 +1,96 @@
+"""A trained EAGLE-3 head padded for a stand-in of its target (``modelfile.standin.eagle3``, ``make-standin
+--eagle3``): on the stand-in it drafts what it drafts on the source, at the padded shape.
+
+- the padded head's GGUF has the stand-in's width, heads, FFN and the layer ids of the stand-in blocks that hold the
+  source's, and loads as llama.cpp's eagle3 beside the stand-in;
+- beside the stand-in (F16, bit-exact) it drafts as the source head does beside the source: the same greedy output,
+  the same drafts accepted (a wrong copy, norm scale or column block would change them);
+- a file that is not an EAGLE-3 head, or a head of another target, is refused in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from gguf import GGUFReader
+
+from specstack.commands.bench import eagle3_beside, register_make_standin
+from specstack.errors import SpecstackError
+from specstack.generation import GenerationConfig
+from specstack.loading import TargetSpec, build_engine, load_calibrated
+from specstack.modelfile.meta import read_gguf
+from specstack.modelfile.standin import make_standin
+from specstack.modelfile.standin.eagle3 import pad_eagle3_head
+from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS_DIR
+from specstack.prompts import held_out_prompts
+
+HEAD = MODELS_DIR / "pycoder-6m-eagle3.gguf"
+
+
+@pytest.fixture(scope="module", params=[512, 1024])
+def padded(request, tmp_path_factory) -> tuple[Path, Path]:
+    """An F16 stand-in of pycoder-6m (width 512: two residual copies, norm scale 1; width 1024: one copy, norm scale
+    1/2; 8 layers) and the bundled head padded for it, through the CLI."""
+    folder = tmp_path_factory.mktemp("standin_eagle3")
+    standin = folder / f"w{request.param}.gguf"
+    parser = argparse.ArgumentParser()
+    register_make_standin(parser.add_subparsers(dest="bench_command"))
+    args = parser.parse_args(["make-standin", "--width", str(request.param), "--layers", "8", "--ffn", "1536",
+                              "--eagle3", str(HEAD), "-o", str(standin)])
+    assert args.func(args) == 0
+    return standin, eagle3_beside(standin)
+
+
+def test_the_padded_head_has_the_stand_ins_shape(padded):
+    standin, head = padded
+    meta, target = read_gguf(head), read_gguf(standin)
+    live = [int(i) for i in target.metadata["specstack.standin.live_layers"]]
+    width = target.metadata["llama.embedding_length"]
+    assert meta.metadata["eagle3.embedding_length"] == meta.metadata["eagle3.target_hidden_size"] == width
+    assert meta.metadata["eagle3.feed_forward_length"] == 1536
+    heads = width // 32  # the source's head_dim and 2 query heads per KV head
+    assert (meta.metadata["eagle3.attention.head_count"], meta.metadata["eagle3.attention.head_count_kv"]) == \
+        (heads, heads // 2)
+    assert [int(i) for i in meta.metadata["eagle3.target_layers"]] == [live[1], live[3], live[5]] != [1, 3, 5]
+    shapes = {t.name: tuple(int(n) for n in t.shape) for t in GGUFReader(head).tensors}
+    assert shapes["fc.weight"] == (3 * width, width) and shapes["blk.0.attn_q.weight"] == (2 * width, heads * 32)
+
+
+def _drafts(model: Path, head: Path) -> tuple[list[list[int]], int, int, list[list[int]]]:
+    """Greedy eagle3 generations (fixed k 3) and plain ones on ``model``: outputs, accepted, drafted, plain outputs."""
+    loaded = load_calibrated(TargetSpec(model=model, threads=1, exact="on", ctx=512))
+    try:
+        spec = build_engine(loaded, "eagle3", k=3, drafter_options={"draft_model": head})
+        plain = build_engine(loaded, "none")
+        outs, plains, accepted, drafted = [], [], 0, 0
+        for prompt in held_out_prompts(3):
+            r = spec.generate(prompt, GenerationConfig(max_tokens=48)).run()
+            outs.append(r.output_ids)
+            accepted, drafted = accepted + r.stats.n_accepted, drafted + r.stats.n_drafted
+            plains.append(plain.generate(prompt, GenerationConfig(max_tokens=48)).run().output_ids)
+        return outs, accepted, drafted, plains
+    finally:
+        loaded.target.close()
+
+
+def test_the_padded_head_drafts_on_the_stand_in_as_the_head_on_its_source(padded):
+    standin, head = padded
+    src_outs, src_acc, src_drafted, src_plain = _drafts(DEFAULT_TARGET, HEAD)
+    outs, acc, drafted, plain = _drafts(standin, head)
+    assert outs == plain == src_plain == src_outs  # lossless, and the stand-in computes the source's function
+    assert src_acc > src_drafted // 2  # the trained head's drafts are accepted ...
+    assert (acc, drafted) == (src_acc, src_drafted)  # ... and padded, the same ones
+
+
+def test_a_file_that_is_not_a_head_of_the_source_is_refused(padded, tmp_path):
+    standin, _ = padded
+    with pytest.raises(SpecstackError, match="EAGLE-3 head GGUF"):
+        pad_eagle3_head(DEFAULT_DRAFT, standin, tmp_path / "x.gguf")
+    other = make_standin(DEFAULT_DRAFT, tmp_path / "draft-w512.gguf", 512, 4, progress=False)  # pycoder-1m's: 2 layers
+    with pytest.raises(SpecstackError, match="was not trained for the stand-in's source"):
+        pad_eagle3_head(HEAD, other, tmp_path / "x.gguf")
+    with pytest.raises(SpecstackError, match="no specstack.standin"):
+        pad_eagle3_head(HEAD, DEFAULT_TARGET, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
