@@ -9,7 +9,10 @@ target through llama.cpp's own ``eagle3`` architecture, lossless like every draf
   without their own reduced vocabulary);
 - with the trained head (``pycoder-6m-eagle3.gguf``, issue 59 step 4), drafts are accepted and output is still
   plain decoding's;
-- sampled drafts carry q, the softmax of the logged row: zero outside the head's vocabulary;
+- the host prompt cache keeps the head's cache and encoded rows beside the target's KV: a restored prefix is not
+  caught up again;
+- sampled drafts carry q, the softmax of the logged row: zero outside the head's vocabulary; a seeded sampled run
+  is reproducible;
 - bad input: no head, a draft model given as the head, a head trained for another target: one line, before loads.
 """
 
@@ -215,6 +218,42 @@ def test_the_trained_head_drafts_for_three_slots_at_once(plain_outputs):
     assert [g.output_ids for g in gens] == plain_outputs[:3]
     assert all(g.stats.n_accepted > 0 for g in gens)
     multi.close()
+
+
+@trained
+def test_host_prompt_cache_brings_back_the_heads_cache(target, plain_outputs):
+    """One slot: prompt A, then B (A's KV goes to host memory, with the head's cache and encoded rows), then A again:
+    the target's KV is restored, and so is the head's, so the head catches up on nothing it had already seen."""
+    target.reset()
+    drafter = create("eagle3", BuildContext(target, {"draft_model": TRAINED}))
+    engine = Engine(target, drafter, FixedK(3), prompt_cache_bytes=64 << 20)
+    rows = drafter.head.rows
+    first = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    first_rows = drafter.head.rows - rows
+    engine.generate(PROMPTS[2], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.entries[0].drafter is not None
+    rows = drafter.head.rows
+    again = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.hits == 1 and again.stats.n_reused > 0
+    assert again.output_ids == first.output_ids == plain_outputs[1]
+    # Without the head's state it would start where the restored prefix ends, attending to nothing before it.
+    assert drafter.head.pos_min(0) == 0
+    assert drafter.head.rows - rows <= first_rows - again.stats.n_reused  # and caught up on none of it
+    assert again.stats.n_accepted >= 0.8 * first.stats.n_accepted > 0
+    drafter.end(0, complete=False)
+
+
+@trained
+def test_a_seeded_sampled_run_is_reproducible(target):
+    def run() -> tuple[list[int], int]:
+        drafter = create("eagle3", BuildContext(target, {"draft_model": TRAINED, "seed": 5}, temperature=0.8))
+        engine = Engine(target, drafter, FixedK(3))
+        gen = engine.generate(PROMPTS[3], GenerationConfig(max_tokens=32, sampling=SamplingParams(temperature=0.8,
+                                                                                                  seed=7))).run()
+        return gen.output_ids, gen.stats.n_accepted
+
+    first, again = run(), run()
+    assert first == again and first[1] > 0
 
 
 # --- sampled drafts -----------------------------------------------------------------------------------------------

@@ -135,6 +135,16 @@ class _Seq:
         return out
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """A sequence's head state for the host prompt cache (``Eagle3Drafter.save_prefix``)."""
+
+    tokens: list[int]
+    g: np.ndarray  # the encoded rows at positions [0, len(tokens))
+    n_kv: int  # pairs the head's cache holds
+    kv: bytes  # the head's cache (llama.cpp's per-sequence state)
+
+
 class Eagle3Drafter(HeadSlots):
     """Drafts from an EAGLE-3 head (see the module docstring)."""
 
@@ -215,6 +225,33 @@ class Eagle3Drafter(HeadSlots):
         st.trim()
         st.tokens.extend(int(t) for t in new_ids)
         # the pairs wait for the next draft (``_behind``)
+
+    # -- the host prompt cache -----------------------------------------------------------------------
+
+    def save_prefix(self, seq: int, tokens: Sequence[int]) -> tuple[_Saved, int] | None:
+        """What the head holds for ``tokens`` (the slot's cached prefix): its cache and the encoded rows of the
+        prefix (rows still pending are encoded now, one encoder call), so that a restore of the target's KV brings
+        them back; without, the head would start at the restored prefix's end and attend to nothing before it.
+        None where it holds something else, or a window after a plain run (too little of the prefix to keep)."""
+        st = self._seqs.get(seq)
+        n = len(tokens)
+        if st is None or st.window or st.n_rows < n or st.tokens[:n] != list(tokens):
+            return None
+        self._clean(seq, st)
+        self._encode([st], [0])
+        if st.g is None or st.n_g < n:
+            return None
+        saved = _Saved(list(tokens), st.g[:n].copy(), min(st.n_kv, n - 1), self.head.save_seq(seq))
+        return saved, saved.g.nbytes + len(saved.kv)
+
+    def restore_prefix(self, seq: int, saved: _Saved) -> None:
+        """The head's state for a prefix the engine restored into ``seq`` (``save_prefix``); ``begin`` keeps it."""
+        if not self.head.load_seq(seq, saved.kv):
+            self._seqs.pop(seq, None)
+            return
+        n = len(saved.tokens)
+        self.head.truncate(seq, saved.n_kv)
+        self._seqs[seq] = _Seq(tokens=list(saved.tokens), g=saved.g.copy(), n_g=n, n_kv=saved.n_kv)
 
     # -- drafting ---------------------------------------------------------------------------------
 
