@@ -224,11 +224,12 @@ def register_make_standin(bsub: argparse._SubParsersAction) -> argparse.Argument
                    "one as smaller pieces (docs/standin.md says how often outputs differ)")
     p.add_argument("--attn-layers", type=int, default=None,
                    help="lfm2 only: how many of --layers are attention layers (default: the source's share)")
-    p.add_argument("--eagle3", metavar="HEAD", type=Path, default=None,
-                   help="also pad HEAD, an EAGLE-3 head GGUF trained for --from (e.g. the bundled "
-                   "specstack/models/pycoder-6m-eagle3.gguf), for the stand-in: it drafts what it drafts for the "
-                   "source, at the cost of a head for the stand-in's shape (one decoder layer as wide, FFN --ffn). "
-                   "Written beside -o as NAME-eagle3.gguf; run it with --drafter eagle3 -md that file")
+    p.add_argument("--head", metavar="HEAD", type=Path, default=None,
+                   help="also pad HEAD, a trained EAGLE-3 or DFlash head GGUF for --from (the bundled "
+                   "specstack/models/pycoder-6m-eagle3.gguf, pycoder-6m-dflash.gguf), for the stand-in: it drafts "
+                   "what it drafts for the source, at the cost of a head of the stand-in's shape (layers as wide, FFN "
+                   "--ffn). Written beside -o as NAME-eagle3.gguf or NAME-dflash.gguf; draft with --drafter eagle3 or "
+                   "dflash -md that file")
     m = p.add_argument_group("random-weight MTP stand-ins (for cost and losslessness only, never acceptance)")
     m.add_argument("--mtp", metavar="LAYOUT", default=None,
                    help=f"write a random-weight model with one NextN (MTP) block in LAYOUT ({_mtp_layouts()}) "
@@ -427,25 +428,26 @@ def _make_padded_standin(args: argparse.Namespace) -> int:
           f"(source {s.n_params / 1e6:.2f}M), {fmt_bytes(size)}; width {o.n_embd}, {mix}"
           f"{o.n_head} heads ({o.n_head_kv} KV), FFN {o.n_ff}; source layers at "
           f"{[i for i, live in enumerate(plan.layer_live) if live]}; {verdict}")
-    if getattr(args, "eagle3", None) is not None:
-        _pad_head(args.eagle3, Path(args.output), args.ffn)
+    if getattr(args, "head", None) is not None:
+        _pad_head(args.head, Path(args.output), args.ffn)
     return 0
 
 
 def _pad_head(head: Path, standin: Path, ffn: int | None) -> None:
-    """``--eagle3``: the head padded for the stand-in just written, beside it (``modelfile.standin.eagle3``)."""
-    from ..modelfile.standin.eagle3 import pad_eagle3_head
+    """``--head``: the head padded for the stand-in just written, beside it (``modelfile.standin.head``)."""
+    from ..modelfile.standin.head import pad_head
+    from ..modelfile.standin.source import open_source, read_field
 
-    out = eagle3_beside(standin)
-    pad = pad_eagle3_head(head, standin, out, ffn)
-    print(f"wrote {out}: EAGLE-3 head {head.name} padded to width {pad.width} ({pad.n_head} heads, {pad.n_head_kv} "
-          f"KV, FFN {pad.n_ff}), layer ids {list(pad.target_layers)}, {fmt_bytes(out.stat().st_size)}; "
-          f"draft with --drafter eagle3 -m {standin} -md {out}")
+    out = head_beside(standin, str(read_field(open_source(head), "general.architecture")))
+    pad = pad_head(head, standin, out, ffn)
+    print(f"wrote {out}: {pad.arch} head {head.name} padded to width {pad.width} ({pad.n_head} heads, "
+          f"{pad.n_head_kv} KV, FFN {pad.n_ff}), layer ids {list(pad.target_layers)}, "
+          f"{fmt_bytes(out.stat().st_size)}; draft with --drafter {pad.arch} -m {standin} -md {out}")
 
 
-def eagle3_beside(standin: Path) -> Path:
-    """Where ``--eagle3`` writes the padded head: NAME-eagle3.gguf beside the stand-in NAME.gguf."""
-    return standin.with_name(standin.stem + "-eagle3.gguf")
+def head_beside(standin: Path, arch: str) -> Path:
+    """Where ``--head`` writes the padded head: NAME-ARCH.gguf beside the stand-in NAME.gguf."""
+    return standin.with_name(f"{standin.stem}-{arch}.gguf")
 
 
 def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
@@ -453,7 +455,7 @@ def cmd_make_mtp_standin(args: argparse.Namespace) -> int:
     from ..modelfile.standin.mtp import make_mtp_standin, n_params, vocab_size
 
     flags = (("--ffn", "ffn"), ("--kv-heads", "kv_heads"), ("--heads", "heads"), ("--attn-layers", "attn_layers"),
-             ("--vocab", "vocab"), ("--eagle3", "eagle3"))
+             ("--vocab", "vocab"), ("--head", "head"))
     unused = [flag for flag, dest in flags if getattr(args, dest, None) is not None]
     if unused:
         raise InvalidParameterError(f"{', '.join(unused)}: not used with --mtp (the layout fixes them; --width "

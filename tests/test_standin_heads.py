@@ -1,5 +1,5 @@
-"""A trained EAGLE-3 head padded for a stand-in of its target (``modelfile.standin.eagle3``, ``make-standin
---eagle3``): on the stand-in it drafts what it drafts on the source, at the padded shape.
+"""A trained draft head padded for a stand-in of its target (``modelfile.standin.head``, ``make-standin --head``):
+on the stand-in it drafts what it drafts on the source, at the padded shape.
 
 - the padded head's GGUF has the stand-in's width, heads, FFN and the layer ids of the stand-in blocks that hold the
   source's, and loads as llama.cpp's eagle3 beside the stand-in;
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader
 
-from specstack.commands.bench import eagle3_beside, register_make_standin
+from specstack.commands.bench import head_beside, register_make_standin
 from specstack.errors import SpecstackError
 from specstack.generation import GenerationConfig
 from specstack.loading import TargetSpec, build_engine, load_calibrated
 from specstack.modelfile.meta import read_gguf
 from specstack.modelfile.standin import make_standin
-from specstack.modelfile.standin.eagle3 import pad_eagle3_head
+from specstack.modelfile.standin.head import pad_head
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS_DIR
 from specstack.prompts import held_out_prompts
 
@@ -38,9 +38,9 @@ def padded(request, tmp_path_factory) -> tuple[Path, Path]:
     parser = argparse.ArgumentParser()
     register_make_standin(parser.add_subparsers(dest="bench_command"))
     args = parser.parse_args(["make-standin", "--width", str(request.param), "--layers", "8", "--ffn", "1536",
-                              "--eagle3", str(HEAD), "-o", str(standin)])
+                              "--head", str(HEAD), "-o", str(standin)])
     assert args.func(args) == 0
-    return standin, eagle3_beside(standin)
+    return standin, head_beside(standin, "eagle3")
 
 
 def test_the_padded_head_has_the_stand_ins_shape(padded):
@@ -86,11 +86,11 @@ def test_the_padded_head_drafts_on_the_stand_in_as_the_head_on_its_source(padded
 
 def test_a_file_that_is_not_a_head_of_the_source_is_refused(padded, tmp_path):
     standin, _ = padded
-    with pytest.raises(SpecstackError, match="EAGLE-3 head GGUF"):
-        pad_eagle3_head(DEFAULT_DRAFT, standin, tmp_path / "x.gguf")
+    with pytest.raises(SpecstackError, match="an EAGLE-3 or DFlash one"):
+        pad_head(DEFAULT_DRAFT, standin, tmp_path / "x.gguf")
     other = make_standin(DEFAULT_DRAFT, tmp_path / "draft-w512.gguf", 512, 4, progress=False)  # pycoder-1m's: 2 layers
     with pytest.raises(SpecstackError, match="was not trained for the stand-in's source"):
-        pad_eagle3_head(HEAD, other, tmp_path / "x.gguf")
+        pad_head(HEAD, other, tmp_path / "x.gguf")
     with pytest.raises(SpecstackError, match="no specstack.standin"):
-        pad_eagle3_head(HEAD, DEFAULT_TARGET, tmp_path / "x.gguf")
+        pad_head(HEAD, DEFAULT_TARGET, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
