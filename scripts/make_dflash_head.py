@@ -241,10 +241,300 @@ def random_head(out: Path):
     print(f"wrote {out} ({out.stat().st_size} bytes); sha256 {hashlib.sha256(out.read_bytes()).hexdigest()}")
 
 
+
+def _load_head(path: Path):
+    """A torch head holding a GGUF head's weights (F16 -> F32): what llama.cpp runs, bit for bit in weights."""
+    import torch
+    head = build_head(_target_embed())
+    T = e3._gguf_tensors(path)
+    names = head.gguf_tensors().keys()
+    params = dict(zip(names, [head.fc, head.enc_norm, head.output_norm]
+                      + [p for L in head.layers for p in (L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.q_norm, L.k_norm,
+                                                           L.ffn_norm, L.gate, L.up, L.down)]))
+    with torch.no_grad():
+        for k, prm in params.items():
+            prm.copy_(torch.from_numpy(T[k].astype(np.float32)).view_as(prm))
+    head.eval()
+    return head
+
+
+# -- training --------------------------------------------------------------------------------------------
+
+def _soft_ce(logits, teacher_logits):
+    """Soft cross-entropy against the teacher's full distribution."""
+    import torch.nn.functional as F
+    return -(F.softmax(teacher_logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+
+
+def _block_len(rng) -> int:
+    """8 (what llama.cpp's driver runs at n_max 7) half of the time, else uniform in 2..8, so shorter
+    blocks (a smaller n_max, specstack's k policies) are trained too."""
+    return BLOCK if rng.random() < 0.5 else int(rng.integers(2, BLOCK + 1))
+
+
+def block_loss(head, target, t, anchors, L):
+    """Windows t [B,T], anchors [B,A], block length L -> (loss, per-slot argmax agreement with the target)."""
+    import torch
+    B, T = t.shape
+    A = anchors.shape[1]
+    with torch.no_grad():
+        feats, tl = e3.target_forward(target, t)
+    pos_ctx = torch.arange(T)[None].expand(B, -1)
+    ctx = head.context_kv(head.encode(feats), pos_ctx)
+    rows, pos, mask = blocks_batch(t, anchors, L)
+    _, lg = head.block(rows, pos, ctx, mask)
+    lg = lg.view(B, A, L, V)[:, :, 1:]                                   # slots 1..L-1
+    want = (anchors[:, :, None] + torch.arange(L - 1)).reshape(B, -1)     # the target at n+i-1 predicts n+i
+    teach = torch.gather(tl, 1, want[:, :, None].expand(-1, -1, V)).view(B, A, L - 1, V)
+    loss = _soft_ce(lg.reshape(-1, V), teach.reshape(-1, V))
+    with torch.no_grad():
+        agree = (lg.argmax(-1) == teach.argmax(-1)).float().mean((0, 1))
+    return loss, agree
+
+
+def train(work: Path):
+    import torch
+    torch.manual_seed(0)
+    torch.set_num_threads(THREADS)
+    ids = np.load(work / "train_ids.npy")
+    target = e3.load_target()
+    head = build_head(target.embed.weight.detach().clone())
+    params = [p for p in head.parameters() if p.requires_grad]
+    B, A = int(os.environ.get("BATCH", "4")), int(os.environ.get("ANCHORS", "32"))
+    print(f"head: {sum(p.numel() for p in params) / 1e6:.3f}M trainable params; {B} windows x {A} blocks a step; "
+          f"{len(ids)} training tokens", flush=True)
+    lr0 = float(os.environ.get("LR", "2e-3"))
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim == 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=lr0, betas=(0.9, 0.95))
+    warm = 20
+    budget = float(os.environ.get("TIME_BUDGET", "2100"))
+    rng = np.random.default_rng(int(os.environ.get("SEED", "0")) + 1)
+    t0, step, hist = time.time(), 0, []
+    while (time.time() - t0) < budget:
+        frac = (time.time() - t0) / budget
+        lr = lr0 * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+        L = _block_len(rng)
+        starts = rng.integers(0, len(ids) - SEQ, B)
+        t = torch.from_numpy(np.stack([ids[s:s + SEQ] for s in starts]).astype(np.int64))
+        anchors = torch.from_numpy(rng.integers(1, SEQ - L + 1, (B, A)))
+        loss, agree = block_loss(head, target, t, anchors, L)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        hist.append((L, loss.item(), agree.numpy()))
+        if step % 10 == 0:
+            last = hist[-10:]
+            full = [a for l, _, a in hist[-40:] if l == BLOCK]
+            acc = " ".join(f"{x:.2f}" for x in np.mean(full, 0)) if full else "-"
+            print(f"step {step} L {L} loss {np.mean([x for _, x, _ in last]):.3f} agree@slot(L=8, last 40) {acc} "
+                  f"lr {lr:.2e} {time.time() - t0:.0f}s ({(time.time() - t0) / (step + 1):.2f}s/step)", flush=True)
+        if step % 50 == 0:
+            torch.save({"state": head.state_dict(), "step": step}, work / "head.pt")
+        step += 1
+    torch.save({"state": head.state_dict(), "step": step, "seconds": time.time() - t0}, work / "head.pt")
+    full = [a for l, _, a in hist[-100:] if l == BLOCK]
+    print(f"done: {step} steps ({step * B} windows, {step * B * A} blocks) in {time.time() - t0:.0f}s; "
+          f"last-20 mean loss {np.mean([x for _, x, _ in hist[-20:]]):.3f}; agreement by slot at L=8 (last 100 steps) "
+          f"{np.mean(full, 0).round(3).tolist() if full else '-'}", flush=True)
+
+
+def _trained(work: Path):
+    import torch
+    head = build_head(_target_embed())
+    ck = torch.load(work / "head.pt")
+    head.load_state_dict(ck["state"])
+    head.eval()
+    return head, ck
+
+
+def export(work: Path):
+    head, ck = _trained(work)
+    write_gguf(GGUF, head.gguf_tensors(), "pycoder-6m-dflash")
+    print(f"wrote {GGUF} ({GGUF.stat().st_size} bytes; head from step {ck['step']}); "
+          f"sha256 {hashlib.sha256(GGUF.read_bytes()).hexdigest()}")
+
+
+# -- validation -------------------------------------------------------------------------------------------
+
+def binary_acceptance(work: Path, head_path: Path, n_max: int) -> list:
+    """llama.cpp's own ``llama-speculative-simple --spec-type draft-dflash``: (prompt, drafted, accepted,
+    predicted) per held-out prompt (``make_eagle3_head._prompts``: the first N_PROMPTS files cut at ~900 chars)."""
+    n_gen = os.environ.get("N_GEN", "128")
+    rows = []
+    for name, path in e3._prompts(work):
+        cmd = [str(BINS / "llama-speculative-simple"), "-m", str(SRC), "-f", str(path), "-n", n_gen, "-t", "1",
+               "--temp", "0", "-s", "1", "-md", str(head_path), "--spec-type", "draft-dflash",
+               "--spec-draft-n-max", str(n_max)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        log = r.stdout + r.stderr
+        get = lambda k: int(m.group(1)) if (m := re.search(rf"{k}\s*=\s*(\d+)", log)) else None
+        if r.returncode != 0 or get("n_drafted") is None:
+            print(f"FAILED rc={r.returncode}: {' '.join(cmd)}\n{log[-3000:]}")
+            rows.append((name, None, None, None))
+            continue
+        rows.append((name, get("n_drafted"), get("n_accept"), get("n_predict")))
+        (work / "prompts" / (path.stem + f".dflash.k{n_max}.log")).write_text(log)
+    return rows
+
+
+class _Llama:
+    """pycoder-6m and a dflash head in llama.cpp, driven as ``common_speculative_impl_draft_dflash`` drives them:
+    target layer inputs injected as embedding rows, then ``[x_n, MASK x n_max]`` blocks, non-causal."""
+
+    def __init__(self, head_path: Path):
+        import llama_cpp as C
+        C.llama_backend_init()
+        self.C, mtp = C, e3._mtp_script()
+        self.keep = mtp._quiet(C)
+        self.set_li = e3._ext(C, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                              [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None)
+        self.get_li = e3._ext(C, "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                              [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float))
+        self.tm = mtp._load(C, SRC)
+        self.tctx = mtp._ctx(C, self.tm)
+        for i in LAYERS:
+            self.set_li(self.tctx, i, True)
+        self.dm = mtp._load(C, head_path)
+        cp = C.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = SEQ
+        cp.n_threads = cp.n_threads_batch = THREADS
+        cp.ctx_other = self.tctx
+        self.dctx = C.llama_init_from_model(self.dm, cp)
+        assert self.dctx, "dflash context"
+        C.llama_set_causal_attn(self.dctx, False)
+        self.tb, self.db = mtp._Batch(C, self.tctx), mtp._Batch(C, self.dctx)
+
+    def features(self, t: np.ndarray) -> np.ndarray:
+        """The target over t at positions 0.. -> [len(t), 3E] layer inputs, llama.cpp's own."""
+        C = self.C
+        C.llama_memory_clear(C.llama_get_memory(self.tctx), True)
+        self.tb.fill(t, outputs=False)
+        C.llama_batch_ext_set_output_logits(self.tb.b, len(t) - 1, True)
+        self.tb.run(self.tctx)
+        return np.concatenate([np.ctypeslib.as_array(self.get_li(self.tctx, i), shape=(len(t), E)).copy()
+                               for i in LAYERS], 1)
+
+    def inject(self, feats: np.ndarray, pos0: int):
+        """Embedding rows at positions pos0.. (the driver's ``batch_inject``)."""
+        C, b = self.C, self.db.b
+        C.llama_batch_ext_clear(b)
+        rows = np.ascontiguousarray(feats, dtype=np.float32)
+        for j, row in enumerate(rows):
+            e = C.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.size)
+            i = C.llama_batch_ext_add_embd(b, 0, e)
+            assert i >= 0, i
+            C.llama_batch_ext_set_pos(b, i, (C.llama_pos * 1)(pos0 + j))
+            C.llama_batch_ext_set_output_logits(b, i, False)
+        self.db.run(self.dctx)
+
+    def block(self, x_n: int, n: int, n_max: int) -> np.ndarray:
+        """``[x_n, MASK x n_max]`` at n.. -> logits [n_max+1, V]; the block's KV rows cut afterwards."""
+        C = self.C
+        self.db.fill([x_n] + [MASK_ID] * n_max, pos0=n, outputs=True).run(self.dctx)
+        out = np.ctypeslib.as_array(C.llama_get_logits(self.dctx), shape=(n_max + 1, V)).copy()
+        C.llama_memory_seq_rm(C.llama_get_memory(self.dctx), 0, n, -1)
+        return out
+
+    def clear(self):
+        self.C.llama_memory_clear(self.C.llama_get_memory(self.dctx), True)
+
+
+def torch_vs_llama(work: Path, head_path: Path, n_win: int = 2, n_anchor: int = 6, n_max: int = BLOCK - 1) -> dict:
+    """On held-out windows, the torch head (the GGUF's weights) against llama.cpp's dflash graph on the same
+    (llama.cpp's) target features: anchors in increasing order, context injected up to each anchor, as the
+    driver leaves it; logits of every block slot compared."""
+    import torch
+    head = _load_head(head_path)
+    ll = _Llama(head_path)
+    held = np.load(work / "held_ids.npy")
+    rng = np.random.default_rng(7)
+    d_lg, agree, n_rows = 0.0, 0, 0
+    for s in rng.integers(0, len(held) - SEQ - 1, n_win):
+        t = held[s:s + SEQ].astype(np.int64)
+        feats = ll.features(t)
+        ll.clear()
+        anchors = np.sort(rng.choice(np.arange(1, SEQ - n_max), n_anchor, replace=False))
+        done = 0
+        with torch.no_grad():
+            g = head.encode(torch.from_numpy(feats)[None])
+            ctx_all = head.context_kv(g, torch.arange(SEQ)[None])
+        for n in anchors:
+            ll.inject(feats[done:n], done)
+            done = n
+            lg_lc = ll.block(int(t[n]), int(n), n_max)
+            with torch.no_grad():
+                ctx = [(k[:, :, :n], v[:, :, :n]) for k, v in ctx_all]
+                rows = torch.tensor([[int(t[n])] + [MASK_ID] * n_max])
+                pos = torch.arange(n, n + n_max + 1)[None]
+                mask = torch.ones(1, 1, n_max + 1, n + n_max + 1, dtype=torch.bool)
+                _, lg_t = head.block(rows, pos, ctx, mask)
+            lg_t = lg_t[0].numpy()
+            d_lg = max(d_lg, float(np.abs(lg_t - lg_lc).max()))
+            agree += int((lg_t.argmax(1) == lg_lc.argmax(1)).sum())
+            n_rows += n_max + 1
+    res = {"windows": n_win, "blocks": n_win * n_anchor, "rows": n_rows, "max_abs_dlogit": d_lg,
+           "argmax_agreement": agree / n_rows}
+    print(f"torch vs llama.cpp ({head_path.name}): {n_win} held-out windows x {n_anchor} blocks of {n_max + 1}; "
+          f"logits max|d| {d_lg:.4f}, argmax agreement {agree}/{n_rows} = {agree / n_rows:.4f}")
+    return res
+
+
+def teacher_forced(work: Path, head_path: Path, n_win: int = 8, n_anchor: int = 32):
+    """Torch, held-out windows, blocks of 8: per slot, how often the head's argmax equals the target's (the
+    chance a draft at that slot is right given the earlier slots were), and the expected accepted length."""
+    import torch
+    target = e3.load_target()
+    head = _load_head(head_path)
+    held = np.load(work / "held_ids.npy")
+    rng = np.random.default_rng(11)
+    hits, run_len, n = np.zeros(BLOCK - 1), 0.0, 0
+    with torch.no_grad():
+        for s in rng.integers(0, len(held) - SEQ - 1, n_win):
+            t = torch.from_numpy(held[None, s:s + SEQ].astype(np.int64))
+            anchors = torch.from_numpy(rng.integers(1, SEQ - BLOCK + 1, (1, n_anchor)))
+            feats, tl = e3.target_forward(target, t)
+            ctx = head.context_kv(head.encode(feats), torch.arange(SEQ)[None])
+            rows, pos, mask = blocks_batch(t, anchors, BLOCK)
+            _, lg = head.block(rows, pos, ctx, mask)
+            got = lg.view(n_anchor, BLOCK, V)[:, 1:].argmax(-1)
+            want_pos = anchors[0][:, None] + torch.arange(BLOCK - 1)
+            ok = (got == tl[0].argmax(-1)[want_pos]).numpy()
+            hits += ok.sum(0)
+            run_len += float(np.cumprod(ok, 1).sum())
+            n += n_anchor
+    print("teacher-forced argmax agreement with the target by block slot (1..7): "
+          + " ".join(f"{h / n:.3f}" for h in hits) + f"; mean accepted prefix of a 7-token draft {run_len / n:.2f}")
+
+
+def validate(work: Path):
+    """(a) llama-speculative-simple loads the head and accepts its drafts (the proof of the layout);
+    (b) torch vs llama.cpp on the same inputs; (c) teacher-forced agreement in torch."""
+    head_path = Path(os.environ.get("HEAD", GGUF))
+    for n_max in [int(x) for x in os.environ.get("N_MAX", "7,3").split(",")]:
+        rows = binary_acceptance(work, head_path, n_max)
+        print(f"\nllama-speculative-simple --spec-type draft-dflash --spec-draft-n-max {n_max} -n "
+              f"{os.environ.get('N_GEN', '128')} --temp 0 -t 1")
+        print("| prompt (held-out file, first lines) | drafted | accepted | rate |")
+        print("|---|---|---|---|")
+        for name, dr, ac, _ in rows:
+            print(f"| {name} | {dr} | {ac} | {ac / dr:.3f} |" if dr else f"| {name} | failed | | |")
+        ok = [r for r in rows if r[1]]
+        if ok:
+            dr, ac = sum(r[1] for r in ok), sum(r[2] for r in ok)
+            print(f"| total | {dr} | {ac} | {ac / dr:.3f} |")
+    if os.environ.get("SKIP_TORCH") != "1":
+        print()
+        torch_vs_llama(work, head_path)
+        teacher_forced(work, head_path)
+
 if __name__ == "__main__":
     cmd, arg = sys.argv[1], Path(sys.argv[2])
     if cmd == "random":
         random_head(arg)
         sys.exit(0)
     arg.mkdir(parents=True, exist_ok=True)
-    {"corpus": corpus}[cmd](arg)
+    {"corpus": corpus, "train": train, "export": export, "validate": validate}[cmd](arg)
