@@ -88,7 +88,8 @@ def build_head(embed):
         def __init__(self, r):
             super().__init__()
             self.attn_norm, self.ffn_norm = nn.Parameter(torch.ones(E)), nn.Parameter(torch.ones(E))
-            self.q_norm, self.k_norm = nn.Parameter(torch.ones(HD)), nn.Parameter(torch.ones(HD))
+            qk = float(os.environ.get("QK_INIT", "1.0"))
+            self.q_norm, self.k_norm = nn.Parameter(torch.full((HD,), qk)), nn.Parameter(torch.full((HD,), qk))
             self.wq, self.wk, self.wv = r(H * HD, E), r(KV * HD, E), r(KV * HD, E)
             self.wo = r(E, H * HD, std=0.01)
             self.gate, self.up, self.down = r(FF, E), r(FF, E), r(E, FF, std=0.01)
@@ -369,9 +370,12 @@ def binary_acceptance(work: Path, head_path: Path, n_max: int) -> list:
         cmd = [str(BINS / "llama-speculative-simple"), "-m", str(SRC), "-f", str(path), "-n", n_gen, "-t", "1",
                "--temp", "0", "-s", "1", "-md", str(head_path), "--spec-type", "draft-dflash",
                "--spec-draft-n-max", str(n_max)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        log = r.stdout + r.stderr
-        get = lambda k: int(m.group(1)) if (m := re.search(rf"{k}\s*=\s*(\d+)", log)) else None
+        for _ in range(3):  # the binary's async logger can exit before its last lines are written: retry
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            log = r.stdout + r.stderr
+            get = lambda k: int(m.group(1)) if (m := re.search(rf"{k}\s*=\s*(\d+)", log)) else None
+            if r.returncode != 0 or get("n_accept") is not None:
+                break
         if r.returncode != 0 or get("n_drafted") is None:
             print(f"FAILED rc={r.returncode}: {' '.join(cmd)}\n{log[-3000:]}")
             rows.append((name, None, None, None))
