@@ -42,7 +42,8 @@ Commands (python = the torch venv with system site packages: torch CPU, numpy, g
   python scripts/make_dflash_head.py validate WORK   # torch vs llama.cpp; llama-speculative-simple acceptance
 
 Environment: SRC (target GGUF), GGUF (head path), THREADS, TIME_BUDGET (cosine over wall time, seconds),
-BATCH (windows per step), ANCHORS (blocks per window), LR, SEED, N_PROMPTS, N_GEN, N_MAX (validate).
+BATCH (windows per step), ANCHORS (blocks per window), LR, SEED, QK_INIT (q/k norm init: attention sharpness),
+N_PROMPTS, N_GEN, N_MAX (validate: comma-separated --spec-draft-n-max values), HEAD (validate another GGUF).
 """
 import ctypes, hashlib, math, os, re, subprocess, sys, time
 from pathlib import Path
