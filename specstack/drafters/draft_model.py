@@ -273,7 +273,7 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
     if draft is None:
         return
     try:
-        head = read_gguf(draft, tensors=False, role="draft model (-md)").head
+        head = read_gguf(draft, role="draft model (-md)").head  # tensor infos: dspark is dflash with Markov tensors
     except ModelLoadError:
         return  # not a readable GGUF: the draft's own file check, next, says so in its words
     if head is not None:
