@@ -270,6 +270,52 @@ def test_accepted_and_rejected_drafts_leave_the_head_holding_the_context(target,
     drafter.end(0, complete=False)
 
 
+def test_p_min_stops_at_the_first_unsure_slot_and_k_at_the_block(target, heads):
+    """``--draft-p-min``: the draft ends before the first slot whose top probability is below it; the budget and the
+    block's slots cap it."""
+    drafter = create("dflash", BuildContext(target, {"draft_model": heads["random"], "p_min": 0.9}))
+    real = drafter.head.block
+    probs = [0.95, 0.97, 0.5, 0.99, 0.99, 0.99, 0.99]
+
+    def block(entries):
+        out = real(entries)
+        for logits in out:
+            for i, p in enumerate(probs):  # slot i: token 10 + i at probability p, the rest spread evenly
+                logits[i] = np.log((1 - p) / (logits.shape[1] - 1))
+                logits[i, 10 + i] = np.log(p)
+        return out
+
+    drafter.head.block = block
+    ids = target.tokenize(PROMPTS[0])
+    drafter.begin(ids, 0)
+    assert drafter.propose([DraftRequest(0, ids, Budget(7))])[0].token_ids == (10, 11)
+    assert drafter.propose([DraftRequest(0, ids, Budget(1))])[0].token_ids == (10,)
+    probs[2] = 0.92
+    assert drafter.propose([DraftRequest(0, ids, Budget(20))])[0].token_ids == tuple(range(10, 17))  # 7 slots
+    drafter.end(0, complete=False)
+
+
+def test_a_plain_run_injects_its_rows_every_pending_max_steps(target, heads):
+    """Steps that do not draft leave their rows pending, at most ``PENDING_MAX``; then they go into the head's cache in
+    one call, so it keeps the whole context without the next draft paying for a long run."""
+    from specstack.drafters.dflash import PENDING_MAX
+    from specstack.types import HiddenRows
+
+    drafter = create("dflash", BuildContext(target, {"draft_model": heads["random"]}))
+    ids = target.tokenize(PROMPTS[0])[:20]
+    width = drafter.head.n_embd_enc
+    drafter.begin(ids, 0, HiddenRows(0, np.ones((len(ids) - 1, width), np.float32)))
+    assert drafter.head.pos_max(0) == len(ids) - 2
+    injects = drafter.head.injects
+    for i in range(PENDING_MAX):
+        pos = len(ids) - 1 + i
+        drafter.advance([7], 0, 0, HiddenRows(pos, np.ones((1, width), np.float32)))
+        flushed = i + 1 == PENDING_MAX
+        assert drafter.head.injects - injects == int(flushed)
+        assert drafter.head.pos_max(0) == (pos if flushed else len(ids) - 2)
+    drafter.end(0, complete=False)
+
+
 def test_three_slots_at_once_equal_plain_decoding(plain_outputs, heads):
     """One head context for three generations: a step is one injection call and one block call for all of them."""
     multi = LlamaModel(ModelConfig(DEFAULT_TARGET, n_slots=3), role="target")
