@@ -3,6 +3,8 @@
 - llama-server's own command line, ``-m pycoder-6m.gguf -md pycoder-6m-dflash.gguf --spec-type draft-dflash``,
   drafts with ``dflash``: /v1/completions and llama-server's /completion answer with plain decoding's greedy text,
   and ``speculative.by_source`` (the timings' ``draft_n_accepted`` on /completion) shows the head's drafts accepted;
+- a roles file with ``drafter = "dflash"`` and ``draft = HEAD`` serves the same; a request asking for draft-model on
+  it or for dflash on a role without a head is a 400 naming why;
 - ``-md HEAD`` alone picks dflash from the file's ``general.architecture``, as llama-server infers draft-dflash;
 - ``--spec-type draft-dspark`` and a DSpark head alone stay refused, and so do a DFlash head given to another head's
   type or an EAGLE-3 head to draft-dflash: one line each, before any load;
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import openai
 import pytest
 
 from specstack.bench.serving import ServerProcess
@@ -35,6 +38,17 @@ def dflash_server() -> Iterator[ServerProcess]:
         yield s
 
 
+@pytest.fixture(scope="module")
+def roles_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """``head`` drafts with dflash from ``draft = HEAD``; ``plain`` is the same model without a head."""
+    path = tmp_path_factory.mktemp("roles") / "roles.toml"
+    common = f'model = "{DEFAULT_TARGET}"\nparallel = 1\nthreads = 1\nexact = "on"\n'
+    path.write_text(f'[roles.head]\n{common}drafter = "dflash"\ndraft = "{HEAD}"\nk_policy = "fixed"\nk = 4\n\n'
+                    f'[roles.plain]\n{common}')
+    with serve("--config", str(path)) as s:
+        yield s
+
+
 def test_llama_servers_command_line_with_the_head_drafts_with_dflash(dflash_server, plain_text):
     c = client(dflash_server)
     r = c.completions.create(model="x", prompt=PROMPT, max_tokens=N, temperature=0)
@@ -50,6 +64,20 @@ def test_llama_servers_native_completion_reports_the_heads_drafts(dflash_server,
                    timeout=60).json()
     assert r["content"] == plain_text
     assert r["timings"]["draft_n_accepted"] > 0 and r["timings"]["draft_n"] >= r["timings"]["draft_n_accepted"]
+
+
+def test_a_roles_file_role_with_drafter_dflash_and_its_head_as_draft(roles_server, plain_text):
+    c = client(roles_server)
+    r = c.completions.create(model="head", prompt=PROMPT, max_tokens=N, temperature=0)
+    assert r.choices[0].text == plain_text
+    assert r.model_extra["speculative"]["by_source"]["dflash"]["accepted"] > 0
+    with pytest.raises(openai.BadRequestError) as e:  # the role's draft is a head: no draft model to draft with
+        c.completions.create(model="head", prompt=PROMPT, max_tokens=4,
+                             extra_body={"speculative": {"drafter": "draft-model"}})
+    assert e.value.body["param"] == "speculative.drafter" and "dflash head" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # a role without a head
+        c.completions.create(model="plain", prompt=PROMPT, max_tokens=4, extra_body={"speculative": {"drafter": "dflash"}})
+    assert e.value.body["param"] == "speculative.drafter" and "DFlash head" in e.value.body["message"]
 
 
 def test_md_alone_picks_dflash_from_the_files_kind(capsys, tmp_path):
