@@ -155,8 +155,9 @@ class DFlashContext(MtpContext):
         n_ids = int(api.model_target_layer_ids_n(self._own_model))
         self.block_size = _block_size(lc, self._own_model)
         self.mask_id = int(lc.llama_vocab_mask(lc.llama_model_get_vocab(self._own_model)))
-        if n_ids == 0 or self.mask_id < 0 or self.block_size < 2:  # llama.cpp's driver: no layers asserts, no mask
-            self.close()                                             # token rejects every block
+        # llama.cpp's driver asserts on a head that names no layers, and without a mask token every block is rejected
+        if n_ids == 0 or self.mask_id < 0 or self.block_size < 2:
+            self.close()
             raise UnsupportedModelError(f"{path.name} is no DFlash head llama.cpp can draft with ({n_ids} target "
                                         f"layers, mask token {self.mask_id}, block size {self.block_size}): "
                                         "reconvert it with llama.cpp's convert_hf_to_gguf.py")
@@ -167,8 +168,10 @@ class DFlashContext(MtpContext):
         self.n_embd_enc = n_ids * self.n_embd_tgt  # llama.cpp sizes the rows with the target's n_embd
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._own_model)))
         self.n_seq = target.n_slots
-        # room for a block past a full context in every sequence: the block's rows sit in the cache during the call
+        # room for a block past a full context in every sequence: the block's rows sit in the cache during the call;
+        # and a whole block in one call (its rows attend to each other)
         params = self._draft_params(target, None, (target.n_ctx + self.block_size) * self.n_seq)
+        params.n_batch = params.n_ubatch = max(int(params.n_batch), self.block_size)
         self._ctx = lc.llama_init_from_model(self._own_model, params)
         if not self._ctx:
             self.close()
@@ -195,19 +198,19 @@ class DFlashContext(MtpContext):
             np.ctypeslib.as_array(b.n_seq_id, shape=(cap,))[:] = 1
         np.ctypeslib.as_array(e.logits, shape=(cap,))[:] = 0  # an injection outputs nothing
         np.ctypeslib.as_array(t.logits, shape=(cap,))[:] = 1  # no output-row selection in the graph: every row
-        self._seq_of = {"inj": [0] * cap, "blk": [0] * cap}
+        self._i_seq, self._t_seq = [0] * cap, [0] * cap  # each row's sequence as last written (few ctypes writes)
         for i in range(cap):
             e.seq_id[i][0] = t.seq_id[i][0] = 0
-        self.injects = 0
+        self.injects = 0  # calls of each kind, for tests and profiles
         self.blocks = 0
-        self.rows = 0
 
-    def _set_seqs(self, which: str, batch, at: int, n: int, seq: int) -> None:
-        seqs = self._seq_of[which]
+    @staticmethod
+    def _set_seqs(batch, written: list[int], at: int, n: int, seq: int) -> None:
+        """Rows ``at..at+n`` of ``batch`` belong to ``seq``."""
         for i in range(at, at + n):
-            if seqs[i] != seq:
+            if written[i] != seq:
                 batch.seq_id[i][0] = seq
-                seqs[i] = seq
+                written[i] = seq
 
     def inject(self, entries: Sequence[tuple[int, int, np.ndarray]]) -> None:
         """Write the K/V of feature rows into the cache: per (seq, first position, rows ``[n, n_embd_enc]``), at
@@ -221,7 +224,7 @@ class DFlashContext(MtpContext):
                 take = min(len(rows) - done, self.cap - m)
                 self._i_embd[m : m + take] = rows[done : done + take]
                 self._i_pos[m : m + take] = np.arange(pos + done, pos + done + take, dtype=np.int32)
-                self._set_seqs("inj", b, m, take, seq)
+                self._set_seqs(b, self._i_seq, m, take, seq)
                 m, done = m + take, done + take
                 if m == self.cap:
                     self._decode(b, m, "injecting")
@@ -244,14 +247,13 @@ class DFlashContext(MtpContext):
                 self._t_tok[j * L] = token
                 self._t_tok[j * L + 1 : (j + 1) * L] = self.mask_id
                 self._t_pos[j * L : (j + 1) * L] = np.arange(pos, pos + L, dtype=np.int32)
-                self._set_seqs("blk", b, j * L, L, seq)
+                self._set_seqs(b, self._t_seq, j * L, L, seq)
             m = len(part) * L
             self._decode(b, m, "drafting a block")
             logits = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(m, self.n_vocab))
             out += [logits[j * L + 1 : (j + 1) * L].copy() for j in range(len(part))]
             for seq, pos, _ in part:
                 self.truncate(seq, pos)
-            self.blocks += 1
         return out
 
     def _decode(self, batch, m: int, doing: str) -> None:
@@ -260,8 +262,10 @@ class DFlashContext(MtpContext):
         if rc != 0:
             raise ModelLoadError(f"llama_decode failed (code {rc}) {doing} ({m} rows) on {self.target.name}'s DFlash "
                                  "head")
-        self.injects += int(batch is self._inj)
-        self.rows += m
+        if batch is self._inj:
+            self.injects += 1
+        else:
+            self.blocks += 1
 
     def close(self) -> None:
         for name in ("_inj", "_blk"):
