@@ -10,6 +10,9 @@ through llama.cpp's own ``dflash`` architecture, lossless like every drafter.
   makes its first slots right (drafts accepted, the rest rejected and rolled back: the head's cache then holds
   exactly the rows of the context, as a fresh injection of it), and on the trained head
   (``specstack/models/pycoder-6m-dflash.gguf``), whose drafts are accepted;
+- the host prompt cache keeps the head's cache beside the target's KV, and a restore brings back the head holding the
+  whole context; ``--draft-p-min`` ends a draft at the first unsure slot; a plain run's rows go in every
+  ``PENDING_MAX`` steps;
 - sampled drafts carry q, the softmax of each slot's logged row, and a seeded sampled run is reproducible;
 - bad input: no head, a draft model, a DSpark head, a head without a mask token or for another target: one line, before
   any load.
@@ -254,19 +257,10 @@ def test_accepted_and_rejected_drafts_leave_the_head_holding_the_context(target,
     if right < k:
         assert gen.stats.n_accepted < gen.stats.n_drafted  # some rejected: rolled back
     st = drafter._seqs[0]
-    n = len(st.tokens)
-    assert st.tokens == full[:n]
-    drafter._inject([(0, st, n - 1)])
-    assert drafter.head.pos_min(0) == 0 and drafter.head.pos_max(0) == n - 2
+    assert st.tokens == full[: len(st.tokens)]
+    drafter._inject([(0, st, len(st.tokens) - 1)])
     del drafter.head.block  # the real block again
-    held = drafter.head.block([(0, n - 1, full[n - 1])])[0]
-    target.reset(0)
-    target.prefill(full[: n - 1], 0)
-    fresh = target.take_hidden(0).rows
-    drafter.head.reset(0)
-    drafter.head.inject([(0, 0, fresh)])
-    again = drafter.head.block([(0, n - 1, full[n - 1])])[0]
-    assert np.abs(held - again).max() < 1e-3 * max(1.0, np.abs(again).max())
+    _holds_the_context(drafter, target, st.tokens)
     drafter.end(0, complete=False)
 
 
@@ -313,6 +307,39 @@ def test_a_plain_run_injects_its_rows_every_pending_max_steps(target, heads):
         flushed = i + 1 == PENDING_MAX
         assert drafter.head.injects - injects == int(flushed)
         assert drafter.head.pos_max(0) == (pos if flushed else len(ids) - 2)
+    drafter.end(0, complete=False)
+
+
+def _holds_the_context(drafter, target, full: list[int], seq: int = 0) -> None:
+    """The head's cache for ``seq`` holds the rows of exactly ``full`` but its last token: its block gives what a fresh
+    injection of the whole context's rows (one prefill) gives."""
+    n = len(full)
+    assert drafter.head.pos_min(seq) == 0 and drafter.head.pos_max(seq) == n - 2
+    held = drafter.head.block([(seq, n - 1, full[n - 1])])[0]
+    target.reset(seq)
+    target.prefill(full[: n - 1], seq)
+    drafter.head.reset(seq)
+    drafter.head.inject([(seq, 0, target.take_hidden(seq).rows)])
+    again = drafter.head.block([(seq, n - 1, full[n - 1])])[0]
+    assert np.abs(held - again).max() < 1e-3 * max(1.0, np.abs(again).max())
+
+
+def test_host_prompt_cache_brings_back_the_heads_cache(target, plain_outputs, heads):
+    """One slot: prompt A, then B (A's KV goes to host memory, with the head's cache), then A again: the target's
+    KV is restored, and so is the head's, which then holds A's whole context, as a fresh injection of it."""
+    target.reset()
+    drafter = create("dflash", BuildContext(target, {"draft_model": heads["random"]}))
+    engine = Engine(target, drafter, FixedK(4), prompt_cache_bytes=64 << 20)
+    first = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    engine.generate(PROMPTS[2], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.entries[0].drafter is not None
+    again = engine.generate(PROMPTS[1], GenerationConfig(max_tokens=MAX_TOKENS)).run()
+    assert engine.prompt_cache.hits == 1 and again.stats.n_reused > 0
+    assert again.output_ids == first.output_ids == plain_outputs[1]
+    # without the head's state it would start where the restored prefix ends, seeing nothing before it
+    st = drafter._seqs[0]
+    drafter._inject([(0, st, len(st.tokens) - 1)])
+    _holds_the_context(drafter, target, st.tokens)
     drafter.end(0, complete=False)
 
 

@@ -22,7 +22,8 @@ is ever injected and none needs cutting). For a context x_0..x_{n-1} the rows of
 draft injects those not yet in the cache, for every drafting generation in one call, then runs the blocks in one
 call; the block rows are cut right after it. After a plain step the rows wait, at most ``PENDING_MAX`` per sequence:
 then they are injected at once, since the injected rows are the head's whole view of the context (a window, as the
-EAGLE-3 drafter's, would forget the prompt) and injecting costs a projection per row, no attention.
+EAGLE-3 drafter's, would forget the prompt) and injecting costs a projection per row, no attention. The host prompt
+cache keeps a prefix's head cache beside the target's KV (``save_prefix``/``restore_prefix``), for the same reason.
 
 Example: context ``[a, b, c]``, the target's rows f_a, f_b kept. A draft injects f_a at 0, f_b at 1 and runs the block
 ``[c, M, M, ...]`` at 2..: slots 1, 2, ... give d0, d1, ... The target accepts d0 and emits t: the engine hands f_c,
@@ -111,6 +112,14 @@ class _Seq:
         return first, rows[:need]
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """A sequence's head state for the host prompt cache (``DFlashDrafter.save_prefix``)."""
+
+    tokens: list[int]
+    kv: bytes  # the head's cache of the prefix's rows (llama.cpp's per-sequence state)
+
+
 class DFlashDrafter(HeadSlots):
     """Drafts from a DFlash head (see the module docstring)."""
 
@@ -185,6 +194,32 @@ class DFlashDrafter(HeadSlots):
         if st.n_rows - st.n_kv >= PENDING_MAX:  # a plain run: its rows go in now (module docstring)
             self._inject([(seq, st, st.n_rows)])
         # otherwise they wait for the next draft
+
+    # -- the host prompt cache -----------------------------------------------------------------------
+
+    def save_prefix(self, seq: int, tokens: Sequence[int]) -> tuple[_Saved, int] | None:
+        """What the head holds for ``tokens`` (the slot's cached prefix): its cache with the rows of every position of
+        the prefix, so that a restore of the target's KV brings them back (without, the head would start at the
+        restored prefix's end and see nothing before it). None where it holds something else, or less than the
+        whole prefix."""
+        st = self._seqs.get(seq)
+        n = len(tokens)
+        if st is None or st.n_rows < n or st.tokens[:n] != list(tokens):
+            return None
+        self._inject([(seq, st, n)])  # the prefix's pending rows, so the cache holds all of it
+        if self.head.pos_min(seq) != 0:  # the head began past a prefix it never saw: too little to keep
+            return None
+        saved = _Saved(list(tokens), self.head.save_seq(seq))
+        return saved, len(saved.kv)
+
+    def restore_prefix(self, seq: int, saved: _Saved) -> None:
+        """The head's state for a prefix the engine restored into ``seq`` (``save_prefix``); ``begin`` keeps it."""
+        if not self.head.load_seq(seq, saved.kv):
+            self._seqs.pop(seq, None)
+            return
+        n = len(saved.tokens)
+        self.head.truncate(seq, n)
+        self._seqs[seq] = _Seq(tokens=list(saved.tokens), n_kv=n)
 
     # -- drafting ---------------------------------------------------------------------------------
 
