@@ -75,12 +75,11 @@ def dflash_weights(path: Path, *, layers=(1, 3, 5), seed: int = 0, scale: float 
     tensors = {"fc.weight": mat(n_embd, len(layers) * n_embd), "enc.output_norm.weight": norm(n_embd),
                "output_norm.weight": norm(n_embd)}
     for i in range(2):
-        tensors.update({f"blk.{i}.attn_norm.weight": norm(n_embd), f"blk.{i}.attn_q.weight": mat(n_head * hd, n_embd),
-                        f"blk.{i}.attn_k.weight": mat(n_kv * hd, n_embd), f"blk.{i}.attn_v.weight": mat(n_kv * hd, n_embd),
-                        f"blk.{i}.attn_output.weight": mat(n_embd, n_head * hd), f"blk.{i}.attn_q_norm.weight": norm(hd),
-                        f"blk.{i}.attn_k_norm.weight": norm(hd), f"blk.{i}.ffn_norm.weight": norm(n_embd),
-                        f"blk.{i}.ffn_gate.weight": mat(n_ff, n_embd), f"blk.{i}.ffn_up.weight": mat(n_ff, n_embd),
-                        f"blk.{i}.ffn_down.weight": mat(n_embd, n_ff)})
+        tensors.update({f"blk.{i}.{name}.weight": t for name, t in (
+            ("attn_norm", norm(n_embd)), ("attn_q", mat(n_head * hd, n_embd)), ("attn_k", mat(n_kv * hd, n_embd)),
+            ("attn_v", mat(n_kv * hd, n_embd)), ("attn_output", mat(n_embd, n_head * hd)), ("attn_q_norm", norm(hd)),
+            ("attn_k_norm", norm(hd)), ("ffn_norm", norm(n_embd)), ("ffn_gate", mat(n_ff, n_embd)),
+            ("ffn_up", mat(n_ff, n_embd)), ("ffn_down", mat(n_embd, n_ff)))})
     return write_gguf(path, "dflash", keys, tensors)
 
 

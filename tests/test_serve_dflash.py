@@ -25,7 +25,8 @@ from specstack.paths import DEFAULT_TARGET, MODELS_DIR
 from test_cli_hardening import serve_roles
 from test_head_fit import dflash
 from test_serve_eagle3 import HEAD as EAGLE3_HEAD
-from test_serve_eagle3 import LIGHT, N, PROMPT, client, plain_text, refused, serve  # noqa: F401 (plain_text: fixture)
+from test_serve_eagle3 import plain_text  # noqa: F401 (a fixture, used by name)
+from test_serve_eagle3 import LIGHT, N, PROMPT, client, refused, serve
 
 HEAD = MODELS_DIR / "pycoder-6m-dflash.gguf"  # the trained head for the bundled target
 

@@ -405,8 +405,8 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
                       help="llama-server's speculation types, as the drafter without --config: draft-simple = "
                       "draft-model, draft-mtp = mtp, draft-eagle3 = eagle3, draft-dflash = dflash (the head as -md), "
                       "ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/ngram-cache = suffix, none = "
-                      "none; a comma list is a cascade of them in that order (cascade:suffix,draft-model); draft-dspark "
-                      "is refused (not built yet)")
+                      "none; a comma list is a cascade of them in that order (cascade:suffix,draft-model); "
+                      "draft-dspark is refused (not built yet)")
     spec.add_argument("--spec-default", dest="spec_type", action="store_const", const="ngram-mod",
                       help="llama-server's default speculation: --spec-type ngram-mod (the suffix drafter)")
     spec.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", dest="n_max", type=at_least(1),

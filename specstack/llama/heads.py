@@ -216,8 +216,7 @@ class DFlashContext(MtpContext):
         """Write the K/V of feature rows into the cache: per (seq, first position, rows ``[n, n_embd_enc]``), at
         consecutive positions that continue what ``seq`` holds (llama.cpp checks it), in as few calls as the batch
         size allows (every row is independent of the others here, so a sequence's rows may split across calls)."""
-        lc, b = self._lc, self._inj
-        m = 0
+        b, m = self._inj, 0
         for seq, pos, rows in entries:
             done = 0
             while done < len(rows):
