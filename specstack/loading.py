@@ -257,7 +257,7 @@ def settle_drafts(run: RunSpec, meta: "GGUFInfo") -> dict[str, Any]:
         read_gguf(options["draft_model"], tensors=False)
     elif draft is not None and assistant is None:
         raise InvalidParameterError(f"-md {draft} is used by --drafter draft-model (alone or in a cascade or fusion), "
-                                    f"by mtp on a gemma4 target (its assistant) and by eagle3 (its head), which "
+                                    f"by mtp on a gemma4 target (its assistant) and by eagle3 and dflash (their heads), which "
                                     f"{spec.drafter!r} does not use; leave -md out or add draft-model")
     return options
 

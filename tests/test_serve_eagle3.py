@@ -6,8 +6,8 @@
 - a roles file with ``drafter = "eagle3"`` and ``draft = HEAD`` serves the same; a request asking for draft-model on
   it (the head is no draft model) or for eagle3 on a role without a head is a 400 naming why;
 - ``-md HEAD`` alone picks eagle3 from the file's ``general.architecture`` (a NextN model: mtp; a model:
-  draft-model, as before); ``--spec-type draft-dflash``, a DFlash head given alone, and a head given to
-  ``--drafter draft-model`` are refused in one line, before any load;
+  draft-model, as before; a DFlash head: dflash, ``tests/test_serve_dflash.py``); ``--spec-type draft-dspark``, a
+  DSpark head given alone, and a head given to ``--drafter draft-model`` are refused in one line, before any load;
 - the bench's llama.cpp peer of eagle3 runs ``llama-speculative-simple --spec-type draft-eagle3 -md HEAD``.
 """
 
@@ -132,11 +132,11 @@ def refused(*args: str) -> list[str]:
 
 
 def test_what_cannot_draft_is_refused_in_one_line(tmp_path):
-    lines = refused("-m", str(DEFAULT_TARGET), "-md", str(HEAD), "--spec-type", "draft-dflash")
-    assert len(lines) == 1 and "--spec-type draft-dflash is not offered" in lines[0], lines
-    assert "no DFlash drafter yet" in lines[0] and "draft-eagle3" in lines[0]
-    lines = refused("-m", str(DEFAULT_TARGET), "-md", str(dflash(tmp_path / "dflash.gguf")))
-    assert len(lines) == 1 and "is a dflash head" in lines[0] and "--spec-type draft-dflash" in lines[0], lines
+    lines = refused("-m", str(DEFAULT_TARGET), "-md", str(HEAD), "--spec-type", "draft-dspark")
+    assert len(lines) == 1 and "--spec-type draft-dspark is not offered" in lines[0], lines
+    assert "no DSpark drafter yet" in lines[0] and "draft-eagle3" in lines[0]
+    lines = refused("-m", str(DEFAULT_TARGET), "-md", str(dflash(tmp_path / "dspark.gguf", markov=True)))
+    assert len(lines) == 1 and "is a dspark head" in lines[0] and "--spec-type draft-dspark" in lines[0], lines
     lines = refused("-m", str(DEFAULT_TARGET), "-md", str(HEAD), "--spec-type", "draft-simple")
     assert len(lines) == 1 and "trained eagle3 head, not a model to draft with" in lines[0], lines
     assert "--drafter eagle3" in lines[0]

@@ -50,9 +50,13 @@ PEER_METHODS: tuple[str, ...] = (
     "llama-draft-simple",
     "llama-draft-mtp",  # the target's own NextN head (--spec-type draft-mtp), as specstack's --drafter mtp
     "llama-draft-eagle3",  # a trained EAGLE-3 head (-md, --spec-type draft-eagle3), as specstack's --drafter eagle3
+    "llama-draft-dflash",  # a trained DFlash head (-md, --spec-type draft-dflash), as specstack's --drafter dflash
     *(f"llama-{t}" for t in NGRAM_SPEC_TYPES),
     "llama-lookup",
 )
+
+# The peers that draft from a trained head given as -md, with the head's name in messages
+HEAD_PEERS = {"llama-draft-eagle3": "EAGLE-3", "llama-draft-dflash": "DFlash"}
 
 DEFAULT_BIN_DIR = Path.home() / ".cache" / "specstack" / "llama-bins" / "bin"
 BIN_DIR_ENV = "SPECSTACK_LLAMA_BINS"
@@ -284,10 +288,10 @@ def peer_command(method: str, model: Path | str, prompt_file: Path | str, *, dra
     if method == "llama-lookup":
         return [str(b / "llama-lookup"), *common, "--spec-draft-n-max", str(k)]
     spec = [str(b / "llama-speculative-simple"), *common, "--spec-draft-n-max", str(k)]
-    if method in ("llama-draft-simple", "llama-draft-eagle3"):  # a draft model, or an EAGLE-3 head, as -md
+    if method in HEAD_PEERS or method == "llama-draft-simple":  # a draft model, or a trained head, as -md
         if draft is None:
-            raise InvalidParameterError(f"{method} needs a draft model" + (" (the EAGLE-3 head, -md)" if
-                                                                            method == "llama-draft-eagle3" else ""))
+            raise InvalidParameterError(f"{method} needs a draft model" + (f" (the {HEAD_PEERS[method]} head, -md)"
+                                                                            if method in HEAD_PEERS else ""))
         return [*spec, "--spec-type", method.removeprefix("llama-"), "-md", str(draft)]
     if method == "llama-draft-mtp":  # the model's NextN layers; llama.cpp loads them (load_mtp) for this type
         return [*spec, "--spec-type", "draft-mtp"]

@@ -60,7 +60,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-m", "--model", type=Path, default=DEFAULT_TARGET, help="target GGUF (default: bundled pycoder-6m)")
     g.add_argument("-md", "--model-draft", type=Path, default=None,
                    help="draft GGUF for --drafter draft-model (default: the bundled pycoder-1m with the bundled target; "
-                   "with your own -m, only if `specstack check` finds its vocabulary identical or compatible)")
+                   "with your own -m, only if `specstack check` finds its vocabulary identical or compatible); for "
+                   "eagle3 and dflash the trained head, for mtp on gemma4 its assistant")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: number of physical cores)")
     g.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size in tokens per sequence (default {DEFAULT_CTX}, as llama.cpp, or the model's trained "

@@ -5,8 +5,8 @@ Three kinds, each declared here once and listed in docs/serve.md's table:
 - flags with a meaning here, mapped onto specstack's: ``--spec-type`` onto drafters (``SPEC_TYPES``; a
   comma list is a cascade), ``--spec-draft-n-max`` onto k and k_max, ``--spec-draft-p-min`` onto the
   draft's p_min, the sampling flags onto the role's request defaults (``--ignore-eos``, ``-l``, ``--samplers``
-  among them), ``-md`` alone onto the drafter its file's kind says (an EAGLE-3 head: eagle3; NextN layers: mtp;
-  a model: draft-model);
+  among them), ``-md`` alone onto the drafter its file's kind says (an EAGLE-3 head: eagle3; a DFlash head:
+  dflash; NextN layers: mtp; a model: draft-model);
 - flags of samplers not implemented here (Mirostat, DRY, XTC, top-n-sigma, dynamic temperature, adaptive-p):
   taken at llama.cpp's default only, any other value refused in one line (``DEFAULT_ONLY``), as a request's
   fields of the same samplers are;
@@ -45,10 +45,11 @@ SPEC_TYPES = {NO_SPECULATION: none.NAME, **llama_spec_types()}
 NGRAM_TUNING = tuple(f"--spec-ngram{kind}-{knob}" for kind in ("", "-simple", "-map-k", "-map-k4v")
                      for knob in ("size-n", "size-m", "min-hits")) + \
     tuple(f"--spec-ngram-mod-{knob}" for knob in ("n-min", "n-max", "n-match"))
-# llama-server's types no specstack drafter does yet, each with why (draft-eagle3 is eagle3's, declared there)
-NOT_OFFERED = {t: f"specstack has no {what} drafter yet (a head reading the target's layer inputs, as draft-eagle3's "
-               "eagle3 does); use draft-eagle3 with an EAGLE-3 head, draft-simple (a draft model, -md) or draft-mtp"
-               for t, what in (("draft-dflash", "DFlash"), ("draft-dspark", "DSpark"))}
+# llama-server's types no specstack drafter does yet, each with why (draft-eagle3 and draft-dflash are eagle3's and
+# dflash's, declared there)
+NOT_OFFERED = {"draft-dspark": "specstack has no DSpark drafter yet (a DFlash head with Markov tensors, drafting "
+               "anchor-first); use draft-dflash with a DFlash head, draft-eagle3 with an EAGLE-3 head, draft-simple (a "
+               "draft model, -md) or draft-mtp"}
 # A draft GGUF's kind of head (``GGUFInfo.head``) -> the --spec-type that reads it, for -md alone
 HEAD_SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark"}
 
@@ -402,9 +403,10 @@ def add_llama_server_args(p: argparse.ArgumentParser, llama: argparse._ArgumentG
     spec = p.add_argument_group("llama-server's speculation flags (mapped onto drafters and k; see docs/serve.md)")
     spec.add_argument("--spec-type", default=None, metavar="TYPE[,TYPE...]",
                       help="llama-server's speculation types, as the drafter without --config: draft-simple = "
-                      "draft-model, draft-mtp = mtp, draft-eagle3 = eagle3 (the head as -md), ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/"
-                      "ngram-cache = suffix, none = none; a comma list is a cascade of them in that order "
-                      "(cascade:suffix,draft-model); draft-dflash and draft-dspark are refused (not built yet)")
+                      "draft-model, draft-mtp = mtp, draft-eagle3 = eagle3, draft-dflash = dflash (the head as -md), "
+                      "ngram-simple/ngram-map-k/ngram-map-k4v = prompt-lookup, ngram-mod/ngram-cache = suffix, none = "
+                      "none; a comma list is a cascade of them in that order (cascade:suffix,draft-model); "
+                      "draft-dspark is refused (not built yet)")
     spec.add_argument("--spec-default", dest="spec_type", action="store_const", const="ngram-mod",
                       help="llama-server's default speculation: --spec-type ngram-mod (the suffix drafter)")
     spec.add_argument("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", dest="n_max", type=at_least(1),
@@ -699,7 +701,8 @@ def drafter_for_draft_file(path: Path) -> str:
     (``spec_type_of_draft``), else draft-model; said on stderr, since the command line names none."""
     from ..modelfile.meta import read_gguf
 
-    spec_type = spec_type_of_draft(read_gguf(path, tensors=False, role="draft model (-md)"))
+    # with its tensor infos: a DSpark head is a dflash GGUF told apart by its Markov tensor (``GGUFInfo.is_dspark``)
+    spec_type = spec_type_of_draft(read_gguf(path, role="draft model (-md)"))
     if spec_type is None:
         print(f"specstack serve: note: -md {path} without --drafter or --spec-type drafts with draft-model, as "
               "llama-server does (--drafter prompt-lookup keeps the draft for requests only)", file=sys.stderr,

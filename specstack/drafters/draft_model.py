@@ -30,6 +30,7 @@ from ..errors import ModelLoadError, UnsupportedModelError, VocabMismatchError
 from ..paths import DEFAULT_DRAFT
 from ..sampling import sample, softmax
 from ..llama import LlamaModel, ModelConfig, Segment
+from ..modelfile.archs import DRAFTED_HEADS
 from ..types import Draft
 from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
                    config_from_options, register)
@@ -272,12 +273,12 @@ def _check_target(meta: "GGUFInfo", asked: Asked) -> None:
     if draft is None:
         return
     try:
-        head = read_gguf(draft, tensors=False, role="draft model (-md)").head
+        head = read_gguf(draft, role="draft model (-md)").head  # tensor infos: dspark is dflash with Markov tensors
     except ModelLoadError:
         return  # not a readable GGUF: the draft's own file check, next, says so in its words
     if head is not None:
-        reads = "--drafter eagle3 (llama-server's --spec-type draft-eagle3) drafts from it" if head.kind == "eagle3" \
-            else "specstack cannot draft from it yet"
+        reads = f"--drafter {head.kind} (llama-server's --spec-type draft-{head.kind}) drafts from it" \
+            if head.kind in DRAFTED_HEADS else "specstack cannot draft from it yet"
         raise UnsupportedModelError(f"{asked.where}: -md {Path(draft).name} is a trained {head.kind} head, not a model "
                                     f"to draft with: a head reads the target's layer inputs; {reads}")
 

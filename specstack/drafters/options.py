@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from .base import check_name, config_from_options, option_name
 from .cascade import CascadeConfig
+from .dflash import DFlashConfig
 from .draft_model import DraftModelConfig
 from .eagle3 import Eagle3Config
 from .moe_self import MoeSelfConfig
@@ -70,10 +71,12 @@ DRAFTER_FLAGS = (
                 "tokens a source must offer before later sources are skipped (default {default})"),
     DrafterFlag("--ngram-min", {"prompt-lookup": PromptLookupConfig}, "n_min", int, "shortest n-gram to match (default {default})"),
     DrafterFlag("--ngram-max", {"prompt-lookup": PromptLookupConfig}, "n_max", int, "longest n-gram to match (default {default})"),
-    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config},
+    DrafterFlag("--draft-temp", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config,
+                                   "dflash": DFlashConfig},
                 "draft_temp", float,
                 "sampling temperature of the draft (default: the target's); output stays the target's distribution"),
-    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config},
+    DrafterFlag("--draft-p-min", {"draft-model": DraftModelConfig, "mtp": MtpConfig, "eagle3": Eagle3Config,
+                                   "dflash": DFlashConfig},
                 "p_min", float,
                 "stop drafting when the draft's confidence is below this (default {default})"),
     DrafterFlag("--suffix-factor", {"suffix": SuffixConfig}, "max_spec_factor", float,

@@ -27,7 +27,7 @@ from .kernels import resolved_flash_attn
 from .backend import (check_gguf_file, init_backend, llama_cpp_module, progress_callback, raise_if_interrupted,
                       recent_log, usable_threads)
 from .batching import BatchShapes, Segment, plan_calls, prefill_call
-from .heads import Eagle3Context
+from .heads import DFlashContext, Eagle3Context
 from .hidden import HiddenStates
 from .memory import SequenceMemory
 from .mtp import MtpContext, MtpHost
@@ -86,7 +86,7 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         self.n_nextn = int(lc.llama_model_n_layer_nextn(self._model))
         self.mtp_loaded = self._owns_model and self._load_mtp() and self.n_nextn > 0 or \
             (weights is not None and weights.mtp_loaded)
-        self._mtp_contexts: list[MtpContext] = []  # MTP heads and EAGLE-3 heads (``Eagle3Context``)
+        self._mtp_contexts: list[MtpContext] = []  # MTP heads, EAGLE-3 and DFlash heads (``llama.heads``)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(self._model))
         self.n_swa = int(lc.llama_model_n_swa(self._model))  # sliding-window size; 0 where there is none
@@ -190,6 +190,13 @@ class LlamaModel(SequenceMemory, TreeBatches, Vocabulary, HiddenStates):
         """An EAGLE-3 head GGUF on a context beside this model's (``llama.heads.Eagle3Context``), closed with it.
         The caller keeps the head's layer inputs (``want_hidden(context.target_layers)``)."""
         ctx = Eagle3Context(self._host(), head)
+        self._mtp_contexts.append(ctx)
+        return ctx
+
+    def open_dflash(self, head: Path) -> DFlashContext:
+        """A DFlash head GGUF on a context beside this model's (``llama.heads.DFlashContext``), closed with it.
+        The caller keeps the head's layer inputs (``want_hidden(context.target_layers)``)."""
+        ctx = DFlashContext(self._host(), head)
         self._mtp_contexts.append(ctx)
         return ctx
 

@@ -262,14 +262,17 @@ class MtpTarget(HiddenRowsTarget, Protocol):
 
 @runtime_checkable
 class LayerInputsTarget(HiddenRowsTarget, Protocol):
-    """A loaded target a trained EAGLE-3 head drafts for: the head on a context beside it (``open_eagle3``), and
-    the inputs of the target layers the head names kept per token (``want_hidden(layers)``, ``llama.hidden``),
-    with the GGUF metadata it was loaded from (the drafter checks the head's fit against it)."""
+    """A loaded target a trained EAGLE-3 or DFlash head drafts for: the head on a context beside it (``open_eagle3``,
+    ``open_dflash``), and the inputs of the target layers the head names kept per token (``want_hidden(layers)``,
+    ``llama.hidden``), with the GGUF metadata it was loaded from (the drafter checks the head's fit against it)."""
 
     meta: "GGUFInfo"
 
     def open_eagle3(self, head: Path) -> Any:
         """The head's context beside this target (``llama.heads.Eagle3Context``)."""
+
+    def open_dflash(self, head: Path) -> Any:
+        """The head's context beside this target (``llama.heads.DFlashContext``)."""
 
     def want_hidden(self, layers: tuple[int, ...] | None = None) -> None:
         """From now on keep every call's inputs of target ``layers``, side by side, for ``take_hidden``."""

@@ -83,6 +83,9 @@ def mtp_mode(arch: str | None) -> str | None:
 # (src/llama-arch.cpp: LLM_ARCH_EAGLE3, LLM_ARCH_DFLASH; DSpark is dflash plus Markov tensors, not an arch;
 # docs/design-eagle3-dflash.md).
 HEAD_ARCHS = ("eagle3", "dflash")
+# The kinds of head (``HeadInfo.kind``) a specstack drafter of the same name reads: not dspark (a dflash GGUF with
+# Markov tensors), whose anchor-first blocks need a driver of their own.
+DRAFTED_HEADS = ("eagle3", "dflash")
 # The targets whose graph exports a layer's input (``res->t_layer_inp[il]``), which is what such a head reads; any
 # other target aborts the process at graph build once a layer input is asked for (``GGML_ASSERT(t_layer_inp[il] !=
 # nullptr)``, src/llama-graph.cpp). Derived from ``grep -l 't_layer_inp\[' src/models/*.cpp``, each graph class

@@ -34,6 +34,7 @@ from gguf import TokenType
 
 from ..errors import VocabMismatchError
 from . import archs
+from .archs import DRAFTED_HEADS
 from .meta import TOKEN_TYPE_NAMES, GGUFInfo, HeadInfo, read_gguf
 
 IDENTICAL = "identical"
@@ -95,7 +96,8 @@ def head_line(head: HeadInfo) -> str:
         parts.append(f"block {head.block_size}")
     if head.kind != "eagle3":
         parts.append(f"mask token {head.mask_token_id if head.mask_token_id is not None else 'missing'}")
-    how = "--drafter eagle3 -md drafts from it" if head.kind == "eagle3" else "specstack cannot draft from it yet"
+    how = (f"--drafter {head.kind} -md drafts from it" if head.kind in DRAFTED_HEADS
+           else "specstack cannot draft from it yet")
     return ", ".join(parts) + f"; {how}"
 
 
