@@ -26,43 +26,46 @@ from specstack.modelfile.standin.head import pad_head
 from specstack.paths import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS_DIR
 from specstack.prompts import held_out_prompts
 
-HEAD = MODELS_DIR / "pycoder-6m-eagle3.gguf"
+HEADS = {"eagle3": MODELS_DIR / "pycoder-6m-eagle3.gguf", "dflash": MODELS_DIR / "pycoder-6m-dflash.gguf"}
 
 
-@pytest.fixture(scope="module", params=[512, 1024])
-def padded(request, tmp_path_factory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=[(512, "eagle3"), (1024, "eagle3"), (512, "dflash")], ids=str)
+def padded(request, tmp_path_factory) -> tuple[Path, Path, str]:
     """An F16 stand-in of pycoder-6m (width 512: two residual copies, norm scale 1; width 1024: one copy, norm scale
-    1/2; 8 layers) and the bundled head padded for it, through the CLI."""
-    folder = tmp_path_factory.mktemp("standin_eagle3")
-    standin = folder / f"w{request.param}.gguf"
+    1/2, which DFlash's shared q/k-norm epsilon would see: not exact there; 8 layers) and a bundled head padded for
+    it, through the CLI."""
+    width, arch = request.param
+    folder = tmp_path_factory.mktemp(f"standin_{arch}")
+    standin = folder / f"w{width}.gguf"
     parser = argparse.ArgumentParser()
     register_make_standin(parser.add_subparsers(dest="bench_command"))
-    args = parser.parse_args(["make-standin", "--width", str(request.param), "--layers", "8", "--ffn", "1536",
-                              "--head", str(HEAD), "-o", str(standin)])
+    args = parser.parse_args(["make-standin", "--width", str(width), "--layers", "8", "--ffn", "1536",
+                              "--head", str(HEADS[arch]), "-o", str(standin)])
     assert args.func(args) == 0
-    return standin, head_beside(standin, "eagle3")
+    return standin, head_beside(standin, arch), arch
 
 
 def test_the_padded_head_has_the_stand_ins_shape(padded):
-    standin, head = padded
-    meta, target = read_gguf(head), read_gguf(standin)
-    live = [int(i) for i in target.metadata["specstack.standin.live_layers"]]
-    width = target.metadata["llama.embedding_length"]
-    assert meta.metadata["eagle3.embedding_length"] == meta.metadata["eagle3.target_hidden_size"] == width
-    assert meta.metadata["eagle3.feed_forward_length"] == 1536
+    standin, head, arch = padded
+    meta, target = read_gguf(head).metadata, read_gguf(standin).metadata
+    live = [int(i) for i in target["specstack.standin.live_layers"]]
+    width = target["llama.embedding_length"]
+    assert meta[f"{arch}.embedding_length"] == meta.get(f"{arch}.target_hidden_size", width) == width
+    assert meta[f"{arch}.feed_forward_length"] == 1536
     heads = width // 32  # the source's head_dim and 2 query heads per KV head
-    assert (meta.metadata["eagle3.attention.head_count"], meta.metadata["eagle3.attention.head_count_kv"]) == \
-        (heads, heads // 2)
-    assert [int(i) for i in meta.metadata["eagle3.target_layers"]] == [live[1], live[3], live[5]] != [1, 3, 5]
+    assert (meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]) == (heads, heads // 2)
+    assert [int(i) for i in meta[f"{arch}.target_layers"]] == [live[1], live[3], live[5]] != [1, 3, 5]
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in GGUFReader(head).tensors}
-    assert shapes["fc.weight"] == (3 * width, width) and shapes["blk.0.attn_q.weight"] == (2 * width, heads * 32)
+    q_in = 2 * width if arch == "eagle3" else width  # EAGLE-3's q reads [embedding | g]
+    assert shapes["fc.weight"] == (3 * width, width) and shapes["blk.0.attn_q.weight"] == (q_in, heads * 32)
 
 
-def _drafts(model: Path, head: Path) -> tuple[list[list[int]], int, int, list[list[int]]]:
-    """Greedy eagle3 generations (fixed k 3) and plain ones on ``model``: outputs, accepted, drafted, plain outputs."""
+def _drafts(model: Path, head: Path, drafter: str) -> tuple[list[list[int]], int, int, list[list[int]]]:
+    """Greedy generations of ``drafter`` (fixed k 3) and plain ones on ``model``: outputs, accepted, drafted, plain
+    outputs."""
     loaded = load_calibrated(TargetSpec(model=model, threads=1, exact="on", ctx=512))
     try:
-        spec = build_engine(loaded, "eagle3", k=3, drafter_options={"draft_model": head})
+        spec = build_engine(loaded, drafter, k=3, drafter_options={"draft_model": head})
         plain = build_engine(loaded, "none")
         outs, plains, accepted, drafted = [], [], 0, 0
         for prompt in held_out_prompts(3):
@@ -76,21 +79,21 @@ def _drafts(model: Path, head: Path) -> tuple[list[list[int]], int, int, list[li
 
 
 def test_the_padded_head_drafts_on_the_stand_in_as_the_head_on_its_source(padded):
-    standin, head = padded
-    src_outs, src_acc, src_drafted, src_plain = _drafts(DEFAULT_TARGET, HEAD)
-    outs, acc, drafted, plain = _drafts(standin, head)
+    standin, head, arch = padded
+    src_outs, src_acc, src_drafted, src_plain = _drafts(DEFAULT_TARGET, HEADS[arch], arch)
+    outs, acc, drafted, plain = _drafts(standin, head, arch)
     assert outs == plain == src_plain == src_outs  # lossless, and the stand-in computes the source's function
-    assert src_acc > src_drafted // 2  # the trained head's drafts are accepted ...
+    assert src_acc > src_drafted // 10 > 0  # the trained head's drafts are accepted ...
     assert (acc, drafted) == (src_acc, src_drafted)  # ... and padded, the same ones
 
 
 def test_a_file_that_is_not_a_head_of_the_source_is_refused(padded, tmp_path):
-    standin, _ = padded
+    standin, _, _ = padded
     with pytest.raises(SpecstackError, match="an EAGLE-3 or DFlash one"):
         pad_head(DEFAULT_DRAFT, standin, tmp_path / "x.gguf")
     other = make_standin(DEFAULT_DRAFT, tmp_path / "draft-w512.gguf", 512, 4, progress=False)  # pycoder-1m's: 2 layers
     with pytest.raises(SpecstackError, match="was not trained for the stand-in's source"):
-        pad_head(HEAD, other, tmp_path / "x.gguf")
+        pad_head(HEADS["eagle3"], other, tmp_path / "x.gguf")
     with pytest.raises(SpecstackError, match="no specstack.standin"):
-        pad_head(HEAD, DEFAULT_TARGET, tmp_path / "x.gguf")
+        pad_head(HEADS["eagle3"], DEFAULT_TARGET, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
