@@ -89,7 +89,7 @@ def build_head(embed):
         def __init__(self, r):
             super().__init__()
             self.attn_norm, self.ffn_norm = nn.Parameter(torch.ones(E)), nn.Parameter(torch.ones(E))
-            qk = float(os.environ.get("QK_INIT", "1.0"))
+            qk = float(os.environ.get("QK_INIT", "2.0"))
             self.q_norm, self.k_norm = nn.Parameter(torch.full((HD,), qk)), nn.Parameter(torch.full((HD,), qk))
             self.wq, self.wk, self.wv = r(H * HD, E), r(KV * HD, E), r(KV * HD, E)
             self.wo = r(E, H * HD, std=0.01)
@@ -302,7 +302,7 @@ def train(work: Path):
     target = e3.load_target()
     head = build_head(target.embed.weight.detach().clone())
     params = [p for p in head.parameters() if p.requires_grad]
-    B, A = int(os.environ.get("BATCH", "4")), int(os.environ.get("ANCHORS", "32"))
+    B, A = int(os.environ.get("BATCH", "4")), int(os.environ.get("ANCHORS", "64"))
     print(f"head: {sum(p.numel() for p in params) / 1e6:.3f}M trainable params; {B} windows x {A} blocks a step; "
           f"{len(ids)} training tokens", flush=True)
     lr0 = float(os.environ.get("LR", "2e-3"))
