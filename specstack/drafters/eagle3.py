@@ -38,7 +38,6 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..llama.mtp import MtpRow
 from ..llama.target import LayerInputsTarget
-from ..sampling import sample, softmax
 from ..types import Draft, HiddenRows
 from .base import (Asked, BuildContext, DraftChain, Drafter, DraftRequest, LlamaCpp, ModelDraftConfig, Needs,
                    config_from_options, register)
@@ -319,19 +318,6 @@ class Eagle3Drafter(HeadSlots):
         tok, conf, q = self._pick(logits, r.budget.keep_going is not None)
         return d.take(tok, conf, q, r.budget, self.config.p_min, self.name, t0)
 
-    def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
-        """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q, the softmax of the
-        logged row at the draft's temperature (ids outside a reduced vocabulary are ``-inf``: q = 0 there), which
-        rejection sampling then corrects to the target's distribution."""
-        logits = logits[: self.n_vocab]
-        if not self._sampled:
-            tok = int(logits.argmax())
-            if self.config.p_min <= 0.0 and not need_conf:
-                return tok, 1.0, None
-            return tok, float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum()), None
-        q = softmax(logits[None, :], self.temperature)[0]
-        tok = sample(q, self._rng)
-        return tok, float(q[tok]), q
 
 
 def check_head(meta: "GGUFInfo", head: Path | None, where: str = "--drafter eagle3") -> Path:

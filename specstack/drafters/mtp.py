@@ -65,12 +65,33 @@ NAME = "mtp"  # its registry name, which a model's note names (``note_mtp``, ``l
 
 
 class HeadSlots:
-    """What the two drafters over a head context (``mtp``, ``eagle3``) do alike with their per-slot records (each
-    with ``tokens``, ``n_kv``: the head's cache holds correct pairs to there, and ``dirty``: chained draft rows sit
-    past it): clean the draft rows away, find a slot whose record holds a prompt's prefix, take it over, and end."""
+    """What the drafters over a head context (``mtp``, ``eagle3``, ``dflash``) do alike with their per-slot records
+    (each with ``tokens``, ``n_kv``: the head's cache holds correct pairs to there, and ``dirty``: chained draft rows
+    sit past it): clean the draft rows away, find a slot whose record holds a prompt's prefix, take it over, end,
+    and pick a draft token from a logged row."""
 
     head: Any  # the head's context: truncate, reset, copy by sequence
     _seqs: dict[int, Any]
+    config: Any  # the drafter's config: ``p_min``
+    n_vocab: int
+    temperature: float
+    _sampled: bool
+    _rng: np.random.Generator
+
+    def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
+        """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q, the softmax of the
+        logged row at the draft's temperature (ids outside a head's reduced vocabulary are ``-inf``: q = 0 there),
+        which rejection sampling then corrects to the target's distribution. A DFlash block draws each slot from
+        its own row, which does not depend on the tokens drawn before it, so that q is the slot's."""
+        logits = logits[: self.n_vocab]
+        if not self._sampled:
+            tok = int(logits.argmax())
+            if self.config.p_min <= 0.0 and not need_conf:
+                return tok, 1.0, None
+            return tok, float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum()), None
+        q = softmax(logits[None, :], self.temperature)[0]
+        tok = sample(q, self._rng)
+        return tok, float(q[tok]), q
 
     def _clean(self, seq: int, st: Any) -> None:
         """Cut the last draft's chained rows: their pairs used the head's own rows, not the target's."""
@@ -367,18 +388,6 @@ class MtpDrafter(HeadSlots):
                 else:
                     going.discard(r.seq)
 
-    def _pick(self, logits: np.ndarray, need_conf: bool) -> tuple[int, float, np.ndarray | None]:
-        """(token, confidence, q row or None): the argmax at temperature 0, else a sample from q at the draft's
-        temperature (rejection sampling then keeps the target's distribution)."""
-        logits = logits[: self.n_vocab]
-        if not self._sampled:
-            tok = int(logits.argmax())
-            if self.config.p_min <= 0.0 and not need_conf:
-                return tok, 1.0, None
-            return tok, float(1.0 / np.exp(logits.astype(np.float64) - logits[tok]).sum()), None
-        q = softmax(logits[None, :], self.temperature)[0]
-        tok = sample(q, self._rng)
-        return tok, float(q[tok]), q
 
 
 
