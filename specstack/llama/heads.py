@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -50,6 +50,29 @@ def _load_head(target: MtpHost, path: Path, what: str):
     return model
 
 
+def _open_head(ctx: MtpContext, target: MtpHost, path: Path) -> Any:
+    """What an EAGLE-3 and a DFlash context set up alike: the head GGUF loaded beside ``target`` (``_load_head``), the
+    fields ``MtpContext``'s calls read, the head's target layer ids (``{arch}.target_layers``) and widths: a feature
+    row is ``n_ids`` x the *target's* n_embd, as llama.cpp sizes it. Returns llama_cpp."""
+    lc = ctx._lc = target.lc
+    if not path.is_file():
+        raise ModelLoadError(f"{ctx.what} {path} does not exist")
+    ctx.target = target
+    ctx._own_model = _load_head(target, path, ctx.what)
+    ctx.chained = False
+    ctx.n_heads = 1
+    api = head_api()
+    n_ids = int(api.model_target_layer_ids_n(ctx._own_model))
+    ids = api.model_target_layer_ids(ctx._own_model) if n_ids else None
+    ctx.target_layers = tuple(int(ids[i]) for i in range(n_ids))
+    ctx.n_embd = int(lc.llama_model_n_embd(ctx._own_model))
+    ctx.n_embd_tgt = int(lc.llama_model_n_embd(target.model))
+    ctx.n_embd_enc = n_ids * ctx.n_embd_tgt
+    ctx.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(ctx._own_model)))
+    ctx.n_seq = target.n_slots
+    return lc
+
+
 class Eagle3Context(MtpContext):
     """An EAGLE-3 head GGUF loaded beside ``target`` (``LlamaModel.open_eagle3``): one sequence per target slot in
     one unified KV cache (drafts need no exact cell layout). ``target_layers``: the target layer ids whose inputs
@@ -62,27 +85,12 @@ class Eagle3Context(MtpContext):
     what = "EAGLE-3 head"
 
     def __init__(self, target: MtpHost, path: Path) -> None:  # noqa: D107 (MtpContext's setup, another model)
-        lc = self._lc = target.lc
         path = Path(path)
-        if not path.is_file():
-            raise ModelLoadError(f"EAGLE-3 head {path} does not exist")
-        self.target = target
-        self._own_model = _load_head(target, path, self.what)
-        self.chained = False
-        self.n_heads = 1
-        api = head_api()
-        n_ids = int(api.model_target_layer_ids_n(self._own_model))
-        if n_ids != 3:  # llama.cpp's driver throws here: a head of another architecture
+        lc = _open_head(self, target, path)
+        if len(self.target_layers) != 3:  # llama.cpp's driver throws here: a head of another architecture
             self.close()
-            raise UnsupportedModelError(f"{path.name} names {n_ids} target layers, not an EAGLE-3 head's 3 "
-                                        "(general.architecture eagle3)")
-        ids = api.model_target_layer_ids(self._own_model)
-        self.target_layers = tuple(int(ids[i]) for i in range(n_ids))
-        self.n_embd = int(lc.llama_model_n_embd(self._own_model))
-        self.n_embd_tgt = int(lc.llama_model_n_embd(target.model))
-        self.n_embd_enc = n_ids * self.n_embd_tgt
-        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._own_model)))
-        self.n_seq = target.n_slots
+            raise UnsupportedModelError(f"{path.name} names {len(self.target_layers)} target layers, not an EAGLE-3 "
+                                        "head's 3 (general.architecture eagle3)")
         self._ctx = lc.llama_init_from_model(self._own_model, self._draft_params(target, None))  # the default type
         if not self._ctx:
             self.close()
@@ -143,16 +151,9 @@ class DFlashContext(MtpContext):
     what = "DFlash head"
 
     def __init__(self, target: MtpHost, path: Path) -> None:  # noqa: D107 (MtpContext's setup, another model)
-        lc = self._lc = target.lc
         path = Path(path)
-        if not path.is_file():
-            raise ModelLoadError(f"DFlash head {path} does not exist")
-        self.target = target
-        self._own_model = _load_head(target, path, self.what)
-        self.chained = False
-        self.n_heads = 1
-        api = head_api()
-        n_ids = int(api.model_target_layer_ids_n(self._own_model))
+        lc = _open_head(self, target, path)
+        n_ids = len(self.target_layers)
         self.block_size = _block_size(lc, self._own_model)
         self.mask_id = int(lc.llama_vocab_mask(lc.llama_model_get_vocab(self._own_model)))
         # llama.cpp's driver asserts on a head that names no layers, and without a mask token every block is rejected
@@ -161,13 +162,6 @@ class DFlashContext(MtpContext):
             raise UnsupportedModelError(f"{path.name} is no DFlash head llama.cpp can draft with ({n_ids} target "
                                         f"layers, mask token {self.mask_id}, block size {self.block_size}): "
                                         "reconvert it with llama.cpp's convert_hf_to_gguf.py")
-        ids = api.model_target_layer_ids(self._own_model)
-        self.target_layers = tuple(int(ids[i]) for i in range(n_ids))
-        self.n_embd = int(lc.llama_model_n_embd(self._own_model))
-        self.n_embd_tgt = int(lc.llama_model_n_embd(target.model))
-        self.n_embd_enc = n_ids * self.n_embd_tgt  # llama.cpp sizes the rows with the target's n_embd
-        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._own_model)))
-        self.n_seq = target.n_slots
         # room for a block past a full context in every sequence: the block's rows sit in the cache during the call;
         # and a whole block in one call (its rows attend to each other)
         params = self._draft_params(target, None, (target.n_ctx + self.block_size) * self.n_seq)
